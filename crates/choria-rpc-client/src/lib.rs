@@ -1,1 +1,4 @@
-//! placeholder
+//! The Choria wire protocol over NATS: envelopes, security, RPC, discovery, lifecycle events and
+//! leader election.
+
+pub mod election;
