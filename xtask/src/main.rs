@@ -1,1 +1,41 @@
-fn main() {}
+//! `cargo xtask`: everything that is not `cargo build` — test set-up, demo, benchmarks, interop
+//! peers and packaging.
+
+mod peers;
+mod tools;
+
+use anyhow::{bail, Result};
+
+const USAGE: &str = "usage: cargo xtask <command> [args]
+
+commands:
+  test          install what the tests need (nats-server), then fmt check, clippy and every test
+  peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
+  nats-server   install nats-server under target/tools/bin and print its path
+";
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("xtask: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let cmd = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    match cmd.as_str() {
+        "test" => tools::test(&rest),
+        "peers" => peers::main(&rest),
+        "nats-server" => {
+            println!("{}", tools::ensure_nats_server()?.display());
+            Ok(())
+        }
+        "" | "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command {other:?}\n{USAGE}"),
+    }
+}
