@@ -1,1 +1,440 @@
-//! placeholder
+//! The provisioner's Prometheus metrics, named, typed and labelled exactly as the Go provisioner
+//! exports them, and the HTTP endpoints that serve them.
+//!
+//! The fifteen metrics live in one [`Metrics`] value (no global registry) made of atomics, so the
+//! hot path never takes a lock except to look up a new `rpc` label once. [`encode`](Metrics::encode)
+//! writes the Prometheus text exposition format; [`serve`] answers `/metrics`, `/healthz` and
+//! `/readyz`.
+//!
+//! The two `_time` metrics are summaries without quantiles (what the Go client library exports
+//! by default): a `_sum` in seconds and a `_count`. `prometheus-client` has no summary type, so
+//! the encoding is done here; it is a few lines of text and keeps the names byte-identical.
+
+mod http;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+pub use http::{serve, ServeError};
+
+/// A monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Add one.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Add `n`.
+    pub fn inc_by(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    /// Set the value.
+    pub fn set(&self, v: i64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    /// Add one.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Subtract one.
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+    /// The current value.
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A summary without quantiles: count and sum of observed durations.
+#[derive(Debug, Default)]
+pub struct Summary {
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Summary {
+    /// Record one observation.
+    pub fn observe(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+    /// Sum of observations in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+/// Per `agent#action` statistics: the `rpc` label's two metrics.
+#[derive(Debug, Default)]
+pub struct RpcStats {
+    /// `choria_provisioner_rpc_time{rpc=...}`
+    pub time: Summary,
+    /// `choria_provisioner_rpc_errors{rpc=...}`
+    pub errors: Counter,
+}
+
+/// Leadership as shown by `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Leader election is off: this instance always works.
+    Active,
+    /// Leader election is on and this instance leads.
+    Leader,
+    /// Leader election is on and another instance leads (or none yet).
+    Standby,
+}
+
+/// Every metric the provisioner exports, plus the health state behind `/readyz`.
+#[derive(Debug)]
+pub struct Metrics {
+    site: String,
+    /// `choria_provisioner_paused`
+    pub paused: Gauge,
+    /// `choria_provisioner_discovered`
+    pub discovered: Counter,
+    /// `choria_provisioner_event_discovered`
+    pub event_discovered: Counter,
+    /// `choria_provisioner_discover_cycles`
+    pub discover_cycles: Counter,
+    /// `choria_provisioner_discovery_errors`
+    pub discovery_errors: Counter,
+    /// `choria_provisioner_provision_errors`
+    pub provision_errors: Counter,
+    /// `choria_provisioner_provisioned`
+    pub provisioned: Counter,
+    /// `choria_provisioner_busy_workers`
+    pub busy_workers: Gauge,
+    /// `choria_provisioner_work_queue_entries`
+    pub work_queue_entries: Gauge,
+    /// `choria_provisioner_waiting_nodes`
+    pub waiting_nodes: Gauge,
+    /// `choria_provisioner_helper_time`
+    pub helper_time: Summary,
+    /// `choria_provisioner_helper_errors`
+    pub helper_errors: Counter,
+    /// `choria_provisioner_helper_shutdown_requests`
+    pub helper_shutdown_requests: Counter,
+    rpc: RwLock<BTreeMap<String, Arc<RpcStats>>>,
+    connected: AtomicBool,
+    role: AtomicU8,
+}
+
+const HELP: &[(&str, &str, &str)] = &[
+    (
+        "choria_provisioner_busy_workers",
+        "gauge",
+        "How many workers are busy provisioning nodes",
+    ),
+    (
+        "choria_provisioner_discover_cycles",
+        "counter",
+        "How many discovery cycles were ran",
+    ),
+    (
+        "choria_provisioner_discovered",
+        "counter",
+        "How many nodes were found through discovery",
+    ),
+    (
+        "choria_provisioner_discovery_errors",
+        "counter",
+        "How many discovery related errors were encountered",
+    ),
+    (
+        "choria_provisioner_event_discovered",
+        "counter",
+        "How many nodes were found through receiving an event about them",
+    ),
+    (
+        "choria_provisioner_helper_errors",
+        "counter",
+        "How many helper related errors were encountered",
+    ),
+    (
+        "choria_provisioner_helper_shutdown_requests",
+        "counter",
+        "Host many times the helper asked for a node to be shutdown and it succeeded",
+    ),
+    (
+        "choria_provisioner_helper_time",
+        "summary",
+        "How long it took to run the helper",
+    ),
+    (
+        "choria_provisioner_paused",
+        "gauge",
+        "Indicates if the provisioner is paused",
+    ),
+    (
+        "choria_provisioner_provision_errors",
+        "counter",
+        "How many provision related errors were encountered",
+    ),
+    (
+        "choria_provisioner_provisioned",
+        "counter",
+        "How many nodes were successfully provisioned",
+    ),
+    (
+        "choria_provisioner_rpc_errors",
+        "counter",
+        "How many rpc related errors were encountered",
+    ),
+    (
+        "choria_provisioner_rpc_time",
+        "summary",
+        "How long it took to perform RPC requests",
+    ),
+    (
+        "choria_provisioner_waiting_nodes",
+        "gauge",
+        "The number of nodes currently waiting to be provisioned",
+    ),
+    (
+        "choria_provisioner_work_queue_entries",
+        "gauge",
+        "Number of nodes on the work queue waiting to be provisioned",
+    ),
+];
+
+impl Metrics {
+    /// New metrics, all zero, labelled with `site`.
+    pub fn new(site: impl Into<String>) -> Arc<Self> {
+        Arc::new(Metrics {
+            site: site.into(),
+            paused: Gauge::default(),
+            discovered: Counter::default(),
+            event_discovered: Counter::default(),
+            discover_cycles: Counter::default(),
+            discovery_errors: Counter::default(),
+            provision_errors: Counter::default(),
+            provisioned: Counter::default(),
+            busy_workers: Gauge::default(),
+            work_queue_entries: Gauge::default(),
+            waiting_nodes: Gauge::default(),
+            helper_time: Summary::default(),
+            helper_errors: Counter::default(),
+            helper_shutdown_requests: Counter::default(),
+            rpc: RwLock::new(BTreeMap::new()),
+            connected: AtomicBool::new(false),
+            role: AtomicU8::new(Role::Active as u8),
+        })
+    }
+
+    /// The `site` label value.
+    pub fn site(&self) -> &str {
+        &self.site
+    }
+
+    /// The statistics of one `agent#action`, created on first use.
+    pub fn rpc(&self, label: &str) -> Arc<RpcStats> {
+        if let Ok(map) = self.rpc.read() {
+            if let Some(s) = map.get(label) {
+                return Arc::clone(s);
+            }
+        }
+        // A poisoned lock only means another thread panicked while inserting: the map is
+        // still a valid map, so keep using it.
+        let mut map = self.rpc.write().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(map.entry(label.to_string()).or_default())
+    }
+
+    /// Record whether the broker connection is up (for `/readyz`).
+    pub fn set_connected(&self, up: bool) {
+        self.connected.store(up, Ordering::Relaxed);
+    }
+
+    /// Whether the broker connection is up.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Record the leadership role (for `/readyz`).
+    pub fn set_role(&self, role: Role) {
+        self.role.store(role as u8, Ordering::Relaxed);
+    }
+
+    /// The leadership role.
+    pub fn role(&self) -> Role {
+        match self.role.load(Ordering::Relaxed) {
+            x if x == Role::Leader as u8 => Role::Leader,
+            x if x == Role::Standby as u8 => Role::Standby,
+            _ => Role::Active,
+        }
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let site = escape_label(&self.site);
+        let rpc: Vec<(String, Arc<RpcStats>)> = {
+            let map = self.rpc.read().unwrap_or_else(|e| e.into_inner());
+            map.iter()
+                .map(|(k, v)| (escape_label(k), Arc::clone(v)))
+                .collect()
+        };
+        for (name, kind, help) in HELP {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let plain = |v: String, out: &mut String| {
+                let _ = writeln!(out, "{name}{{site=\"{site}\"}} {v}");
+            };
+            match *name {
+                "choria_provisioner_busy_workers" => {
+                    plain(self.busy_workers.get().to_string(), &mut out)
+                }
+                "choria_provisioner_discover_cycles" => {
+                    plain(self.discover_cycles.get().to_string(), &mut out)
+                }
+                "choria_provisioner_discovered" => {
+                    plain(self.discovered.get().to_string(), &mut out)
+                }
+                "choria_provisioner_discovery_errors" => {
+                    plain(self.discovery_errors.get().to_string(), &mut out)
+                }
+                "choria_provisioner_event_discovered" => {
+                    plain(self.event_discovered.get().to_string(), &mut out)
+                }
+                "choria_provisioner_helper_errors" => {
+                    plain(self.helper_errors.get().to_string(), &mut out)
+                }
+                "choria_provisioner_helper_shutdown_requests" => {
+                    plain(self.helper_shutdown_requests.get().to_string(), &mut out)
+                }
+                "choria_provisioner_helper_time" => {
+                    let _ = writeln!(
+                        out,
+                        "{name}_sum{{site=\"{site}\"}} {}",
+                        fmt_f64(self.helper_time.sum_seconds())
+                    );
+                    let _ = writeln!(
+                        out,
+                        "{name}_count{{site=\"{site}\"}} {}",
+                        self.helper_time.count()
+                    );
+                }
+                "choria_provisioner_paused" => plain(self.paused.get().to_string(), &mut out),
+                "choria_provisioner_provision_errors" => {
+                    plain(self.provision_errors.get().to_string(), &mut out)
+                }
+                "choria_provisioner_provisioned" => {
+                    plain(self.provisioned.get().to_string(), &mut out)
+                }
+                "choria_provisioner_rpc_errors" => {
+                    for (label, s) in &rpc {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{rpc=\"{label}\",site=\"{site}\"}} {}",
+                            s.errors.get()
+                        );
+                    }
+                }
+                "choria_provisioner_rpc_time" => {
+                    for (label, s) in &rpc {
+                        let _ = writeln!(
+                            out,
+                            "{name}_sum{{rpc=\"{label}\",site=\"{site}\"}} {}",
+                            fmt_f64(s.time.sum_seconds())
+                        );
+                        let _ = writeln!(
+                            out,
+                            "{name}_count{{rpc=\"{label}\",site=\"{site}\"}} {}",
+                            s.time.count()
+                        );
+                    }
+                }
+                "choria_provisioner_waiting_nodes" => {
+                    plain(self.waiting_nodes.get().to_string(), &mut out)
+                }
+                "choria_provisioner_work_queue_entries" => {
+                    plain(self.work_queue_entries.get().to_string(), &mut out)
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Go's `strconv.FormatFloat(v, 'g', -1, 64)` for the values a duration sum takes.
+fn fmt_f64(v: f64) -> String {
+    if v == 0.0 {
+        "0".to_string()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Escape a label value as the text format requires (backslash, quote, newline).
+fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exported_with_its_type_and_site_label() {
+        let m = Metrics::new("lon");
+        m.rpc("choria_provision#configure")
+            .time
+            .observe(Duration::from_millis(1500));
+        m.rpc("choria_provision#configure").errors.inc();
+        m.provisioned.inc_by(3);
+        m.helper_time.observe(Duration::from_millis(250));
+        let text = m.encode();
+        for (name, kind, _) in HELP {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} missing"
+            );
+        }
+        assert!(text.contains("choria_provisioner_provisioned{site=\"lon\"} 3\n"));
+        assert!(text.contains("choria_provisioner_rpc_time_sum{rpc=\"choria_provision#configure\",site=\"lon\"} 1.5\n"));
+        assert!(text.contains("choria_provisioner_rpc_time_count{rpc=\"choria_provision#configure\",site=\"lon\"} 1\n"));
+        assert!(text.contains(
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#configure\",site=\"lon\"} 1\n"
+        ));
+        assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
+        assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
+        assert_eq!(HELP.len(), 15);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::new("a\"b\\c\nd");
+        assert!(m.encode().contains("site=\"a\\\"b\\\\c\\nd\""));
+    }
+}

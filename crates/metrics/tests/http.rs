@@ -1,0 +1,61 @@
+//! The monitoring endpoints over real HTTP on a loopback port.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use provisioner_metrics::{serve, Metrics, Role};
+use tokio_util::sync::CancellationToken;
+
+fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let status = buf.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_metrics_health_and_readiness() {
+    let m = Metrics::new("test");
+    let stop = CancellationToken::new();
+    let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone(), stop.clone())
+        .await
+        .unwrap();
+    m.provisioned.inc();
+
+    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("choria_provisioner_provisioned{site=\"test\"} 1"));
+
+    let (status, _) = tokio::task::spawn_blocking(move || get(addr, "/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+
+    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "not connected yet: {body}");
+    m.set_connected(true);
+    m.set_role(Role::Standby);
+    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("standby"));
+
+    let (status, _) = tokio::task::spawn_blocking(move || get(addr, "/nope"))
+        .await
+        .unwrap();
+    assert_eq!(status, 404);
+    stop.cancel();
+}
