@@ -1,0 +1,338 @@
+//! Runs the helper as a subprocess: input on stdin, reply on stdout, bounded in time and size.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use crate::types::{HelperInput, HelperReply};
+
+/// How long a helper may run before it and its children are killed (the Go provisioner's limit).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most stdout a helper may write before it is killed.
+pub const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
+
+/// How much of the end of stderr is kept for error messages.
+const STDERR_TAIL: usize = 2048;
+
+/// What went wrong running a helper; [`HelperError::kind`] gives a value to match on.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The command line could not be split shell-style, or was empty.
+    #[error("cannot parse helper command {command:?}: {reason}")]
+    Parse {
+        /// The command line as configured.
+        command: String,
+        /// Why it could not be split.
+        reason: &'static str,
+    },
+    /// The input could not be encoded.
+    #[error("could not encode helper input for {identity}: {source}")]
+    Encode {
+        /// The node being provisioned.
+        identity: String,
+        /// The encoder's error.
+        source: serde_json::Error,
+    },
+    /// The process could not be started.
+    #[error("cannot start {helper}: {source}")]
+    Start {
+        /// The helper program.
+        helper: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Reading the helper's output failed.
+    #[error("cannot read {helper} output: {source}")]
+    Read {
+        /// The helper program.
+        helper: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The helper did not finish in time; it and its process group were killed.
+    #[error("{helper} did not finish within {timeout:?} and was killed")]
+    Timeout {
+        /// The helper program.
+        helper: String,
+        /// The limit that was reached.
+        timeout: Duration,
+    },
+    /// The helper wrote more than the output limit; it was killed.
+    #[error("{helper} wrote more than {limit} bytes of output and was killed")]
+    OutputTooLarge {
+        /// The helper program.
+        helper: String,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The helper exited unsuccessfully.
+    #[error("helper {helper} exited with {status}: {stderr_tail}")]
+    NonZeroExit {
+        /// The helper program.
+        helper: String,
+        /// The exit status as text (code or signal).
+        status: String,
+        /// The last part of what the helper wrote to stderr.
+        stderr_tail: String,
+    },
+    /// The helper exited successfully without writing anything.
+    #[error("cannot read {helper} output: zero bytes received")]
+    EmptyOutput {
+        /// The helper program.
+        helper: String,
+    },
+    /// The output was not a valid reply document.
+    #[error("cannot decode output from {helper}: {source}")]
+    InvalidJson {
+        /// The helper program.
+        helper: String,
+        /// The decoder's error.
+        source: serde_json::Error,
+    },
+}
+
+/// A coarse classification of [`HelperError`] for callers and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelperErrorKind {
+    /// The command line is unusable.
+    Parse,
+    /// Encoding the input failed.
+    Encode,
+    /// The program could not be started.
+    Start,
+    /// Reading from the program failed.
+    Read,
+    /// The time limit was reached.
+    Timeout,
+    /// The output limit was reached.
+    OutputTooLarge,
+    /// The program failed.
+    NonZeroExit,
+    /// No output.
+    EmptyOutput,
+    /// Undecodable output.
+    InvalidJson,
+}
+
+impl HelperError {
+    /// The kind of failure.
+    pub fn kind(&self) -> HelperErrorKind {
+        match self {
+            HelperError::Parse { .. } => HelperErrorKind::Parse,
+            HelperError::Encode { .. } => HelperErrorKind::Encode,
+            HelperError::Start { .. } => HelperErrorKind::Start,
+            HelperError::Read { .. } => HelperErrorKind::Read,
+            HelperError::Timeout { .. } => HelperErrorKind::Timeout,
+            HelperError::OutputTooLarge { .. } => HelperErrorKind::OutputTooLarge,
+            HelperError::NonZeroExit { .. } => HelperErrorKind::NonZeroExit,
+            HelperError::EmptyOutput { .. } => HelperErrorKind::EmptyOutput,
+            HelperError::InvalidJson { .. } => HelperErrorKind::InvalidJson,
+        }
+    }
+}
+
+/// A configured helper command; cheap to share, one subprocess per [`HelperRunner::run`].
+#[derive(Debug, Clone)]
+pub struct HelperRunner {
+    argv: Vec<String>,
+    timeout: Duration,
+    max_output: usize,
+}
+
+impl HelperRunner {
+    /// Splits `command` shell-style (no shell is involved) with the default limits.
+    pub fn new(command: &str) -> Result<Self, HelperError> {
+        let argv = shlex::split(command).ok_or_else(|| HelperError::Parse {
+            command: command.to_string(),
+            reason: "unbalanced quotes or trailing escape",
+        })?;
+        if argv.is_empty() {
+            return Err(HelperError::Parse {
+                command: command.to_string(),
+                reason: "empty",
+            });
+        }
+        Ok(HelperRunner {
+            argv,
+            timeout: DEFAULT_TIMEOUT,
+            max_output: DEFAULT_MAX_OUTPUT,
+        })
+    }
+
+    /// Replaces the time limit.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Replaces the output size limit (bytes).
+    pub fn with_max_output(mut self, max_output: usize) -> Self {
+        self.max_output = max_output;
+        self
+    }
+
+    /// The program that runs (the first word of the command).
+    pub fn program(&self) -> &str {
+        self.argv.first().map(String::as_str).unwrap_or_default()
+    }
+
+    /// Encodes `input`, runs the helper and decodes its reply.
+    pub async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
+        let bytes = serde_json::to_vec(input).map_err(|source| HelperError::Encode {
+            identity: input.identity.clone(),
+            source,
+        })?;
+        let out = self.run_raw(&bytes).await?;
+        serde_json::from_slice(&out).map_err(|source| HelperError::InvalidJson {
+            helper: self.program().to_string(),
+            source,
+        })
+    }
+
+    /// Runs the helper with `input` on stdin and returns its stdout.
+    pub async fn run_raw(&self, input: &[u8]) -> Result<Vec<u8>, HelperError> {
+        let helper = self.program().to_string();
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so a timeout can take down whatever it started too.
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| HelperError::Start {
+            helper: helper.clone(),
+            source,
+        })?;
+        let pid = child.id();
+
+        let work = self.drive(&mut child, input, &helper);
+        let result = match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(HelperError::Timeout {
+                helper: helper.clone(),
+                timeout: self.timeout,
+            }),
+        };
+        if result.is_err() {
+            if let Some(pid) = pid {
+                kill_group(pid).await;
+            }
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        result
+    }
+
+    async fn drive(
+        &self,
+        child: &mut Child,
+        input: &[u8],
+        helper: &str,
+    ) -> Result<Vec<u8>, HelperError> {
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let write = async move {
+            if let Some(mut stdin) = stdin {
+                // A helper that ignores its input closes the pipe early; that is not an error.
+                let _ = stdin.write_all(input).await;
+                let _ = stdin.shutdown().await;
+            }
+        };
+        let read = read_limited(stdout, self.max_output);
+        let tail = read_tail(stderr);
+        let ((), out, tail) = tokio::join!(write, read, tail);
+        let out = match out {
+            Ok(Some(out)) => out,
+            Ok(None) => {
+                return Err(HelperError::OutputTooLarge {
+                    helper: helper.to_string(),
+                    limit: self.max_output,
+                })
+            }
+            Err(source) => {
+                return Err(HelperError::Read {
+                    helper: helper.to_string(),
+                    source,
+                })
+            }
+        };
+        let status = child.wait().await.map_err(|source| HelperError::Read {
+            helper: helper.to_string(),
+            source,
+        })?;
+        if !status.success() {
+            return Err(HelperError::NonZeroExit {
+                helper: helper.to_string(),
+                status: status.to_string(),
+                stderr_tail: tail,
+            });
+        }
+        if out.is_empty() {
+            return Err(HelperError::EmptyOutput {
+                helper: helper.to_string(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Reads everything, or returns `None` as soon as more than `limit` bytes arrived.
+async fn read_limited<R: AsyncRead + Unpin>(
+    r: Option<R>,
+    limit: usize,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let Some(mut r) = r else {
+        return Ok(Some(Vec::new()));
+    };
+    let mut out = Vec::with_capacity(4096);
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(Some(out));
+        }
+        if out.len() + n > limit {
+            return Ok(None);
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Reads stderr to the end, keeping only its last [`STDERR_TAIL`] bytes.
+async fn read_tail<R: AsyncRead + Unpin>(r: Option<R>) -> String {
+    let Some(mut r) = r else {
+        return String::new();
+    };
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > STDERR_TAIL {
+            let cut = tail.len() - STDERR_TAIL;
+            tail.drain(..cut);
+        }
+    }
+    String::from_utf8_lossy(&tail).trim().to_string()
+}
+
+/// Kills the helper's whole process group. The `kill` program is used because the workspace
+/// forbids `unsafe`, which a direct `kill(2)` call through libc would need.
+async fn kill_group(pgid: u32) {
+    let _ = Command::new("kill")
+        .arg("-KILL")
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+}
