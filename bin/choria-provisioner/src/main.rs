@@ -1,1 +1,30 @@
-fn main() {}
+//! `choria-provisioner`: the daemon that owns the early life of Choria Servers.
+//!
+//! This binary is thin: it parses flags, loads and validates both configuration files before
+//! anything binds, sets up logging, and hands over to [`daemon`] (or [`check`]). Every error
+//! reaches the operator as one line on stderr and a non-zero exit code.
+
+mod check;
+mod cli;
+mod daemon;
+mod logging;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command() {
+        cli::Command::Run(args) => daemon::main(cli.debug, args),
+        cli::Command::Check(args) => check::main(cli.debug, args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One readable line: the chain of causes joined, no backtrace, no Debug dump.
+            eprintln!("choria-provisioner: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Command line flags, compatible with the Go provisioner's (`run` is the default command).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The release version: injected at build time by `cargo xtask dist` through
+/// `CHORIA_PROVISIONER_VERSION`, else the crate version.
+pub const VERSION: &str = match option_env!("CHORIA_PROVISIONER_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
+/// The git commit the release was built from, when the build recorded it.
+pub const COMMIT: Option<&str> = option_env!("CHORIA_PROVISIONER_COMMIT");
+
+fn long_version() -> &'static str {
+    match COMMIT {
+        Some(c) => Box::leak(format!("{VERSION} (commit {c})").into_boxed_str()),
+        None => VERSION,
+    }
+}
+
+/// Choria Provisioner: finds Choria Servers in provisioning mode and enrolls them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "choria-provisioner",
+    version = VERSION,
+    long_version = long_version(),
+    about = "Choria Provisioner: enrolls and configures Choria Servers waiting in provisioning mode",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    /// Force the log level to debug
+    #[arg(long, global = true)]
+    pub debug: bool,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+impl Cli {
+    /// The command to run; `run` when none was named.
+    pub fn command(&self) -> Command {
+        self.command
+            .clone()
+            .unwrap_or_else(|| Command::Run(self.run.clone()))
+    }
+}
+
+/// The sub commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Run the provisioner (the default command)
+    Run(RunArgs),
+    /// Check both configuration files, the helper and every key named, print what the daemon
+    /// would do, and exit non-zero listing every problem
+    Check(RunArgs),
+}
+
+/// Flags of `run` and `check`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// The provisioner configuration file (YAML)
+    #[arg(long, value_name = "FILE", required = true, value_parser = existing_file)]
+    pub config: Option<PathBuf>,
+
+    /// The Choria client configuration file (default: the Choria user configuration)
+    #[arg(long = "choria-config", value_name = "FILE", value_parser = existing_file)]
+    pub choria_config: Option<PathBuf>,
+
+    /// Write the process id to this file, removed on exit
+    #[arg(long, value_name = "FILE")]
+    pub pid: Option<PathBuf>,
+}
+
+fn existing_file(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    match std::fs::metadata(&p) {
+        Ok(m) if m.is_file() => Ok(p),
+        Ok(_) => Err(format!("{s} is not a file")),
+        Err(e) => Err(format!("cannot read {s}: {e}")),
+    }
+}
