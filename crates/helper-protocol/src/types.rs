@@ -391,6 +391,7 @@ fn audience<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

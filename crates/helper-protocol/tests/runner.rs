@@ -1,4 +1,5 @@
 //! Runs real helper scripts from `testdata/` through the runner.
+#![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
