@@ -2,3 +2,6 @@
 //! leader election.
 
 pub mod election;
+pub mod lifecycle;
+pub mod mcorpc;
+pub mod protocol;

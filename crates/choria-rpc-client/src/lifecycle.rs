@@ -1,0 +1,226 @@
+//! Choria lifecycle events (`startup`, `shutdown`, `provisioned`, `alive`, `upgraded`,
+//! `governor`) in both wire formats: the Choria format and CloudEvents v1.0 carrying it.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Prefix of every lifecycle event protocol string.
+pub const PROTOCOL_PREFIX: &str = "io.choria.lifecycle.v1.";
+/// CloudEvents `source` of lifecycle events.
+pub const CLOUDEVENT_SOURCE: &str = "io.choria.lifecycle";
+
+/// Why an event could not be parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    /// The body is not JSON or lacks required fields.
+    #[error("invalid lifecycle event json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Neither a Choria-format nor a CloudEvents lifecycle event.
+    #[error("unsupported event format")]
+    UnsupportedFormat,
+}
+
+/// Which wire format an event arrived in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventFormat {
+    /// A bare Choria event, `protocol` starting `io.choria.lifecycle`.
+    Choria,
+    /// A CloudEvents v1.0 envelope whose `data` is the Choria event.
+    CloudEvent,
+}
+
+/// A lifecycle event, whatever its type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LifecycleEvent {
+    /// `io.choria.lifecycle.v1.<type>`.
+    pub protocol: String,
+    /// Event id (a v4 UUID with dashes).
+    pub id: String,
+    /// Identity of the emitting component.
+    pub identity: String,
+    /// Component (`provision_mode_server`, `server`, `provisioner`...).
+    pub component: String,
+    /// Unix seconds.
+    pub timestamp: i64,
+    /// Version (startup, alive and upgraded events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// New version (upgraded events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_version: Option<String>,
+}
+
+/// A parsed event and the format it arrived in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedEvent {
+    /// The event.
+    pub event: LifecycleEvent,
+    /// Its wire format.
+    pub format: EventFormat,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CloudEventJson<T> {
+    specversion: String,
+    id: String,
+    source: String,
+    #[serde(rename = "type")]
+    kind: String,
+    subject: String,
+    datacontenttype: String,
+    time: String,
+    data: T,
+}
+
+impl LifecycleEvent {
+    /// A new event of `event_type` stamped now with a fresh id.
+    pub fn new(event_type: &str, identity: &str, component: &str) -> Self {
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        LifecycleEvent {
+            protocol: format!("{PROTOCOL_PREFIX}{event_type}"),
+            id: uuid::Uuid::new_v4().to_string(),
+            identity: identity.to_string(),
+            component: component.to_string(),
+            timestamp,
+            version: None,
+            new_version: None,
+        }
+    }
+
+    /// A `startup` event carrying `version`.
+    pub fn startup(identity: &str, component: &str, version: &str) -> Self {
+        let mut e = Self::new("startup", identity, component);
+        e.version = Some(version.to_string());
+        e
+    }
+
+    /// The event type: the part of `protocol` after `io.choria.lifecycle.v1.`.
+    pub fn event_type(&self) -> &str {
+        self.protocol
+            .strip_prefix(PROTOCOL_PREFIX)
+            .unwrap_or(&self.protocol)
+    }
+
+    /// `choria.lifecycle.event.<type>.<component>`, where the event is published.
+    pub fn subject(&self) -> String {
+        format!(
+            "choria.lifecycle.event.{}.{}",
+            self.event_type(),
+            self.component
+        )
+    }
+
+    /// Choria-format JSON.
+    pub fn to_choria_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+
+    /// CloudEvents v1.0 JSON carrying the Choria event as `data`.
+    pub fn to_cloudevent_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&CloudEventJson {
+            specversion: "1.0".into(),
+            id: self.id.clone(),
+            source: CLOUDEVENT_SOURCE.into(),
+            kind: self.protocol.clone(),
+            subject: self.identity.clone(),
+            datacontenttype: "application/json".into(),
+            time: rfc3339(self.timestamp),
+            data: self,
+        })
+    }
+
+    /// Parse an event in either format, as go-choria's generic reader does.
+    pub fn parse(body: &[u8]) -> Result<ReceivedEvent, LifecycleError> {
+        let v: serde_json::Value = serde_json::from_slice(body)?;
+        let is_choria = v
+            .get("protocol")
+            .and_then(|p| p.as_str())
+            .is_some_and(|p| p.starts_with("io.choria.lifecycle"));
+        if is_choria {
+            return Ok(ReceivedEvent {
+                event: serde_json::from_value(v)?,
+                format: EventFormat::Choria,
+            });
+        }
+        let is_cloud = v.get("specversion").and_then(|s| s.as_str()) == Some("1.0")
+            && v.get("source").and_then(|s| s.as_str()) == Some(CLOUDEVENT_SOURCE);
+        if !is_cloud {
+            return Err(LifecycleError::UnsupportedFormat);
+        }
+        let data = v.get("data").ok_or(LifecycleError::UnsupportedFormat)?;
+        let ok = data
+            .get("protocol")
+            .and_then(|p| p.as_str())
+            .is_some_and(|p| p.starts_with("io.choria.lifecycle"));
+        if !ok {
+            return Err(LifecycleError::UnsupportedFormat);
+        }
+        Ok(ReceivedEvent {
+            event: LifecycleEvent::deserialize(data)?,
+            format: EventFormat::CloudEvent,
+        })
+    }
+}
+
+/// Unix seconds as an RFC 3339 UTC timestamp (`2024-06-10T06:13:20Z`).
+fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_718_000_000), "2024-06-10T06:13:20Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn startup_event_round_trips_in_both_formats() {
+        let e = LifecycleEvent::startup("p.example.net", "provisioner", "1.2.3");
+        assert_eq!(e.subject(), "choria.lifecycle.event.startup.provisioner");
+        let c = LifecycleEvent::parse(&e.to_choria_json().unwrap()).unwrap();
+        assert_eq!(c.format, EventFormat::Choria);
+        assert_eq!(c.event, e);
+        let ce = LifecycleEvent::parse(&e.to_cloudevent_json().unwrap()).unwrap();
+        assert_eq!(ce.format, EventFormat::CloudEvent);
+        assert_eq!(ce.event, e);
+    }
+
+    #[test]
+    fn old_style_and_foreign_events_are_rejected() {
+        let old = br#"{"protocol":"choria:lifecycle:startup:1","id":"x","identity":"n","component":"c","timestamp":1}"#;
+        assert!(matches!(
+            LifecycleEvent::parse(old),
+            Err(LifecycleError::UnsupportedFormat)
+        ));
+        assert!(LifecycleEvent::parse(b"not json").is_err());
+        let other_ce = br#"{"specversion":"1.0","source":"elsewhere","data":{}}"#;
+        assert!(LifecycleEvent::parse(other_ce).is_err());
+    }
+}

@@ -1,0 +1,491 @@
+//! Golden fixtures and schema checks for the protocol module.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use super::*;
+
+const REQ_ID: &str = "2c5f1e6a7b8c4d9e8f7a6b5c4d3e2f10";
+const SENDER: &str = "provisioner.example.net";
+const CALLER: &str = "choria=provisioner.mcollective";
+const PAYLOAD: &[u8] = br#"{"agent":"rpcutil","action":"inventory","data":{}}"#;
+const REPLY_BODY: &[u8] = br#"{"action":"inventory","statuscode":0,"statusmsg":"OK","data":{}}"#;
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/testdata/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn fixture_str(name: &str) -> String {
+    String::from_utf8(fixture(name)).unwrap()
+}
+
+fn at_secs(s: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(s)
+}
+
+fn filter() -> Filter {
+    Filter::with_agent("choria_provision")
+}
+
+fn x509() -> Security {
+    Security::x509_from_pem(
+        CALLER,
+        fixture_str("x509_cert.pem"),
+        &fixture_str("x509_key.pem"),
+    )
+    .unwrap()
+}
+
+fn choria() -> Security {
+    let seed: [u8; 32] = hex::decode(fixture_str("v2_seed.hex"))
+        .unwrap()
+        .try_into()
+        .unwrap();
+    Security::choria(fixture_str("v2_caller.jwt"), seed).unwrap()
+}
+
+fn encode(sec: &Security, now: SystemTime) -> Bytes {
+    let f = filter();
+    let reply_to = reply_subject("provisioning", sec.caller_id(), REQ_ID);
+    encode_request(
+        sec,
+        &OutgoingRequest {
+            agent: "rpcutil",
+            collective: "provisioning",
+            payload: PAYLOAD,
+            filter: &f,
+            ttl: 60,
+            sender: SENDER,
+            id: REQ_ID,
+            reply_to: &reply_to,
+        },
+        now,
+    )
+    .unwrap()
+}
+
+#[test]
+fn v1_insecure_request_matches_golden_bytes() {
+    let got = encode(&Security::insecure(CALLER), at_secs(1_718_000_000));
+    assert_eq!(
+        std::str::from_utf8(&got).unwrap(),
+        fixture_str("v1_transport_request_insecure.json")
+    );
+}
+
+#[test]
+fn v1_x509_request_matches_golden_bytes_and_verifies() {
+    let got = encode(&x509(), at_secs(1_718_000_000));
+    assert_eq!(
+        std::str::from_utf8(&got).unwrap(),
+        fixture_str("v1_transport_request_x509.json")
+    );
+    let req = ServerRequest::parse(&got).unwrap();
+    req.verify().unwrap();
+    assert_eq!(req.signed_bytes, fixture("v1_request.json"));
+}
+
+#[test]
+fn v2_request_matches_golden_bytes_and_verifies() {
+    let now = UNIX_EPOCH + Duration::from_nanos(1_718_000_000_123_456_789);
+    let got = encode(&choria(), now);
+    assert_eq!(
+        std::str::from_utf8(&got).unwrap(),
+        fixture_str("v2_transport_request.json")
+    );
+    let req = ServerRequest::parse(&got).unwrap();
+    req.verify().unwrap();
+    assert_eq!(req.caller, "provisioner_signer");
+    assert_eq!(req.signed_bytes, fixture("v2_request.json"));
+}
+
+#[test]
+fn server_parses_golden_requests() {
+    for (name, version, caller) in [
+        (
+            "v1_transport_request_insecure.json",
+            ProtocolVersion::V1,
+            CALLER,
+        ),
+        (
+            "v1_transport_request_x509.json",
+            ProtocolVersion::V1,
+            CALLER,
+        ),
+        (
+            "v2_transport_request.json",
+            ProtocolVersion::V2,
+            "provisioner_signer",
+        ),
+    ] {
+        let req = ServerRequest::parse(&fixture(name)).unwrap();
+        assert_eq!(req.version, version, "{name}");
+        assert_eq!(req.id, REQ_ID);
+        assert_eq!(req.agent, "rpcutil");
+        assert_eq!(req.collective, "provisioning");
+        assert_eq!(req.sender, SENDER);
+        assert_eq!(req.caller, caller);
+        assert_eq!(req.ttl, 60);
+        assert_eq!(req.payload, PAYLOAD);
+        assert_eq!(req.filter, filter());
+        assert_eq!(
+            req.reply_to.as_deref(),
+            Some(reply_subject("provisioning", caller, REQ_ID).as_str())
+        );
+        assert_eq!(req.time_nanos() / 1_000_000_000, 1_718_000_000);
+    }
+}
+
+#[test]
+fn insecure_requests_do_not_verify() {
+    let req = ServerRequest::parse(&fixture("v1_transport_request_insecure.json")).unwrap();
+    assert!(matches!(req.verify(), Err(ProtocolError::Security(_))));
+}
+
+#[test]
+fn tampered_signed_request_does_not_verify() {
+    let req = ServerRequest::parse(&fixture("v1_transport_request_x509.json")).unwrap();
+    let mut bad = req.clone();
+    bad.signed_bytes[10] ^= 1;
+    assert!(bad.verify().is_err());
+    let req = ServerRequest::parse(&fixture("v2_transport_request.json")).unwrap();
+    let mut bad = req.clone();
+    bad.signed_bytes[10] ^= 1;
+    assert!(bad.verify().is_err());
+}
+
+#[test]
+fn replies_match_golden_bytes() {
+    let v1 = build_reply_raw(
+        ProtocolVersion::V1,
+        REQ_ID,
+        "rpcutil",
+        "node1.example.net",
+        REPLY_BODY,
+        at_secs(1_718_000_001),
+    )
+    .unwrap();
+    assert_eq!(
+        std::str::from_utf8(&v1).unwrap(),
+        fixture_str("v1_transport_reply.json")
+    );
+    let v2 = build_reply_raw(
+        ProtocolVersion::V2,
+        REQ_ID,
+        "rpcutil",
+        "node1.example.net",
+        REPLY_BODY,
+        at_secs(1_718_000_001),
+    )
+    .unwrap();
+    assert_eq!(
+        std::str::from_utf8(&v2).unwrap(),
+        fixture_str("v2_transport_reply.json")
+    );
+}
+
+#[test]
+fn client_parses_golden_replies() {
+    for (name, version, time) in [
+        (
+            "v1_transport_reply.json",
+            ProtocolVersion::V1,
+            1_718_000_001,
+        ),
+        (
+            "v2_transport_reply.json",
+            ProtocolVersion::V2,
+            1_718_000_001_000_000_000,
+        ),
+    ] {
+        let r = parse_reply(&fixture(name)).unwrap();
+        assert_eq!(r.version, version);
+        assert_eq!(r.request_id, REQ_ID);
+        assert_eq!(r.sender, "node1.example.net");
+        assert_eq!(r.transport_sender.as_deref(), Some("node1.example.net"));
+        assert_eq!(r.agent, "rpcutil");
+        assert_eq!(r.time, time);
+        assert_eq!(r.body, REPLY_BODY);
+    }
+}
+
+#[test]
+fn build_reply_answers_a_parsed_request_in_its_version() {
+    for sec in [Security::insecure(CALLER), x509(), choria()] {
+        let bytes = encode(&sec, SystemTime::now());
+        let req = ServerRequest::parse(&bytes).unwrap();
+        let reply = build_reply(&req, "node9", b"{}").unwrap();
+        let r = parse_reply(&reply).unwrap();
+        assert_eq!(r.version, sec.version());
+        assert_eq!(r.request_id, REQ_ID);
+        assert_eq!(r.sender, "node9");
+        assert_eq!(r.body, b"{}");
+    }
+}
+
+#[test]
+fn discovery_ping_decodes_to_ping_in_both_versions() {
+    for sec in [Security::insecure(CALLER), choria()] {
+        let f = Filter::default();
+        let bytes = encode_request(
+            &sec,
+            &OutgoingRequest {
+                agent: "discovery",
+                collective: "provisioning",
+                payload: DISCOVERY_PING,
+                filter: &f,
+                ttl: 60,
+                sender: SENDER,
+                id: &new_request_id(),
+                reply_to: "provisioning.reply.x.y",
+            },
+            SystemTime::now(),
+        )
+        .unwrap();
+        let req = ServerRequest::parse(&bytes).unwrap();
+        assert_eq!(req.payload, b"ping");
+        let reply = build_reply(&req, "n1", DISCOVERY_PONG).unwrap();
+        assert_eq!(parse_reply(&reply).unwrap().body, b"pong");
+    }
+}
+
+/// Wrap a v1 request JSON value into secure request and transport, insecure.
+fn v1_transport_of(request: &serde_json::Value, headers: serde_json::Value) -> Vec<u8> {
+    let secure = json!({
+        "protocol": V1_SECURE_REQUEST,
+        "message": request.to_string(),
+        "signature": "insecure",
+        "pubcert": "insecure",
+    });
+    serde_json::to_vec(&json!({
+        "protocol": V1_TRANSPORT,
+        "data": B64.encode(secure.to_string()),
+        "headers": headers,
+    }))
+    .unwrap()
+}
+
+fn golden_v1_request() -> serde_json::Value {
+    serde_json::from_slice(&fixture("v1_request.json")).unwrap()
+}
+
+#[test]
+fn v1_schema_violations_are_rejected() {
+    type Mutator = fn(&mut serde_json::Value);
+    let cases: Vec<(&str, Mutator)> = vec![
+        ("requestid 31 chars", |v| {
+            v["envelope"]["requestid"] = json!("2c5f1e6a7b8c4d9e8f7a6b5c4d3e2f1")
+        }),
+        ("ttl below 30", |v| v["envelope"]["ttl"] = json!(29)),
+        ("missing fact array", |v| {
+            v["envelope"]["filter"]
+                .as_object_mut()
+                .unwrap()
+                .remove("fact");
+        }),
+        ("null identity array", |v| {
+            v["envelope"]["filter"]["identity"] = serde_json::Value::Null
+        }),
+        ("missing filter", |v| {
+            v["envelope"].as_object_mut().unwrap().remove("filter");
+        }),
+        ("empty callerid", |v| v["envelope"]["callerid"] = json!("")),
+        ("empty agent", |v| v["envelope"]["agent"] = json!("")),
+        ("wrong protocol", |v| {
+            v["protocol"] = json!("choria:request:2")
+        }),
+        ("empty message", |v| v["message"] = json!("")),
+        ("time as text", |v| v["envelope"]["time"] = json!("now")),
+    ];
+    for (name, mutate) in cases {
+        let mut v = golden_v1_request();
+        mutate(&mut v);
+        let bytes = v1_transport_of(&v, json!({"reply-to": "x.reply.y.z"}));
+        assert!(ServerRequest::parse(&bytes).is_err(), "{name} was accepted");
+    }
+    // The untouched request passes, with null headers and without agent in the filter.
+    let mut v = golden_v1_request();
+    v["envelope"]["filter"]
+        .as_object_mut()
+        .unwrap()
+        .remove("agent");
+    let req = ServerRequest::parse(&v1_transport_of(&v, serde_json::Value::Null)).unwrap();
+    assert_eq!(req.reply_to, None);
+    assert!(req.filter.agent.is_empty());
+}
+
+#[test]
+fn transport_garbage_is_an_error_not_a_panic() {
+    for bytes in [
+        &b""[..],
+        b"null",
+        b"{}",
+        b"[1,2]",
+        br#"{"protocol":"choria:transport:1","data":"!!!"}"#,
+        br#"{"protocol":"choria:transport:9","data":""}"#,
+        br#"{"protocol":"choria:transport:1","data":"bnVsbA=="}"#,
+        br#"{"protocol":"io.choria.protocol.v2.transport","data":"e30="}"#,
+    ] {
+        assert!(ServerRequest::parse(bytes).is_err());
+        assert!(parse_reply(bytes).is_err());
+    }
+}
+
+#[test]
+fn reply_with_a_wrong_hash_is_rejected() {
+    let secure = json!({
+        "protocol": V1_SECURE_REPLY,
+        "message": String::from_utf8(fixture("v1_reply.json")).unwrap(),
+        "hash": B64.encode([0u8; 32]),
+    });
+    let t = json!({"protocol": V1_TRANSPORT, "data": B64.encode(secure.to_string())});
+    assert!(matches!(
+        parse_reply(t.to_string().as_bytes()),
+        Err(ProtocolError::HashMismatch)
+    ));
+}
+
+#[test]
+fn ttl_window_is_exclusive_on_both_sides() {
+    let req = ServerRequest::parse(&fixture("v1_transport_request_insecure.json")).unwrap();
+    let t = 1_718_000_000;
+    assert!(req.is_fresh(at_secs(t)));
+    assert!(req.is_fresh(at_secs(t + 59)));
+    assert!(!req.is_fresh(at_secs(t + 60)));
+    assert!(req.is_fresh(at_secs(t - 59)));
+    assert!(!req.is_fresh(at_secs(t - 60)));
+}
+
+#[test]
+fn reply_subject_uses_md5_of_the_caller() {
+    assert_eq!(
+        caller_hash("choria=provisioner.mcollective"),
+        hex::encode(<Md5 as md5::Digest>::digest(
+            b"choria=provisioner.mcollective"
+        ))
+    );
+    assert_eq!(
+        reply_subject("provisioning", "x", "abc"),
+        "provisioning.reply.9dd4e461268c8034f5c8564e155c67a6.abc"
+    );
+    let id = new_request_id();
+    assert_eq!(id.len(), 32);
+    assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
+}
+
+#[test]
+fn filter_matching_follows_go_choria() {
+    let agents = vec!["choria_provision".to_string(), "rpcutil".to_string()];
+    let classes = vec!["Role::Web".to_string()];
+    let facts = json!({"os": {"family": "RedHat", "release": {"major": "9"}}, "cpus": 4});
+    let node = NodeInfo {
+        identity: "web1.example.net",
+        agents: &agents,
+        classes: &classes,
+        facts: &facts,
+    };
+    let fact = |f: &str, op: &str, v: &str| FactFilter {
+        fact: f.into(),
+        operator: op.into(),
+        value: v.into(),
+    };
+    let cases: Vec<(Filter, bool)> = vec![
+        (Filter::default(), true),
+        (Filter::with_agent("choria_provision"), true),
+        (Filter::with_agent("puppet"), false),
+        (Filter::with_agent("/^choria_/"), true),
+        (Filter::with_identity("web1.example.net"), true),
+        (Filter::with_identity("/^web\\d+/"), true),
+        (Filter::with_identity("db1"), false),
+        (
+            Filter {
+                identity: vec!["db1".into(), "web1.example.net".into()],
+                ..Filter::default()
+            },
+            true,
+        ),
+        (
+            Filter {
+                agent: vec!["rpcutil".into(), "puppet".into()],
+                ..Filter::default()
+            },
+            false,
+        ),
+        (
+            Filter {
+                class: vec!["/role::web/".into()],
+                ..Filter::default()
+            },
+            true,
+        ),
+        (
+            Filter {
+                fact: vec![fact("os.family", "==", "RedHat"), fact("cpus", ">=", "4")],
+                ..Filter::default()
+            },
+            true,
+        ),
+        (
+            Filter {
+                fact: vec![fact("cpus", "<", "4")],
+                ..Filter::default()
+            },
+            false,
+        ),
+        (
+            Filter {
+                fact: vec![fact("os.release.major", "=~", "/^9/")],
+                ..Filter::default()
+            },
+            true,
+        ),
+        (
+            Filter {
+                fact: vec![fact("missing", "!=", "x")],
+                ..Filter::default()
+            },
+            false,
+        ),
+        (
+            Filter {
+                compound: vec![json!([{"expr": "true"}])],
+                ..Filter::default()
+            },
+            false,
+        ),
+    ];
+    for (i, (f, want)) in cases.iter().enumerate() {
+        assert_eq!(f.matches(&node), *want, "case {i}: {f:?}");
+    }
+}
+
+#[test]
+fn filter_serialises_all_five_arrays_in_go_order() {
+    assert_eq!(
+        serde_json::to_string(&Filter::default()).unwrap(),
+        r#"{"fact":[],"cf_class":[],"agent":[],"identity":[],"compound":[]}"#
+    );
+}
+
+#[test]
+fn lifecycle_fixtures_parse_in_both_formats() {
+    use crate::lifecycle::{EventFormat, LifecycleEvent};
+    let c = LifecycleEvent::parse(&fixture("lifecycle_startup_choria.json")).unwrap();
+    assert_eq!(c.format, EventFormat::Choria);
+    assert_eq!(c.event.identity, "node1.example.net");
+    assert_eq!(c.event.event_type(), "startup");
+    assert_eq!(c.event.version.as_deref(), Some("0.30.0"));
+    assert_eq!(
+        c.event.to_choria_json().unwrap(),
+        fixture("lifecycle_startup_choria.json")
+    );
+    let ce = LifecycleEvent::parse(&fixture("lifecycle_startup_cloudevent.json")).unwrap();
+    assert_eq!(ce.format, EventFormat::CloudEvent);
+    assert_eq!(ce.event, c.event);
+    assert_eq!(
+        ce.event.to_cloudevent_json().unwrap(),
+        fixture("lifecycle_startup_cloudevent.json")
+    );
+}
