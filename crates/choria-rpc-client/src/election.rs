@@ -157,8 +157,10 @@ pub enum ElectionError {
         /// Bucket name.
         bucket: String,
     },
-    /// Nobody answered the stream info request: JetStream is off, or the API import is missing.
-    #[error("election {election} as {identity}: open bucket {bucket}: no responders on {subject}, choria streams unreachable")]
+    /// Choria Streams cannot be reached from this connection: nobody answered the stream info
+    /// request, or JetStream is off for this account (e.g. the provisioning account without the
+    /// `choria.streams` prefix or without the broker's import).
+    #[error("election {election} as {identity}: open bucket {bucket}: choria streams unreachable on {subject}: {detail}")]
     StreamsUnavailable {
         /// Election name (KV key).
         election: String,
@@ -166,8 +168,10 @@ pub enum ElectionError {
         identity: String,
         /// Bucket name.
         bucket: String,
-        /// The stream info subject that had no responders.
+        /// The stream info subject that was asked.
         subject: String,
+        /// What the server said.
+        detail: String,
     },
     /// The stream exists but is not a usable KV bucket.
     #[error("election {election} as {identity}: open bucket {bucket}: not a key-value bucket (max messages per subject {max_per_subject})")]
@@ -536,12 +540,25 @@ impl Election {
                     bucket: i.bucket.clone(),
                 }
             }
+            GetStreamErrorKind::JetStream(e)
+                if e.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+                    || e.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED =>
+            {
+                ElectionError::StreamsUnavailable {
+                    election: i.key.clone(),
+                    identity: i.identity.clone(),
+                    bucket: i.bucket.clone(),
+                    subject: format!("{}.STREAM.INFO.{}", i.info_subject, i.stream_name),
+                    detail: e.to_string(),
+                }
+            }
             _ if request_kind == Some(RequestErrorKind::NoResponders) => {
                 ElectionError::StreamsUnavailable {
                     election: i.key.clone(),
                     identity: i.identity.clone(),
                     bucket: i.bucket.clone(),
                     subject: format!("{}.STREAM.INFO.{}", i.info_subject, i.stream_name),
+                    detail: "no responders".to_string(),
                 }
             }
             _ => ElectionError::Request {
@@ -567,15 +584,9 @@ impl Election {
                 identity: i.identity.clone(),
             });
         }
-        let _running = RunningGuard(&i.running);
+        let _running = RunningGuard(i);
         i.state.send_replace(LeaderState::Unknown);
-        let info = match self.open().await {
-            Ok(info) => info,
-            Err(err) => {
-                i.state.send_replace(LeaderState::Stopped);
-                return Err(err);
-            }
-        };
+        let info = self.open().await?;
         tracing::debug!(election = %i.key, identity = %i.identity, ttl = ?info.ttl, "opened election bucket");
         self.campaign(info, &cancel).await;
         Ok(())
@@ -588,7 +599,6 @@ impl Election {
         // Spread out start-ups of many candidates, as go-choria does.
         let splay = random_below(i.splay);
         if !sleep_or_cancel(splay, cancel).await {
-            self.stopped();
             return;
         }
 
@@ -658,15 +668,7 @@ impl Election {
                 break;
             }
         }
-        self.stopped();
-    }
-
-    fn stopped(&self) {
-        let i = &self.inner;
-        let was_leader = i.state.send_replace(LeaderState::Stopped) == LeaderState::Leader;
-        i.holds_key.store(false, Ordering::Relaxed);
-        let _ = i.events.send(ElectionEvent::Stopped { was_leader });
-        tracing::debug!(election = %i.key, identity = %i.identity, was_leader, "election stopped");
+        // The key is left to expire, as go-choria does; the run guard reports the stop.
     }
 
     /// A KV create: expect no live entry; when the latest entry is a delete or purge marker
@@ -705,14 +707,13 @@ impl Election {
             NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
             HeaderValue::from(expected),
         );
-        let ack = i
-            .js
-            .publish_with_headers(i.put_subject.clone(), headers, i.value.clone())
-            .await
-            .map_err(|e| WriteFailure {
-                cause: LossCause::RequestFailed,
-                detail: format!("publish to {}: {e}", i.put_subject),
-            })?;
+        let ack =
+            i.js.publish_with_headers(i.put_subject.clone(), headers, i.value.clone())
+                .await
+                .map_err(|e| WriteFailure {
+                    cause: LossCause::RequestFailed,
+                    detail: format!("publish to {}: {e}", i.put_subject),
+                })?;
         match ack.await {
             Ok(ack) => Ok(ack.sequence),
             Err(e) => {
@@ -730,12 +731,21 @@ impl Election {
     }
 }
 
-/// Clears the running flag however `run` ends (including when its future is dropped).
-struct RunningGuard<'a>(&'a AtomicBool);
+/// Ends a run however it ends, including when its future is dropped mid-campaign: watchers must
+/// never keep seeing `Leader` from a campaign that no longer runs.
+struct RunningGuard<'a>(&'a Inner);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        let i = self.0;
+        let previous = i.state.send_replace(LeaderState::Stopped);
+        if previous != LeaderState::Stopped {
+            let was_leader = previous == LeaderState::Leader;
+            let _ = i.events.send(ElectionEvent::Stopped { was_leader });
+            tracing::debug!(election = %i.key, identity = %i.identity, was_leader, "election stopped");
+        }
+        i.holds_key.store(false, Ordering::Relaxed);
+        i.running.store(false, Ordering::Release);
     }
 }
 
@@ -764,7 +774,9 @@ fn validate_ttl(ttl: Duration) -> Result<Duration, &'static str> {
         return Err("gives a campaign interval under 1 second");
     }
     if ttl.as_secs_f64() - interval.as_secs_f64() < 1.0 {
-        return Err("leaves under 1 second between campaign interval and expiry (needs at least 4 seconds)");
+        return Err(
+            "leaves under 1 second between campaign interval and expiry (needs at least 4 seconds)",
+        );
     }
     Ok(interval)
 }
@@ -799,9 +811,8 @@ fn valid_key(s: &str) -> bool {
     !s.is_empty()
         && !s.starts_with('.')
         && !s.ends_with('.')
-        && s.bytes().all(|c| {
-            c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'=' | b'/' | b'.')
-        })
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'=' | b'/' | b'.'))
 }
 
 /// A subject prefix: dot-separated non-empty tokens without wildcards or spaces.
@@ -809,13 +820,13 @@ fn valid_subject(s: &str) -> bool {
     !s.is_empty()
         && s.split('.').all(|t| {
             !t.is_empty()
-                && t
-                    .bytes()
+                && t.bytes()
                     .all(|c| !c.is_ascii_whitespace() && c != b'*' && c != b'>')
         })
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -829,7 +840,10 @@ mod tests {
         for (ttl, reason) in [
             (Duration::ZERO, "is under 1 second"),
             (Duration::from_millis(999), "is under 1 second"),
-            (Duration::from_secs(1), "gives a campaign interval under 1 second"),
+            (
+                Duration::from_secs(1),
+                "gives a campaign interval under 1 second",
+            ),
             (Duration::from_secs(3), "leaves under 1 second"),
             (Duration::from_millis(3999), "leaves under 1 second"),
             (Duration::from_secs(3601), "is over 1 hour"),

@@ -120,7 +120,12 @@ mod tests {
             let m = TWENTY_SEC.base(n).as_millis() as u64;
             for _ in 0..500 {
                 let d = TWENTY_SEC.duration(n).as_millis() as u64;
-                assert!(d >= m / 2 && d < m / 2 + m, "step {n}: {d} outside [{}, {})", m / 2, m / 2 + m);
+                assert!(
+                    d >= m / 2 && d < m / 2 + m,
+                    "step {n}: {d} outside [{}, {})",
+                    m / 2,
+                    m / 2 + m
+                );
             }
         }
         assert_eq!(FIVE_SEC_START_GRACE.duration(0), Duration::ZERO);
