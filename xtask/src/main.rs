@@ -1,7 +1,9 @@
 //! `cargo xtask`: everything that is not `cargo build` — test set-up, demo, benchmarks, interop
 //! peers and packaging.
 
+mod demo;
 mod peers;
+mod stack;
 mod tools;
 
 use anyhow::{bail, Result};
@@ -9,6 +11,8 @@ use anyhow::{bail, Result};
 const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
+  demo          a local broker, simulated fleet and provisioner, with live progress
+                [--nodes N] [--mode plain|pki|ed25519]
   test          install what the tests need (nats-server), then fmt check, clippy and every test
   peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
   nats-server   install nats-server under target/tools/bin and print its path
@@ -27,6 +31,7 @@ fn run() -> Result<()> {
     let rest: Vec<String> = args.collect();
     match cmd.as_str() {
         "test" => tools::test(&rest),
+        "demo" => demo::main(&rest),
         "peers" => peers::main(&rest),
         "nats-server" => {
             println!("{}", tools::ensure_nats_server()?.display());

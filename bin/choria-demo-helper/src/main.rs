@@ -6,7 +6,9 @@
 //! configuration for the server JWT the provisioner signs. `CHORIA_UPGRADE_TO` asks for an upgrade
 //! to that version; `CHORIA_DEFER` set to a substring defers every identity containing it.
 //!
-//! `choria-demo-helper init-ca DIR` writes a test CA (`ca.pem`, `ca-key.pem`) into DIR.
+//! `choria-demo-helper init-ca DIR` writes a test CA (`ca.pem`, `ca-key.pem`) into DIR;
+//! `choria-demo-helper init-signer DIR` writes an ed25519 signer (`signer.seed`, `signer.pub`, both
+//! 64 hex characters without a newline, as Choria's tools expect) into DIR.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -34,6 +36,10 @@ fn main() -> ExitCode {
         Some("init-ca") => match args.get(1) {
             Some(dir) => init_ca(dir),
             None => Err("usage: choria-demo-helper init-ca DIR".into()),
+        },
+        Some("init-signer") => match args.get(1) {
+            Some(dir) => init_signer(dir),
+            None => Err("usage: choria-demo-helper init-signer DIR".into()),
         },
         Some(other) => Err(format!("unknown argument {other:?}")),
         None => helper(),
@@ -217,6 +223,19 @@ fn init_ca(dir: &str) -> Result<(), String> {
     std::fs::write(format!("{dir}/ca.pem"), cert_pem).map_err(|e| e.to_string())?;
     write_private(&format!("{dir}/ca-key.pem"), key_pem.as_bytes())?;
     println!("{dir}/ca.pem");
+    Ok(())
+}
+
+fn init_signer(dir: &str) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {dir}: {e}"))?;
+    let key = ed25519_dalek::SigningKey::generate(&mut rand::thread_rng());
+    write_private(
+        &format!("{dir}/signer.seed"),
+        hex::encode(key.to_bytes()).as_bytes(),
+    )?;
+    let public = hex::encode(key.verifying_key().to_bytes());
+    std::fs::write(format!("{dir}/signer.pub"), &public).map_err(|e| e.to_string())?;
+    println!("{public}");
     Ok(())
 }
 

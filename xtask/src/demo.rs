@@ -1,0 +1,169 @@
+//! `cargo xtask demo`: a local broker, a simulated fleet and the provisioner with the demo
+//! helper, with live progress and a summary.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::stack::{self, Mode, Proc, ProvisionerOptions};
+use crate::tools::root;
+
+struct Args {
+    nodes: usize,
+    mode: Mode,
+    timeout: Duration,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut out = Args {
+        nodes: 48,
+        mode: Mode::Plain,
+        timeout: Duration::from_secs(180),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--nodes" => out.nodes = val()?.parse().context("--nodes")?,
+            "--mode" => out.mode = Mode::parse(val()?)?,
+            "--timeout" => out.timeout = Duration::from_secs(val()?.parse().context("--timeout seconds")?),
+            other => bail!("unknown demo flag {other:?} (--nodes N, --mode plain|pki|ed25519, --timeout SECONDS)"),
+        }
+    }
+    Ok(out)
+}
+
+/// Run the demo.
+pub fn main(args: &[String]) -> Result<()> {
+    let args = parse(args)?;
+    eprintln!("demo: building the provisioner, the fleet simulator and the demo helper");
+    let bins = stack::build_binaries(false)?;
+    let dir = root().join("target/demo");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+
+    let (_nats, url) = stack::start_nats(&dir)?;
+    eprintln!("demo: nats-server with JetStream on {url}");
+    let helper = bins.join("choria-demo-helper");
+    let files = stack::write_run_files(
+        &dir,
+        &bins,
+        &ProvisionerOptions {
+            mode: args.mode,
+            workers: 8,
+            helper: &helper.display().to_string(),
+            broker: &url,
+            identity: "provisioner",
+            leader_election: false,
+            extra_yaml: "",
+        },
+    )?;
+
+    let report = dir.join("fleet-report.json");
+    let sim_log = dir.join("fleet-sim.log");
+    let mut sim_cmd = Command::new(bins.join("choria-fleet-sim"));
+    sim_cmd
+        .args([
+            "--broker",
+            &url,
+            "--nodes",
+            &args.nodes.to_string(),
+            "--mode",
+            args.mode.name(),
+        ])
+        .args(["--token", &files.token, "--identity-prefix", "demo-node"])
+        .arg("--provisioning-signer")
+        .arg(&files.signer_seed)
+        .arg("--report")
+        .arg(&report)
+        .args([
+            "--exit-when-done",
+            "--timeout",
+            &format!("{}s", args.timeout.as_secs()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&sim_log)?);
+    if args.mode == Mode::Ed25519 {
+        sim_cmd.args(["--issuer-public", &files.signer_pub]);
+    }
+    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    eprintln!(
+        "demo: {} simulated servers in provisioning mode ({})",
+        args.nodes,
+        args.mode.name()
+    );
+
+    let started = Instant::now();
+    let prov_out = std::fs::File::create(dir.join("provisioner.out"))?;
+    let mut prov = Proc::spawn(
+        "choria-provisioner",
+        Command::new(bins.join("choria-provisioner"))
+            .arg("--config")
+            .arg(&files.provisioner_yaml)
+            .arg("--choria-config")
+            .arg(&files.choria_cfg)
+            .arg("--pid")
+            .arg(dir.join("provisioner.pid"))
+            .env("CHORIA_BROKERS", &url)
+            .env("CHORIA_CA_CERT", &files.ca_cert)
+            .env("CHORIA_CA_KEY", &files.ca_key)
+            .env("CHORIA_ISSUER", &files.signer_pub)
+            .stdout(prov_out.try_clone()?)
+            .stderr(prov_out),
+    )?;
+    let metrics_url = format!("http://127.0.0.1:{}/metrics", files.monitor_port);
+    eprintln!("demo: provisioner started, metrics at {metrics_url}");
+
+    let mut last = -1.0;
+    let sim_status = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        if let Ok(Some(st)) = sim.child.try_wait() {
+            break st;
+        }
+        if !prov.running() {
+            let log = std::fs::read_to_string(dir.join("provisioner.out")).unwrap_or_default();
+            bail!("the provisioner exited early:\n{log}");
+        }
+        let done =
+            stack::scrape(files.monitor_port, "choria_provisioner_provisioned").unwrap_or(0.0);
+        if done != last {
+            let errors = stack::scrape(files.monitor_port, "choria_provisioner_provision_errors")
+                .unwrap_or(0.0);
+            let busy =
+                stack::scrape(files.monitor_port, "choria_provisioner_busy_workers").unwrap_or(0.0);
+            eprintln!(
+                "demo: [{:>5.1}s] provisioned {done}/{} errors {errors} busy workers {busy}",
+                started.elapsed().as_secs_f64(),
+                args.nodes
+            );
+            last = done;
+        }
+    };
+    let elapsed = started.elapsed();
+    let provisioned =
+        stack::scrape(files.monitor_port, "choria_provisioner_provisioned").unwrap_or(0.0);
+    let errors =
+        stack::scrape(files.monitor_port, "choria_provisioner_provision_errors").unwrap_or(0.0);
+    let sim_line = std::fs::read_to_string(&sim_log)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("fleet-sim:"))
+        .unwrap_or("fleet-sim: (no summary)")
+        .to_string();
+    prov.terminate(Duration::from_secs(10));
+    println!();
+    println!("demo summary");
+    println!("  mode          {}", args.mode.name());
+    println!("  provisioned   {provisioned} of {}", args.nodes);
+    println!("  failed        {errors} (provision errors; failed nodes are retried)");
+    println!("  time          {:.1}s", elapsed.as_secs_f64());
+    println!("  metrics       {metrics_url} (while it ran)");
+    println!("  simulator     {sim_line}");
+    println!("  files         {}", dir.display());
+    if !sim_status.success() {
+        bail!("the simulated fleet was not fully provisioned: {sim_line}");
+    }
+    Ok(())
+}
