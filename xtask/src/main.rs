@@ -1,6 +1,7 @@
 //! `cargo xtask`: everything that is not `cargo build` — test set-up, demo, benchmarks, interop
 //! peers and packaging.
 
+mod bench;
 mod demo;
 mod peers;
 mod stack;
@@ -13,6 +14,8 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 commands:
   demo          a local broker, simulated fleet and provisioner, with live progress
                 [--nodes N] [--mode plain|pki|ed25519]
+  bench         provisioning throughput and cost (release builds), optionally beside the Go provisioner
+                --nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go]
   test          install what the tests need (nats-server), then fmt check, clippy and every test
   peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
   nats-server   install nats-server under target/tools/bin and print its path
@@ -32,6 +35,7 @@ fn run() -> Result<()> {
     match cmd.as_str() {
         "test" => tools::test(&rest),
         "demo" => demo::main(&rest),
+        "bench" => bench::main(&rest),
         "peers" => peers::main(&rest),
         "nats-server" => {
             println!("{}", tools::ensure_nats_server()?.display());

@@ -1,0 +1,291 @@
+//! `cargo xtask bench`: provisioning throughput and cost, optionally side by side with the Go
+//! provisioner on an identical fresh fleet.
+//!
+//! Measured from provisioner start until the simulator reports every node provisioned: wall time,
+//! nodes per minute, provisioner CPU seconds (user+sys from /proc), provisioner peak RSS (VmHWM),
+//! the helper's share of the provisioner's busy time, and failures.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::stack::{self, Mode, Proc, ProvisionerOptions};
+use crate::tools::root;
+
+struct Args {
+    nodes: usize,
+    mode: Mode,
+    workers: usize,
+    vs_go: bool,
+    timeout: Duration,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut out = Args {
+        nodes: 1000,
+        mode: Mode::Plain,
+        workers: 0,
+        vs_go: false,
+        timeout: Duration::from_secs(600),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--nodes" => out.nodes = val()?.parse().context("--nodes")?,
+            "--mode" => out.mode = Mode::parse(val()?)?,
+            "--workers" => out.workers = val()?.parse().context("--workers")?,
+            "--timeout" => out.timeout = Duration::from_secs(val()?.parse().context("--timeout seconds")?),
+            "--vs-go" => out.vs_go = true,
+            other => bail!(
+                "unknown bench flag {other:?} (--nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--timeout S])"
+            ),
+        }
+    }
+    Ok(out)
+}
+
+/// What one contender achieved.
+#[derive(Debug, Default, Clone)]
+pub struct Figures {
+    pub wall: Duration,
+    pub per_min: f64,
+    pub cpu_s: f64,
+    pub rss_mib: f64,
+    pub helper_share: f64,
+    pub failures: f64,
+    pub provisioned: usize,
+}
+
+/// user+sys CPU seconds of a process from /proc/<pid>/stat.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    let ticks = 100.0; // USER_HZ on Linux
+    Some((utime + stime) / ticks)
+}
+
+/// Peak resident set size in MiB from /proc/<pid>/status.
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn scrape_all(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+fn sum_of(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Run one contender (`go_bin` None = ours) against a fresh fleet.
+fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Result<Figures> {
+    let dir = root().join("target/bench").join(label);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let (_nats, url) = stack::start_nats(&dir)?;
+    let helper = bins.join("choria-demo-helper");
+    let workers = if args.workers == 0 { 64 } else { args.workers };
+    let files = stack::write_run_files(
+        &dir,
+        bins,
+        &ProvisionerOptions {
+            mode: args.mode,
+            workers,
+            helper: &helper.display().to_string(),
+            broker: &url,
+            identity: "provisioner",
+            leader_election: false,
+            extra_yaml: "",
+        },
+    )?;
+    let sim_log = dir.join("fleet-sim.log");
+    let mut sim_cmd = Command::new(bins.join("choria-fleet-sim"));
+    sim_cmd
+        .args([
+            "--broker",
+            &url,
+            "--nodes",
+            &args.nodes.to_string(),
+            "--mode",
+            args.mode.name(),
+        ])
+        .args(["--token", &files.token, "--identity-prefix", "bench"])
+        .arg("--provisioning-signer")
+        .arg(&files.signer_seed)
+        .args([
+            "--exit-when-done",
+            "--timeout",
+            &format!("{}s", args.timeout.as_secs()),
+        ])
+        .args(["--restart-delay", "0s"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&sim_log)?);
+    if args.mode == Mode::Ed25519 {
+        sim_cmd.args(["--issuer-public", &files.signer_pub]);
+    }
+    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    // Let the fleet come up and announce itself before the clock starts.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let out = std::fs::File::create(dir.join("provisioner.out"))?;
+    let program: PathBuf = go_bin
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| bins.join("choria-provisioner"));
+    let started = Instant::now();
+    let mut prov = Proc::spawn(
+        "provisioner",
+        Command::new(&program)
+            .arg("run")
+            .arg("--config")
+            .arg(&files.provisioner_yaml)
+            .arg("--choria-config")
+            .arg(&files.choria_cfg)
+            .env("CHORIA_BROKERS", &url)
+            .env("CHORIA_CA_CERT", &files.ca_cert)
+            .env("CHORIA_CA_KEY", &files.ca_key)
+            .env("CHORIA_ISSUER", &files.signer_pub)
+            .stdout(out.try_clone()?)
+            .stderr(out),
+    )?;
+    let pid = prov.pid();
+    let mut peak = 0.0f64;
+    let mut cpu = 0.0f64;
+    let status = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some(r) = peak_rss_mib(pid) {
+            peak = peak.max(r);
+        }
+        if let Some(c) = cpu_seconds(pid) {
+            cpu = c;
+        }
+        if let Ok(Some(st)) = sim.child.try_wait() {
+            break st;
+        }
+        if !prov.running() {
+            bail!(
+                "{label}: the provisioner exited early; see {}",
+                dir.join("provisioner.out").display()
+            );
+        }
+    };
+    let wall = started.elapsed();
+    let metrics = scrape_all(files.monitor_port);
+    prov.terminate(Duration::from_secs(10));
+    let sim_line = std::fs::read_to_string(&sim_log)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("fleet-sim:"))
+        .unwrap_or("")
+        .to_string();
+    let provisioned = sim_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|f| f.split('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if !status.success() {
+        eprintln!("bench: {label}: fleet not complete: {sim_line}");
+    }
+    let helper_s = sum_of(&metrics, "choria_provisioner_helper_time_sum");
+    let rpc_s = sum_of(&metrics, "choria_provisioner_rpc_time_sum");
+    let f = Figures {
+        wall,
+        per_min: provisioned as f64 / wall.as_secs_f64() * 60.0,
+        cpu_s: cpu,
+        rss_mib: peak,
+        helper_share: if helper_s + rpc_s > 0.0 {
+            helper_s / (helper_s + rpc_s)
+        } else {
+            0.0
+        },
+        failures: sum_of(&metrics, "choria_provisioner_provision_errors"),
+        provisioned,
+    };
+    eprintln!(
+        "bench: {label}: {}/{} provisioned in {:.2}s = {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, helper share {:.0}%, failures {}",
+        f.provisioned,
+        args.nodes,
+        f.wall.as_secs_f64(),
+        f.per_min,
+        f.cpu_s,
+        f.rss_mib,
+        f.helper_share * 100.0,
+        f.failures
+    );
+    Ok(f)
+}
+
+/// Run the benchmark.
+pub fn main(args: &[String]) -> Result<()> {
+    let args = parse(args)?;
+    eprintln!("bench: release build");
+    let bins = stack::build_binaries(true)?;
+    let ours = contender(&args, &bins, None, "rust")?;
+    let go = if args.vs_go {
+        crate::peers::build_provisioner()?;
+        let go_bin = crate::peers::provisioner_bin();
+        Some(contender(&args, &bins, Some(&go_bin), "go")?)
+    } else {
+        None
+    };
+    let dash = "-".to_string();
+    let (gp, gc, gr, tr, rr) = match &go {
+        Some(g) => (
+            format!("{:.0}", g.per_min),
+            format!("{:.2}", g.cpu_s),
+            format!("{:.1}", g.rss_mib),
+            format!(
+                "{:.2}",
+                if g.per_min > 0.0 {
+                    ours.per_min / g.per_min
+                } else {
+                    0.0
+                }
+            ),
+            format!(
+                "{:.2}",
+                if ours.rss_mib > 0.0 {
+                    g.rss_mib / ours.rss_mib
+                } else {
+                    0.0
+                }
+            ),
+        ),
+        None => (dash.clone(), dash.clone(), dash.clone(), dash.clone(), dash),
+    };
+    println!(
+        "bench: mode={} nodes={} rust_per_min={:.0} rust_cpu_s={:.2} rust_rss_mib={:.1} go_per_min={gp} go_cpu_s={gc} go_rss_mib={gr} throughput_ratio={tr} rss_ratio={rr}",
+        args.mode.name(),
+        args.nodes,
+        ours.per_min,
+        ours.cpu_s,
+        ours.rss_mib
+    );
+    Ok(())
+}
