@@ -1,6 +1,8 @@
 //! The Choria wire protocol over NATS: envelopes, security, RPC, discovery, lifecycle events and
 //! leader election.
 
+pub mod config;
+pub mod connection;
 pub mod election;
 pub mod lifecycle;
 pub mod mcorpc;

@@ -1,0 +1,202 @@
+//! The one shared NATS connection: TLS from the security provider's files (plain when
+//! insecure), user and password, endless reconnects with backoff, named after the identity,
+//! with library inboxes under `<main_collective>.reply`.
+
+use std::time::Duration;
+
+use async_nats::{ConnectOptions, Event, ServerAddr};
+
+use crate::config::{ChoriaConfig, ConfigError, SecurityProvider};
+
+/// Why the connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// The configuration does not allow a connection (no hosts, bad URL...).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A middleware URL is not a valid NATS address.
+    #[error("invalid middleware url {url}: {reason}")]
+    InvalidUrl {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// NATS credentials files (`plugin.nats.credentials`) are not supported.
+    #[error(
+        "nats credentials file {path} is not supported, use plugin.nats.user and plugin.nats.pass"
+    )]
+    CredentialsUnsupported {
+        /// The file.
+        path: String,
+    },
+    /// Connecting to the broker failed.
+    #[error("cannot connect to {urls}: {source}")]
+    Connect {
+        /// The URLs tried.
+        urls: String,
+        /// The client error.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+}
+
+/// Everything the connection needs, derived from a [`ChoriaConfig`] (or built by hand).
+#[derive(Clone)]
+pub struct ConnectionSettings {
+    /// Broker URLs.
+    pub urls: Vec<String>,
+    /// Connection name (the identity).
+    pub name: String,
+    /// NATS user and password.
+    pub user_password: Option<(String, String)>,
+    /// Token sent as `auth_token` (the client JWT with the choria provider).
+    pub token: Option<String>,
+    /// NATS 2 credentials file.
+    pub credentials: Option<std::path::PathBuf>,
+    /// TLS material; `None` for plain TCP.
+    pub tls: Option<TlsSettings>,
+    /// Per-attempt connect timeout.
+    pub connect_timeout: Duration,
+    /// Inbox prefix for library-level request/reply (`<main_collective>.reply`).
+    pub inbox_prefix: String,
+}
+
+impl std::fmt::Debug for ConnectionSettings {
+    // Passwords and tokens stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionSettings")
+            .field("urls", &self.urls)
+            .field("name", &self.name)
+            .field("user", &self.user_password.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
+            .field("inbox_prefix", &self.inbox_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// TLS files.
+#[derive(Debug, Clone, Default)]
+pub struct TlsSettings {
+    /// CA bundle to verify the broker with; `None` uses the system roots.
+    pub ca: Option<std::path::PathBuf>,
+    /// Client certificate and key.
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl ConnectionSettings {
+    /// Settings for a configuration: TLS from the file provider's (or choria provider's)
+    /// files unless TLS is disabled, NATS user and password, name = identity.
+    pub fn from_config(cfg: &ChoriaConfig) -> Result<Self, ConnectionError> {
+        let tls = if cfg.disable_tls {
+            None
+        } else {
+            Some(match cfg.security_provider {
+                SecurityProvider::Choria => TlsSettings {
+                    ca: cfg.choria_ca.clone(),
+                    client_cert: cfg.choria_certificate.clone().zip(cfg.choria_key.clone()),
+                },
+                _ => TlsSettings {
+                    ca: cfg.file_ca.clone(),
+                    client_cert: cfg.file_certificate.clone().zip(cfg.file_key.clone()),
+                },
+            })
+        };
+        let token = match (&cfg.security_provider, &cfg.choria_token_file) {
+            (SecurityProvider::Choria, Some(p)) if !cfg.insecure => std::fs::read_to_string(p)
+                .ok()
+                .map(|t| t.trim().to_string()),
+            _ => None,
+        };
+        Ok(ConnectionSettings {
+            urls: cfg.middleware_urls()?,
+            name: cfg.identity.clone(),
+            user_password: cfg.nats_user.clone().zip(cfg.nats_pass.clone()),
+            token,
+            credentials: cfg.nats_credentials.clone(),
+            tls,
+            connect_timeout: cfg.connect_timeout,
+            inbox_prefix: format!("{}.reply", cfg.main_collective),
+        })
+    }
+}
+
+/// Delay before reconnect attempt `attempt`: grows by a second per attempt up to 20 s, with
+/// up to 25% jitter so a fleet of clients does not reconnect in lock step.
+pub fn reconnect_delay(attempt: usize) -> Duration {
+    if attempt == 0 {
+        return Duration::ZERO;
+    }
+    let base = Duration::from_secs(u64::try_from(attempt.min(20)).unwrap_or(20));
+    let jitter = rand::random::<f64>() * 0.25;
+    base.mul_f64(1.0 - jitter)
+}
+
+/// Open the shared connection. The initial connect fails with an error; once connected, the
+/// client reconnects forever, logging every disconnect and reconnect.
+pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client, ConnectionError> {
+    let addrs: Vec<ServerAddr> = settings
+        .urls
+        .iter()
+        .map(|u| {
+            u.parse::<ServerAddr>()
+                .map_err(|e| ConnectionError::InvalidUrl {
+                    url: u.clone(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    if let Some(path) = &settings.credentials {
+        // Credentials files need nonce signing with nkeys, which this build does not include.
+        return Err(ConnectionError::CredentialsUnsupported {
+            path: path.display().to_string(),
+        });
+    }
+    let mut opts = ConnectOptions::new();
+    let name = settings.name.clone();
+    opts = opts
+        .name(&settings.name)
+        .custom_inbox_prefix(&settings.inbox_prefix)
+        .connection_timeout(settings.connect_timeout)
+        .max_reconnects(None)
+        .reconnect_delay_callback(reconnect_delay)
+        .ping_interval(Duration::from_secs(30))
+        .event_callback(move |event| {
+            let name = name.clone();
+            async move {
+                match event {
+                    Event::Connected => {
+                        tracing::info!(connection = %name, "nats connection (re)established")
+                    }
+                    Event::Disconnected => {
+                        tracing::warn!(connection = %name, "nats connection lost, reconnecting")
+                    }
+                    Event::Closed => tracing::info!(connection = %name, "nats connection closed"),
+                    other => {
+                        tracing::warn!(connection = %name, event = %other, "nats connection event")
+                    }
+                }
+            }
+        });
+    if let Some((u, p)) = &settings.user_password {
+        opts = opts.user_and_password(u.clone(), p.clone());
+    }
+    if let Some(t) = &settings.token {
+        opts = opts.token(t.clone());
+    }
+    if let Some(tls) = &settings.tls {
+        opts = opts.require_tls(true);
+        if let Some(ca) = &tls.ca {
+            opts = opts.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &tls.client_cert {
+            opts = opts.add_client_certificate(cert.clone(), key.clone());
+        }
+    }
+    opts.connect(addrs)
+        .await
+        .map_err(|source| ConnectionError::Connect {
+            urls: settings.urls.join(","),
+            source,
+        })
+}
