@@ -19,6 +19,38 @@
 //! In the provisioning account Choria Streams is reached through the JetStream API prefix
 //! [`PROVISIONING_API_PREFIX`]; the KV writes then go to
 //! `choria.streams.$KV.CHORIA_LEADER_ELECTION.<key>` exactly like nats.go builds them.
+//!
+//! ```no_run
+//! use choria_rpc_client::election::{backoff, Election, ElectionEvent, PROVISIONING_API_PREFIX};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example(client: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let election = Election::builder(client, "provisioner", "provisioner1.example.net")
+//!     .api_prefix(PROVISIONING_API_PREFIX)
+//!     .build()?;
+//! let mut events = election.subscribe();
+//! let cancel = CancellationToken::new();
+//! let campaign = tokio::spawn({
+//!     let election = election.clone();
+//!     let cancel = cancel.clone();
+//!     async move {
+//!         election
+//!             .run_retrying(cancel, &backoff::FIVE_SEC, |err| tracing::error!("{err}"))
+//!             .await
+//!     }
+//! });
+//! while let Ok(event) = events.recv().await {
+//!     match event {
+//!         ElectionEvent::Won { .. } => { /* resume work */ }
+//!         ElectionEvent::Lost { .. } => { /* pause and drop queued work */ }
+//!         ElectionEvent::Stopped { .. } => break,
+//!     }
+//! }
+//! cancel.cancel();
+//! campaign.await??;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod backoff;
 
@@ -62,6 +94,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_API_PREFIX: &str = "$JS.API";
 const KV_OPERATION: &str = "KV-Operation";
 const EVENT_CAPACITY: usize = 64;
+const PUBLISH_RETRIES: u32 = 2;
+const PUBLISH_RETRY_WAIT: Duration = Duration::from_millis(250);
 
 /// Where this candidate stands, as seen by local watchers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -429,6 +463,7 @@ struct Inner {
 #[derive(Debug)]
 struct WriteFailure {
     cause: LossCause,
+    no_responders: bool,
     detail: String,
 }
 
@@ -571,6 +606,32 @@ impl Election {
         }
     }
 
+    /// [`Self::run`] until `cancel` fires, retrying after opening errors (bucket missing,
+    /// streams unreachable, TTL refused...) with `retry`'s delays; each error is handed to
+    /// `on_error` first so the caller can log it. Returns early only when another run of this
+    /// election is already active.
+    pub async fn run_retrying(
+        &self,
+        cancel: CancellationToken,
+        retry: &Policy,
+        mut on_error: impl FnMut(&ElectionError),
+    ) -> Result<(), ElectionError> {
+        let mut failures = 0usize;
+        loop {
+            match self.run(cancel.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(err @ ElectionError::AlreadyRunning { .. }) => return Err(err),
+                Err(err) => {
+                    on_error(&err);
+                    failures = failures.saturating_add(1);
+                    if !retry.sleep(failures, &cancel).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
     /// Open the bucket, then campaign until `cancel` fires.
     ///
     /// Returns `Ok(())` after cancellation and an error when the bucket cannot be opened or its
@@ -701,6 +762,21 @@ impl Election {
 
     /// Publish our identity expecting the key's last revision to be `expected` (0: no entry).
     async fn write(&self, expected: u64) -> Result<u64, WriteFailure> {
+        let mut retries = 0;
+        loop {
+            match self.write_once(expected).await {
+                // nats.go retries a JetStream publish that met no responders twice, 250 ms
+                // apart, to ride over stream leader changes; a leader must not lose for less.
+                Err(failure) if failure.no_responders && retries < PUBLISH_RETRIES => {
+                    retries += 1;
+                    tokio::time::sleep(PUBLISH_RETRY_WAIT).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn write_once(&self, expected: u64) -> Result<u64, WriteFailure> {
         let i = &self.inner;
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -712,6 +788,7 @@ impl Election {
                 .await
                 .map_err(|e| WriteFailure {
                     cause: LossCause::RequestFailed,
+                    no_responders: false,
                     detail: format!("publish to {}: {e}", i.put_subject),
                 })?;
         match ack.await {
@@ -724,6 +801,8 @@ impl Election {
                 };
                 Err(WriteFailure {
                     cause,
+                    // async-nats reports a no-responders status on a publish as "stream not found".
+                    no_responders: e.kind() == PublishErrorKind::StreamNotFound,
                     detail: format!("write {} expecting revision {expected}: {e}", i.put_subject),
                 })
             }
