@@ -54,15 +54,28 @@ fn parsed_cmp(c: &mut Criterion) {
 fn parse_and_cmp(c: &mut Criterion) {
     let mut group = c.benchmark_group("parse and cmp");
     group.throughput(Throughput::Elements(BENCH_PAIRS.len() as u64));
-    group.bench_function(BenchmarkId::from_parameter("rpm-evr"), |bench| {
-        bench.iter(|| {
-            for (a, b) in BENCH_PAIRS {
-                let a = rpm_evr::Version::parse(black_box(a)).unwrap();
-                let b = rpm_evr::Version::parse(black_box(b)).unwrap();
-                black_box(a.cmp(&b));
-            }
-        })
-    });
+    group.bench_function(
+        BenchmarkId::from_parameter("rpm-evr compare_evr"),
+        |bench| {
+            bench.iter(|| {
+                for (a, b) in BENCH_PAIRS {
+                    black_box(rpm_evr::compare_evr(black_box(a), black_box(b)).unwrap());
+                }
+            })
+        },
+    );
+    group.bench_function(
+        BenchmarkId::from_parameter("rpm-evr Version::parse"),
+        |bench| {
+            bench.iter(|| {
+                for (a, b) in BENCH_PAIRS {
+                    let a = rpm_evr::Version::parse(black_box(a)).unwrap();
+                    let b = rpm_evr::Version::parse(black_box(b)).unwrap();
+                    black_box(a.cmp(&b));
+                }
+            })
+        },
+    );
     group.bench_function(BenchmarkId::from_parameter("rpm-version"), |bench| {
         bench.iter(|| {
             for (a, b) in BENCH_PAIRS {

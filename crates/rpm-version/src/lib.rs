@@ -24,7 +24,8 @@
 //! # Ok::<(), rpm_evr::ParseError>(())
 //! ```
 //!
-//! Bare version or release strings, with no epoch and no release, are compared with
+//! To compare two EVR strings once, without keeping them, [`compare_evr`] does it without
+//! allocating. Bare version or release strings, with no epoch and no release, are compared with
 //! [`rpmvercmp`], which accepts any string just like its C namesake:
 //!
 //! ```
@@ -411,10 +412,6 @@ impl Version {
     pub fn as_str(&self) -> &str {
         &self.text
     }
-
-    fn version_bytes(&self) -> &[u8] {
-        self.version().as_bytes()
-    }
 }
 
 /// Where the parts of a checked EVR string lie.
@@ -486,6 +483,16 @@ impl Layout {
         })
     }
 
+    /// The epoch, version and release of `s`, which this layout was made from.
+    fn parts(self, s: &str) -> (u32, &str, Option<&str>) {
+        (
+            self.epoch.unwrap_or(0),
+            s.get(self.version_start..self.version_end)
+                .unwrap_or_default(),
+            s.get(self.version_end + 1..),
+        )
+    }
+
     fn build(self, text: Box<str>) -> Version {
         Version {
             text,
@@ -538,16 +545,46 @@ fn check_field(s: &str, field: Field) -> Result<(), ParseError> {
     Ok(())
 }
 
+/// rpm's `rpmverCmp` over the parts of two EVRs.
+fn cmp_parts(a: (u32, &str, Option<&str>), b: (u32, &str, Option<&str>)) -> Ordering {
+    a.0.cmp(&b.0)
+        .then_with(|| cmp_segments(a.1.as_bytes(), b.1.as_bytes()))
+        .then_with(|| match (a.2, b.2) {
+            (Some(x), Some(y)) => cmp_segments(x.as_bytes(), y.as_bytes()),
+            // A release that is present is newer than none at all, as in rpm's rpmverCmp.
+            (x, y) => x.is_some().cmp(&y.is_some()),
+        })
+}
+
+/// Compares two `[epoch:]version[-release]` strings the way [`Version`] would, without
+/// allocating (unless one is invalid, when the error holds a copy of it).
+///
+/// Use it to compare strings once; parse into [`Version`] to compare the same value many times.
+///
+/// ```
+/// use std::cmp::Ordering;
+/// use rpm_evr::compare_evr;
+///
+/// assert_eq!(compare_evr("1:1.0-1", "2.0-1")?, Ordering::Greater);
+/// assert_eq!(compare_evr("1.0-1", "0:1.00-01")?, Ordering::Equal);
+/// assert!(compare_evr("1.0", "1..0").is_err());
+/// # Ok::<(), rpm_evr::ParseError>(())
+/// ```
+pub fn compare_evr(a: &str, b: &str) -> Result<Ordering, ParseError> {
+    let la = Layout::of(a).map_err(|kind| ParseError::new(kind, a))?;
+    let lb = Layout::of(b).map_err(|kind| ParseError::new(kind, b))?;
+    Ok(cmp_parts(la.parts(a), lb.parts(b)))
+}
+
+impl Version {
+    fn parts(&self) -> (u32, &str, Option<&str>) {
+        (self.epoch, self.version(), self.release())
+    }
+}
+
 impl Ord for Version {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.epoch
-            .cmp(&other.epoch)
-            .then_with(|| cmp_segments(self.version_bytes(), other.version_bytes()))
-            .then_with(|| match (self.release(), other.release()) {
-                (Some(a), Some(b)) => cmp_segments(a.as_bytes(), b.as_bytes()),
-                // rpm's rpmverCmp: a release that is present is newer than none at all.
-                (a, b) => a.is_some().cmp(&b.is_some()),
-            })
+        cmp_parts(self.parts(), other.parts())
     }
 }
 
@@ -568,7 +605,7 @@ impl Eq for Version {}
 impl Hash for Version {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u32(self.epoch);
-        hash_segments(self.version_bytes(), state);
+        hash_segments(self.version().as_bytes(), state);
         match self.release() {
             None => state.write_u8(0),
             Some(release) => {

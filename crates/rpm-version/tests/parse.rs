@@ -131,3 +131,22 @@ fn serde_uses_the_string_form() {
     let err = serde_json::from_str::<Version>("\"1..0\"").unwrap_err();
     assert!(err.to_string().contains("\"..\" at byte 1"), "{err}");
 }
+
+#[test]
+fn compare_evr_agrees_with_parsed_versions_and_reports_the_bad_side() {
+    use rpm_evr::compare_evr;
+    for (a, b) in [
+        ("1:1.0-1", "2.0"),
+        ("1.0", "1.0-1"),
+        ("1.0~rc1", "1.0"),
+        ("1.00-1", "1.0-1"),
+    ] {
+        let parsed = Version::parse(a).unwrap().cmp(&Version::parse(b).unwrap());
+        assert_eq!(compare_evr(a, b).unwrap(), parsed, "{a} vs {b}");
+    }
+    assert_eq!(compare_evr("1.0", "1 0").unwrap_err().input(), "1 0");
+    assert_eq!(
+        compare_evr("-1", "1.0").unwrap_err().kind(),
+        &ParseErrorKind::EmptyVersion
+    );
+}

@@ -1,7 +1,7 @@
 //! Conformance with rpm itself: every case in `testdata/*.tsv` was answered by a real rpm.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use rpm_evr::{rpmvercmp, Version};
+use rpm_evr::{compare_evr, rpmvercmp, Version};
 use std::cmp::Ordering;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -108,6 +108,12 @@ fn version_order_eq_and_hash_match_rpm_on_every_evr_case() {
             c.b
         );
         assert_eq!(b.cmp(&a), c.expected.reverse(), "line {}: reversed", c.line);
+        assert_eq!(
+            compare_evr(&c.a, &c.b).unwrap(),
+            c.expected,
+            "line {}: compare_evr",
+            c.line
+        );
         assert_eq!(a == b, c.expected == Ordering::Equal, "line {}: eq", c.line);
         if a == b {
             assert_eq!(
