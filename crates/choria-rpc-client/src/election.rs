@@ -409,7 +409,7 @@ impl ElectionBuilder {
                 stream_name,
                 key_subject,
                 put_subject,
-                info_subject: match &self.api {
+                api_prefix: match &self.api {
                     Api::Default => DEFAULT_API_PREFIX.to_string(),
                     Api::Prefix(p) => p.clone(),
                     Api::Domain(d) => format!("$JS.{d}.API"),
@@ -445,8 +445,8 @@ struct Inner {
     stream_name: String,
     key_subject: String,
     put_subject: Subject,
-    /// API prefix used for the stream info subject, kept for error messages.
-    info_subject: String,
+    /// The JetStream API prefix in use, kept for error messages.
+    api_prefix: String,
     backoff: Option<Policy>,
     splay: Duration,
     won_delay: Duration,
@@ -583,7 +583,7 @@ impl Election {
                     election: i.key.clone(),
                     identity: i.identity.clone(),
                     bucket: i.bucket.clone(),
-                    subject: format!("{}.STREAM.INFO.{}", i.info_subject, i.stream_name),
+                    subject: format!("{}.STREAM.INFO.{}", i.api_prefix, i.stream_name),
                     detail: e.to_string(),
                 }
             }
@@ -592,7 +592,7 @@ impl Election {
                     election: i.key.clone(),
                     identity: i.identity.clone(),
                     bucket: i.bucket.clone(),
-                    subject: format!("{}.STREAM.INFO.{}", i.info_subject, i.stream_name),
+                    subject: format!("{}.STREAM.INFO.{}", i.api_prefix, i.stream_name),
                     detail: "no responders".to_string(),
                 }
             }

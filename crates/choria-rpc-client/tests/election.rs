@@ -428,10 +428,30 @@ async fn provisioning_account_campaigns_through_choria_streams_prefix() {
     cands.push(spawn(native));
     let all: Vec<&Candidate> = cands.iter().collect();
 
+    // The broker imports only the `provisioner` key: another election opens (stream info is
+    // imported) but none of its writes reach JetStream.
+    let other = spawn(
+        Election::builder(
+            connect_as(&server, "provisioner").await,
+            "other",
+            "p4.example.net",
+        )
+        .api_prefix(PROVISIONING_API_PREFIX)
+        .splay(Duration::ZERO)
+        .build()
+        .unwrap(),
+    );
+
     sample_until(&all, Duration::from_secs(10), |l| l.len() == 1)
         .await
         .expect("no leader within 10 s");
     sample_until(&all, Duration::from_secs(3), |_| false).await;
+    let stats = other.election.stats();
+    assert!(stats.campaigns_as_candidate >= 2, "{stats:?}");
+    assert!(!stats.holds_key && !other.election.is_leader(), "{stats:?}");
+    assert_eq!(*other.election.state().borrow(), LeaderState::Candidate);
+    other.cancel.cancel();
+    other.task.await.unwrap().unwrap();
     let first = leaders(&all).remove(0);
     println!("first leader across both accounts: {first}");
     let store = jetstream::new(admin)
