@@ -1,0 +1,813 @@
+//! The RPC client: directed requests, broadcast discovery and lifecycle events over one shared
+//! NATS connection.
+//!
+//! All replies arrive on one wildcard subscription, `<collective>.reply.<md5(callerid)>.>`,
+//! and are handed to the waiting request by request id. A reply is trusted only after its
+//! transport, hash, protocol strings, request id and (for directed requests) sender check out;
+//! anything else is dropped with a log line and counted in [`RpcStats`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::lifecycle::{LifecycleEvent, ReceivedEvent};
+use crate::mcorpc::{RpcReply, StatusCode};
+use crate::protocol::{self, Filter, OutgoingRequest, ProtocolError, Reply, Security};
+
+/// The `statusmsg` of `choria_provision` when another provisioner holds the node's lock.
+pub const PROVISIONING_LOCK_MSG: &str = "Could not obtain provisioning lock";
+
+/// What kind of failure an [`RpcError`] is, for callers that branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RpcErrorKind {
+    /// No valid reply before the timeout.
+    Timeout,
+    /// The connection to the broker is down.
+    NotConnected,
+    /// The client was shut down or its reply subscription ended.
+    Closed,
+    /// The request could not be encoded or signed.
+    Encode,
+    /// Publishing or subscribing failed.
+    Transport,
+    /// The reply body is not a valid RPC reply.
+    BadReply,
+    /// statuscode 1.
+    Aborted,
+    /// statuscode 1 with `Could not obtain provisioning lock`.
+    ProvisioningLocked,
+    /// statuscode 2.
+    UnknownAction,
+    /// statuscode 3.
+    MissingData,
+    /// statuscode 4.
+    InvalidData,
+    /// statuscode 5.
+    UnknownError,
+}
+
+/// An RPC failure naming the node and the action.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// No valid reply arrived in time.
+    #[error("{action} on {identity} timed out after {timeout:?}")]
+    Timeout {
+        /// Target node.
+        identity: String,
+        /// `agent#action` (or the agent).
+        action: String,
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+    /// The broker connection is down.
+    #[error("{action} on {identity}: not connected to the broker")]
+    NotConnected {
+        /// Target node (or `*` for broadcasts).
+        identity: String,
+        /// `agent#action`.
+        action: String,
+    },
+    /// The client's reply subscription has ended.
+    #[error("{action} on {identity}: rpc client closed")]
+    Closed {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
+    },
+    /// Encoding or signing the request failed.
+    #[error("{action} on {identity}: cannot encode request: {source}")]
+    Encode {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
+        /// The cause.
+        #[source]
+        source: ProtocolError,
+    },
+    /// Serialising the request data failed.
+    #[error("{action} on {identity}: cannot encode request data: {source}")]
+    EncodeData {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Publishing or subscribing failed.
+    #[error("{action} on {identity}: transport error: {reason}")]
+    Transport {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
+        /// The client error.
+        reason: String,
+    },
+    /// The reply body is not an RPC reply or its data does not have the expected shape.
+    #[error("{action} on {identity}: bad reply: {reason}")]
+    BadReply {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The node answered with a non-zero statuscode.
+    #[error("{action} on {identity} failed with {code:?}: {message}")]
+    Status {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
+        /// The statuscode.
+        code: StatusCode,
+        /// The statusmsg.
+        message: String,
+        /// The reply data (some agents send data with a failure).
+        data: serde_json::Value,
+    },
+}
+
+impl RpcError {
+    /// The kind of failure.
+    pub fn kind(&self) -> RpcErrorKind {
+        match self {
+            RpcError::Timeout { .. } => RpcErrorKind::Timeout,
+            RpcError::NotConnected { .. } => RpcErrorKind::NotConnected,
+            RpcError::Closed { .. } => RpcErrorKind::Closed,
+            RpcError::Encode { .. } | RpcError::EncodeData { .. } => RpcErrorKind::Encode,
+            RpcError::Transport { .. } => RpcErrorKind::Transport,
+            RpcError::BadReply { .. } => RpcErrorKind::BadReply,
+            RpcError::Status { code, message, .. } => match code {
+                StatusCode::Aborted if message == PROVISIONING_LOCK_MSG => {
+                    RpcErrorKind::ProvisioningLocked
+                }
+                StatusCode::Aborted | StatusCode::Ok => RpcErrorKind::Aborted,
+                StatusCode::UnknownAction => RpcErrorKind::UnknownAction,
+                StatusCode::MissingData => RpcErrorKind::MissingData,
+                StatusCode::InvalidData => RpcErrorKind::InvalidData,
+                StatusCode::UnknownError => RpcErrorKind::UnknownError,
+            },
+        }
+    }
+
+    /// True when another provisioner holds the node's provisioning lock.
+    pub fn is_provisioning_locked(&self) -> bool {
+        self.kind() == RpcErrorKind::ProvisioningLocked
+    }
+}
+
+/// Tuning of an [`RpcClient`].
+#[derive(Debug, Clone)]
+pub struct RpcOptions {
+    /// The sender identity placed in requests.
+    pub identity: String,
+    /// The collective requests go to (the main collective; `provisioning` for a provisioner).
+    pub collective: String,
+    /// Request TTL in seconds (at least 30 for v1).
+    pub ttl: u32,
+    /// Replies larger than this are dropped unread.
+    pub max_reply_size: usize,
+}
+
+impl RpcOptions {
+    /// Options with the defaults: TTL 60 s, 1 MiB reply limit.
+    pub fn new(identity: impl Into<String>, collective: impl Into<String>) -> Self {
+        RpcOptions {
+            identity: identity.into(),
+            collective: collective.into(),
+            ttl: 60,
+            max_reply_size: 1024 * 1024,
+        }
+    }
+}
+
+/// Counters of the reply path.
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    replies: AtomicU64,
+    timeouts: AtomicU64,
+    dropped_malformed: AtomicU64,
+    dropped_wrong_request: AtomicU64,
+    dropped_wrong_sender: AtomicU64,
+    dropped_oversize: AtomicU64,
+    unexpected: AtomicU64,
+}
+
+/// A snapshot of the reply-path counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RpcStats {
+    /// Requests published (directed and broadcast).
+    pub requests: u64,
+    /// Valid replies delivered to a waiting request or discovery.
+    pub replies: u64,
+    /// Directed requests that timed out.
+    pub timeouts: u64,
+    /// Replies dropped because they did not parse, had a wrong protocol string or a bad hash.
+    pub dropped_malformed: u64,
+    /// Replies whose envelope request id did not match their subject.
+    pub dropped_wrong_request: u64,
+    /// Directed replies whose envelope sender was not the target.
+    pub dropped_wrong_sender: u64,
+    /// Replies above the size limit.
+    pub dropped_oversize: u64,
+    /// Replies for no pending request (late, duplicate or unsolicited).
+    pub unexpected: u64,
+}
+
+impl RpcStats {
+    /// All dropped replies together.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_malformed
+            + self.dropped_wrong_request
+            + self.dropped_wrong_sender
+            + self.dropped_oversize
+    }
+}
+
+enum Pending {
+    Directed {
+        target: String,
+        tx: oneshot::Sender<Reply>,
+    },
+    Discovery {
+        tx: mpsc::UnboundedSender<String>,
+    },
+}
+
+type PendingMap = Mutex<HashMap<String, Pending>>;
+
+struct Inner {
+    nats: async_nats::Client,
+    security: Security,
+    opts: RpcOptions,
+    reply_prefix: String,
+    pending: PendingMap,
+    counters: Counters,
+    dispatcher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.dispatcher.abort();
+    }
+}
+
+/// A cheap-to-clone handle for Choria RPC over one shared connection.
+#[derive(Clone)]
+pub struct RpcClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcClient")
+            .field("opts", &self.inner.opts)
+            .field("reply_prefix", &self.inner.reply_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Removes a pending entry when the waiting future finishes or is dropped, so timed-out and
+/// cancelled requests leave nothing behind.
+struct PendingGuard<'a> {
+    map: &'a PendingMap,
+    id: String,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        lock(self.map).remove(&self.id);
+    }
+}
+
+fn lock(m: &PendingMap) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+    // A panic while holding the lock cannot leave the map inconsistent (single inserts and
+    // removes), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn action_label(agent: &str, payload: &[u8]) -> String {
+    // Only used for error messages: pull the action out of the RPC body without a full parse.
+    #[derive(serde::Deserialize)]
+    struct A<'a> {
+        #[serde(borrow)]
+        action: Option<&'a str>,
+    }
+    match serde_json::from_slice::<A<'_>>(payload) {
+        Ok(A { action: Some(a) }) => format!("{agent}#{a}"),
+        _ => agent.to_string(),
+    }
+}
+
+impl RpcClient {
+    /// Start the client on an open connection: subscribes once to this caller's reply
+    /// subjects and starts the reply dispatcher.
+    pub async fn new(
+        nats: async_nats::Client,
+        security: Security,
+        opts: RpcOptions,
+    ) -> Result<Self, RpcError> {
+        let reply_prefix = protocol::reply_prefix(&opts.collective, security.caller_id());
+        let transport = |e: &dyn std::fmt::Display| RpcError::Transport {
+            identity: "*".into(),
+            action: "reply subscription".into(),
+            reason: e.to_string(),
+        };
+        let sub = nats
+            .subscribe(format!("{reply_prefix}.>"))
+            .await
+            .map_err(|e| transport(&e))?;
+        // The subscription must be registered on the server before the first request goes out.
+        nats.flush().await.map_err(|e| transport(&e))?;
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let weak = weak.clone();
+            let dispatcher = tokio::spawn(async move {
+                dispatch(weak, sub).await;
+            });
+            Inner {
+                nats,
+                security,
+                opts,
+                reply_prefix,
+                pending: Mutex::new(HashMap::new()),
+                counters: Counters::default(),
+                dispatcher,
+            }
+        });
+        Ok(RpcClient { inner })
+    }
+
+    /// The underlying NATS client (for JetStream, leader election...).
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.inner.nats
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &RpcOptions {
+        &self.inner.opts
+    }
+
+    /// The caller id requests carry.
+    pub fn caller_id(&self) -> &str {
+        self.inner.security.caller_id()
+    }
+
+    /// A snapshot of the reply-path counters.
+    pub fn stats(&self) -> RpcStats {
+        let c = &self.inner.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RpcStats {
+            requests: g(&c.requests),
+            replies: g(&c.replies),
+            timeouts: g(&c.timeouts),
+            dropped_malformed: g(&c.dropped_malformed),
+            dropped_wrong_request: g(&c.dropped_wrong_request),
+            dropped_wrong_sender: g(&c.dropped_wrong_sender),
+            dropped_oversize: g(&c.dropped_oversize),
+            unexpected: g(&c.unexpected),
+        }
+    }
+
+    /// Number of requests currently waiting for replies.
+    pub fn pending(&self) -> usize {
+        lock(&self.inner.pending).len()
+    }
+
+    fn encode(
+        &self,
+        agent: &str,
+        payload: &[u8],
+        filter: &Filter,
+        id: &str,
+        reply_to: &str,
+        identity: &str,
+    ) -> Result<Bytes, RpcError> {
+        protocol::encode_request(
+            &self.inner.security,
+            &OutgoingRequest {
+                agent,
+                collective: &self.inner.opts.collective,
+                payload,
+                filter,
+                ttl: self.inner.opts.ttl,
+                sender: &self.inner.opts.identity,
+                id,
+                reply_to,
+            },
+            SystemTime::now(),
+        )
+        .map_err(|source| RpcError::Encode {
+            identity: identity.to_string(),
+            action: action_label(agent, payload),
+            source,
+        })
+    }
+
+    async fn publish(
+        &self,
+        subject: String,
+        bytes: Bytes,
+        identity: &str,
+        action: impl FnOnce() -> String,
+    ) -> Result<(), RpcError> {
+        if self.inner.nats.connection_state() != async_nats::connection::State::Connected {
+            return Err(RpcError::NotConnected {
+                identity: identity.to_string(),
+                action: action(),
+            });
+        }
+        self.inner
+            .nats
+            .publish(subject, bytes)
+            .await
+            .map_err(|e| RpcError::Transport {
+                identity: identity.to_string(),
+                action: action(),
+                reason: e.to_string(),
+            })?;
+        self.inner.counters.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Send `payload` (an RPC body) to `agent` on one node and wait up to `timeout` for that
+    /// node's verified reply.
+    pub async fn request(
+        &self,
+        identity: &str,
+        agent: &str,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Reply, RpcError> {
+        let deadline = Instant::now() + timeout;
+        let id = protocol::new_request_id();
+        let reply_to = format!("{}.{id}", self.inner.reply_prefix);
+        let filter = Filter::default();
+        let bytes = self.encode(agent, payload, &filter, &id, &reply_to, identity)?;
+        let (tx, rx) = oneshot::channel();
+        lock(&self.inner.pending).insert(
+            id.clone(),
+            Pending::Directed {
+                target: identity.to_string(),
+                tx,
+            },
+        );
+        let _guard = PendingGuard {
+            map: &self.inner.pending,
+            id,
+        };
+        self.publish(
+            protocol::directed_subject(&self.inner.opts.collective, identity),
+            bytes,
+            identity,
+            || action_label(agent, payload),
+        )
+        .await?;
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err(RpcError::Closed {
+                identity: identity.to_string(),
+                action: action_label(agent, payload),
+            }),
+            Err(_) => {
+                self.inner.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(RpcError::Timeout {
+                    identity: identity.to_string(),
+                    action: action_label(agent, payload),
+                    timeout,
+                })
+            }
+        }
+    }
+
+    /// Call `agent#action` on one node with `data`, returning the reply data on statuscode 0
+    /// and a typed error otherwise.
+    pub async fn call<T: Serialize>(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: &T,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, RpcError> {
+        let label = || format!("{agent}#{action}");
+        let body = crate::mcorpc::encode_request(agent, action, data).map_err(|source| {
+            RpcError::EncodeData {
+                identity: identity.to_string(),
+                action: label(),
+                source,
+            }
+        })?;
+        let reply = self.request(identity, agent, &body, timeout).await?;
+        let rpc = RpcReply::parse(&reply.body).map_err(|e| RpcError::BadReply {
+            identity: identity.to_string(),
+            action: label(),
+            reason: e.to_string(),
+        })?;
+        if rpc.statuscode != StatusCode::Ok {
+            return Err(RpcError::Status {
+                identity: identity.to_string(),
+                action: label(),
+                code: rpc.statuscode,
+                message: rpc.statusmsg,
+                data: rpc.data,
+            });
+        }
+        Ok(rpc.data)
+    }
+
+    /// Broadcast `discovery#ping` with `filter` and collect the identities that answer
+    /// (de-duplicated, in arrival order). Ends at `timeout`, or, with `window`, that long after
+    /// the last reply if that comes first (go-choria's sliding window).
+    pub async fn discover(
+        &self,
+        filter: &Filter,
+        timeout: Duration,
+        window: Option<Duration>,
+    ) -> Result<Vec<String>, RpcError> {
+        let start = Instant::now();
+        let hard_deadline = start + timeout;
+        let id = protocol::new_request_id();
+        let reply_to = format!("{}.{id}", self.inner.reply_prefix);
+        let bytes = self.encode(
+            "discovery",
+            protocol::DISCOVERY_PING,
+            filter,
+            &id,
+            &reply_to,
+            "*",
+        )?;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        lock(&self.inner.pending).insert(id.clone(), Pending::Discovery { tx });
+        let _guard = PendingGuard {
+            map: &self.inner.pending,
+            id,
+        };
+        self.publish(
+            protocol::broadcast_subject(&self.inner.opts.collective, "discovery"),
+            bytes,
+            "*",
+            || "discovery#ping".to_string(),
+        )
+        .await?;
+        let mut seen = HashSet::new();
+        let mut found = Vec::new();
+        let mut deadline = hard_deadline;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(identity)) => {
+                    if seen.insert(identity.clone()) {
+                        found.push(identity);
+                    }
+                    if let Some(w) = window {
+                        deadline = (Instant::now() + w).min(hard_deadline);
+                    }
+                }
+                Ok(None) => {
+                    return Err(RpcError::Closed {
+                        identity: "*".into(),
+                        action: "discovery#ping".into(),
+                    })
+                }
+                Err(_) => break,
+            }
+        }
+        tracing::debug!(
+            nodes = found.len(),
+            elapsed_ms = start.elapsed().as_millis() as u64,
+            "discovery finished"
+        );
+        Ok(found)
+    }
+
+    /// The provisioner's discovery: agent filter `choria_provision`, 2 s timeout, 300 ms
+    /// sliding window.
+    pub async fn discover_provisionable(&self) -> Result<Vec<String>, RpcError> {
+        self.discover(
+            &Filter::with_agent("choria_provision"),
+            Duration::from_secs(2),
+            Some(Duration::from_millis(300)),
+        )
+        .await
+    }
+
+    /// Publish a lifecycle event (Choria format) to its subject.
+    pub async fn publish_event(&self, event: &LifecycleEvent) -> Result<(), RpcError> {
+        let label = || format!("lifecycle {}", event.event_type());
+        let body = event
+            .to_choria_json()
+            .map_err(|source| RpcError::EncodeData {
+                identity: event.identity.clone(),
+                action: label(),
+                source,
+            })?;
+        self.publish(event.subject(), Bytes::from(body), &event.identity, label)
+            .await?;
+        self.inner
+            .nats
+            .flush()
+            .await
+            .map_err(|e| RpcError::Transport {
+                identity: event.identity.clone(),
+                action: label(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Publish this client's `startup` event with component `component` (the provisioner uses
+    /// `provisioner`) and `version`, identity from the options.
+    pub async fn publish_startup(&self, component: &str, version: &str) -> Result<(), RpcError> {
+        let ev = LifecycleEvent::startup(&self.inner.opts.identity, component, version);
+        self.publish_event(&ev).await
+    }
+
+    /// Subscribe to `choria.lifecycle.event.<event_type>.<component>`, optionally in a queue
+    /// group. Events in either format are parsed; unparsable ones are logged and skipped.
+    pub async fn subscribe_lifecycle(
+        &self,
+        event_type: &str,
+        component: &str,
+        queue_group: Option<&str>,
+    ) -> Result<LifecycleSubscription, RpcError> {
+        let subject = format!("choria.lifecycle.event.{event_type}.{component}");
+        let res = match queue_group {
+            Some(q) => {
+                self.inner
+                    .nats
+                    .queue_subscribe(subject.clone(), q.to_string())
+                    .await
+            }
+            None => self.inner.nats.subscribe(subject.clone()).await,
+        };
+        let sub = res.map_err(|e| RpcError::Transport {
+            identity: "*".into(),
+            action: format!("subscribe {subject}"),
+            reason: e.to_string(),
+        })?;
+        self.inner
+            .nats
+            .flush()
+            .await
+            .map_err(|e| RpcError::Transport {
+                identity: "*".into(),
+                action: format!("subscribe {subject}"),
+                reason: e.to_string(),
+            })?;
+        Ok(LifecycleSubscription {
+            sub,
+            max_size: self.inner.opts.max_reply_size,
+        })
+    }
+}
+
+/// A subscription yielding parsed lifecycle events.
+#[derive(Debug)]
+pub struct LifecycleSubscription {
+    sub: async_nats::Subscriber,
+    max_size: usize,
+}
+
+impl LifecycleSubscription {
+    /// The next event that parses; `None` when the subscription ends.
+    pub async fn next(&mut self) -> Option<ReceivedEvent> {
+        while let Some(msg) = self.sub.next().await {
+            if msg.payload.len() > self.max_size {
+                tracing::warn!(
+                    subject = %msg.subject,
+                    size = msg.payload.len(),
+                    "dropping oversized lifecycle event"
+                );
+                continue;
+            }
+            match LifecycleEvent::parse(&msg.payload) {
+                Ok(ev) => return Some(ev),
+                Err(e) => {
+                    tracing::warn!(subject = %msg.subject, error = %e, "dropping unparsable lifecycle event")
+                }
+            }
+        }
+        None
+    }
+
+    /// Stop receiving.
+    pub async fn unsubscribe(mut self) {
+        // Unsubscribing a dead connection has nothing left to clean up.
+        let _ = self.sub.unsubscribe().await;
+    }
+}
+
+async fn dispatch(inner: std::sync::Weak<Inner>, mut sub: async_nats::Subscriber) {
+    while let Some(msg) = sub.next().await {
+        // Not upgradable only while the client is still being built (it aborts this task when
+        // dropped), so keep going.
+        let Some(inner) = inner.upgrade() else {
+            continue;
+        };
+        handle_reply(&inner, &msg);
+    }
+    // The subscription ended (client closed): wake every waiter with a closed channel.
+    if let Some(inner) = inner.upgrade() {
+        lock(&inner.pending).clear();
+    }
+}
+
+fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
+    let c = &inner.counters;
+    let count = |a: &AtomicU64| {
+        a.fetch_add(1, Ordering::Relaxed);
+    };
+    let subject = msg.subject.as_str();
+    let Some(subject_id) = subject
+        .strip_prefix(inner.reply_prefix.as_str())
+        .and_then(|s| s.strip_prefix('.'))
+    else {
+        count(&c.unexpected);
+        return;
+    };
+    if msg.payload.len() > inner.opts.max_reply_size {
+        count(&c.dropped_oversize);
+        tracing::warn!(
+            subject,
+            size = msg.payload.len(),
+            limit = inner.opts.max_reply_size,
+            "dropping oversized reply"
+        );
+        return;
+    }
+    // Cheap check first: replies for requests that already finished are common (late
+    // discovery answers, timeouts) and need no parsing.
+    if !lock(&inner.pending).contains_key(subject_id) {
+        count(&c.unexpected);
+        tracing::debug!(subject, "dropping reply for no pending request");
+        return;
+    }
+    let reply = match protocol::parse_reply(&msg.payload) {
+        Ok(r) => r,
+        Err(e) => {
+            count(&c.dropped_malformed);
+            tracing::warn!(subject, error = %e, "dropping malformed reply");
+            return;
+        }
+    };
+    if reply.version != inner.security.version() {
+        count(&c.dropped_malformed);
+        tracing::warn!(subject, sender = %reply.sender, "dropping reply in the wrong protocol version");
+        return;
+    }
+    if reply.request_id != subject_id {
+        count(&c.dropped_wrong_request);
+        tracing::warn!(
+            subject,
+            sender = %reply.sender,
+            request_id = %reply.request_id,
+            "dropping reply whose request id does not match its subject"
+        );
+        return;
+    }
+    let mut pending = lock(&inner.pending);
+    match pending.get(subject_id) {
+        Some(Pending::Directed { target, .. }) => {
+            if *target != reply.sender {
+                let target = target.clone();
+                drop(pending);
+                count(&c.dropped_wrong_sender);
+                tracing::warn!(
+                    subject,
+                    sender = %reply.sender,
+                    expected = %target,
+                    "dropping reply from a node that was not asked"
+                );
+                return;
+            }
+            if let Some(Pending::Directed { tx, .. }) = pending.remove(subject_id) {
+                drop(pending);
+                count(&c.replies);
+                // The waiter may have timed out in the meantime; nothing to do then.
+                let _ = tx.send(reply);
+            }
+        }
+        Some(Pending::Discovery { tx }) => {
+            let sender = reply
+                .transport_sender
+                .filter(|s| !s.is_empty())
+                .unwrap_or(reply.sender);
+            if tx.send(sender).is_ok() {
+                count(&c.replies);
+            }
+        }
+        None => count(&c.unexpected),
+    }
+}
