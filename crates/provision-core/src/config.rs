@@ -1,0 +1,777 @@
+//! The provisioner's YAML configuration: the Go provisioner's keys and defaults, validation with
+//! one clear message per problem, warnings returned as data, and the shared pause state.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use tokio::sync::watch;
+
+use crate::policy::DenyList;
+
+/// The lifecycle component a provisioning-mode server announces itself with.
+pub const DEFAULT_LIFECYCLE_COMPONENT: &str = "provision_mode_server";
+
+/// The certificate names refused unless `cert_deny_list` says otherwise.
+pub const DEFAULT_CERT_DENY_LIST: [&str; 4] = [
+    "\\.privileged.mcollective$",
+    "\\.privileged.choria$",
+    "\\.mcollective$",
+    "\\.choria$",
+];
+
+/// The default validity of issued server JWTs (one year of 365 days).
+pub const DEFAULT_SERVER_JWT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The shortest discovery interval accepted.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Optional features (the `features` map).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Features {
+    /// Fetch the node's CSR and validate it.
+    pub pki: bool,
+    /// Fetch and verify the node's provisioning JWT (forced on by `ed25519`).
+    pub jwt: bool,
+    /// Fetch an ed25519 key from the node and issue it a server JWT.
+    pub ed25519: bool,
+    /// Upgrade nodes when the helper asks for a version.
+    pub upgrades: bool,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Concurrent provisioning workers (the CPU count when configured as 0).
+    pub workers: usize,
+    /// The discovery interval.
+    pub interval: Duration,
+    /// `logfile` as written; empty means the binary's default (standard output).
+    pub logfile: String,
+    /// `loglevel` as written.
+    pub loglevel: String,
+    /// The helper command line.
+    pub helper: String,
+    /// The provisioning token sent in every `choria_provision` request.
+    pub token: String,
+    /// The lifecycle component whose startup events queue nodes.
+    pub lifecycle_component: String,
+    /// Talk to the broker without TLS and with the `file` security provider.
+    pub choria_insecure: bool,
+    /// Label for every metric.
+    pub site: String,
+    /// Port of the `/metrics` listener, 0 for none.
+    pub monitor_port: u16,
+    /// NATS password of the `provisioner` user, if any.
+    pub broker_provisioning_password: String,
+    /// Patterns refused in CSR names, as written.
+    pub cert_deny_list: Vec<String>,
+    /// The compiled form of `cert_deny_list`.
+    pub deny_list: DenyList,
+    /// File (RSA PEM or hex ed25519) or hex ed25519 key verifying provisioning JWTs.
+    pub jwt_verify_cert: String,
+    /// Key signing server JWTs (RSA PEM or 64 hex characters of ed25519 seed).
+    pub jwt_signing_key: String,
+    /// The provisioner's own chain-issuer JWT, read again for every node.
+    pub jwt_signing_token: String,
+    /// Validity of issued server JWTs.
+    pub server_jwt_validity: Duration,
+    /// Take part in leader election.
+    pub leader_election: bool,
+    /// The `release_update` repository.
+    pub upgrades_repository: String,
+    /// Upgrade failures are logged and provisioning continues.
+    pub upgrades_optional: bool,
+    /// Optional features.
+    pub features: Features,
+    /// The file this was loaded from.
+    pub file: PathBuf,
+}
+
+/// A configuration problem that does not stop the provisioner; the binary logs these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigWarning {
+    /// A key the provisioner does not know, probably a typo.
+    UnknownKey(String),
+    /// A key that is accepted for compatibility but does nothing.
+    NoEffect(&'static str),
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigWarning::UnknownKey(k) => write!(f, "unknown configuration key {k:?} is ignored"),
+            ConfigWarning::NoEffect(k) => {
+                write!(f, "configuration key {k:?} is accepted for compatibility but has no effect")
+            }
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file does not exist.
+    #[error("configuration file {0} not found")]
+    NotFound(PathBuf),
+    /// The file could not be read.
+    #[error("configuration file {path} could not be read: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The YAML could not be parsed or has a value of the wrong type.
+    #[error("configuration file {path} could not be parsed at line {line} column {column}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line, 0 when unknown.
+        line: usize,
+        /// 1-based column, 0 when unknown.
+        column: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// A duration could not be parsed.
+    #[error("invalid {key} duration {value:?}: {reason}")]
+    Duration {
+        /// The key holding it.
+        key: &'static str,
+        /// The text found.
+        value: String,
+        /// Why it was refused.
+        reason: DurationError,
+    },
+    /// `interval` is shorter than one minute.
+    #[error("interval {0:?} is too small, the minimum is 1 minute, for example 10m or 1h")]
+    IntervalTooSmall(String),
+    /// `lifecycle_component` contains a NATS subject token character.
+    #[error("invalid lifecycle component {0:?}: it may not contain '.', '>' or '*'")]
+    LifecycleComponent(String),
+    /// Both `pki` and `ed25519` features are on.
+    #[error("can only enable one of the pki or ed25519 features")]
+    PkiAndEd25519,
+    /// A `cert_deny_list` entry is not a valid regular expression.
+    #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
+    DenyPattern {
+        /// The entry.
+        pattern: String,
+        /// The regular expression compiler's message.
+        reason: String,
+    },
+}
+
+/// A duration the go-choria parser would refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// The last character is not a known unit.
+    #[error("invalid time unit {0}")]
+    Unit(String),
+    /// The number could not be parsed.
+    #[error("invalid number")]
+    Number,
+    /// Negative durations make no sense for any key.
+    #[error("negative durations are not allowed")]
+    Negative,
+    /// Too large to represent.
+    #[error("duration out of range")]
+    Overflow,
+}
+
+/// A loaded configuration with the warnings found while loading it.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The configuration.
+    pub config: Config,
+    /// Problems that do not stop the provisioner, in the order found.
+    pub warnings: Vec<ConfigWarning>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawFeatures {
+    #[serde(deserialize_with = "nullable")]
+    pki: bool,
+    #[serde(deserialize_with = "nullable")]
+    jwt: bool,
+    #[serde(deserialize_with = "nullable")]
+    ed25519: bool,
+    #[serde(deserialize_with = "nullable")]
+    upgrades: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawConfig {
+    #[serde(deserialize_with = "nullable")]
+    workers: u32,
+    #[serde(deserialize_with = "nullable")]
+    interval: Option<String>,
+    #[serde(deserialize_with = "nullable")]
+    logfile: String,
+    #[serde(deserialize_with = "nullable")]
+    loglevel: String,
+    #[serde(deserialize_with = "nullable")]
+    helper: String,
+    #[serde(deserialize_with = "nullable")]
+    token: String,
+    #[serde(deserialize_with = "nullable")]
+    lifecycle_component: String,
+    #[serde(deserialize_with = "nullable")]
+    choria_insecure: bool,
+    #[serde(deserialize_with = "nullable")]
+    site: String,
+    #[serde(deserialize_with = "nullable")]
+    monitor_port: u16,
+    #[serde(deserialize_with = "nullable")]
+    broker_port: u16,
+    #[serde(deserialize_with = "nullable")]
+    broker_provisioning_password: String,
+    #[serde(deserialize_with = "nullable")]
+    cert_deny_list: Vec<String>,
+    #[serde(deserialize_with = "nullable")]
+    jwt_verify_cert: String,
+    #[serde(deserialize_with = "nullable")]
+    jwt_signing_key: String,
+    #[serde(deserialize_with = "nullable")]
+    jwt_signing_token: String,
+    #[serde(deserialize_with = "nullable")]
+    server_jwt_validity: String,
+    #[serde(deserialize_with = "nullable")]
+    rego_policy: String,
+    #[serde(deserialize_with = "nullable")]
+    leader_election: bool,
+    #[serde(deserialize_with = "nullable")]
+    upgrades_repository: String,
+    #[serde(deserialize_with = "nullable")]
+    upgrades_optional: bool,
+    #[serde(deserialize_with = "nullable")]
+    features: RawFeatures,
+}
+
+const KNOWN_KEYS: [&str; 22] = [
+    "workers",
+    "interval",
+    "logfile",
+    "loglevel",
+    "helper",
+    "token",
+    "lifecycle_component",
+    "choria_insecure",
+    "site",
+    "monitor_port",
+    "broker_port",
+    "broker_provisioning_password",
+    "cert_deny_list",
+    "jwt_verify_cert",
+    "jwt_signing_key",
+    "jwt_signing_token",
+    "server_jwt_validity",
+    "rego_policy",
+    "leader_election",
+    "upgrades_repository",
+    "upgrades_optional",
+    "features",
+];
+
+const KNOWN_FEATURES: [&str; 4] = ["pki", "jwt", "ed25519", "upgrades"];
+
+/// YAML `null` (an empty value) leaves the default in place, as the Go loader does.
+fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
+        let path = path.as_ref();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConfigError::NotFound(path.to_path_buf()))
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        Self::from_yaml(&text, path)
+    }
+
+    /// Parses and validates YAML `text`; `path` is only used in messages and kept as `file`.
+    pub fn from_yaml(text: &str, path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
+        let path = path.as_ref();
+        let syntax = |e: serde_yaml_ng::Error| {
+            let (line, column) = e
+                .location()
+                .map(|l| (l.line(), l.column()))
+                .unwrap_or((0, 0));
+            ConfigError::Syntax {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: e.to_string(),
+            }
+        };
+        // Parsed twice: once untyped to name unknown keys, once into the typed form so type
+        // errors keep their position in the file.
+        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(syntax)?;
+        let mut warnings = Vec::new();
+        if let serde_yaml_ng::Value::Mapping(map) = &value {
+            collect_unknown(map, &KNOWN_KEYS, "", &mut warnings);
+            if let Some(serde_yaml_ng::Value::Mapping(f)) = map.get("features") {
+                collect_unknown(f, &KNOWN_FEATURES, "features.", &mut warnings);
+            }
+        }
+        let raw: RawConfig = if value.is_null() {
+            RawConfig::default()
+        } else {
+            serde_yaml_ng::from_str(text).map_err(syntax)?
+        };
+        if !raw.rego_policy.is_empty() {
+            warnings.push(ConfigWarning::NoEffect("rego_policy"));
+        }
+        if raw.broker_port != 0 {
+            warnings.push(ConfigWarning::NoEffect("broker_port"));
+        }
+        let config = Self::validate(raw, path)?;
+        Ok(Loaded { config, warnings })
+    }
+
+    fn validate(raw: RawConfig, path: &Path) -> Result<Config, ConfigError> {
+        let lifecycle_component = if raw.lifecycle_component.is_empty() {
+            DEFAULT_LIFECYCLE_COMPONENT.to_string()
+        } else {
+            raw.lifecycle_component
+        };
+        if lifecycle_component.contains(['.', '>', '*']) {
+            return Err(ConfigError::LifecycleComponent(lifecycle_component));
+        }
+        let workers = match raw.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        let cert_deny_list = if raw.cert_deny_list.is_empty() {
+            DEFAULT_CERT_DENY_LIST.iter().map(|s| s.to_string()).collect()
+        } else {
+            raw.cert_deny_list
+        };
+        let deny_list = DenyList::new(&cert_deny_list).map_err(|(pattern, reason)| {
+            ConfigError::DenyPattern { pattern, reason }
+        })?;
+        let mut features = Features {
+            pki: raw.features.pki,
+            jwt: raw.features.jwt,
+            ed25519: raw.features.ed25519,
+            upgrades: raw.features.upgrades,
+        };
+        if features.pki && features.ed25519 {
+            return Err(ConfigError::PkiAndEd25519);
+        }
+        if features.ed25519 {
+            features.jwt = true;
+        }
+        let interval_text = raw.interval.unwrap_or_else(|| "1m".to_string());
+        let interval = parse_duration(&interval_text).map_err(|reason| ConfigError::Duration {
+            key: "interval",
+            value: interval_text.clone(),
+            reason,
+        })?;
+        let server_jwt_validity = if raw.server_jwt_validity.is_empty() {
+            DEFAULT_SERVER_JWT_VALIDITY
+        } else {
+            parse_duration(&raw.server_jwt_validity).map_err(|reason| ConfigError::Duration {
+                key: "server_jwt_validity",
+                value: raw.server_jwt_validity.clone(),
+                reason,
+            })?
+        };
+        if interval < MIN_INTERVAL {
+            return Err(ConfigError::IntervalTooSmall(interval_text));
+        }
+        Ok(Config {
+            workers,
+            interval,
+            logfile: raw.logfile,
+            loglevel: raw.loglevel,
+            helper: raw.helper,
+            token: raw.token,
+            lifecycle_component,
+            choria_insecure: raw.choria_insecure,
+            site: raw.site,
+            monitor_port: raw.monitor_port,
+            broker_provisioning_password: raw.broker_provisioning_password,
+            cert_deny_list,
+            deny_list,
+            jwt_verify_cert: raw.jwt_verify_cert,
+            jwt_signing_key: raw.jwt_signing_key,
+            jwt_signing_token: raw.jwt_signing_token,
+            server_jwt_validity,
+            leader_election: raw.leader_election,
+            upgrades_repository: raw.upgrades_repository,
+            upgrades_optional: raw.upgrades_optional,
+            features,
+            file: path.to_path_buf(),
+        })
+    }
+}
+
+fn collect_unknown(
+    map: &serde_yaml_ng::Mapping,
+    known: &[&str],
+    prefix: &str,
+    out: &mut Vec<ConfigWarning>,
+) {
+    let mut seen = BTreeSet::new();
+    for k in map.keys() {
+        let name = match k {
+            serde_yaml_ng::Value::String(s) => s.clone(),
+            other => serde_yaml_ng::to_string(other)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+        };
+        if !known.contains(&name.as_str()) && seen.insert(name.clone()) {
+            out.push(ConfigWarning::UnknownKey(format!("{prefix}{name}")));
+        }
+    }
+}
+
+/// Parses a duration the way go-choria's `util.ParseDuration` does: the last character picks the
+/// unit; `w`/`W` (weeks), `d`/`D` (days), `M` (30-day months) and `y`/`Y` (365-day years) take a
+/// decimal number and are truncated to whole hours; anything ending in `s`, `m` or `h` is a Go
+/// duration such as `90s`, `1h30m` or `250ms`. A bare number has no unit and is refused, as in
+/// go-choria. An empty string is zero. Negative values are refused (Go would accept them).
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let s = text.trim();
+    let Some(unit) = s.chars().last() else {
+        return Ok(Duration::ZERO);
+    };
+    let number = &s[..s.len() - unit.len_utf8()];
+    let hours_per = match unit {
+        'w' | 'W' => 7.0 * 24.0,
+        'd' | 'D' => 24.0,
+        'M' => 24.0 * 30.0,
+        'y' | 'Y' => 24.0 * 365.0,
+        's' | 'S' | 'm' | 'h' | 'H' => return parse_go_duration(s),
+        other => return Err(DurationError::Unit(other.to_string())),
+    };
+    // go-choria parses these with 32-bit float precision.
+    let v: f32 = number.trim().parse().map_err(|_| DurationError::Number)?;
+    if !v.is_finite() {
+        return Err(DurationError::Number);
+    }
+    let hours = (f64::from(v) * hours_per).trunc();
+    if hours < 0.0 {
+        return Err(DurationError::Negative);
+    }
+    if hours > (u64::MAX / 3600) as f64 {
+        return Err(DurationError::Overflow);
+    }
+    Ok(Duration::from_secs(hours as u64 * 3600))
+}
+
+/// Go's `time.ParseDuration`: a sequence of decimal numbers each with a unit
+/// (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), optionally signed.
+fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
+    let mut rest = s;
+    let mut negative = false;
+    if let Some(r) = rest.strip_prefix('-') {
+        negative = true;
+        rest = r;
+    } else if let Some(r) = rest.strip_prefix('+') {
+        rest = r;
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(DurationError::Number);
+    }
+    let mut total: f64 = 0.0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let num = &rest[..num_len];
+        if num.is_empty() || num == "." {
+            return Err(DurationError::Number);
+        }
+        let value: f64 = num.parse().map_err(|_| DurationError::Number)?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let nanos_per = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            "" => return Err(DurationError::Unit(String::new())),
+            other => return Err(DurationError::Unit(other.to_string())),
+        };
+        total += value * nanos_per;
+    }
+    if negative && total > 0.0 {
+        return Err(DurationError::Negative);
+    }
+    // Go durations are capped at about 292 years.
+    if total > i64::MAX as f64 {
+        return Err(DurationError::Overflow);
+    }
+    Ok(Duration::from_nanos(total as u64))
+}
+
+/// Whether provisioning is paused: shared by every task, changed by leader election or an
+/// operator. Cloning shares the same state; [`PauseState::subscribe`] follows changes (for the
+/// paused gauge, or to wake up when provisioning resumes).
+#[derive(Debug, Clone)]
+pub struct PauseState {
+    tx: std::sync::Arc<watch::Sender<bool>>,
+}
+
+impl Default for PauseState {
+    fn default() -> Self {
+        Self::new(false)
+    }
+}
+
+impl PauseState {
+    /// A new state, paused or not.
+    pub fn new(paused: bool) -> Self {
+        PauseState {
+            tx: std::sync::Arc::new(watch::Sender::new(paused)),
+        }
+    }
+
+    /// Stops provisioning: every step checks this before it starts.
+    pub fn pause(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// Allows provisioning again.
+    pub fn resume(&self) {
+        self.tx.send_replace(false);
+    }
+
+    /// Inverts the state.
+    pub fn flip(&self) {
+        self.tx.send_modify(|p| *p = !*p);
+    }
+
+    /// Whether provisioning is paused now.
+    pub fn paused(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// A receiver that sees every change.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn load(yaml: &str) -> Result<Loaded, ConfigError> {
+        Config::from_yaml(yaml, "/etc/choria/provisioner.yaml")
+    }
+
+    #[test]
+    fn defaults_match_the_go_provisioner() {
+        let l = load("helper: /bin/true\n").unwrap();
+        let c = &l.config;
+        assert!(l.warnings.is_empty());
+        assert_eq!(c.lifecycle_component, "provision_mode_server");
+        assert_eq!(c.interval, Duration::from_secs(60));
+        assert_eq!(
+            c.workers,
+            std::thread::available_parallelism().unwrap().get()
+        );
+        assert_eq!(c.cert_deny_list, DEFAULT_CERT_DENY_LIST.to_vec());
+        assert_eq!(c.server_jwt_validity, Duration::from_secs(365 * 86400));
+        assert_eq!(c.features, Features::default());
+        assert_eq!(c.monitor_port, 0);
+        assert!(!c.leader_election && !c.choria_insecure && !c.upgrades_optional);
+        assert_eq!(c.logfile, "");
+        assert_eq!(c.file, PathBuf::from("/etc/choria/provisioner.yaml"));
+    }
+
+    #[test]
+    fn empty_file_and_null_values_take_defaults() {
+        let c = load("").unwrap().config;
+        assert_eq!(c.interval, Duration::from_secs(60));
+        let c = load("workers:\nlifecycle_component:\ncert_deny_list:\n").unwrap().config;
+        assert_eq!(c.lifecycle_component, DEFAULT_LIFECYCLE_COMPONENT);
+        assert!(c.workers >= 1);
+        assert_eq!(c.cert_deny_list.len(), 4);
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let yaml = r#"
+workers: 7
+interval: 5m
+logfile: /var/log/prov.log
+loglevel: debug
+helper: /usr/bin/helper --x
+token: s3cret
+lifecycle_component: custom_mode
+choria_insecure: true
+site: lon
+monitor_port: 8080
+broker_provisioning_password: pw
+cert_deny_list: ["/\\.bad$/"]
+jwt_verify_cert: /etc/signer.pem
+jwt_signing_key: /etc/key.seed
+jwt_signing_token: /etc/client.jwt
+server_jwt_validity: 2w
+leader_election: true
+upgrades_repository: https://repo.example.net/
+upgrades_optional: true
+features:
+  pki: false
+  ed25519: true
+  upgrades: true
+"#;
+        let c = load(yaml).unwrap().config;
+        assert_eq!(c.workers, 7);
+        assert_eq!(c.interval, Duration::from_secs(300));
+        assert_eq!(c.logfile, "/var/log/prov.log");
+        assert_eq!(c.loglevel, "debug");
+        assert_eq!(c.helper, "/usr/bin/helper --x");
+        assert_eq!(c.token, "s3cret");
+        assert_eq!(c.lifecycle_component, "custom_mode");
+        assert!(c.choria_insecure);
+        assert_eq!(c.site, "lon");
+        assert_eq!(c.monitor_port, 8080);
+        assert_eq!(c.broker_provisioning_password, "pw");
+        assert_eq!(c.cert_deny_list, vec!["/\\.bad$/".to_string()]);
+        assert!(c.deny_list.matches("x.bad").is_some());
+        assert_eq!(c.jwt_verify_cert, "/etc/signer.pem");
+        assert_eq!(c.jwt_signing_key, "/etc/key.seed");
+        assert_eq!(c.jwt_signing_token, "/etc/client.jwt");
+        assert_eq!(c.server_jwt_validity, Duration::from_secs(14 * 86400));
+        assert!(c.leader_election);
+        assert_eq!(c.upgrades_repository, "https://repo.example.net/");
+        assert!(c.upgrades_optional);
+        assert!(c.features.ed25519 && c.features.jwt && c.features.upgrades && !c.features.pki);
+    }
+
+    #[test]
+    fn validation_errors_one_message_each() {
+        let cases: &[(&str, &str)] = &[
+            ("interval: 30s", "interval \"30s\" is too small"),
+            ("interval: 59s", "too small"),
+            ("interval: ''", "too small"),
+            ("lifecycle_component: a.b", "invalid lifecycle component \"a.b\""),
+            ("lifecycle_component: a>", "invalid lifecycle component"),
+            ("lifecycle_component: '*'", "invalid lifecycle component"),
+            ("features: {pki: true, ed25519: true}", "only enable one of the pki or ed25519"),
+            ("interval: 10x", "invalid interval duration \"10x\": invalid time unit x"),
+            ("interval: '60'", "invalid time unit 0"),
+            ("server_jwt_validity: 1q", "invalid server_jwt_validity duration"),
+            ("server_jwt_validity: abcd", "invalid number"),
+            ("cert_deny_list: ['(']", "invalid cert_deny_list pattern"),
+            ("workers: many", "could not be parsed at line 1 column 10"),
+        ];
+        for (yaml, want) in cases {
+            let err = load(yaml).unwrap_err().to_string();
+            assert!(err.contains(want), "{yaml}: {err} does not contain {want}");
+        }
+    }
+
+    #[test]
+    fn yaml_syntax_errors_carry_line_and_column() {
+        match load("helper: x\ninterval: [1m\n") {
+            Err(ConfigError::Syntax { line, column, .. }) => {
+                assert!(line >= 2, "line {line}");
+                assert!(column > 0);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_file_is_reported() {
+        assert!(matches!(
+            Config::load("/nonexistent/provisioner.yaml"),
+            Err(ConfigError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_and_ineffective_keys_are_warned_by_name() {
+        let l = load("feature:\n  pki: true\nfeatures:\n  pkj: true\nrego_policy: x.rego\nbroker_port: 4222\n")
+            .unwrap();
+        assert_eq!(
+            l.warnings,
+            vec![
+                ConfigWarning::UnknownKey("feature".into()),
+                ConfigWarning::UnknownKey("features.pkj".into()),
+                ConfigWarning::NoEffect("rego_policy"),
+                ConfigWarning::NoEffect("broker_port"),
+            ]
+        );
+        assert!(l.warnings[0].to_string().contains("\"feature\""));
+    }
+
+    #[test]
+    fn durations_follow_go_choria() {
+        let ok: &[(&str, u64)] = &[
+            ("1m", 60),
+            ("90s", 90),
+            ("1h30m", 5400),
+            ("2h", 7200),
+            ("1d", 86400),
+            ("1D", 86400),
+            ("1.5d", 36 * 3600),
+            ("1w", 7 * 86400),
+            ("1M", 30 * 86400),
+            ("1y", 365 * 86400),
+            ("1Y", 365 * 86400),
+            (" 5m ", 300),
+            ("", 0),
+        ];
+        for (s, secs) in ok {
+            assert_eq!(parse_duration(s), Ok(Duration::from_secs(*secs)), "{s}");
+        }
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("60"), Err(DurationError::Unit("0".into())));
+        assert_eq!(parse_duration("1x"), Err(DurationError::Unit("x".into())));
+        assert_eq!(parse_duration("xd"), Err(DurationError::Number));
+        assert_eq!(parse_duration("1H"), Err(DurationError::Unit("H".into())));
+        assert_eq!(parse_duration("-5m"), Err(DurationError::Negative));
+    }
+
+    #[test]
+    fn pause_state_is_shared_between_clones() {
+        let p = PauseState::default();
+        let q = p.clone();
+        let rx = p.subscribe();
+        assert!(!q.paused());
+        p.pause();
+        assert!(q.paused());
+        assert!(rx.has_changed().unwrap());
+        q.flip();
+        assert!(!p.paused());
+        q.flip();
+        assert!(p.paused());
+        p.resume();
+        assert!(!q.paused());
+    }
+}

@@ -1,0 +1,315 @@
+//! The work queue and host table (the Go `hosts` package): nodes come in from discovery and
+//! startup events, wait in a bounded queue, are provisioned by a pool of workers, and are held
+//! for a while after success so their restart does not queue them again.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::provision::{Host, Outcome, Provisioner};
+use crate::rpc::{Clock, Helper, NodeRpc, Observer};
+
+/// The Go provisioner's work queue capacity.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 50_000;
+/// How long a provisioned or shut-down node stays known.
+pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
+/// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
+pub const LOCK_HOLD: Duration = Duration::from_secs(120);
+
+/// Where a node came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Broadcast discovery.
+    Discovery,
+    /// A startup lifecycle event.
+    Event,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Queued,
+    Working,
+    Held(Instant),
+}
+
+#[derive(Debug)]
+struct Entry {
+    added: Instant,
+    generation: u64,
+    state: State,
+}
+
+#[derive(Default)]
+struct Table {
+    hosts: HashMap<Arc<str>, Entry>,
+    queue: VecDeque<(Arc<str>, u64)>,
+    next_generation: u64,
+}
+
+/// What [`Fleet::add`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddResult {
+    /// Queued for provisioning.
+    Queued,
+    /// Already known (queued within the interval, being provisioned, or held).
+    Known,
+    /// The queue is full; the node was dropped and will be found by a later discovery.
+    QueueFull,
+}
+
+/// The host table, the work queue and the workers that drain it.
+pub struct Fleet<R, H, O, C> {
+    provisioner: Arc<Provisioner<R, H, O, C>>,
+    table: Mutex<Table>,
+    wake: Notify,
+    capacity: usize,
+    busy: AtomicUsize,
+}
+
+impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
+    /// A fleet with the default queue capacity.
+    pub fn new(provisioner: Provisioner<R, H, O, C>) -> Arc<Self> {
+        Self::with_capacity(provisioner, DEFAULT_QUEUE_CAPACITY)
+    }
+
+    /// A fleet whose queue holds at most `capacity` nodes.
+    pub fn with_capacity(provisioner: Provisioner<R, H, O, C>, capacity: usize) -> Arc<Self> {
+        Arc::new(Fleet {
+            provisioner: Arc::new(provisioner),
+            table: Mutex::new(Table::default()),
+            wake: Notify::new(),
+            capacity,
+            busy: AtomicUsize::new(0),
+        })
+    }
+
+    /// The provisioner the workers run.
+    pub fn provisioner(&self) -> &Provisioner<R, H, O, C> {
+        &self.provisioner
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A panic while holding the lock cannot leave the table inconsistent in a way that
+        // matters more than stopping provisioning, so a poisoned lock is used as is.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn report(&self, t: &Table) {
+        let o = self.provisioner.observer();
+        o.work_queue_entries(t.queue.len());
+        o.waiting_nodes(t.hosts.len());
+    }
+
+    /// Queues `identity` unless it is already known. A node queued more than one interval ago
+    /// and still waiting is replaced by the new entry (the old queue entry becomes stale); a
+    /// node being provisioned or held after success is never queued twice.
+    pub fn add(&self, identity: &str, source: Source) -> AddResult {
+        let now = Instant::now();
+        let interval = self.provisioner.config().interval;
+        let mut t = self.lock();
+        if let Some(e) = t.hosts.get(identity) {
+            let known = match e.state {
+                State::Working => true,
+                State::Held(until) => until > now,
+                State::Queued => now.duration_since(e.added) < interval,
+            };
+            if known {
+                return AddResult::Known;
+            }
+        }
+        if t.queue.len() >= self.capacity {
+            // Entries left behind by replaced or removed nodes are dropped before giving up.
+            let Table { hosts, queue, .. } = &mut *t;
+            queue.retain(|(id, g)| hosts.get(id).is_some_and(|e| e.generation == *g && e.state == State::Queued));
+            if t.queue.len() >= self.capacity {
+                warn!(
+                    "adding {identity} to the work queue failed with {} / {} entries",
+                    t.queue.len(),
+                    self.capacity
+                );
+                self.report(&t);
+                return AddResult::QueueFull;
+            }
+        }
+        t.next_generation += 1;
+        let generation = t.next_generation;
+        let key: Arc<str> = Arc::from(identity);
+        t.hosts.insert(
+            key.clone(),
+            Entry {
+                added: now,
+                generation,
+                state: State::Queued,
+            },
+        );
+        t.queue.push_back((key, generation));
+        info!("adding {identity} to the work queue with {} entries", t.queue.len());
+        self.report(&t);
+        drop(t);
+        let o = self.provisioner.observer();
+        match source {
+            Source::Discovery => o.discovered(),
+            Source::Event => o.event_discovered(),
+        }
+        self.wake.notify_one();
+        AddResult::Queued
+    }
+
+    /// Forgets `identity`.
+    pub fn remove(&self, identity: &str) {
+        let mut t = self.lock();
+        t.hosts.remove(identity);
+        self.report(&t);
+    }
+
+    /// Forgets every node and empties the queue (on loss of leadership).
+    pub fn clear(&self) {
+        let mut t = self.lock();
+        t.hosts.clear();
+        t.queue.clear();
+        t.hosts.shrink_to(1024);
+        t.queue.shrink_to(1024);
+        self.report(&t);
+    }
+
+    /// Nodes in the host table.
+    pub fn known(&self) -> usize {
+        self.lock().hosts.len()
+    }
+
+    /// Entries in the work queue.
+    pub fn queued(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Whether `identity` is in the host table.
+    pub fn is_known(&self, identity: &str) -> bool {
+        self.lock().hosts.contains_key(identity)
+    }
+
+    /// Takes the next current entry off the queue, marking it as being worked on; stale
+    /// entries (replaced or removed nodes) are skipped.
+    fn next(&self) -> Option<Host> {
+        let mut t = self.lock();
+        while let Some((id, generation)) = t.queue.pop_front() {
+            if let Some(e) = t.hosts.get_mut(&id) {
+                if e.generation == generation && e.state == State::Queued {
+                    e.state = State::Working;
+                    let added = e.added;
+                    self.report(&t);
+                    return Some(Host::new(id, added));
+                }
+            }
+        }
+        self.report(&t);
+        None
+    }
+
+    fn finish(&self, identity: &Arc<str>, hold: Option<Duration>) {
+        let mut t = self.lock();
+        match hold {
+            Some(d) => {
+                if let Some(e) = t.hosts.get_mut(identity) {
+                    if e.state == State::Working {
+                        e.state = State::Held(Instant::now() + d);
+                    }
+                }
+            }
+            None => {
+                if t.hosts.get(identity).is_some_and(|e| e.state == State::Working) {
+                    t.hosts.remove(identity);
+                }
+            }
+        }
+        self.report(&t);
+    }
+
+    /// Drops held entries whose time is up.
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut t = self.lock();
+        t.hosts.retain(|_, e| !matches!(e.state, State::Held(until) if until <= now));
+        self.report(&t);
+    }
+
+    async fn work_one(&self, mut host: Host) {
+        let o = self.provisioner.observer();
+        o.busy_workers(self.busy.fetch_add(1, Ordering::Relaxed) + 1);
+        let res = self.provisioner.provision(&mut host).await;
+        o.busy_workers(self.busy.fetch_sub(1, Ordering::Relaxed).saturating_sub(1));
+        let id = host.identity().to_string();
+        let hold = match res {
+            Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
+                o.provisioned();
+                info!(identity = %id, "provisioned");
+                Some(SUCCESS_HOLD)
+            }
+            Ok(Outcome::Upgraded { from, to }) => {
+                o.provisioned();
+                info!(identity = %id, "upgrade from {from} to {to} started, the node will be provisioned again when it restarts");
+                None
+            }
+            Ok(Outcome::LockHeld { action }) => {
+                o.lock_held();
+                info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving the node to it");
+                Some(LOCK_HOLD)
+            }
+            Err(e) => {
+                o.provision_error();
+                error!("{e}");
+                None
+            }
+        };
+        let key: Arc<str> = Arc::from(id.as_str());
+        self.finish(&key, hold);
+    }
+
+    /// Runs `workers` workers and the hold sweeper until `shutdown` is cancelled; in-flight
+    /// cycles are abandoned at that point (the nodes are found again by a later discovery).
+    pub async fn run(self: Arc<Self>, workers: usize, shutdown: CancellationToken) {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..workers.max(1) {
+            let fleet = self.clone();
+            let stop = shutdown.clone();
+            set.spawn(async move {
+                loop {
+                    let notified = fleet.wake.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if let Some(host) = fleet.next() {
+                        // Another worker may be waiting too; pass the wake-up along.
+                        fleet.wake.notify_one();
+                        tokio::select! {
+                            _ = fleet.work_one(host) => {}
+                            _ = stop.cancelled() => return,
+                        }
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            });
+        }
+        let fleet = self.clone();
+        let stop = shutdown.clone();
+        set.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => fleet.sweep(),
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+        while set.join_next().await.is_some() {}
+    }
+}

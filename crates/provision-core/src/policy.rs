@@ -1,0 +1,474 @@
+//! The security checks of provisioning: the node's provisioning JWT, its nonce signature, its
+//! CSR, the server JWT the provisioner issues, and the encryption of a private key for the node.
+
+use std::path::Path;
+use std::time::Duration;
+
+use der::{Decode, DecodePem, Encode};
+use helper_protocol::{ProvisioningClaims, ServerClaims, StandardClaims};
+use regex::Regex;
+use rsa::pkcs8::DecodePublicKey;
+use rsa::{Pkcs1v15Sign, RsaPublicKey};
+use sha2::{Digest, Sha256, Sha384, Sha512};
+use x509_cert::request::{CertReq, ExtensionReq};
+
+use crate::jwt::{self, JwtError, SigningKey, VerifyingKey};
+
+/// The purpose claim of provisioning tokens.
+pub const PROVISIONING_PURPOSE: &str = "choria_provisioning";
+/// The purpose claim of server tokens.
+pub const SERVER_PURPOSE: &str = "choria_server";
+/// The issuer of server tokens signed without a chain issuer.
+pub const SERVER_ISSUER: &str = "Choria Provisioner";
+
+/// A failed check; the message says what was wrong without naming the node (the caller does).
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The node sent no JWT.
+    #[error("no JWT received")]
+    NoJwt,
+    /// `jwt_verify_cert` is not configured.
+    #[error("no JWT verification certificate configured, cannot validate JWT")]
+    NoVerifyCert,
+    /// The token failed verification.
+    #[error("could not parse provisioner token: {0}")]
+    Jwt(#[from] JwtError),
+    /// The token is not a provisioning token.
+    #[error("not a provisioning token")]
+    NotProvisioning,
+    /// The token carries a trust chain signature whose issuer expired or is not a chain issuer.
+    #[error("provisioning token issuer has expired")]
+    IssuerExpired,
+    /// The gen25519 reply was incomplete or wrong.
+    #[error("{0}")]
+    Nonce(&'static str),
+    /// No CSR was received.
+    #[error("no CSR received")]
+    NoCsr,
+    /// The CSR could not be parsed.
+    #[error("could not parse CSR: {0}")]
+    CsrParse(String),
+    /// The CSR's self-signature does not verify.
+    #[error("CSR signature is not valid: {0}")]
+    CsrSignature(String),
+    /// The CSR's common name is not the identity.
+    #[error("common name {cn} does not match identity {identity}")]
+    CommonName {
+        /// The CSR's common name.
+        cn: String,
+        /// The node identity.
+        identity: String,
+    },
+    /// A CSR name matches `cert_deny_list`.
+    #[error("{name} matches denied certificate pattern {pattern}")]
+    Denied {
+        /// The name.
+        name: String,
+        /// The pattern it matched.
+        pattern: String,
+    },
+    /// The server JWT could not be built.
+    #[error("{0}")]
+    ServerJwt(String),
+    /// A file named in the configuration could not be read.
+    #[error("could not read {path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The private key from the helper could not be encrypted or decrypted.
+    #[error("{0}")]
+    Key(String),
+}
+
+/// The compiled `cert_deny_list`.
+#[derive(Debug, Clone, Default)]
+pub struct DenyList {
+    patterns: Vec<(String, Regex)>,
+}
+
+impl DenyList {
+    /// Compiles `patterns`; an entry written `/re/` is the regular expression `re` (as the Go
+    /// matcher, which strips every leading and trailing slash of such an entry). Returns the
+    /// first bad pattern and the compiler's message on failure.
+    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, (String, String)> {
+        let mut out = Vec::with_capacity(patterns.len());
+        for p in patterns {
+            let p = p.as_ref();
+            let body = if p.len() > 2 && p.starts_with('/') && p.ends_with('/') {
+                p.trim_matches('/')
+            } else {
+                p
+            };
+            let re = Regex::new(body).map_err(|e| (p.to_string(), e.to_string()))?;
+            out.push((p.to_string(), re));
+        }
+        Ok(DenyList { patterns: out })
+    }
+
+    /// The first pattern (as written) that matches anywhere in `name`.
+    pub fn matches(&self, name: &str) -> Option<&str> {
+        self.patterns
+            .iter()
+            .find(|(_, re)| re.is_match(name))
+            .map(|(p, _)| p.as_str())
+    }
+}
+
+/// Verifies a node's `provisioning.jwt` as the Go provisioner does.
+///
+/// `verify_cert` is `jwt_verify_cert`: when `verify_cert_file` holds its content (the caller read
+/// the file because a file by that name exists) it is RSA PEM or hex ed25519; otherwise
+/// `verify_cert` itself is a hex ed25519 public key. `now` is Unix seconds.
+pub fn validate_provisioning_jwt(
+    raw: &str,
+    verify_cert: &str,
+    verify_cert_file: Option<&[u8]>,
+    now: i64,
+) -> Result<ProvisioningClaims, PolicyError> {
+    if raw.is_empty() {
+        return Err(PolicyError::NoJwt);
+    }
+    if verify_cert.is_empty() {
+        return Err(PolicyError::NoVerifyCert);
+    }
+    let key = match verify_cert_file {
+        Some(data) => VerifyingKey::from_public_data(data)?,
+        None => VerifyingKey::from_ed25519_hex(verify_cert.as_bytes())?,
+    };
+    let mut claims: ProvisioningClaims = jwt::verify(raw, &key, now)?;
+    if claims.standard.purpose != PROVISIONING_PURPOSE && claims.standard.subject != PROVISIONING_PURPOSE {
+        return Err(PolicyError::NotProvisioning);
+    }
+    // A token with a trust chain must come from a chain issuer whose own expiry has not passed.
+    if !claims.standard.trust_chain_signature.is_empty() {
+        let chain = claims.standard.issuer.starts_with("C-");
+        match claims.standard.issuer_expires_at {
+            Some(issexp) if chain && now < issexp => {}
+            _ => return Err(PolicyError::IssuerExpired),
+        }
+    }
+    if claims.organization_unit.is_empty() {
+        claims.organization_unit = "choria".to_string();
+    }
+    Ok(claims)
+}
+
+/// Reads `jwt_verify_cert` as a file when a file by that name exists, as the Go provisioner
+/// decides between a path and a hex key.
+pub fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyError> {
+    if verify_cert.is_empty() {
+        return Ok(None);
+    }
+    match std::fs::read(verify_cert) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PolicyError::File {
+            path: verify_cert.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Checks a `gen25519` reply: the signature over the nonce's ASCII text must verify with the
+/// returned key. Unlike the Go code a key of the wrong length is an error, not a crash.
+pub fn verify_nonce_signature(nonce: &str, public_key_hex: &str, signature_hex: &str) -> Result<(), PolicyError> {
+    if public_key_hex.is_empty() {
+        return Err(PolicyError::Nonce("no public key received"));
+    }
+    if signature_hex.is_empty() {
+        return Err(PolicyError::Nonce("no signature received"));
+    }
+    let pk = hex::decode(public_key_hex).map_err(|_| PolicyError::Nonce("invalid public key received"))?;
+    let sig = hex::decode(signature_hex).map_err(|_| PolicyError::Nonce("invalid signature"))?;
+    let pk: [u8; 32] = pk
+        .try_into()
+        .map_err(|_| PolicyError::Nonce("invalid public key received: wrong length"))?;
+    let vk = ed25519_dalek::VerifyingKey::from_bytes(&pk)
+        .map_err(|_| PolicyError::Nonce("invalid public key received"))?;
+    let sig = ed25519_dalek::Signature::from_slice(&sig).map_err(|_| PolicyError::Nonce("invalid nonce signature"))?;
+    vk.verify_strict(nonce.as_bytes(), &sig)
+        .map_err(|_| PolicyError::Nonce("invalid nonce signature"))
+}
+
+const OID_CN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.4.3");
+const OID_SAN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.29.17");
+const OID_SHA1_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.5");
+const OID_SHA256_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
+const OID_SHA384_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
+const OID_SHA512_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
+
+/// The names found in a CSR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrNames {
+    /// The subject common name (the last one, as Go reads it).
+    pub common_name: String,
+    /// The DNS subject alternative names.
+    pub dns_names: Vec<String>,
+}
+
+/// Validates a node's CSR: it parses, its self-signature verifies with its own RSA key (so the
+/// node holds the key), its common name is `identity`, and neither the common name nor any DNS
+/// name matches `deny`.
+pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<CsrNames, PolicyError> {
+    if csr_pem.trim().is_empty() {
+        return Err(PolicyError::NoCsr);
+    }
+    let req = CertReq::from_pem(csr_pem.trim()).map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    verify_csr_signature(&req)?;
+    let names = csr_names(&req)?;
+    if names.common_name != identity {
+        return Err(PolicyError::CommonName {
+            cn: names.common_name,
+            identity: identity.to_string(),
+        });
+    }
+    for name in std::iter::once(&names.common_name).chain(names.dns_names.iter()) {
+        if let Some(pattern) = deny.matches(name) {
+            return Err(PolicyError::Denied {
+                name: name.clone(),
+                pattern: pattern.to_string(),
+            });
+        }
+    }
+    Ok(names)
+}
+
+fn verify_csr_signature(req: &CertReq) -> Result<(), PolicyError> {
+    let spki = req
+        .info
+        .public_key
+        .to_der()
+        .map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    let key = RsaPublicKey::from_public_key_der(&spki)
+        .map_err(|e| PolicyError::CsrSignature(format!("unsupported public key: {e}")))?;
+    let info = req.info.to_der().map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    let sig = req
+        .signature
+        .as_bytes()
+        .ok_or_else(|| PolicyError::CsrSignature("signature has unused bits".into()))?;
+    let oid = req.algorithm.oid;
+    let res = if oid == OID_SHA256_RSA {
+        key.verify(Pkcs1v15Sign::new::<Sha256>(), &Sha256::digest(&info), sig)
+    } else if oid == OID_SHA384_RSA {
+        key.verify(Pkcs1v15Sign::new::<Sha384>(), &Sha384::digest(&info), sig)
+    } else if oid == OID_SHA512_RSA {
+        key.verify(Pkcs1v15Sign::new::<Sha512>(), &Sha512::digest(&info), sig)
+    } else if oid == OID_SHA1_RSA {
+        return Err(PolicyError::CsrSignature("SHA-1 signatures are not accepted".into()));
+    } else {
+        return Err(PolicyError::CsrSignature(format!("unsupported signature algorithm {oid}")));
+    };
+    res.map_err(|e| PolicyError::CsrSignature(e.to_string()))
+}
+
+fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
+    let mut common_name = String::new();
+    for rdn in req.info.subject.0.iter() {
+        for atv in rdn.0.iter() {
+            if atv.oid == OID_CN {
+                common_name = any_string(&atv.value)
+                    .ok_or_else(|| PolicyError::CsrParse("common name is not a string".into()))?;
+            }
+        }
+    }
+    let mut dns_names = Vec::new();
+    for attr in req.info.attributes.iter() {
+        if attr.oid != <ExtensionReq as der::oid::AssociatedOid>::OID {
+            continue;
+        }
+        for v in attr.values.iter() {
+            let exts: ExtensionReq = v
+                .decode_as()
+                .map_err(|e| PolicyError::CsrParse(format!("bad extension request: {e}")))?;
+            for ext in exts.0.iter().filter(|e| e.extn_id == OID_SAN) {
+                let san = x509_cert::ext::pkix::SubjectAltName::from_der(ext.extn_value.as_bytes())
+                    .map_err(|e| PolicyError::CsrParse(format!("bad subject alternative names: {e}")))?;
+                for gn in san.0 {
+                    if let x509_cert::ext::pkix::name::GeneralName::DnsName(n) = gn {
+                        dns_names.push(n.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Ok(CsrNames { common_name, dns_names })
+}
+
+fn any_string(v: &der::Any) -> Option<String> {
+    use der::asn1::{Ia5StringRef, PrintableStringRef, TeletexStringRef, Utf8StringRef};
+    if let Ok(s) = v.decode_as::<Utf8StringRef<'_>>() {
+        return Some(s.to_string());
+    }
+    if let Ok(s) = v.decode_as::<PrintableStringRef<'_>>() {
+        return Some(s.to_string());
+    }
+    if let Ok(s) = v.decode_as::<Ia5StringRef<'_>>() {
+        return Some(s.to_string());
+    }
+    if let Ok(s) = v.decode_as::<TeletexStringRef<'_>>() {
+        return Some(s.to_string());
+    }
+    None
+}
+
+/// Everything that goes into a server JWT.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerJwtRequest<'a> {
+    /// The node identity.
+    pub identity: &'a str,
+    /// The node's ed25519 public key, hex, from `gen25519`.
+    pub public_key_hex: &'a str,
+    /// The helper's `configuration`, for `collectives` and `plugin.security.provider`.
+    pub configuration: Option<&'a std::collections::BTreeMap<String, String>>,
+    /// The helper's `server_claims`.
+    pub server_claims: Option<&'a ServerClaims>,
+    /// `jwt_signing_key`.
+    pub signing_key: &'a str,
+    /// `jwt_signing_token`, read again now so rotated files take effect.
+    pub signing_token: &'a str,
+    /// `server_jwt_validity`.
+    pub default_validity: Duration,
+    /// Unix seconds.
+    pub now: i64,
+}
+
+/// A signed server JWT and the claims in it.
+#[derive(Debug, Clone)]
+pub struct IssuedServerJwt {
+    /// The compact token.
+    pub token: String,
+    /// Its claims.
+    pub claims: ServerClaims,
+}
+
+/// Builds and signs a server JWT with the Go provisioner's claims and defaults, adding the
+/// chain-issuer data of `signing_token` when one is configured.
+pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, PolicyError> {
+    if req.public_key_hex.is_empty() {
+        return Err(PolicyError::ServerJwt("no ed25519 public key set".into()));
+    }
+    if req.signing_key.is_empty() {
+        return Err(PolicyError::ServerJwt(
+            "no jwt signing key configured using jwt_signing_key".into(),
+        ));
+    }
+    if req.default_validity.is_zero() {
+        return Err(PolicyError::ServerJwt("no default validity configured".into()));
+    }
+    let pk = hex::decode(req.public_key_hex)
+        .map_err(|e| PolicyError::ServerJwt(format!("invalid ed25519 public key: {e}")))?;
+    let default_secs = i64::try_from(req.default_validity.as_secs()).unwrap_or(i64::MAX / 2);
+
+    let mut org = "choria".to_string();
+    let mut validity = default_secs;
+    let mut collectives = vec!["mcollective".to_string()];
+    let mut pub_subjects = Vec::new();
+    let mut permissions = None;
+    if let Some(cfg) = req.configuration {
+        if cfg.get("plugin.security.provider").map(String::as_str) == Some("choria") {
+            collectives = vec!["choria".to_string()];
+        }
+        if let Some(cc) = cfg.get("collectives") {
+            // Split without trimming, as the Go provisioner does.
+            collectives = cc.split(',').map(str::to_string).collect();
+        }
+    }
+    if let Some(sc) = req.server_claims {
+        if !sc.organization_unit.is_empty() {
+            org = sc.organization_unit.clone();
+        }
+        if let Some(exp) = sc.standard.expires_at.filter(|e| *e != 0) {
+            // An absolute time, not a duration.
+            validity = exp - req.now;
+        }
+        if !sc.collectives.is_empty() {
+            collectives = sc.collectives.clone();
+        }
+        if !sc.additional_publish_subjects.is_empty() {
+            pub_subjects = sc.additional_publish_subjects.clone();
+        }
+        permissions = sc.permissions.clone();
+    }
+    if validity <= 3600 {
+        validity = default_secs;
+    }
+    if collectives.is_empty() {
+        return Err(PolicyError::ServerJwt("at least one collective is required".into()));
+    }
+
+    let mut claims = ServerClaims {
+        identity: req.identity.to_string(),
+        collectives,
+        permissions,
+        organization_unit: org,
+        additional_publish_subjects: pub_subjects,
+        standard: StandardClaims {
+            purpose: SERVER_PURPOSE.to_string(),
+            public_key: hex::encode(pk),
+            issuer: SERVER_ISSUER.to_string(),
+            expires_at: Some(req.now.saturating_add(validity)),
+            not_before: Some(req.now),
+            issued_at: Some(req.now),
+            id: jwt::ksuid(req.now),
+            ..Default::default()
+        },
+    };
+
+    let key_data = read_file(req.signing_key)?;
+    let key = SigningKey::from_key_data(&key_data)?;
+    if !req.signing_token.is_empty() {
+        let token = read_file(req.signing_token)?;
+        let token = String::from_utf8_lossy(&token);
+        let signer: StandardClaims = jwt::decode_unverified(&token)?;
+        if signer.trust_chain_signature.is_empty() {
+            return Err(PolicyError::ServerJwt(
+                "no Trust Chain Signature claim in JWT Signing Token".into(),
+            ));
+        }
+        let SigningKey::Ed25519(ed) = &key else {
+            return Err(PolicyError::ServerJwt(
+                "jwt_signing_key must be an ed25519 seed when jwt_signing_token is set".into(),
+            ));
+        };
+        add_chain_issuer_data(&mut claims.standard, &signer, ed)?;
+    }
+    let token = jwt::sign(&claims, &key)?;
+    Ok(IssuedServerJwt { token, claims })
+}
+
+/// Links `claims` to the chain issuer `signer` (tokens `AddChainIssuerData`).
+fn add_chain_issuer_data(
+    claims: &mut StandardClaims,
+    signer: &StandardClaims,
+    key: &ed25519_dalek::SigningKey,
+) -> Result<(), PolicyError> {
+    use ed25519_dalek::Signer as _;
+    if signer.id.is_empty() {
+        return Err(PolicyError::ServerJwt("signing token: id not set".into()));
+    }
+    if signer.public_key.is_empty() {
+        return Err(PolicyError::ServerJwt("signing token: public key not set".into()));
+    }
+    let Some(signer_exp) = signer.expires_at else {
+        return Err(PolicyError::ServerJwt("signing token: issuer has no expiry".into()));
+    };
+    claims.issuer = format!("C-{}.{}", signer.id, signer.public_key);
+    claims.issuer_expires_at = Some(signer_exp);
+    if claims.expires_at.is_none_or(|e| signer_exp < e) {
+        claims.expires_at = Some(signer_exp);
+    }
+    let data = format!("{}.{}", claims.id, signer.trust_chain_signature);
+    let sig = key.sign(data.as_bytes());
+    claims.trust_chain_signature = format!("{}.{}", signer.trust_chain_signature, hex::encode(sig.to_bytes()));
+    Ok(())
+}
+
+fn read_file(path: &str) -> Result<Vec<u8>, PolicyError> {
+    std::fs::read(Path::new(path)).map_err(|source| PolicyError::File {
+        path: path.to_string(),
+        source,
+    })
+}

@@ -1,0 +1,513 @@
+//! The provisioning cycle of one node: fetch and check what the node presents, ask the helper,
+//! then upgrade, configure and restart it, each step gated by its feature and by the pause state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use helper_protocol::{CsrReply, Ed25519Reply, HelperError, HelperInput, ProvisioningClaims};
+use rand::Rng;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, PauseState};
+use crate::keyenc::encrypt_private_key;
+use crate::policy::{self, PolicyError, ServerJwtRequest};
+use crate::rpc::{
+    Action, Clock, ConfigureRequest, Helper, Inventory, NodeRpc, Observer, RpcError, RpcErrorKind, SystemClock,
+};
+
+/// Delays between tries of an RPC: go-choria's `FiveSec` policy, each step jittered to between
+/// half and one and a half times its value.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    steps: Vec<Duration>,
+    jitter: bool,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            steps: [500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000]
+                .into_iter()
+                .map(Duration::from_millis)
+                .collect(),
+            jitter: true,
+        }
+    }
+}
+
+impl Backoff {
+    /// Fixed delays without jitter (for tests and embedders with their own pacing).
+    pub fn fixed(steps: Vec<Duration>) -> Self {
+        Backoff { steps, jitter: false }
+    }
+
+    /// The delay after the failed try number `try_no` (1-based).
+    pub fn delay(&self, try_no: u32) -> Duration {
+        let Some(last) = self.steps.len().checked_sub(1) else {
+            return Duration::ZERO;
+        };
+        let base = self.steps[(try_no as usize).min(last)];
+        if !self.jitter || base.is_zero() {
+            return base;
+        }
+        let ms = base.as_millis() as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
+    }
+}
+
+/// How a node's cycle ended without error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Configured and restarted.
+    Provisioned,
+    /// Shut down on the helper's request.
+    ShutDown,
+    /// Asked to upgrade; it restarts and is provisioned again when it comes back.
+    Upgraded {
+        /// The version it had.
+        from: String,
+        /// The version requested.
+        to: String,
+    },
+    /// Another provisioner holds the node's lock; it is left alone for the lock window.
+    LockHeld {
+        /// The action that found the lock.
+        action: Action,
+    },
+}
+
+/// Why a node's cycle failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionErrorKind {
+    /// The node waited too long in the queue.
+    #[error("skipping node that has been waiting {0:?}")]
+    Stale(Duration),
+    /// Provisioning was paused before a step.
+    #[error("provisioning is paused, cannot perform {0}")]
+    Paused(&'static str),
+    /// An RPC failed after its tries.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    /// The provisioning JWT did not validate.
+    #[error("could not validate JWT: {0}")]
+    Jwt(PolicyError),
+    /// The ed25519 key proof failed.
+    #[error("could not fetch ed25519 public key: {0}")]
+    Ed25519(PolicyError),
+    /// The CSR did not validate.
+    #[error("invalid CSR: {0}")]
+    Csr(PolicyError),
+    /// The helper failed.
+    #[error("could not invoke configure helper: {0}")]
+    Helper(#[from] HelperError),
+    /// The helper deferred the node.
+    #[error("configuration deferred: {0}")]
+    Deferred(String),
+    /// The server JWT could not be issued.
+    #[error("could not issue server JWT: {0}")]
+    ServerJwt(PolicyError),
+    /// The private key could not be encrypted.
+    #[error("could not encrypt private key: {0}")]
+    KeyEncryption(PolicyError),
+    /// The upgrade could not be done.
+    #[error("upgrade to {target} failed: {reason}")]
+    Upgrade {
+        /// The requested version.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// The helper returned no configuration.
+    #[error("empty configuration")]
+    EmptyConfiguration,
+    /// Internal: another provisioner holds the lock (turned into [`Outcome::LockHeld`]).
+    #[error("provisioning lock held by another provisioner during {0}")]
+    LockHeld(Action),
+}
+
+/// A node's failed cycle.
+#[derive(Debug, thiserror::Error)]
+#[error("could not provision {identity}: {kind}")]
+pub struct ProvisionError {
+    /// The node.
+    pub identity: Arc<str>,
+    /// What failed.
+    pub kind: ProvisionErrorKind,
+}
+
+/// One node being provisioned, with what has been fetched from it so far. A second round over
+/// the same `Host` re-uses the JWT, ed25519 key and inventory already fetched.
+#[derive(Debug, Clone)]
+pub struct Host {
+    identity: Arc<str>,
+    discovered: Instant,
+    raw_jwt: String,
+    server_ecdh_public: String,
+    claims: Option<ProvisioningClaims>,
+    ed25519: Option<Ed25519Reply>,
+    inventory: Option<Inventory>,
+    csr: Option<CsrReply>,
+}
+
+impl Host {
+    /// A node discovered at `discovered`.
+    pub fn new(identity: Arc<str>, discovered: Instant) -> Self {
+        Host {
+            identity,
+            discovered,
+            raw_jwt: String::new(),
+            server_ecdh_public: String::new(),
+            claims: None,
+            ed25519: None,
+            inventory: None,
+            csr: None,
+        }
+    }
+
+    /// The node identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The verified provisioning JWT claims, once fetched.
+    pub fn claims(&self) -> Option<&ProvisioningClaims> {
+        self.claims.as_ref()
+    }
+
+    /// The inventory, once fetched.
+    pub fn inventory(&self) -> Option<&Inventory> {
+        self.inventory.as_ref()
+    }
+}
+
+/// Runs the cycle for nodes; shared by every worker.
+pub struct Provisioner<R, H, O, C = SystemClock> {
+    config: Arc<Config>,
+    pause: PauseState,
+    rpc: R,
+    helper: H,
+    observer: O,
+    clock: C,
+    backoff: Backoff,
+    verify_cert_cache: std::sync::Mutex<Option<(String, Option<Vec<u8>>)>>,
+}
+
+impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
+    /// A provisioner with the system clock and the default backoff.
+    pub fn new(config: Arc<Config>, pause: PauseState, rpc: R, helper: H, observer: O) -> Self {
+        Provisioner {
+            config,
+            pause,
+            rpc,
+            helper,
+            observer,
+            clock: SystemClock,
+            backoff: Backoff::default(),
+            verify_cert_cache: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
+    /// Replaces the clock.
+    pub fn with_clock<C2: Clock>(self, clock: C2) -> Provisioner<R, H, O, C2> {
+        Provisioner {
+            config: self.config,
+            pause: self.pause,
+            rpc: self.rpc,
+            helper: self.helper,
+            observer: self.observer,
+            clock,
+            backoff: self.backoff,
+            verify_cert_cache: self.verify_cert_cache,
+        }
+    }
+
+    /// Replaces the delays between RPC tries.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The pause state.
+    pub fn pause_state(&self) -> &PauseState {
+        &self.pause
+    }
+
+    /// The observer.
+    pub fn observer(&self) -> &O {
+        &self.observer
+    }
+
+    /// The RPC implementation.
+    pub fn rpc(&self) -> &R {
+        &self.rpc
+    }
+
+    /// Runs the whole cycle for `host`.
+    pub async fn provision(&self, host: &mut Host) -> Result<Outcome, ProvisionError> {
+        match self.cycle(host).await {
+            Ok(o) => Ok(o),
+            Err(ProvisionErrorKind::LockHeld(action)) => Ok(Outcome::LockHeld { action }),
+            Err(kind) => Err(ProvisionError {
+                identity: host.identity.clone(),
+                kind,
+            }),
+        }
+    }
+
+    fn check_paused(&self, what: &'static str) -> Result<(), ProvisionErrorKind> {
+        if self.pause.paused() {
+            Err(ProvisionErrorKind::Paused(what))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// One action with its retries: stops on pause, on success, on a held lock, or after the
+    /// action's tries.
+    async fn call<T, F, Fut>(&self, action: Action, mut f: F) -> Result<T, ProvisionErrorKind>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, RpcError>>,
+    {
+        let label = action.label();
+        let tries = action.tries();
+        let mut try_no = 1;
+        loop {
+            self.check_paused(label)?;
+            let started = Instant::now();
+            let res = f().await;
+            self.observer.rpc_time(label, started.elapsed());
+            match res {
+                Ok(v) => return Ok(v),
+                Err(e) if e.kind == RpcErrorKind::LockHeld => return Err(ProvisionErrorKind::LockHeld(action)),
+                Err(e) => {
+                    debug!(identity = %e.identity, action = label, try_no, tries, "rpc failed: {e}");
+                    if try_no >= tries {
+                        self.observer.rpc_error(label);
+                        return Err(ProvisionErrorKind::Rpc(e));
+                    }
+                }
+            }
+            tokio::time::sleep(self.backoff.delay(try_no)).await;
+            try_no += 1;
+        }
+    }
+
+    fn verify_cert_data(&self) -> Result<Option<Vec<u8>>, PolicyError> {
+        let name = &self.config.jwt_verify_cert;
+        if let Ok(cache) = self.verify_cert_cache.lock() {
+            if let Some((n, d)) = cache.as_ref() {
+                if n == name {
+                    return Ok(d.clone());
+                }
+            }
+        }
+        let data = policy::read_verify_cert(name)?;
+        if let Ok(mut cache) = self.verify_cert_cache.lock() {
+            *cache = Some((name.clone(), data.clone()));
+        }
+        Ok(data)
+    }
+
+    async fn cycle(&self, host: &mut Host) -> Result<Outcome, ProvisionErrorKind> {
+        let cfg = &*self.config;
+        let waited = host.discovered.elapsed();
+        if waited > cfg.interval * 2 {
+            return Err(ProvisionErrorKind::Stale(waited));
+        }
+        let id: &str = &host.identity.clone();
+        let token = cfg.token.as_str();
+        let rpc = &self.rpc;
+
+        if cfg.features.jwt {
+            if host.raw_jwt.is_empty() {
+                let r = self.call(Action::Jwt, || rpc.jwt(id, token)).await?;
+                host.raw_jwt = r.jwt;
+                host.server_ecdh_public = r.ecdh_public;
+            } else {
+                debug!(identity = id, "already have the provisioning JWT, not fetching it again");
+            }
+            let data = self.verify_cert_data().map_err(ProvisionErrorKind::Jwt)?;
+            let claims =
+                policy::validate_provisioning_jwt(&host.raw_jwt, &cfg.jwt_verify_cert, data.as_deref(), self.clock.now_unix())
+                    .map_err(ProvisionErrorKind::Jwt)?;
+            host.claims = Some(claims);
+        }
+
+        if cfg.features.ed25519 && host.ed25519.is_none() {
+            let nonce = uuid::Uuid::new_v4().simple().to_string();
+            let r = self.call(Action::Gen25519, || rpc.gen25519(id, token, &nonce)).await?;
+            policy::verify_nonce_signature(&nonce, &r.public_key, &r.signature).map_err(ProvisionErrorKind::Ed25519)?;
+            host.ed25519 = Some(r);
+        }
+
+        if host.inventory.is_none() {
+            let inv = self.call(Action::Inventory, || rpc.inventory(id)).await?;
+            host.inventory = Some(inv);
+        }
+
+        if cfg.features.pki {
+            let csr = self.call(Action::Gencsr, || rpc.gencsr(id, token, id)).await?;
+            policy::validate_csr(&csr.csr, id, &cfg.deny_list).map_err(ProvisionErrorKind::Csr)?;
+            host.csr = Some(csr);
+        }
+
+        self.check_paused("the helper")?;
+        let input = HelperInput {
+            identity: id.to_string(),
+            csr: host.csr.clone(),
+            ed25519_pubkey: host.ed25519.clone(),
+            inventory: host.inventory.as_ref().map(|i| i.json.clone()).unwrap_or_default(),
+            jwt: host.claims.clone(),
+        };
+        let started = Instant::now();
+        let reply = self.helper.run(&input).await;
+        self.observer.helper_time(started.elapsed());
+        let mut reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                self.observer.helper_error();
+                return Err(e.into());
+            }
+        };
+
+        if reply.defer {
+            return Err(ProvisionErrorKind::Deferred(reply.msg));
+        }
+        if reply.shutdown {
+            if reply.msg.is_empty() {
+                warn!(identity = id, "shutting down node based on helper output, no reason given");
+            } else {
+                warn!(identity = id, "shutting down node based on helper output: {}", reply.msg);
+            }
+            match self.call(Action::Shutdown, || rpc.shutdown(id, token)).await {
+                Ok(m) => {
+                    self.observer.helper_shutdown();
+                    info!(identity = id, "shutdown response: {}", m.message);
+                }
+                // The Go provisioner only warns when the node refuses to shut down.
+                Err(ProvisionErrorKind::Rpc(RpcError {
+                    kind: RpcErrorKind::Aborted { code, message },
+                    ..
+                })) => warn!(identity = id, "could not shut down: {message} ({code})"),
+                Err(e) => return Err(e),
+            }
+            return Ok(Outcome::ShutDown);
+        }
+
+        let mut server_jwt = String::new();
+        if cfg.features.ed25519 {
+            self.check_paused("server JWT issuance")?;
+            let pk = host.ed25519.as_ref().map(|e| e.public_key.as_str()).unwrap_or_default();
+            let issued = policy::issue_server_jwt(&ServerJwtRequest {
+                identity: id,
+                public_key_hex: pk,
+                configuration: reply.configuration.as_ref(),
+                server_claims: reply.server_claims.as_ref(),
+                signing_key: &cfg.jwt_signing_key,
+                signing_token: &cfg.jwt_signing_token,
+                default_validity: cfg.server_jwt_validity,
+                now: self.clock.now_unix(),
+            })
+            .map_err(ProvisionErrorKind::ServerJwt)?;
+            server_jwt = issued.token;
+        }
+
+        let mut key = String::new();
+        let mut ecdh_public = String::new();
+        if !reply.key.is_empty() {
+            let enc = encrypt_private_key(&reply.key, &host.server_ecdh_public).map_err(ProvisionErrorKind::KeyEncryption)?;
+            key = enc.pem;
+            ecdh_public = enc.ecdh_public;
+        }
+
+        if cfg.features.upgrades && !reply.upgrade.is_empty() {
+            match self.upgrade(host, &reply.upgrade).await {
+                Ok(Some(outcome)) => return Ok(outcome),
+                Ok(None) => {}
+                Err(e @ (ProvisionErrorKind::Paused(_) | ProvisionErrorKind::LockHeld(_))) => return Err(e),
+                Err(e) if cfg.upgrades_optional => {
+                    warn!(identity = id, "could not upgrade to {}, continuing: {e}", reply.upgrade)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+
+        let configuration = reply.configuration.take().unwrap_or_default();
+        if configuration.is_empty() {
+            return Err(ProvisionErrorKind::EmptyConfiguration);
+        }
+        let ssldir = match host.csr.as_ref().filter(|c| !c.ssldir.is_empty()) {
+            Some(c) => c.ssldir.clone(),
+            None => std::mem::take(&mut reply.ssldir),
+        };
+        let request = ConfigureRequest {
+            token: token.to_string(),
+            config: serde_json::to_string(&configuration).unwrap_or_default(),
+            ca: std::mem::take(&mut reply.ca),
+            certificate: std::mem::take(&mut reply.certificate),
+            ssldir,
+            key,
+            ecdh_public,
+            action_policies: reply.action_policies.take().unwrap_or_default(),
+            opa_policies: reply.opa_policies.take().unwrap_or_default(),
+            server_jwt,
+        };
+        let m = self.call(Action::Configure, || rpc.configure(id, &request)).await?;
+        info!(identity = id, "configure response: {}", m.message);
+        let m = self.call(Action::Restart, || rpc.restart(id, token, 1)).await?;
+        info!(identity = id, "restart response: {}", m.message);
+        Ok(Outcome::Provisioned)
+    }
+
+    /// `Ok(Some(Upgraded))` when an update was applied, `Ok(None)` when the node already runs
+    /// the requested version.
+    async fn upgrade(&self, host: &Host, target: &str) -> Result<Option<Outcome>, ProvisionErrorKind> {
+        let cfg = &*self.config;
+        let fail = |reason: &str| ProvisionErrorKind::Upgrade {
+            target: target.to_string(),
+            reason: reason.to_string(),
+        };
+        if cfg.upgrades_repository.is_empty() {
+            return Err(fail("upgrades_repository is not configured"));
+        }
+        let inv = host.inventory.as_ref();
+        let version = inv.map(|i| i.version.as_str()).unwrap_or_default();
+        if version.is_empty() {
+            return Err(fail("did not receive a version in inventory"));
+        }
+        if !inv.is_some_and(|i| i.upgradable) {
+            return Err(fail("does not support upgrades"));
+        }
+        if !versions_differ(version, target) {
+            return Ok(None);
+        }
+        warn!(identity = %host.identity, "will attempt version update from {version} to {target}");
+        let id: &str = &host.identity;
+        let repo = cfg.upgrades_repository.as_str();
+        let token = cfg.token.as_str();
+        let rpc = &self.rpc;
+        self.call(Action::ReleaseUpdate, || rpc.release_update(id, token, repo, target))
+            .await?;
+        Ok(Some(Outcome::Upgraded {
+            from: version.to_string(),
+            to: target.to_string(),
+        }))
+    }
+}
+
+/// Whether `current` and `target` are different RPM versions (so an upgrade is due).
+fn versions_differ(current: &str, target: &str) -> bool {
+    match (current.parse::<rpm_evr::Version>(), target.parse::<rpm_evr::Version>()) {
+        (Ok(a), Ok(b)) => a.cmp(&b) != std::cmp::Ordering::Equal,
+        _ => current.trim() != target.trim(),
+    }
+}
