@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv, stream::StorageType};
 use choria_rpc_client::election::{
-    backoff, Election, ElectionError, ElectionEvent, LeaderState, LossCause, DEFAULT_BUCKET,
-    PROVISIONER_ELECTION, PROVISIONING_API_PREFIX,
+    backoff, Election, ElectionBuilder, ElectionError, ElectionEvent, LeaderState, LossCause,
+    DEFAULT_BUCKET, PROVISIONER_ELECTION, PROVISIONING_API_PREFIX,
 };
 use test_support::NatsServer;
 use tokio::task::JoinHandle;
@@ -493,4 +493,53 @@ async fn provisioning_account_campaigns_through_choria_streams_prefix() {
         c.cancel.cancel();
         c.task.await.unwrap().unwrap();
     }
+}
+
+#[tokio::test]
+async fn subjects_follow_the_api_prefix_or_domain() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let build = |f: fn(ElectionBuilder) -> ElectionBuilder| {
+        f(Election::builder(
+            client.clone(),
+            PROVISIONER_ELECTION,
+            "p1.example.net",
+        ))
+        .build()
+    };
+    let plain = build(|b| b).unwrap();
+    assert_eq!(
+        plain.put_subject(),
+        "$KV.CHORIA_LEADER_ELECTION.provisioner"
+    );
+    // The default prefix spelled out is still the default: no prefix on KV writes.
+    let default = build(|b| b.api_prefix("$JS.API.")).unwrap();
+    assert_eq!(
+        default.put_subject(),
+        "$KV.CHORIA_LEADER_ELECTION.provisioner"
+    );
+    let prefixed = build(|b| b.api_prefix("choria.streams.")).unwrap();
+    assert_eq!(
+        prefixed.put_subject(),
+        "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"
+    );
+    let domain = build(|b| b.domain("hub").bucket("ELECT")).unwrap();
+    assert_eq!(domain.put_subject(), "$JS.hub.API.$KV.ELECT.provisioner");
+    for bad in [
+        build(|b| b.api_prefix("choria.*")),
+        build(|b| b.bucket("A.B")),
+        build(|b| b.domain("a.b")),
+    ] {
+        assert!(
+            matches!(bad, Err(ElectionError::InvalidName { .. })),
+            "{bad:?}"
+        );
+    }
+    let err = Election::builder(client.clone(), "bad key", "p1.example.net")
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, ElectionError::InvalidName { what: "key", .. }),
+        "{err:?}"
+    );
 }
