@@ -3,6 +3,8 @@
 
 mod bench;
 mod demo;
+mod dist;
+mod docs;
 mod peers;
 mod stack;
 mod tools;
@@ -16,6 +18,8 @@ commands:
                 [--nodes N] [--mode plain|pki|ed25519]
   bench         provisioning throughput and cost (release builds), optionally beside the Go provisioner
                 --nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go]
+  dist          release packages: tarball, RPM and Debian package
+  docs          check the documentation
   test          install what the tests need (nats-server), then fmt check, clippy and every test
   peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
   nats-server   install nats-server under target/tools/bin and print its path
@@ -36,6 +40,8 @@ fn run() -> Result<()> {
         "test" => tools::test(&rest),
         "demo" => demo::main(&rest),
         "bench" => bench::main(&rest),
+        "dist" => dist::main(&rest),
+        "docs" => docs::main(&rest),
         "peers" => peers::main(&rest),
         "nats-server" => {
             println!("{}", tools::ensure_nats_server()?.display());
