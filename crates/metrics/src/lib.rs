@@ -1,7 +1,8 @@
 //! The provisioner's Prometheus metrics, named, typed and labelled exactly as the Go provisioner
 //! exports them, and the HTTP endpoints that serve them.
 //!
-//! The fifteen metrics live in one [`Metrics`] value (no global registry) made of atomics, so the
+//! The fifteen metrics of the Go provisioner (plus `choria_provisioner_lock_held`) live in one
+//! [`Metrics`] value (no global registry) made of atomics, so the
 //! hot path never takes a lock except to look up a new `rpc` label once. [`encode`](Metrics::encode)
 //! writes the Prometheus text exposition format; [`serve`] answers `/metrics`, `/healthz` and
 //! `/readyz`.
@@ -136,6 +137,8 @@ pub struct Metrics {
     pub helper_errors: Counter,
     /// `choria_provisioner_helper_shutdown_requests`
     pub helper_shutdown_requests: Counter,
+    /// `choria_provisioner_lock_held`: nodes left to another provisioner (not in the Go set).
+    pub lock_held: Counter,
     rpc: RwLock<BTreeMap<String, Arc<RpcStats>>>,
     connected: AtomicBool,
     role: AtomicU8,
@@ -181,6 +184,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "choria_provisioner_helper_time",
         "summary",
         "How long it took to run the helper",
+    ),
+    (
+        "choria_provisioner_lock_held",
+        "counter",
+        "How many times a node was left alone because another provisioner holds its provisioning lock",
     ),
     (
         "choria_provisioner_paused",
@@ -237,6 +245,7 @@ impl Metrics {
             helper_time: Summary::default(),
             helper_errors: Counter::default(),
             helper_shutdown_requests: Counter::default(),
+            lock_held: Counter::default(),
             rpc: RwLock::new(BTreeMap::new()),
             connected: AtomicBool::new(false),
             role: AtomicU8::new(Role::Active as u8),
@@ -335,6 +344,7 @@ impl Metrics {
                         self.helper_time.count()
                     );
                 }
+                "choria_provisioner_lock_held" => plain(self.lock_held.get().to_string(), &mut out),
                 "choria_provisioner_paused" => plain(self.paused.get().to_string(), &mut out),
                 "choria_provisioner_provision_errors" => {
                     plain(self.provision_errors.get().to_string(), &mut out)
@@ -429,12 +439,66 @@ mod tests {
         ));
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
-        assert_eq!(HELP.len(), 15);
+        // The fifteen metrics of the Go provisioner, plus the lock-held counter.
+        assert_eq!(HELP.len(), 16);
     }
 
     #[test]
     fn label_values_are_escaped() {
         let m = Metrics::new("a\"b\\c\nd");
         assert!(m.encode().contains("site=\"a\\\"b\\\\c\\nd\""));
+    }
+}
+
+/// The provisioning cycle and the work queue report through this implementation.
+impl provision_core::Observer for Metrics {
+    fn rpc_time(&self, label: &'static str, elapsed: Duration) {
+        self.rpc(label).time.observe(elapsed);
+    }
+    fn rpc_error(&self, label: &'static str) {
+        self.rpc(label).errors.inc();
+    }
+    fn helper_time(&self, elapsed: Duration) {
+        self.helper_time.observe(elapsed);
+    }
+    fn helper_error(&self) {
+        self.helper_errors.inc();
+    }
+    fn helper_shutdown(&self) {
+        self.helper_shutdown_requests.inc();
+    }
+    fn provisioned(&self) {
+        self.provisioned.inc();
+    }
+    fn provision_error(&self) {
+        self.provision_errors.inc();
+    }
+    fn lock_held(&self) {
+        self.lock_held.inc();
+    }
+    fn discovered(&self) {
+        self.discovered.inc();
+    }
+    fn event_discovered(&self) {
+        self.event_discovered.inc();
+    }
+    fn discover_cycle(&self) {
+        self.discover_cycles.inc();
+    }
+    fn discovery_error(&self) {
+        self.discovery_errors.inc();
+    }
+    fn busy_workers(&self, n: usize) {
+        self.busy_workers.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    fn work_queue_entries(&self, n: usize) {
+        self.work_queue_entries
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    fn waiting_nodes(&self, n: usize) {
+        self.waiting_nodes.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    fn paused(&self, paused: bool) {
+        self.paused.set(i64::from(paused));
     }
 }
