@@ -411,45 +411,6 @@ fn escape_label(v: &str) -> String {
     s
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_metric_is_exported_with_its_type_and_site_label() {
-        let m = Metrics::new("lon");
-        m.rpc("choria_provision#configure")
-            .time
-            .observe(Duration::from_millis(1500));
-        m.rpc("choria_provision#configure").errors.inc();
-        m.provisioned.inc_by(3);
-        m.helper_time.observe(Duration::from_millis(250));
-        let text = m.encode();
-        for (name, kind, _) in HELP {
-            assert!(
-                text.contains(&format!("# TYPE {name} {kind}\n")),
-                "{name} missing"
-            );
-        }
-        assert!(text.contains("choria_provisioner_provisioned{site=\"lon\"} 3\n"));
-        assert!(text.contains("choria_provisioner_rpc_time_sum{rpc=\"choria_provision#configure\",site=\"lon\"} 1.5\n"));
-        assert!(text.contains("choria_provisioner_rpc_time_count{rpc=\"choria_provision#configure\",site=\"lon\"} 1\n"));
-        assert!(text.contains(
-            "choria_provisioner_rpc_errors{rpc=\"choria_provision#configure\",site=\"lon\"} 1\n"
-        ));
-        assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
-        assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
-        // The fifteen metrics of the Go provisioner, plus the lock-held counter.
-        assert_eq!(HELP.len(), 16);
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        let m = Metrics::new("a\"b\\c\nd");
-        assert!(m.encode().contains("site=\"a\\\"b\\\\c\\nd\""));
-    }
-}
-
 /// The provisioning cycle and the work queue report through this implementation.
 impl provision_core::Observer for Metrics {
     fn rpc_time(&self, label: &'static str, elapsed: Duration) {
@@ -500,5 +461,44 @@ impl provision_core::Observer for Metrics {
     }
     fn paused(&self, paused: bool) {
         self.paused.set(i64::from(paused));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exported_with_its_type_and_site_label() {
+        let m = Metrics::new("lon");
+        m.rpc("choria_provision#configure")
+            .time
+            .observe(Duration::from_millis(1500));
+        m.rpc("choria_provision#configure").errors.inc();
+        m.provisioned.inc_by(3);
+        m.helper_time.observe(Duration::from_millis(250));
+        let text = m.encode();
+        for (name, kind, _) in HELP {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} missing"
+            );
+        }
+        assert!(text.contains("choria_provisioner_provisioned{site=\"lon\"} 3\n"));
+        assert!(text.contains("choria_provisioner_rpc_time_sum{rpc=\"choria_provision#configure\",site=\"lon\"} 1.5\n"));
+        assert!(text.contains("choria_provisioner_rpc_time_count{rpc=\"choria_provision#configure\",site=\"lon\"} 1\n"));
+        assert!(text.contains(
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#configure\",site=\"lon\"} 1\n"
+        ));
+        assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
+        assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
+        // The fifteen metrics of the Go provisioner, plus the lock-held counter.
+        assert_eq!(HELP.len(), 16);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::new("a\"b\\c\nd");
+        assert!(m.encode().contains("site=\"a\\\"b\\\\c\\nd\""));
     }
 }
