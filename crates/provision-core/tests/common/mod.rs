@@ -320,3 +320,26 @@ pub fn provisioner(
     Provisioner::new(cfg, PauseState::default(), node.clone(), helper.clone(), obs.clone())
         .with_backoff(Backoff::fixed(vec![Duration::ZERO]))
 }
+
+/// A CSR signed by the node key in testdata.
+pub fn make_csr(cn: &str, dns: &[&str]) -> String {
+    use rsa::pkcs1::DecodeRsaPrivateKey;
+    use std::str::FromStr;
+    use x509_cert::builder::{Builder, RequestBuilder};
+    use x509_cert::ext::pkix::name::GeneralName;
+    use x509_cert::ext::pkix::SubjectAltName;
+    let pem = std::fs::read_to_string(testdata("node-rsa.pem")).unwrap();
+    let key = rsa::RsaPrivateKey::from_pkcs1_pem(&pem).unwrap();
+    let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
+    let subject = x509_cert::name::Name::from_str(&format!("CN={cn}")).unwrap();
+    let mut b = RequestBuilder::new(subject, &signer).unwrap();
+    if !dns.is_empty() {
+        let names = dns
+            .iter()
+            .map(|d| GeneralName::DnsName(der::asn1::Ia5String::new(d).unwrap()))
+            .collect();
+        b.add_extension(&SubjectAltName(names)).unwrap();
+    }
+    let req = b.build::<rsa::pkcs1v15::Signature>().unwrap();
+    der::EncodePem::to_pem(&req, der::pem::LineEnding::LF).unwrap()
+}
