@@ -1,0 +1,590 @@
+//! RPC, discovery and lifecycle against a real nats-server, with test responders built on the
+//! crate's own server-side protocol API.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+use bytes::Bytes;
+use choria_rpc_client::connection::{self, ConnectionSettings};
+use choria_rpc_client::lifecycle::{EventFormat, LifecycleEvent};
+use choria_rpc_client::mcorpc::{RpcReply, RpcRequest, StatusCode};
+use choria_rpc_client::protocol::{
+    self, build_reply, build_reply_raw, ProtocolVersion, Request, Security, ServerRequest,
+};
+use choria_rpc_client::rpc::{RpcClient, RpcErrorKind, RpcOptions};
+use futures::StreamExt as _;
+use sha2::Digest as _;
+use test_support::NatsServer;
+
+const IDENTITY: &str = "provisioner.example.net";
+
+/// What a responder sends back for one request to one node: zero or more raw transports.
+type Handler = Arc<dyn Fn(&Request, &str) -> Vec<Bytes> + Send + Sync>;
+
+fn settings(url: &str) -> ConnectionSettings {
+    ConnectionSettings {
+        urls: vec![url.to_string()],
+        name: IDENTITY.to_string(),
+        user_password: None,
+        token: None,
+        credentials: None,
+        tls: None,
+        connect_timeout: Duration::from_secs(2),
+        inbox_prefix: "provisioning.reply".to_string(),
+    }
+}
+
+async fn client(server: &NatsServer, security: Security) -> RpcClient {
+    client_with(server, security, RpcOptions::new(IDENTITY, "provisioning")).await
+}
+
+async fn client_with(server: &NatsServer, security: Security, opts: RpcOptions) -> RpcClient {
+    let nc = connection::connect(&settings(&server.url())).await.unwrap();
+    RpcClient::new(nc, security, opts).await.unwrap()
+}
+
+/// Serve `identities` in the `provisioning` collective: directed requests on
+/// `provisioning.node.<identity>`, broadcasts on behalf of every identity.
+async fn responder(server: &NatsServer, identities: Vec<String>, handler: Handler) {
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let mut directed = nc.subscribe("provisioning.node.>").await.unwrap();
+    let mut broadcast = nc
+        .subscribe("provisioning.broadcast.agent.*")
+        .await
+        .unwrap();
+    nc.flush().await.unwrap();
+    let known: Arc<HashSet<String>> = Arc::new(identities.iter().cloned().collect());
+    let ids = Arc::new(identities);
+    tokio::spawn(async move {
+        loop {
+            let (msg, targets): (async_nats::Message, Vec<String>) = tokio::select! {
+                Some(m) = directed.next() => {
+                    let id = m.subject.as_str().strip_prefix("provisioning.node.").unwrap_or_default().to_string();
+                    if !known.contains(&id) { continue; }
+                    (m, vec![id])
+                }
+                Some(m) = broadcast.next() => (m, ids.as_ref().clone()),
+                else => return,
+            };
+            let Ok(req) = ServerRequest::parse(&msg.payload) else {
+                continue;
+            };
+            if !req.is_fresh(SystemTime::now()) {
+                continue;
+            }
+            let Some(reply_to) = req.reply_to.clone() else {
+                continue;
+            };
+            for node in targets {
+                for out in handler(&req, &node) {
+                    nc.publish(reply_to.clone(), out).await.unwrap();
+                }
+            }
+        }
+    });
+}
+
+/// An agent that answers discovery with `pong` and RPC with `{"echo": <data>, "node": ...}`,
+/// or the statuscode asked for in `data.fail`.
+fn echo_agent(require_verified: bool) -> Handler {
+    Arc::new(move |req, node| {
+        if require_verified && req.verify().is_err() {
+            return vec![];
+        }
+        if req.agent == "discovery" {
+            assert_eq!(req.payload, b"ping");
+            return vec![build_reply(req, node, protocol::DISCOVERY_PONG).unwrap()];
+        }
+        let body = RpcRequest::parse(&req.payload).unwrap();
+        let reply = match body.data.get("fail").and_then(|f| f.as_i64()) {
+            Some(code) => RpcReply::error(
+                &body.action,
+                StatusCode::from_code(code).unwrap(),
+                body.data["msg"].as_str().unwrap_or("failed"),
+            ),
+            None if body.action == "inventory" => RpcReply::ok(
+                "inventory",
+                serde_json::json!({
+                    "agents": ["choria_provision", "rpcutil"], "classes": [], "collectives": ["provisioning"],
+                    "data_plugins": [], "facts": {"node": node}, "machines": [], "main_collective": "provisioning",
+                    "version": "0.30.0", "upgradable": true,
+                }),
+            ),
+            None => RpcReply::ok(
+                &body.action,
+                serde_json::json!({"echo": body.data, "node": node, "caller": req.caller}),
+            ),
+        };
+        vec![build_reply(req, node, &reply.to_vec().unwrap()).unwrap()]
+    })
+}
+
+fn nodes(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("node{i}.example.net")).collect()
+}
+
+async fn round_trip(security: Security, require_verified: bool) {
+    let server = NatsServer::start();
+    responder(&server, nodes(3), echo_agent(require_verified)).await;
+    let rpc = client(&server, security.clone()).await;
+    let data = rpc
+        .call(
+            "node1.example.net",
+            "choria_provision",
+            "ping",
+            &serde_json::json!({"x": 1}),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data["echo"]["x"], 1);
+    assert_eq!(data["node"], "node1.example.net");
+    assert_eq!(data["caller"], security.caller_id());
+    let inv = rpc
+        .inventory("node2.example.net", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(inv.version, "0.30.0");
+    assert!(inv.upgradable);
+    assert_eq!(inv.raw["facts"]["node"], "node2.example.net");
+    let found = rpc.discover_provisionable().await.unwrap();
+    assert_eq!(found.len(), 3);
+    assert_eq!(rpc.pending(), 0);
+    assert_eq!(rpc.stats().dropped(), 0);
+}
+
+#[tokio::test]
+async fn v1_insecure_request_reply() {
+    round_trip(Security::insecure("choria=provisioner.mcollective"), false).await;
+}
+
+fn rsa_cert() -> (String, String) {
+    use der::EncodePem as _;
+    use rsa::pkcs8::EncodePrivateKey as _;
+    use std::str::FromStr as _;
+    use x509_cert::builder::{Builder as _, CertificateBuilder, Profile};
+    let key = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 1024).unwrap();
+    let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key.clone());
+    let spki = x509_cert::spki::SubjectPublicKeyInfoOwned::from_key(key.to_public_key()).unwrap();
+    let builder = CertificateBuilder::new(
+        Profile::Root,
+        x509_cert::serial_number::SerialNumber::from(7u32),
+        x509_cert::time::Validity::from_now(Duration::from_secs(3600)).unwrap(),
+        x509_cert::name::Name::from_str("CN=provisioner.mcollective").unwrap(),
+        spki,
+        &signer,
+    )
+    .unwrap();
+    let cert = builder.build::<rsa::pkcs1v15::Signature>().unwrap();
+    (
+        cert.to_pem(der::pem::LineEnding::LF).unwrap(),
+        key.to_pkcs8_pem(der::pem::LineEnding::LF)
+            .unwrap()
+            .to_string(),
+    )
+}
+
+#[tokio::test]
+async fn v1_x509_signed_request_reply() {
+    let (cert, key) = rsa_cert();
+    let sec = Security::x509_from_pem("choria=provisioner.mcollective", cert, &key).unwrap();
+    round_trip(sec, true).await;
+}
+
+fn choria_security() -> Security {
+    let seed: [u8; 32] = rand::random();
+    let pk = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+    let claims =
+        serde_json::json!({"callerid": "up=provisioner", "public_key": hex::encode(pk.as_bytes())});
+    let jwt = format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(br#"{"alg":"EdDSA","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string()),
+        URL_SAFE_NO_PAD.encode(b"sig")
+    );
+    Security::choria(jwt, seed).unwrap()
+}
+
+#[tokio::test]
+async fn v2_signed_request_reply() {
+    let sec = choria_security();
+    assert_eq!(sec.version(), ProtocolVersion::V2);
+    round_trip(sec, true).await;
+}
+
+#[tokio::test]
+async fn status_codes_map_to_typed_errors() {
+    let server = NatsServer::start();
+    responder(&server, nodes(1), echo_agent(false)).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    for (code, msg, kind) in [
+        (1, "nope", RpcErrorKind::Aborted),
+        (
+            1,
+            "Could not obtain provisioning lock",
+            RpcErrorKind::ProvisioningLocked,
+        ),
+        (2, "Unknown action", RpcErrorKind::UnknownAction),
+        (3, "missing", RpcErrorKind::MissingData),
+        (4, "invalid", RpcErrorKind::InvalidData),
+        (5, "boom", RpcErrorKind::UnknownError),
+    ] {
+        let err = rpc
+            .call(
+                "node0.example.net",
+                "choria_provision",
+                "jwt",
+                &serde_json::json!({"fail": code, "msg": msg}),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), kind, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("node0.example.net") && text.contains("choria_provision#jwt"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn discovery_of_hundreds_ends_with_the_sliding_window() {
+    let server = NatsServer::start();
+    let count = 600;
+    let last_reply = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let lr = last_reply.clone();
+    let agent = echo_agent(false);
+    let handler: Handler = Arc::new(move |req, node| {
+        let out = agent(req, node);
+        *lr.lock().unwrap() = Some(Instant::now());
+        // Every node answers twice: the result must still list it once.
+        let mut twice = out.clone();
+        twice.extend(out);
+        twice
+    });
+    responder(&server, nodes(count), handler).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let start = Instant::now();
+    let found = rpc.discover_provisionable().await.unwrap();
+    let end = Instant::now();
+    assert_eq!(found.len(), count);
+    assert_eq!(
+        found.iter().collect::<HashSet<_>>().len(),
+        count,
+        "duplicates in result"
+    );
+    let last = last_reply.lock().unwrap().unwrap();
+    let after_last = end.duration_since(last);
+    assert!(
+        after_last >= Duration::from_millis(280),
+        "ended {after_last:?} after the last reply"
+    );
+    assert!(
+        after_last < Duration::from_millis(1200),
+        "window did not end discovery early: {after_last:?} after the last reply"
+    );
+    assert!(end.duration_since(start) < Duration::from_millis(1900));
+    assert_eq!(rpc.pending(), 0);
+}
+
+#[tokio::test]
+async fn discovery_with_no_responders_ends_at_the_timeout() {
+    let server = NatsServer::start();
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let start = Instant::now();
+    let found = rpc
+        .discover(
+            &protocol::Filter::with_agent("choria_provision"),
+            Duration::from_millis(400),
+            Some(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(found.is_empty());
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_millis(600),
+        "{took:?}"
+    );
+}
+
+fn v1_reply_with(req: &Request, reply_json: &[u8], hash_ok: bool) -> Bytes {
+    let hash = if hash_ok {
+        B64.encode(sha2::Sha256::digest(reply_json))
+    } else {
+        B64.encode([1u8; 32])
+    };
+    let secure = serde_json::json!({
+        "protocol": "choria:secure:reply:1",
+        "message": String::from_utf8(reply_json.to_vec()).unwrap(),
+        "hash": hash,
+    });
+    let _ = req;
+    Bytes::from(
+        serde_json::json!({
+            "protocol": "choria:transport:1",
+            "data": B64.encode(secure.to_string()),
+            "headers": {"mc_sender": "node0.example.net"},
+        })
+        .to_string(),
+    )
+}
+
+#[tokio::test]
+async fn malformed_replies_are_dropped_counted_and_time_out() {
+    let server = NatsServer::start();
+    let case = Arc::new(AtomicUsize::new(0));
+    let c2 = case.clone();
+    let handler: Handler = Arc::new(move |req, node| {
+        let good_body = br#"{"action":"x","statuscode":0,"statusmsg":"OK","data":{}}"#;
+        let reply_json = |id: &str, sender: &str, proto: &str| {
+            serde_json::json!({
+                "protocol": proto,
+                "message": std::str::from_utf8(good_body).unwrap(),
+                "envelope": {"requestid": id, "senderid": sender, "agent": req.agent, "time": 1},
+            })
+            .to_string()
+            .into_bytes()
+        };
+        match c2.load(Ordering::SeqCst) {
+            0 => vec![Bytes::from_static(b"this is not json")],
+            1 => vec![v1_reply_with(
+                req,
+                &reply_json(&req.id, node, "choria:reply:9"),
+                true,
+            )],
+            2 => vec![build_reply_raw(
+                ProtocolVersion::V1,
+                &protocol::new_request_id(),
+                &req.agent,
+                node,
+                good_body,
+                SystemTime::now(),
+            )
+            .unwrap()],
+            3 => vec![build_reply(req, "impostor.example.net", good_body).unwrap()],
+            4 => vec![v1_reply_with(
+                req,
+                &reply_json(&req.id, node, "choria:reply:1"),
+                false,
+            )],
+            5 => {
+                let big = format!(
+                    r#"{{"action":"x","statuscode":0,"statusmsg":"OK","data":{{"pad":"{}"}}}}"#,
+                    "a".repeat(100_000)
+                );
+                vec![build_reply(req, node, big.as_bytes()).unwrap()]
+            }
+            6 => vec![build_reply_raw(
+                ProtocolVersion::V2,
+                &req.id,
+                &req.agent,
+                node,
+                good_body,
+                SystemTime::now(),
+            )
+            .unwrap()],
+            // A wrong-sender reply followed by the real one: only the real one counts.
+            _ => vec![
+                build_reply(req, "impostor.example.net", good_body).unwrap(),
+                build_reply(req, node, good_body).unwrap(),
+            ],
+        }
+    });
+    responder(&server, nodes(1), handler).await;
+    let mut opts = RpcOptions::new(IDENTITY, "provisioning");
+    opts.max_reply_size = 64 * 1024;
+    let rpc = client_with(&server, Security::insecure("choria=p.mcollective"), opts).await;
+    type Counter = fn(&choria_rpc_client::rpc::RpcStats) -> u64;
+    let cases: [(&str, Counter); 7] = [
+        ("garbage", |s| s.dropped_malformed),
+        ("wrong protocol", |s| s.dropped_malformed),
+        ("wrong request id", |s| s.dropped_wrong_request),
+        ("wrong sender", |s| s.dropped_wrong_sender),
+        ("bad hash", |s| s.dropped_malformed),
+        ("oversize", |s| s.dropped_oversize),
+        ("wrong version", |s| s.dropped_malformed),
+    ];
+    for (i, (name, counter)) in cases.iter().enumerate() {
+        case.store(i, Ordering::SeqCst);
+        let before = counter(&rpc.stats());
+        let err = rpc
+            .call(
+                "node0.example.net",
+                "choria_provision",
+                "x",
+                &serde_json::json!({}),
+                Duration::from_millis(500),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), RpcErrorKind::Timeout, "{name}: {err}");
+        assert_eq!(counter(&rpc.stats()), before + 1, "{name} not counted");
+        assert_eq!(rpc.pending(), 0, "{name} left a pending entry");
+    }
+    case.store(99, Ordering::SeqCst);
+    let before = rpc.stats();
+    rpc.call(
+        "node0.example.net",
+        "choria_provision",
+        "x",
+        &serde_json::json!({}),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let after = rpc.stats();
+    assert_eq!(after.dropped_wrong_sender, before.dropped_wrong_sender + 1);
+    assert_eq!(after.replies, before.replies + 1);
+}
+
+#[tokio::test]
+async fn timeouts_are_honoured_and_leave_nothing_behind() {
+    let server = NatsServer::start();
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    for ms in [50u64, 200, 400] {
+        let t = Duration::from_millis(ms);
+        let start = Instant::now();
+        let err = rpc
+            .request("nobody.example.net", "rpcutil", b"{}", t)
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(err.kind(), RpcErrorKind::Timeout);
+        assert!(
+            took >= t && took < t + Duration::from_millis(60),
+            "timeout {t:?} took {took:?}"
+        );
+    }
+    assert_eq!(rpc.pending(), 0);
+    assert_eq!(rpc.stats().timeouts, 3);
+    // A cancelled request (future dropped) is cleaned up too.
+    let fut = rpc.request("nobody", "rpcutil", b"{}", Duration::from_secs(10));
+    let _ = tokio::time::timeout(Duration::from_millis(50), fut).await;
+    assert_eq!(rpc.pending(), 0);
+}
+
+#[tokio::test]
+async fn broker_going_away_gives_an_error_not_a_hang() {
+    let mut server = NatsServer::start();
+    responder(&server, nodes(1), echo_agent(false)).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    rpc.request(
+        "node0.example.net",
+        "rpcutil",
+        br#"{"agent":"rpcutil","action":"ping","data":{}}"#,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    server.stop();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let err = rpc
+            .request(
+                "node0.example.net",
+                "rpcutil",
+                br#"{"agent":"rpcutil","action":"ping","data":{}}"#,
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                RpcErrorKind::NotConnected | RpcErrorKind::Timeout | RpcErrorKind::Transport
+            ),
+            "{err}"
+        );
+        assert!(start.elapsed() < Duration::from_millis(1200));
+    }
+    let found = rpc.discover_provisionable().await;
+    assert!(found.map(|f| f.is_empty()).unwrap_or(true));
+}
+
+#[tokio::test]
+async fn many_concurrent_requests_share_one_connection() {
+    let server = NatsServer::start();
+    let ids = nodes(200);
+    responder(&server, ids.clone(), echo_agent(false)).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let mut tasks = Vec::new();
+    for i in 0..2000 {
+        let rpc = rpc.clone();
+        let id = ids[i % ids.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            rpc.call(
+                &id,
+                "choria_provision",
+                "ping",
+                &serde_json::json!({"i": i}),
+                Duration::from_secs(20),
+            )
+            .await
+            .map(|d| (d["node"] == id.as_str(), d["echo"]["i"] == i))
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), (true, true));
+    }
+    assert_eq!(rpc.pending(), 0);
+    assert_eq!(rpc.stats().replies, 2000);
+}
+
+#[tokio::test]
+async fn lifecycle_events_in_both_formats_and_our_startup_event() {
+    let server = NatsServer::start();
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let mut sub = rpc
+        .subscribe_lifecycle("startup", "provision_mode_server", None)
+        .await
+        .unwrap();
+    let raw = async_nats::connect(server.url()).await.unwrap();
+    let ev = LifecycleEvent::startup("n1.example.net", "provision_mode_server", "0.30.0");
+    let subject = ev.subject();
+    raw.publish(subject.clone(), Bytes::from_static(b"garbage"))
+        .await
+        .unwrap();
+    raw.publish(subject.clone(), ev.to_choria_json().unwrap().into())
+        .await
+        .unwrap();
+    raw.publish(subject, ev.to_cloudevent_json().unwrap().into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    let a = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.format, EventFormat::Choria);
+    assert_eq!(b.format, EventFormat::CloudEvent);
+    assert_eq!(a.event, ev);
+    assert_eq!(b.event, ev);
+
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let mut ours = watcher
+        .subscribe("choria.lifecycle.event.startup.provisioner")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    rpc.publish_startup("provisioner", "1.2.3").await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(5), ours.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let got = LifecycleEvent::parse(&msg.payload).unwrap();
+    assert_eq!(got.format, EventFormat::Choria);
+    assert_eq!(got.event.identity, IDENTITY);
+    assert_eq!(got.event.component, "provisioner");
+    assert_eq!(got.event.version.as_deref(), Some("1.2.3"));
+}
