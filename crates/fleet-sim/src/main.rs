@@ -1,1 +1,279 @@
-fn main() {}
+//! `choria-fleet-sim`: run a simulated fleet of go-choria servers in provisioning mode.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use choria_fleet_sim::config::{parse_duration, parse_share, Faults};
+use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
+use choria_fleet_sim::{Fleet, FleetConfig, Mode, ProvisioningJwt};
+use choria_rpc_client::protocol::ProtocolVersion;
+use clap::Parser;
+
+/// Thousands of simulated Choria servers in provisioning mode, in one process.
+#[derive(Parser, Debug)]
+#[command(name = "choria-fleet-sim", version)]
+struct Cli {
+    /// NATS broker URL(s), comma separated (also the provisioning JWT's `chu`).
+    #[arg(long)]
+    broker: String,
+    /// Number of simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    /// What counts as provisioned: plain, pki or ed25519.
+    #[arg(long, default_value = "plain")]
+    mode: Mode,
+    /// Protocol the nodes speak: v1 or v2.
+    #[arg(long, default_value = "v1", value_parser = parse_protocol)]
+    protocol: ProtocolVersion,
+    /// Provisioning token (`cht`).
+    #[arg(long)]
+    token: String,
+    /// Key signing the provisioning JWT: RSA PEM (RS256) or a 64-hex ed25519 seed (EdDSA).
+    #[arg(long, required_unless_present = "provisioning_jwt")]
+    provisioning_signer: Option<PathBuf>,
+    /// Serve this provisioning JWT file verbatim instead of signing one.
+    #[arg(long, conflicts_with = "provisioning_signer")]
+    provisioning_jwt: Option<PathBuf>,
+    /// Verify received server JWTs against this issuer key (hex, or a file with hex or a PEM).
+    #[arg(long)]
+    issuer_public: Option<String>,
+    /// Identities are `<prefix>-<n>.<domain>`.
+    #[arg(long, default_value = "sim")]
+    identity_prefix: String,
+    /// Domain of generated identities.
+    #[arg(long, default_value = "fleet.example.net")]
+    domain: String,
+    /// Server version reported by inventory and events.
+    #[arg(long, default_value = "0.30.0")]
+    version: String,
+    /// Allow release_update (`update` claim, `upgradable` inventory).
+    #[arg(long)]
+    upgradable: bool,
+    /// Write per-node JSON of what every node received here at exit.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Exit 0 as soon as every node is provisioned.
+    #[arg(long)]
+    exit_when_done: bool,
+    /// Exit non-zero when not done after this long (e.g. 5m).
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Delay between replying to restart/shutdown/release_update and acting on it.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    restart_delay: Duration,
+    /// Provisioning lock duration.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    lock_window: Duration,
+    /// Startup lifecycle events per second when the fleet starts (0: none).
+    #[arg(long, default_value_t = 2000)]
+    startup_rate: u32,
+    /// Publish lifecycle events in the Choria format instead of CloudEvents.
+    #[arg(long)]
+    legacy_lifecycle: bool,
+    /// Concurrent reply tasks.
+    #[arg(long, default_value_t = 64)]
+    workers: usize,
+    /// PEM file of RSA keys to make CSRs with (generated at start otherwise).
+    #[arg(long)]
+    rsa_keys: Option<PathBuf>,
+    /// Number of RSA keys to generate when --rsa-keys is not given.
+    #[arg(long, default_value_t = 4)]
+    rsa_pool: usize,
+    /// Connect with TLS without verifying the broker (as provisioning servers do).
+    #[arg(long)]
+    tls: bool,
+    /// Verify the broker with this CA instead (implies TLS).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// NATS user for the provisioning connection (`chusr`).
+    #[arg(long, requires = "nats_password")]
+    nats_user: Option<String>,
+    /// NATS password (`chpwd`).
+    #[arg(long, requires = "nats_user")]
+    nats_password: Option<String>,
+    /// Do not send the provisioning JWT as the NATS auth token.
+    #[arg(long)]
+    no_token_auth: bool,
+    /// Seconds between progress lines on stderr.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    progress: Duration,
+    /// SHARE:DURATION — delay every reply of that share of nodes.
+    #[arg(long, value_parser = Faults::parse_slow)]
+    fault_slow: Option<(f64, Duration)>,
+    /// SHARE — nodes that never answer RPCs (they are still discovered).
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_drop: f64,
+    /// SHARE — nodes dropping the first reply to each provisioning action.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_drop_once: f64,
+    /// SHARE — nodes signing the wrong nonce in gen25519.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_bad_nonce: f64,
+    /// SHARE — nodes replying under another identity.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_wrong_identity: f64,
+    /// SHARE — nodes making CSRs for another common name.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_bad_csr: f64,
+    /// ACTION:SHARE — that action aborts on that share of nodes (repeatable).
+    #[arg(long, value_parser = Faults::parse_fail_action)]
+    fault_fail_action: Vec<(String, f64)>,
+}
+
+fn parse_protocol(s: &str) -> Result<ProtocolVersion, String> {
+    match s {
+        "v1" | "1" => Ok(ProtocolVersion::V1),
+        "v2" | "2" => Ok(ProtocolVersion::V2),
+        _ => Err(format!("unknown protocol {s:?}, expected v1 or v2")),
+    }
+}
+
+fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
+    let jwt = match (&cli.provisioning_signer, &cli.provisioning_jwt) {
+        (Some(signer), _) => {
+            let data = std::fs::read(signer)
+                .with_context(|| format!("cannot read {}", signer.display()))?;
+            ProvisioningJwt::Sign(
+                JwtSigner::from_key_data(&data)
+                    .with_context(|| format!("invalid signer {}", signer.display()))?,
+            )
+        }
+        (None, Some(file)) => ProvisioningJwt::Verbatim(
+            std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?,
+        ),
+        (None, None) => anyhow::bail!("--provisioning-signer or --provisioning-jwt is required"),
+    };
+    let mut cfg = FleetConfig::new(cli.broker.clone(), cli.nodes, cli.token.clone(), jwt);
+    cfg.mode = cli.mode;
+    cfg.protocol = cli.protocol;
+    cfg.issuer_public = cli
+        .issuer_public
+        .as_deref()
+        .map(JwtVerifier::from_hex_or_file)
+        .transpose()
+        .context("invalid --issuer-public")?;
+    cfg.identity_prefix = cli.identity_prefix.clone();
+    cfg.domain = cli.domain.clone();
+    cfg.version = cli.version.clone();
+    cfg.upgradable = cli.upgradable;
+    cfg.restart_delay = cli.restart_delay;
+    cfg.lock_window = cli.lock_window;
+    cfg.startup_rate = cli.startup_rate;
+    cfg.legacy_lifecycle = cli.legacy_lifecycle;
+    cfg.workers = cli.workers;
+    cfg.rsa_pool_size = cli.rsa_pool;
+    cfg.rsa_keys_pem = cli
+        .rsa_keys
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display())))
+        .transpose()?;
+    cfg.tls = cli.tls;
+    cfg.tls_ca = cli.tls_ca.clone();
+    cfg.nats_user = cli.nats_user.clone().zip(cli.nats_password.clone());
+    cfg.token_auth = !cli.no_token_auth;
+    cfg.faults = Faults {
+        slow: cli.fault_slow,
+        drop: cli.fault_drop,
+        drop_once: cli.fault_drop_once,
+        bad_nonce: cli.fault_bad_nonce,
+        wrong_identity: cli.fault_wrong_identity,
+        bad_csr: cli.fault_bad_csr,
+        fail_action: cli.fault_fail_action.clone(),
+    };
+    Ok(cfg)
+}
+
+fn progress_line(fleet: &Fleet, started: Instant) -> String {
+    let s = fleet.stats();
+    format!(
+        "fleet-sim: {:.0}s {}/{} provisioned, {} configured, {} broken, {} shut down, {} requests, {} replies ({} discovery), {} ignored, {} events",
+        started.elapsed().as_secs_f64(),
+        s.provisioned,
+        s.nodes,
+        s.configured,
+        s.broken,
+        s.shut_down,
+        s.requests,
+        s.replies,
+        s.discovery_replies,
+        s.ignored,
+        s.events
+    )
+}
+
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let cfg = config(&cli)?;
+    let started = Instant::now();
+    let fleet = Fleet::start(cfg).await?;
+    let n = fleet.len();
+    eprintln!(
+        "fleet-sim: {n} nodes up on {} ({:?}, {:?})",
+        cli.broker, cli.mode, cli.protocol
+    );
+    let deadline = cli.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut progress = tokio::time::interval(cli.progress.max(Duration::from_millis(100)));
+    progress.tick().await;
+    let done = loop {
+        if cli.exit_when_done && fleet.provisioned() >= n {
+            break true;
+        }
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break fleet.provisioned() >= n,
+            _ = timeout => {
+                eprintln!("fleet-sim: timed out");
+                break false;
+            }
+            _ = progress.tick() => eprintln!("{}", progress_line(&fleet, started)),
+            _ = fleet.changed() => {},
+        }
+    };
+    eprintln!("{}", progress_line(&fleet, started));
+    if let Some(path) = &cli.report {
+        let report = fleet.report();
+        let text = serde_json::to_vec_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let provisioned = fleet.provisioned();
+    fleet.shutdown().await;
+    eprintln!("fleet-sim: {provisioned}/{n} nodes provisioned");
+    Ok(done && (provisioned >= n || !cli.exit_when_done))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fleet-sim: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("fleet-sim: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! What a simulated fleet is made of: its size and names, the protocol it speaks, what it
+//! counts as provisioned, and which nodes misbehave (faults chosen deterministically per node).
+
+use std::time::Duration;
+
+use choria_rpc_client::protocol::ProtocolVersion;
+
+/// What the fleet expects to receive before it counts a node as provisioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Any configuration that leaves provisioning mode.
+    Plain,
+    /// A certificate, CA and SSL directory whose certificate matches the node's key.
+    Pki,
+    /// A server JWT for this identity carrying the key made by `gen25519`.
+    Ed25519,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "plain" => Ok(Mode::Plain),
+            "pki" => Ok(Mode::Pki),
+            "ed25519" => Ok(Mode::Ed25519),
+            _ => Err(format!(
+                "unknown mode {s:?}, expected plain, pki or ed25519"
+            )),
+        }
+    }
+}
+
+/// A kind of misbehaviour, each selecting its nodes independently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// Every reply is delayed.
+    Slow,
+    /// No RPC reply at all (discovery is still answered, so the node is found).
+    Drop,
+    /// The first reply to each `choria_provision` action is dropped; retries work.
+    DropOnce,
+    /// `gen25519` signs something other than the nonce.
+    BadNonce,
+    /// RPC replies name another sender.
+    WrongIdentity,
+    /// `gencsr` produces a CSR for another common name.
+    BadCsr,
+    /// A given `choria_provision` action aborts.
+    FailAction,
+}
+
+impl FaultKind {
+    fn salt(self) -> &'static str {
+        match self {
+            FaultKind::Slow => "slow",
+            FaultKind::Drop => "drop",
+            FaultKind::DropOnce => "drop-once",
+            FaultKind::BadNonce => "bad-nonce",
+            FaultKind::WrongIdentity => "wrong-identity",
+            FaultKind::BadCsr => "bad-csr",
+            FaultKind::FailAction => "fail-action",
+        }
+    }
+}
+
+/// The bucket (0..1000) of a node for a fault kind: FNV-1a of `<kind>:<identity>`. A node is
+/// affected by a fault with share `s` when its bucket is below `s * 1000`, so tests can predict
+/// exactly which nodes misbehave.
+pub fn fault_bucket(kind: FaultKind, identity: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in kind
+        .salt()
+        .bytes()
+        .chain(std::iter::once(b':'))
+        .chain(identity.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    u32::try_from(h % 1000).unwrap_or(0)
+}
+
+/// Whether `identity` is affected by a fault of `kind` given to `share` of the fleet.
+pub fn is_affected(kind: FaultKind, identity: &str, share: f64) -> bool {
+    let threshold = (share.clamp(0.0, 1.0) * 1000.0).round();
+    f64::from(fault_bucket(kind, identity)) < threshold
+}
+
+/// Fault switches; every share is a fraction of the fleet between 0 and 1.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Share of nodes whose replies are delayed, and by how much.
+    pub slow: Option<(f64, Duration)>,
+    /// Share of nodes that never answer RPCs.
+    pub drop: f64,
+    /// Share of nodes that drop the first reply to each provisioning action.
+    pub drop_once: f64,
+    /// Share of nodes with a wrong `gen25519` nonce signature.
+    pub bad_nonce: f64,
+    /// Share of nodes replying under another identity.
+    pub wrong_identity: f64,
+    /// Share of nodes making CSRs for the wrong common name.
+    pub bad_csr: f64,
+    /// Actions that abort on a share of nodes.
+    pub fail_action: Vec<(String, f64)>,
+}
+
+impl Faults {
+    /// Parse `SHARE:DURATION` for `--fault-slow`.
+    pub fn parse_slow(s: &str) -> Result<(f64, Duration), String> {
+        let (share, dur) = s
+            .split_once(':')
+            .ok_or_else(|| format!("expected SHARE:DURATION, got {s:?}"))?;
+        Ok((parse_share(share)?, parse_duration(dur)?))
+    }
+
+    /// Parse `ACTION:SHARE` for `--fault-fail-action`.
+    pub fn parse_fail_action(s: &str) -> Result<(String, f64), String> {
+        let (action, share) = s
+            .split_once(':')
+            .ok_or_else(|| format!("expected ACTION:SHARE, got {s:?}"))?;
+        Ok((action.to_string(), parse_share(share)?))
+    }
+
+    /// The delay to apply to a node's replies, if it is slow.
+    pub fn slow_for(&self, identity: &str) -> Option<Duration> {
+        self.slow
+            .filter(|(share, _)| is_affected(FaultKind::Slow, identity, *share))
+            .map(|(_, d)| d)
+    }
+
+    /// Whether `action` should abort on this node.
+    pub fn fails(&self, identity: &str, action: &str) -> bool {
+        self.fail_action
+            .iter()
+            .any(|(a, share)| a == action && is_affected(FaultKind::FailAction, identity, *share))
+    }
+}
+
+/// A share: a number between 0 and 1.
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid share {s:?}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("share {s:?} is not between 0 and 1"))
+    }
+}
+
+/// A duration such as `250ms`, `2s`, `1m`, `1h` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
+}
+
+/// Where the provisioning JWT served by `jwt` comes from.
+#[derive(Clone)]
+pub enum ProvisioningJwt {
+    /// Sign one at start with this key (claims per the tokens library's provisioning token).
+    Sign(crate::crypto::JwtSigner),
+    /// Serve this token verbatim (e.g. made by `choria jwt prov`).
+    Verbatim(String),
+}
+
+/// Everything needed to start a fleet.
+#[derive(Clone)]
+pub struct FleetConfig {
+    /// NATS URL(s), comma separated; also the JWT's `chu`.
+    pub broker: String,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// What counts as provisioned.
+    pub mode: Mode,
+    /// Protocol the nodes speak; requests in the other version are dropped.
+    pub protocol: ProtocolVersion,
+    /// The provisioning token (`cht`).
+    pub token: String,
+    /// The provisioning JWT source.
+    pub provisioning_jwt: ProvisioningJwt,
+    /// Verify received server JWTs against this issuer (or direct signer) key.
+    pub issuer_public: Option<crate::crypto::JwtVerifier>,
+    /// Identities are `<prefix>-<n>.<domain>` with `n` zero-padded to the width of `nodes`.
+    pub identity_prefix: String,
+    /// Domain part of generated identities.
+    pub domain: String,
+    /// Explicit identities instead of generated ones (its length then sets the fleet size).
+    pub identities: Option<Vec<String>>,
+    /// Reported server version.
+    pub version: String,
+    /// Whether `release_update` is allowed (`update` claim, `upgradable` in inventory).
+    pub upgradable: bool,
+    /// Where the simulated servers' configuration file lives (reply texts only).
+    pub config_file: String,
+    /// How long `restart`, `shutdown` and `release_update` wait before acting.
+    pub restart_delay: Duration,
+    /// How long a provisioning lock lasts (go-choria: 2 minutes).
+    pub lock_window: Duration,
+    /// Startup lifecycle events per second when the fleet comes up (0: none).
+    pub startup_rate: u32,
+    /// Publish lifecycle events in the Choria format instead of CloudEvents.
+    pub legacy_lifecycle: bool,
+    /// Concurrent reply tasks.
+    pub workers: usize,
+    /// Pre-generated RSA keys for `gencsr` (PEM text); generated at start when `None`.
+    pub rsa_keys_pem: Option<String>,
+    /// How many RSA keys to generate when none are given.
+    pub rsa_pool_size: usize,
+    /// Connect with TLS without verifying the broker, as provisioning-mode servers do.
+    pub tls: bool,
+    /// CA file to verify the broker with instead.
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// NATS user and password (`chusr`/`chpwd`).
+    pub nats_user: Option<(String, String)>,
+    /// Send the provisioning JWT as the NATS auth token, as real servers do.
+    pub token_auth: bool,
+    /// Misbehaviour.
+    pub faults: Faults,
+}
+
+impl FleetConfig {
+    /// A configuration with go-choria-like defaults for `nodes` nodes on `broker`.
+    pub fn new(
+        broker: impl Into<String>,
+        nodes: usize,
+        token: impl Into<String>,
+        provisioning_jwt: ProvisioningJwt,
+    ) -> Self {
+        FleetConfig {
+            broker: broker.into(),
+            nodes,
+            mode: Mode::Plain,
+            protocol: ProtocolVersion::V1,
+            token: token.into(),
+            provisioning_jwt,
+            issuer_public: None,
+            identity_prefix: "sim".into(),
+            domain: "fleet.example.net".into(),
+            identities: None,
+            version: "0.30.0".into(),
+            upgradable: false,
+            config_file: "/etc/choria/server.conf".into(),
+            restart_delay: Duration::from_secs(2),
+            lock_window: Duration::from_secs(120),
+            startup_rate: 2000,
+            legacy_lifecycle: false,
+            workers: 64,
+            rsa_keys_pem: None,
+            rsa_pool_size: 4,
+            tls: false,
+            tls_ca: None,
+            nats_user: None,
+            token_auth: true,
+            faults: Faults::default(),
+        }
+    }
+
+    /// The identities of the fleet, in order.
+    pub fn identity_list(&self) -> Vec<String> {
+        if let Some(ids) = &self.identities {
+            return ids.clone();
+        }
+        let width = self.nodes.max(1).to_string().len();
+        (1..=self.nodes)
+            .map(|i| format!("{}-{i:0width$}.{}", self.identity_prefix, self.domain))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_selection_is_stable_and_close_to_the_share() {
+        let ids: Vec<String> = (0..10_000).map(|i| format!("n{i}")).collect();
+        let hit = ids
+            .iter()
+            .filter(|i| is_affected(FaultKind::Drop, i, 0.1))
+            .count();
+        assert!((800..1200).contains(&hit), "{hit}");
+        assert_eq!(
+            fault_bucket(FaultKind::Drop, "n1"),
+            fault_bucket(FaultKind::Drop, "n1")
+        );
+        assert!(!ids.iter().any(|i| is_affected(FaultKind::Drop, i, 0.0)));
+        assert!(ids.iter().all(|i| is_affected(FaultKind::Drop, i, 1.0)));
+    }
+
+    #[test]
+    fn durations_and_shares_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_share("1.5").is_err());
+        assert_eq!(
+            Faults::parse_fail_action("configure:0.5").unwrap(),
+            ("configure".to_string(), 0.5)
+        );
+    }
+
+    #[test]
+    fn generated_identities_are_padded_to_the_fleet_size() {
+        let mut c = FleetConfig::new("nats://x", 12, "t", ProvisioningJwt::Verbatim("j".into()));
+        c.identity_prefix = "n".into();
+        c.domain = "d".into();
+        let ids = c.identity_list();
+        assert_eq!(ids[0], "n-01.d");
+        assert_eq!(ids[11], "n-12.d");
+    }
+}
