@@ -1,0 +1,177 @@
+//! The host table, the bounded queue and the worker pool.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use provision_core::helper_protocol::HelperReply;
+use provision_core::rpc::{Action, RpcErrorKind};
+use provision_core::{AddResult, Fleet, Source};
+use tokio_util::sync::CancellationToken;
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..20_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn add_deduplicates_within_one_interval_and_counts_sources() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(config("interval: 1m\n"), &node, &FakeHelper::replying(good_reply()), &obs));
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Known);
+    assert_eq!(fleet.add("b", Source::Event), AddResult::Queued);
+    assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 1);
+    assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 1);
+    // Still waiting after a whole interval: the entry is replaced, the old one goes stale.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.known(), 2);
+    assert_eq!(fleet.queued(), 3);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("two nodes provisioned", || obs.0.provisioned.load(Ordering::SeqCst) == 2).await;
+    // The stale entry for "a" was skipped: two nodes, two configures.
+    assert_eq!(node.count(Action::Configure), 2);
+    assert_eq!(fleet.queued(), 0);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_drops_new_nodes() {
+    let node = FakeNode::new();
+    let fleet = Fleet::with_capacity(
+        provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &CountingObserver::default()),
+        2,
+    );
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("b", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("c", Source::Discovery), AddResult::QueueFull);
+    assert!(!fleet.is_known("c"));
+    // Room made by removing a node is found again.
+    fleet.remove("a");
+    assert_eq!(fleet.add("c", Source::Discovery), AddResult::Queued);
+}
+
+#[tokio::test(start_paused = true)]
+async fn clear_forgets_everything() {
+    let node = FakeNode::new();
+    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &CountingObserver::default()));
+    for n in ["a", "b", "c"] {
+        fleet.add(n, Source::Discovery);
+    }
+    fleet.clear();
+    assert_eq!((fleet.known(), fleet.queued()), (0, 0));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(node.calls().is_empty());
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn workers_provision_every_node_and_hold_it_for_a_minute() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &obs));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(4, stop.clone()));
+    for i in 0..50 {
+        fleet.add(&format!("n{i}"), Source::Discovery);
+    }
+    wait_for("fifty nodes", || obs.0.provisioned.load(Ordering::SeqCst) == 50).await;
+    assert_eq!(node.count(Action::Configure), 50);
+    assert!(obs.0.max_busy.load(Ordering::SeqCst) <= 4);
+    assert_eq!(fleet.add("n1", Source::Event), AddResult::Known, "held after success");
+    tokio::time::sleep(Duration::from_secs(66)).await;
+    assert_eq!(fleet.known(), 0, "holds expire");
+    assert_eq!(fleet.add("n1", Source::Event), AddResult::Queued);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_node_is_forgotten_at_once() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::failing(), &obs));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    fleet.add("a", Source::Discovery);
+    wait_for("the error", || obs.0.provision_errors.load(Ordering::SeqCst) == 1).await;
+    wait_for("removal", || !fleet.is_known("a")).await;
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() {
+    let node = FakeNode::new();
+    node.fail(Action::Configure, RpcErrorKind::from_status(1, "Could not obtain provisioning lock"), 1);
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &obs));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    fleet.add("a", Source::Discovery);
+    wait_for("lock", || obs.0.lock_held.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), 0);
+    assert_eq!(node.count(Action::Configure), 1);
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Known);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    wait_for("provisioned", || obs.0.provisioned.load(Ordering::SeqCst) == 1).await;
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn upgraded_node_is_provisioned_again_when_it_comes_back() {
+    let node = FakeNode::new();
+    node.state.lock().unwrap().upgrade_to_version = true;
+    let obs = CountingObserver::default();
+    let helper = FakeHelper::replying(HelperReply { upgrade: "0.30.0".into(), ..good_reply() });
+    let cfg = config("upgrades_repository: https://repo.example.net\nfeatures: {upgrades: true}\n");
+    let fleet = Fleet::new(provisioner(cfg, &node, &helper, &obs));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    fleet.add("a", Source::Discovery);
+    wait_for("upgrade", || node.count(Action::ReleaseUpdate) == 1).await;
+    wait_for("removal", || !fleet.is_known("a")).await;
+    assert!(node.configured().is_none());
+    // The restarted node announces itself again.
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
+    wait_for("configure", || node.configured().is_some()).await;
+    assert_eq!(node.count(Action::ReleaseUpdate), 1);
+    assert_eq!(helper.runs(), 2);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_workers_mid_cycle() {
+    let node = FakeNode::new();
+    node.fail(Action::Inventory, RpcErrorKind::Timeout, 1000);
+    let fleet = Fleet::new(
+        provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &CountingObserver::default())
+            .with_backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(3600)])),
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(3, stop.clone()));
+    fleet.add("a", Source::Discovery);
+    wait_for("first try", || node.count(Action::Inventory) == 1).await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), run).await.unwrap().unwrap();
+}
