@@ -24,6 +24,9 @@ pub const PROVISIONER_USER: &str = "provisioner";
 /// The identity (and certificate CN) of the provisioner's client.
 pub const PROVISIONER_IDENTITY: &str = "provisioner.mcollective";
 
+/// The caller id of the provisioner's client JWT in the ed25519 mode.
+pub const PROVISIONER_ED25519_ID: &str = "provisioner_signer";
+
 /// How the environment provisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -31,7 +34,7 @@ pub enum Mode {
     Plain,
     /// As `Plain`, and the provisioner config turns on CSRs (`features.pki`).
     Pki,
-    /// Issuer-based protocol v2 (not built yet).
+    /// Issuer-based protocol v2: ed25519 keys and JWTs, `features.ed25519`.
     Ed25519,
 }
 
@@ -229,11 +232,45 @@ fn wait_for_port(port: u16, within: Duration) -> Result<()> {
     bail!("the broker did not listen on 127.0.0.1:{port} within {within:?}")
 }
 
+/// Make an ed25519 key pair with the real CLI: `<name>.seed` and `<name>.pub` (hex) in `pki`;
+/// returns the public key in hex.
+fn ed25519_keys(choria: &Path, pki: &Path, name: &str) -> Result<String> {
+    let seed = pki.join(format!("{name}.seed"));
+    let public = pki.join(format!("{name}.pub"));
+    let out = Command::new(choria)
+        .args(["jwt", "keys"])
+        .arg(&seed)
+        .arg(&public)
+        .output()
+        .context("running choria jwt keys")?;
+    if !out.status.success() {
+        bail!(
+            "choria jwt keys {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(std::fs::read_to_string(&public)?.trim().to_string())
+}
+
+/// Run a choria CLI command quietly, failing with its output.
+fn choria_cli(choria: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new(choria)
+        .args(args)
+        .output()
+        .context("running choria")?;
+    if !out.status.success() {
+        bail!(
+            "choria {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// Generate every file and start the broker and the servers.
 pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
-    if opts.mode == Mode::Ed25519 {
-        bail!("peers env: the ed25519 mode is not built yet");
-    }
     std::fs::create_dir_all(&opts.dir)?;
     let dir = opts
         .dir
@@ -245,11 +282,12 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
             dir.display()
         );
     }
-    let d = |rel: &str| dir.join(rel).display().to_string();
+    let ed25519 = opts.mode == Mode::Ed25519;
+    let p = |rel: &str| dir.join(rel).display().to_string();
     let pki = dir.join("pki");
     std::fs::create_dir_all(&pki)?;
 
-    // The CA, the broker's and the provisioner's certificates, the provisioning JWT signer.
+    // The CA, the broker's TLS certificate and the provisioner's client certificate.
     openssl(
         &pki,
         &[
@@ -280,35 +318,135 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
         PROVISIONER_IDENTITY,
         &format!("DNS:{PROVISIONER_IDENTITY}"),
     )?;
-    openssl(&pki, &["genrsa", "-out", "prov-signer-key.pem", "2048"])?;
-    openssl(
-        &pki,
-        &[
-            "rsa",
-            "-in",
-            "prov-signer-key.pem",
-            "-pubout",
-            "-out",
-            "prov-signer.pem",
-        ],
-    )?;
 
     let port = free_port()?;
     let url = format!("nats://127.0.0.1:{port}");
-
-    // The provisioning JWT: insecure (chs false), not provisioning by default (chpd false), since
-    // each server's own config file switches provisioning on and keeps its identity.
     let jwt = dir.join("provisioning.jwt");
-    run(Command::new(choria)
-        .args(["jwt", "prov"])
-        .arg(&jwt)
-        .arg(pki.join("prov-signer-key.pem"))
-        .args(["--token", TOKEN, "--urls", &url]))?;
+    let jwt_s = jwt.display().to_string();
+
+    // Trust material. x509: an RSA key signs the provisioning JWT and the broker checks it with
+    // the public key. ed25519: an organization issuer signs the broker's and the provisioner's
+    // JWTs and the provisioning JWT (protocol v2).
+    let mut issuer = String::new();
+    if ed25519 {
+        issuer = ed25519_keys(choria, &pki, "issuer")?;
+        let broker_pub = ed25519_keys(choria, &pki, "broker")?;
+        let prov_pub = ed25519_keys(choria, &pki, "provisioner")?;
+        let admin_pub = ed25519_keys(choria, &pki, "admin")?;
+        choria_cli(
+            choria,
+            &[
+                "jwt",
+                "server",
+                &p("pki/broker.jwt"),
+                "broker.example.net",
+                &broker_pub,
+                &p("pki/issuer.seed"),
+                "--collectives",
+                "choria",
+            ],
+        )?;
+        choria_cli(
+            choria,
+            &[
+                "jwt",
+                "client",
+                &p("pki/provisioner.jwt"),
+                PROVISIONER_ED25519_ID,
+                &p("pki/issuer.seed"),
+                "--public-key",
+                &prov_pub,
+                "--server-provisioner",
+                "--issuer",
+                "--validity",
+                "8760h",
+            ],
+        )?;
+        choria_cli(
+            choria,
+            &[
+                "jwt",
+                "client",
+                &p("pki/admin.jwt"),
+                "admin",
+                &p("pki/issuer.seed"),
+                "--public-key",
+                &admin_pub,
+                "--agents",
+                "*",
+                "--validity",
+                "24h",
+            ],
+        )?;
+        choria_cli(
+            choria,
+            &[
+                "jwt",
+                "prov",
+                &jwt_s,
+                &p("pki/issuer.seed"),
+                "--token",
+                TOKEN,
+                "--urls",
+                &url,
+                "--protocol-v2",
+            ],
+        )?;
+    } else {
+        openssl(&pki, &["genrsa", "-out", "prov-signer-key.pem", "2048"])?;
+        openssl(
+            &pki,
+            &[
+                "rsa",
+                "-in",
+                "prov-signer-key.pem",
+                "-pubout",
+                "-out",
+                "prov-signer.pem",
+            ],
+        )?;
+        // Insecure (chs false), not provisioning by default (chpd false): each server's own
+        // config file switches provisioning on and keeps its identity.
+        choria_cli(
+            choria,
+            &[
+                "jwt",
+                "prov",
+                &jwt_s,
+                &p("pki/prov-signer-key.pem"),
+                "--token",
+                TOKEN,
+                "--urls",
+                &url,
+            ],
+        )?;
+    }
 
     // The broker.
     let broker_dir = dir.join("broker");
     std::fs::create_dir_all(broker_dir.join("streams"))?;
     let broker_conf = broker_dir.join("broker.conf");
+    let security = if ed25519 {
+        format!(
+            "plugin.security.provider = choria\n\
+             plugin.security.choria.certificate = {pki}/broker-cert.pem\n\
+             plugin.security.choria.key = {pki}/broker-key.pem\n\
+             plugin.security.choria.token_file = {pki}/broker.jwt\n\
+             plugin.security.choria.seed_file = {pki}/broker.seed\n\
+             plugin.security.issuer.names = choria\n\
+             plugin.security.issuer.choria.public = {issuer}\n",
+            pki = pki.display(),
+        )
+    } else {
+        format!(
+            "plugin.security.provider = file\n\
+             plugin.security.file.certificate = {pki}/broker-cert.pem\n\
+             plugin.security.file.key = {pki}/broker-key.pem\n\
+             plugin.security.file.ca = {pki}/ca.pem\n\
+             plugin.choria.network.provisioning.signer_cert = {pki}/prov-signer.pem\n",
+            pki = pki.display(),
+        )
+    };
     write(
         &broker_conf,
         &format!(
@@ -318,19 +456,14 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
              plugin.choria.network.listen_address = 127.0.0.1\n\
              plugin.choria.network.client_port = {port}\n\
              plugin.choria.use_srv = false\n\
-             plugin.security.provider = file\n\
-             plugin.security.file.certificate = {pki}/broker-cert.pem\n\
-             plugin.security.file.key = {pki}/broker-key.pem\n\
-             plugin.security.file.ca = {pki}/ca.pem\n\
+             {security}\
              plugin.choria.network.provisioning.client_password = {TOKEN}\n\
-             plugin.choria.network.provisioning.signer_cert = {pki}/prov-signer.pem\n\
              plugin.choria.network.stream.store = {streams}\n\
              plugin.choria.network.stream.event_replicas = 1\n\
              plugin.choria.network.stream.machine_replicas = 1\n\
              plugin.choria.network.stream.advisory_replicas = 1\n\
              plugin.choria.network.stream.leader_election_replicas = 1\n\
              plugin.choria.network.stream.executor_replicas = 1\n",
-            pki = pki.display(),
             streams = broker_dir.join("streams").display(),
         ),
     )?;
@@ -347,7 +480,8 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
 
     // The servers: each has a config file that keeps its identity and switches provisioning on,
     // with the file security provider pointing at an existing (CA-signed) certificate, since the
-    // provider is validated before provisioning starts.
+    // provider is validated before provisioning starts (in every mode: a v2 server switches to
+    // the choria provider with the provisioning JWT itself).
     let mut identities = Vec::new();
     for n in 1..=opts.servers {
         let identity = format!("node{n}.example.net");
@@ -395,32 +529,91 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
         identities.push(identity);
     }
 
-    // The provisioner side: a client config, a helper and a Go provisioner config.
+    // The provisioner side: client configs (provisioning account, and the collective provisioned
+    // servers join), a helper and a Go provisioner config.
     let pdir = dir.join("provisioner");
     std::fs::create_dir_all(&pdir)?;
+    let client_security = |cert: &str| {
+        if ed25519 {
+            format!(
+                "plugin.security.provider = choria\n\
+                 plugin.security.choria.token_file = {pki}/{cert}.jwt\n\
+                 plugin.security.choria.seed_file = {pki}/{cert}.seed\n\
+                 plugin.security.choria.ca = {pki}/ca.pem\n\
+                 plugin.security.issuer.names = choria\n\
+                 plugin.security.issuer.choria.public = {issuer}\n",
+                pki = pki.display(),
+            )
+        } else {
+            format!(
+                "plugin.security.provider = file\n\
+                 plugin.security.file.certificate = {pki}/provisioner-cert.pem\n\
+                 plugin.security.file.key = {pki}/provisioner-key.pem\n\
+                 plugin.security.file.ca = {pki}/ca.pem\n",
+                pki = pki.display(),
+            )
+        }
+    };
+    let client_identity = if ed25519 {
+        PROVISIONER_ED25519_ID
+    } else {
+        PROVISIONER_IDENTITY
+    };
     let client_conf = pdir.join("client.conf");
     write(
         &client_conf,
         &format!(
-            "identity = {PROVISIONER_IDENTITY}\n\
+            "identity = {client_identity}\n\
              collectives = provisioning\n\
              main_collective = provisioning\n\
              loglevel = warn\n\
              plugin.choria.middleware_hosts = {url}\n\
              plugin.choria.use_srv = false\n\
-             plugin.security.provider = file\n\
-             plugin.security.file.certificate = {pki}/provisioner-cert.pem\n\
-             plugin.security.file.key = {pki}/provisioner-key.pem\n\
-             plugin.security.file.ca = {pki}/ca.pem\n\
+             {security}\
              plugin.nats.user = {PROVISIONER_USER}\n\
              plugin.nats.pass = {TOKEN}\n",
-            pki = pki.display(),
+            security = client_security("provisioner"),
+        ),
+    )?;
+    let (admin_identity, collective) = if ed25519 {
+        ("admin", "choria")
+    } else {
+        (PROVISIONER_IDENTITY, "mcollective")
+    };
+    let admin_conf = pdir.join("admin.conf");
+    write(
+        &admin_conf,
+        &format!(
+            "identity = {admin_identity}\n\
+             collectives = {collective}\n\
+             main_collective = {collective}\n\
+             loglevel = warn\n\
+             plugin.choria.middleware_hosts = {url}\n\
+             plugin.choria.use_srv = false\n\
+             {security}",
+            security = client_security("admin"),
         ),
     )?;
     let helper = pdir.join("helper.py");
-    write(&helper, &helper_script(&dir, &url))?;
+    write(&helper, &helper_script(&dir, &url, &issuer))?;
     run(Command::new("chmod").arg("0755").arg(&helper))?;
     let prov_yaml = pdir.join("provisioner.yaml");
+    let trust = if ed25519 {
+        format!(
+            "jwt_verify_cert: {issuer}\n\
+             jwt_signing_key: {pki}/provisioner.seed\n\
+             jwt_signing_token: {pki}/provisioner.jwt\n\
+             features:\n  jwt: true\n  ed25519: true\n",
+            pki = pki.display(),
+        )
+    } else {
+        format!(
+            "jwt_verify_cert: {pki}/prov-signer.pem\n\
+             features:\n  jwt: true\n  pki: {pki_on}\n",
+            pki = pki.display(),
+            pki_on = opts.mode == Mode::Pki,
+        )
+    };
     write(
         &prov_yaml,
         &format!(
@@ -432,38 +625,51 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
              token: {TOKEN}\n\
              site: test\n\
              broker_provisioning_password: {TOKEN}\n\
-             jwt_verify_cert: {pki}/prov-signer.pem\n\
-             features:\n  jwt: true\n  pki: {pki_on}\n",
+             {trust}",
             log = pdir.join("provisioner.log").display(),
             helper = helper.display(),
-            pki = pki.display(),
-            pki_on = opts.mode == Mode::Pki,
         ),
     )?;
 
-    let facts = vec![
+    let mut facts = vec![
         ("mode", opts.mode.name().to_string()),
         ("dir", dir.display().to_string()),
         ("choria", choria.display().to_string()),
         ("broker_url", url.clone()),
         ("broker_port", port.to_string()),
-        ("tls_ca", d("pki/ca.pem")),
-        ("tls_cert", d("pki/provisioner-cert.pem")),
-        ("tls_key", d("pki/provisioner-key.pem")),
+        ("tls_ca", p("pki/ca.pem")),
+    ];
+    if ed25519 {
+        facts.extend([
+            ("client_jwt", p("pki/provisioner.jwt")),
+            ("client_seed", p("pki/provisioner.seed")),
+            ("issuer_public", issuer.clone()),
+            ("issuer_seed", p("pki/issuer.seed")),
+        ]);
+    } else {
+        facts.extend([
+            ("tls_cert", p("pki/provisioner-cert.pem")),
+            ("tls_key", p("pki/provisioner-key.pem")),
+            ("jwt_verify_cert", p("pki/prov-signer.pem")),
+            ("jwt_signer_key", p("pki/prov-signer-key.pem")),
+        ]);
+    }
+    facts.extend([
+        ("ca_key", p("pki/ca-key.pem")),
+        ("client_identity", client_identity.to_string()),
         ("nats_user", PROVISIONER_USER.to_string()),
         ("nats_password", TOKEN.to_string()),
         ("token", TOKEN.to_string()),
         ("collective", "provisioning".to_string()),
-        ("provisioning_jwt", jwt.display().to_string()),
-        ("jwt_verify_cert", d("pki/prov-signer.pem")),
-        ("jwt_signer_key", d("pki/prov-signer-key.pem")),
-        ("ca_key", d("pki/ca-key.pem")),
+        ("provisioned_collective", collective.to_string()),
+        ("provisioning_jwt", jwt_s.clone()),
         ("client_config", client_conf.display().to_string()),
+        ("admin_config", admin_conf.display().to_string()),
         ("provisioner_config", prov_yaml.display().to_string()),
         ("helper", helper.display().to_string()),
         ("servers", identities.join(",")),
-        ("server_dir", d("servers")),
-    ];
+        ("server_dir", p("servers")),
+    ]);
     let env = Env { identities, facts };
     write(&dir.join("env.conf"), &env.describe())?;
 
@@ -488,7 +694,13 @@ fn wait_for_servers(
     let deadline = Instant::now() + within;
     let mut missing: Vec<&String> = identities.iter().collect();
     while Instant::now() < deadline {
-        let out = Command::new(choria)
+        let mut cmd = Command::new(choria);
+        // A client with the choria security provider takes its identity from USER and refuses
+        // to start without it.
+        if std::env::var_os("USER").is_none_or(|u| u.is_empty()) {
+            cmd.env("USER", "root");
+        }
+        let out = cmd
             .args(["ping", "--config"])
             .arg(client_conf)
             .args([
@@ -512,10 +724,12 @@ fn wait_for_servers(
     bail!("servers not answering in the provisioning collective: {missing:?}")
 }
 
-/// The sample helper: configures each server for the `mcollective` collective with the file
-/// provider. With a CSR (pki) it signs it with the test CA and points the server at the files
-/// `configure` writes; otherwise at the certificate the environment made for the node.
-fn helper_script(dir: &Path, url: &str) -> String {
+/// The sample helper. With an ed25519 public key (ed25519 mode) it configures the `choria`
+/// provider with the server JWT and seed the provisioner and `gen25519` leave in the reported
+/// directory. Otherwise it configures the `file` provider (collective `mcollective`): with a CSR
+/// (pki) it signs it with the test CA and points the server at the files `configure` writes, else
+/// at the certificate the environment made for the node.
+fn helper_script(dir: &Path, url: &str, issuer: &str) -> String {
     let dir = dir.display();
     format!(
         r#"#!/usr/bin/env python3
@@ -523,6 +737,7 @@ fn helper_script(dir: &Path, url: &str) -> String {
 import json, os, subprocess, sys, tempfile
 
 DIR = "{dir}"
+ISSUER = "{issuer}"
 node = json.load(sys.stdin)
 identity = node["identity"]
 reply = {{"defer": False, "msg": "configured by the test helper", "certificate": "", "ca": "",
@@ -536,7 +751,14 @@ conf = {{
     "loglevel": "info",
 }}
 csr = node.get("csr")
-if csr:
+ed = node.get("ed25519_pubkey")
+if ed:
+    conf["plugin.security.provider"] = "choria"
+    conf["plugin.security.choria.token_file"] = ed["directory"] + "/server.jwt"
+    conf["plugin.security.choria.seed_file"] = ed["directory"] + "/server.seed"
+    conf["plugin.security.issuer.names"] = "choria"
+    conf["plugin.security.issuer.choria.public"] = ISSUER
+elif csr:
     ssldir = csr["ssldir"]
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "req.csr"), "w") as f:
