@@ -103,7 +103,10 @@ impl std::fmt::Display for ConfigWarning {
         match self {
             ConfigWarning::UnknownKey(k) => write!(f, "unknown configuration key {k:?} is ignored"),
             ConfigWarning::NoEffect(k) => {
-                write!(f, "configuration key {k:?} is accepted for compatibility but has no effect")
+                write!(
+                    f,
+                    "configuration key {k:?} is accepted for compatibility but has no effect"
+                )
             }
         }
     }
@@ -124,7 +127,9 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The YAML could not be parsed or has a value of the wrong type.
-    #[error("configuration file {path} could not be parsed at line {line} column {column}: {message}")]
+    #[error(
+        "configuration file {path} could not be parsed at line {line} column {column}: {message}"
+    )]
     Syntax {
         /// The file.
         path: PathBuf,
@@ -361,13 +366,15 @@ impl Config {
             n => n as usize,
         };
         let cert_deny_list = if raw.cert_deny_list.is_empty() {
-            DEFAULT_CERT_DENY_LIST.iter().map(|s| s.to_string()).collect()
+            DEFAULT_CERT_DENY_LIST
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
         } else {
             raw.cert_deny_list
         };
-        let deny_list = DenyList::new(&cert_deny_list).map_err(|(pattern, reason)| {
-            ConfigError::DenyPattern { pattern, reason }
-        })?;
+        let deny_list = DenyList::new(&cert_deny_list)
+            .map_err(|(pattern, reason)| ConfigError::DenyPattern { pattern, reason })?;
         let mut features = Features {
             pki: raw.features.pki,
             jwt: raw.features.jwt,
@@ -615,7 +622,9 @@ mod tests {
     fn empty_file_and_null_values_take_defaults() {
         let c = load("").unwrap().config;
         assert_eq!(c.interval, Duration::from_secs(60));
-        let c = load("workers:\nlifecycle_component:\ncert_deny_list:\n").unwrap().config;
+        let c = load("workers:\nlifecycle_component:\ncert_deny_list:\n")
+            .unwrap()
+            .config;
         assert_eq!(c.lifecycle_component, DEFAULT_LIFECYCLE_COMPONENT);
         assert!(c.workers >= 1);
         assert_eq!(c.cert_deny_list.len(), 4);
@@ -678,13 +687,25 @@ features:
             ("interval: 30s", "interval \"30s\" is too small"),
             ("interval: 59s", "too small"),
             ("interval: ''", "too small"),
-            ("lifecycle_component: a.b", "invalid lifecycle component \"a.b\""),
+            (
+                "lifecycle_component: a.b",
+                "invalid lifecycle component \"a.b\"",
+            ),
             ("lifecycle_component: a>", "invalid lifecycle component"),
             ("lifecycle_component: '*'", "invalid lifecycle component"),
-            ("features: {pki: true, ed25519: true}", "only enable one of the pki or ed25519"),
-            ("interval: 10x", "invalid interval duration \"10x\": invalid time unit x"),
+            (
+                "features: {pki: true, ed25519: true}",
+                "only enable one of the pki or ed25519",
+            ),
+            (
+                "interval: 10x",
+                "invalid interval duration \"10x\": invalid time unit x",
+            ),
             ("interval: '60'", "invalid time unit 0"),
-            ("server_jwt_validity: 1q", "invalid server_jwt_validity duration"),
+            (
+                "server_jwt_validity: 1q",
+                "invalid server_jwt_validity duration",
+            ),
             ("server_jwt_validity: abcd", "invalid number"),
             ("cert_deny_list: ['(']", "invalid cert_deny_list pattern"),
             ("workers: many", "could not be parsed at line 1 column 10"),

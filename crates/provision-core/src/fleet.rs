@@ -126,7 +126,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         if t.queue.len() >= self.capacity {
             // Entries left behind by replaced or removed nodes are dropped before giving up.
             let Table { hosts, queue, .. } = &mut *t;
-            queue.retain(|(id, g)| hosts.get(id).is_some_and(|e| e.generation == *g && e.state == State::Queued));
+            queue.retain(|(id, g)| {
+                hosts
+                    .get(id)
+                    .is_some_and(|e| e.generation == *g && e.state == State::Queued)
+            });
             if t.queue.len() >= self.capacity {
                 warn!(
                     "adding {identity} to the work queue failed with {} / {} entries",
@@ -149,7 +153,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             },
         );
         t.queue.push_back((key, generation));
-        info!("adding {identity} to the work queue with {} entries", t.queue.len());
+        info!(
+            "adding {identity} to the work queue with {} entries",
+            t.queue.len()
+        );
         self.report(&t);
         drop(t);
         let o = self.provisioner.observer();
@@ -222,7 +229,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 }
             }
             None => {
-                if t.hosts.get(identity).is_some_and(|e| e.state == State::Working) {
+                if t.hosts
+                    .get(identity)
+                    .is_some_and(|e| e.state == State::Working)
+                {
                     t.hosts.remove(identity);
                 }
             }
@@ -234,7 +244,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     fn sweep(&self) {
         let now = Instant::now();
         let mut t = self.lock();
-        t.hosts.retain(|_, e| !matches!(e.state, State::Held(until) if until <= now));
+        t.hosts
+            .retain(|_, e| !matches!(e.state, State::Held(until) if until <= now));
         self.report(&t);
     }
 

@@ -74,13 +74,12 @@ impl VerifyingKey {
         }
         if data.starts_with(b"-----BEGIN PUBLIC KEY") {
             let text = std::str::from_utf8(data).map_err(|_| JwtError::Key("not UTF-8".into()))?;
-            let key = RsaPublicKey::from_public_key_pem(text)
-                .or_else(|_| {
-                    // Some tools write PKCS#1 under the generic label.
-                    let p = pem::parse(text).map_err(|e| JwtError::Key(e.to_string()))?;
-                    RsaPublicKey::from_pkcs1_der(p.contents())
-                        .map_err(|e| JwtError::Key(format!("not an RSA public key: {e}")))
-                })?;
+            let key = RsaPublicKey::from_public_key_pem(text).or_else(|_| {
+                // Some tools write PKCS#1 under the generic label.
+                let p = pem::parse(text).map_err(|e| JwtError::Key(e.to_string()))?;
+                RsaPublicKey::from_pkcs1_der(p.contents())
+                    .map_err(|e| JwtError::Key(format!("not an RSA public key: {e}")))
+            })?;
             return Ok(VerifyingKey::Rsa(Box::new(key)));
         }
         Self::from_ed25519_hex(data)
@@ -129,7 +128,8 @@ impl SigningKey {
             return Self::from_ed25519_seed_hex(data);
         }
         Err(JwtError::Key(
-            "unsupported signing key: expected an RSA PEM key or a 64 character hex ed25519 seed".into(),
+            "unsupported signing key: expected an RSA PEM key or a 64 character hex ed25519 seed"
+                .into(),
         ))
     }
 
@@ -139,7 +139,9 @@ impl SigningKey {
         let seed: [u8; 32] = raw
             .try_into()
             .map_err(|_| JwtError::Key("ed25519 seed must be 32 bytes".into()))?;
-        Ok(SigningKey::Ed25519(Box::new(ed25519_dalek::SigningKey::from_bytes(&seed))))
+        Ok(SigningKey::Ed25519(Box::new(
+            ed25519_dalek::SigningKey::from_bytes(&seed),
+        )))
     }
 
     /// The algorithm this key signs with.
@@ -171,7 +173,10 @@ pub fn sign<C: Serialize>(claims: &C, key: &SigningKey) -> Result<String, JwtErr
     out.push_str(&URL_SAFE_NO_PAD.encode(body));
     let sig = match key {
         SigningKey::Rsa(k) => k
-            .sign(Pkcs1v15Sign::new::<Sha256>(), &Sha256::digest(out.as_bytes()))
+            .sign(
+                Pkcs1v15Sign::new::<Sha256>(),
+                &Sha256::digest(out.as_bytes()),
+            )
             .map_err(|e| JwtError::Key(e.to_string()))?,
         SigningKey::Ed25519(k) => k.sign(out.as_bytes()).to_bytes().to_vec(),
     };
@@ -197,10 +202,15 @@ fn b64(part: &str) -> Result<Vec<u8>, JwtError> {
 
 /// Verifies `token` with `key`, checks `exp` and `nbf` against `now` (Unix seconds, no leeway, as
 /// golang-jwt v5) and decodes the claims.
-pub fn verify<C: DeserializeOwned>(token: &str, key: &VerifyingKey, now: i64) -> Result<C, JwtError> {
+pub fn verify<C: DeserializeOwned>(
+    token: &str,
+    key: &VerifyingKey,
+    now: i64,
+) -> Result<C, JwtError> {
     let token = token.trim();
     let mut parts = token.split('.');
-    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(c), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(JwtError::Malformed("expected three sections".into()));
     };
@@ -213,7 +223,8 @@ pub fn verify<C: DeserializeOwned>(token: &str, key: &VerifyingKey, now: i64) ->
         ("RS384", VerifyingKey::Rsa(k)) => rsa_verify::<Sha384>(k, signed, &sig)?,
         ("RS512", VerifyingKey::Rsa(k)) => rsa_verify::<Sha512>(k, signed, &sig)?,
         ("EdDSA", VerifyingKey::Ed25519(k)) => {
-            let sig = ed25519_dalek::Signature::from_slice(&sig).map_err(|_| JwtError::BadSignature)?;
+            let sig =
+                ed25519_dalek::Signature::from_slice(&sig).map_err(|_| JwtError::BadSignature)?;
             k.verify(signed.as_bytes(), &sig)
                 .map_err(|_| JwtError::BadSignature)?;
         }
@@ -253,7 +264,8 @@ pub fn decode_unverified<C: DeserializeOwned>(token: &str) -> Result<C, JwtError
         .split('.')
         .nth(1)
         .ok_or_else(|| JwtError::Malformed("expected three sections".into()))?;
-    serde_json::from_slice(&b64(c)?).map_err(|e| JwtError::Malformed(format!("invalid claims: {e}")))
+    serde_json::from_slice(&b64(c)?)
+        .map_err(|e| JwtError::Malformed(format!("invalid claims: {e}")))
 }
 
 fn rsa_verify<D: Digest + rsa::pkcs8::AssociatedOid>(
@@ -345,8 +357,14 @@ mod tests {
         let t = sign(&serde_json::json!({"a": 1, "exp": 200, "nbf": 100}), &sk).unwrap();
         let v: serde_json::Value = verify(&t, &vk, 150).unwrap();
         assert_eq!(v["a"], 1);
-        assert_eq!(verify::<serde_json::Value>(&t, &vk, 200).unwrap_err(), JwtError::Expired);
-        assert_eq!(verify::<serde_json::Value>(&t, &vk, 99).unwrap_err(), JwtError::NotYetValid);
+        assert_eq!(
+            verify::<serde_json::Value>(&t, &vk, 200).unwrap_err(),
+            JwtError::Expired
+        );
+        assert_eq!(
+            verify::<serde_json::Value>(&t, &vk, 99).unwrap_err(),
+            JwtError::NotYetValid
+        );
     }
 
     #[test]
@@ -371,7 +389,11 @@ mod tests {
         let mut parts = good.split('.');
         let _ = parts.next();
         let rest: Vec<&str> = parts.collect();
-        let t = format!("{}.{}", URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256"}"#), rest.join("."));
+        let t = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256"}"#),
+            rest.join(".")
+        );
         assert!(matches!(
             verify::<serde_json::Value>(&t, &vk, 0).unwrap_err(),
             JwtError::AlgorithmMismatch { .. }
@@ -383,8 +405,16 @@ mod tests {
         let (sk, vk) = ed_key();
         let good = sign(&serde_json::json!({"a": 1}), &sk).unwrap();
         let parts: Vec<&str> = good.split('.').collect();
-        let t = format!("{}.{}.{}", parts[0], URL_SAFE_NO_PAD.encode(r#"{"a":2}"#), parts[2]);
-        assert_eq!(verify::<serde_json::Value>(&t, &vk, 0).unwrap_err(), JwtError::BadSignature);
+        let t = format!(
+            "{}.{}.{}",
+            parts[0],
+            URL_SAFE_NO_PAD.encode(r#"{"a":2}"#),
+            parts[2]
+        );
+        assert_eq!(
+            verify::<serde_json::Value>(&t, &vk, 0).unwrap_err(),
+            JwtError::BadSignature
+        );
     }
 
     #[test]
@@ -393,6 +423,9 @@ mod tests {
         assert_eq!(id.len(), 27);
         assert_eq!(ksuid_time(&id), Some(1_718_000_000));
         // A known KSUID from the reference implementation's documentation.
-        assert_eq!(ksuid_time("0ujtsYcgvSTl8PAuAdqWYSMnLOv"), Some(1_507_608_047));
+        assert_eq!(
+            ksuid_time("0ujtsYcgvSTl8PAuAdqWYSMnLOv"),
+            Some(1_507_608_047)
+        );
     }
 }

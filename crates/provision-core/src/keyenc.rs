@@ -43,7 +43,10 @@ fn decode_hex32(what: &str, text: &str) -> Result<[u8; 32], PolicyError> {
 
 /// `EVP_BytesToKey(AES-256, MD5, salt, password, count 1)`, key part only.
 fn derive_key(password: &[u8], salt: &[u8]) -> [u8; 32] {
-    let d1 = Md5::new().chain_update(password).chain_update(salt).finalize();
+    let d1 = Md5::new()
+        .chain_update(password)
+        .chain_update(salt)
+        .finalize();
     let d2 = Md5::new()
         .chain_update(d1)
         .chain_update(password)
@@ -57,7 +60,10 @@ fn derive_key(password: &[u8], salt: &[u8]) -> [u8; 32] {
 
 /// Encrypts the first PEM block of `key_pem` for the node whose `jwt` reply carried
 /// `server_ecdh_public` (hex), with a fresh X25519 key pair and a fresh IV.
-pub fn encrypt_private_key(key_pem: &str, server_ecdh_public: &str) -> Result<EncryptedKey, PolicyError> {
+pub fn encrypt_private_key(
+    key_pem: &str,
+    server_ecdh_public: &str,
+) -> Result<EncryptedKey, PolicyError> {
     let mut own = [0u8; 32];
     let mut iv = [0u8; 16];
     let mut rng = rand::thread_rng();
@@ -79,7 +85,8 @@ pub fn encrypt_private_key_with(
     }
     if server_ecdh_public.is_empty() {
         return Err(PolicyError::Key(
-            "private key received from helper but server did not start Diffie-Hellman exchange".into(),
+            "private key received from helper but server did not start Diffie-Hellman exchange"
+                .into(),
         ));
     }
     let block = pem::parse(key_pem).map_err(|_| PolicyError::Key("bad key received".into()))?;
@@ -177,10 +184,19 @@ mod tests {
 
     #[test]
     fn ecdh_matches_the_go_vectors() {
-        assert_eq!(hex::encode(ecdh_public(&h32(SERVER_PRIVATE))), SERVER_PUBLIC);
+        assert_eq!(
+            hex::encode(ecdh_public(&h32(SERVER_PRIVATE))),
+            SERVER_PUBLIC
+        );
         assert_eq!(hex::encode(ecdh_public(&h32(PROV_PRIVATE))), PROV_PUBLIC);
-        assert_eq!(hex::encode(ecdh_shared_secret(&h32(SERVER_PRIVATE), &h32(PROV_PUBLIC))), SHARED);
-        assert_eq!(hex::encode(ecdh_shared_secret(&h32(PROV_PRIVATE), &h32(SERVER_PUBLIC))), SHARED);
+        assert_eq!(
+            hex::encode(ecdh_shared_secret(&h32(SERVER_PRIVATE), &h32(PROV_PUBLIC))),
+            SHARED
+        );
+        assert_eq!(
+            hex::encode(ecdh_shared_secret(&h32(PROV_PRIVATE), &h32(SERVER_PUBLIC))),
+            SHARED
+        );
     }
 
     #[test]

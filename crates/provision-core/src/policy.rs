@@ -139,7 +139,9 @@ pub fn validate_provisioning_jwt(
         None => VerifyingKey::from_ed25519_hex(verify_cert.as_bytes())?,
     };
     let mut claims: ProvisioningClaims = jwt::verify(raw, &key, now)?;
-    if claims.standard.purpose != PROVISIONING_PURPOSE && claims.standard.subject != PROVISIONING_PURPOSE {
+    if claims.standard.purpose != PROVISIONING_PURPOSE
+        && claims.standard.subject != PROVISIONING_PURPOSE
+    {
         return Err(PolicyError::NotProvisioning);
     }
     // A token with a trust chain must come from a chain issuer whose own expiry has not passed.
@@ -174,31 +176,41 @@ pub fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyErro
 
 /// Checks a `gen25519` reply: the signature over the nonce's ASCII text must verify with the
 /// returned key. Unlike the Go code a key of the wrong length is an error, not a crash.
-pub fn verify_nonce_signature(nonce: &str, public_key_hex: &str, signature_hex: &str) -> Result<(), PolicyError> {
+pub fn verify_nonce_signature(
+    nonce: &str,
+    public_key_hex: &str,
+    signature_hex: &str,
+) -> Result<(), PolicyError> {
     if public_key_hex.is_empty() {
         return Err(PolicyError::Nonce("no public key received"));
     }
     if signature_hex.is_empty() {
         return Err(PolicyError::Nonce("no signature received"));
     }
-    let pk = hex::decode(public_key_hex).map_err(|_| PolicyError::Nonce("invalid public key received"))?;
+    let pk = hex::decode(public_key_hex)
+        .map_err(|_| PolicyError::Nonce("invalid public key received"))?;
     let sig = hex::decode(signature_hex).map_err(|_| PolicyError::Nonce("invalid signature"))?;
     let pk: [u8; 32] = pk
         .try_into()
         .map_err(|_| PolicyError::Nonce("invalid public key received: wrong length"))?;
     let vk = ed25519_dalek::VerifyingKey::from_bytes(&pk)
         .map_err(|_| PolicyError::Nonce("invalid public key received"))?;
-    let sig = ed25519_dalek::Signature::from_slice(&sig).map_err(|_| PolicyError::Nonce("invalid nonce signature"))?;
+    let sig = ed25519_dalek::Signature::from_slice(&sig)
+        .map_err(|_| PolicyError::Nonce("invalid nonce signature"))?;
     vk.verify_strict(nonce.as_bytes(), &sig)
         .map_err(|_| PolicyError::Nonce("invalid nonce signature"))
 }
 
 const OID_CN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.4.3");
 const OID_SAN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.29.17");
-const OID_SHA1_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.5");
-const OID_SHA256_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
-const OID_SHA384_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
-const OID_SHA512_RSA: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
+const OID_SHA1_RSA: der::asn1::ObjectIdentifier =
+    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.5");
+const OID_SHA256_RSA: der::asn1::ObjectIdentifier =
+    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
+const OID_SHA384_RSA: der::asn1::ObjectIdentifier =
+    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
+const OID_SHA512_RSA: der::asn1::ObjectIdentifier =
+    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
 
 /// The names found in a CSR.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,11 +224,16 @@ pub struct CsrNames {
 /// Validates a node's CSR: it parses, its self-signature verifies with its own RSA key (so the
 /// node holds the key), its common name is `identity`, and neither the common name nor any DNS
 /// name matches `deny`.
-pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<CsrNames, PolicyError> {
+pub fn validate_csr(
+    csr_pem: &str,
+    identity: &str,
+    deny: &DenyList,
+) -> Result<CsrNames, PolicyError> {
     if csr_pem.trim().is_empty() {
         return Err(PolicyError::NoCsr);
     }
-    let req = CertReq::from_pem(csr_pem.trim()).map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    let req =
+        CertReq::from_pem(csr_pem.trim()).map_err(|e| PolicyError::CsrParse(e.to_string()))?;
     verify_csr_signature(&req)?;
     let names = csr_names(&req)?;
     if names.common_name != identity {
@@ -244,7 +261,10 @@ fn verify_csr_signature(req: &CertReq) -> Result<(), PolicyError> {
         .map_err(|e| PolicyError::CsrParse(e.to_string()))?;
     let key = RsaPublicKey::from_public_key_der(&spki)
         .map_err(|e| PolicyError::CsrSignature(format!("unsupported public key: {e}")))?;
-    let info = req.info.to_der().map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    let info = req
+        .info
+        .to_der()
+        .map_err(|e| PolicyError::CsrParse(e.to_string()))?;
     let sig = req
         .signature
         .as_bytes()
@@ -257,9 +277,13 @@ fn verify_csr_signature(req: &CertReq) -> Result<(), PolicyError> {
     } else if oid == OID_SHA512_RSA {
         key.verify(Pkcs1v15Sign::new::<Sha512>(), &Sha512::digest(&info), sig)
     } else if oid == OID_SHA1_RSA {
-        return Err(PolicyError::CsrSignature("SHA-1 signatures are not accepted".into()));
+        return Err(PolicyError::CsrSignature(
+            "SHA-1 signatures are not accepted".into(),
+        ));
     } else {
-        return Err(PolicyError::CsrSignature(format!("unsupported signature algorithm {oid}")));
+        return Err(PolicyError::CsrSignature(format!(
+            "unsupported signature algorithm {oid}"
+        )));
     };
     res.map_err(|e| PolicyError::CsrSignature(e.to_string()))
 }
@@ -285,7 +309,9 @@ fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
                 .map_err(|e| PolicyError::CsrParse(format!("bad extension request: {e}")))?;
             for ext in exts.0.iter().filter(|e| e.extn_id == OID_SAN) {
                 let san = x509_cert::ext::pkix::SubjectAltName::from_der(ext.extn_value.as_bytes())
-                    .map_err(|e| PolicyError::CsrParse(format!("bad subject alternative names: {e}")))?;
+                    .map_err(|e| {
+                        PolicyError::CsrParse(format!("bad subject alternative names: {e}"))
+                    })?;
                 for gn in san.0 {
                     if let x509_cert::ext::pkix::name::GeneralName::DnsName(n) = gn {
                         dns_names.push(n.to_string());
@@ -294,7 +320,10 @@ fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
             }
         }
     }
-    Ok(CsrNames { common_name, dns_names })
+    Ok(CsrNames {
+        common_name,
+        dns_names,
+    })
 }
 
 fn any_string(v: &der::Any) -> Option<String> {
@@ -356,7 +385,9 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
         ));
     }
     if req.default_validity.is_zero() {
-        return Err(PolicyError::ServerJwt("no default validity configured".into()));
+        return Err(PolicyError::ServerJwt(
+            "no default validity configured".into(),
+        ));
     }
     let pk = hex::decode(req.public_key_hex)
         .map_err(|e| PolicyError::ServerJwt(format!("invalid ed25519 public key: {e}")))?;
@@ -396,7 +427,9 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
         validity = default_secs;
     }
     if collectives.is_empty() {
-        return Err(PolicyError::ServerJwt("at least one collective is required".into()));
+        return Err(PolicyError::ServerJwt(
+            "at least one collective is required".into(),
+        ));
     }
 
     let mut claims = ServerClaims {
@@ -450,10 +483,14 @@ fn add_chain_issuer_data(
         return Err(PolicyError::ServerJwt("signing token: id not set".into()));
     }
     if signer.public_key.is_empty() {
-        return Err(PolicyError::ServerJwt("signing token: public key not set".into()));
+        return Err(PolicyError::ServerJwt(
+            "signing token: public key not set".into(),
+        ));
     }
     let Some(signer_exp) = signer.expires_at else {
-        return Err(PolicyError::ServerJwt("signing token: issuer has no expiry".into()));
+        return Err(PolicyError::ServerJwt(
+            "signing token: issuer has no expiry".into(),
+        ));
     };
     claims.issuer = format!("C-{}.{}", signer.id, signer.public_key);
     claims.issuer_expires_at = Some(signer_exp);
@@ -462,7 +499,11 @@ fn add_chain_issuer_data(
     }
     let data = format!("{}.{}", claims.id, signer.trust_chain_signature);
     let sig = key.sign(data.as_bytes());
-    claims.trust_chain_signature = format!("{}.{}", signer.trust_chain_signature, hex::encode(sig.to_bytes()));
+    claims.trust_chain_signature = format!(
+        "{}.{}",
+        signer.trust_chain_signature,
+        hex::encode(sig.to_bytes())
+    );
     Ok(())
 }
 

@@ -13,7 +13,8 @@ use crate::config::{Config, PauseState};
 use crate::keyenc::encrypt_private_key;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
 use crate::rpc::{
-    Action, Clock, ConfigureRequest, Helper, Inventory, NodeRpc, Observer, RpcError, RpcErrorKind, SystemClock,
+    Action, Clock, ConfigureRequest, Helper, Inventory, NodeRpc, Observer, RpcError, RpcErrorKind,
+    SystemClock,
 };
 
 /// Delays between tries of an RPC: go-choria's `FiveSec` policy, each step jittered to between
@@ -27,10 +28,12 @@ pub struct Backoff {
 impl Default for Backoff {
     fn default() -> Self {
         Backoff {
-            steps: [500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000]
-                .into_iter()
-                .map(Duration::from_millis)
-                .collect(),
+            steps: [
+                500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
+            ]
+            .into_iter()
+            .map(Duration::from_millis)
+            .collect(),
             jitter: true,
         }
     }
@@ -39,7 +42,10 @@ impl Default for Backoff {
 impl Backoff {
     /// Fixed delays without jitter (for tests and embedders with their own pacing).
     pub fn fixed(steps: Vec<Duration>) -> Self {
-        Backoff { steps, jitter: false }
+        Backoff {
+            steps,
+            jitter: false,
+        }
     }
 
     /// The delay after the failed try number `try_no` (1-based).
@@ -287,7 +293,9 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             self.observer.rpc_time(label, started.elapsed());
             match res {
                 Ok(v) => return Ok(v),
-                Err(e) if e.kind == RpcErrorKind::LockHeld => return Err(ProvisionErrorKind::LockHeld(action)),
+                Err(e) if e.kind == RpcErrorKind::LockHeld => {
+                    return Err(ProvisionErrorKind::LockHeld(action))
+                }
                 Err(e) => {
                     debug!(identity = %e.identity, action = label, try_no, tries, "rpc failed: {e}");
                     if try_no >= tries {
@@ -333,19 +341,29 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 host.raw_jwt = r.jwt;
                 host.server_ecdh_public = r.ecdh_public;
             } else {
-                debug!(identity = id, "already have the provisioning JWT, not fetching it again");
+                debug!(
+                    identity = id,
+                    "already have the provisioning JWT, not fetching it again"
+                );
             }
             let data = self.verify_cert_data().map_err(ProvisionErrorKind::Jwt)?;
-            let claims =
-                policy::validate_provisioning_jwt(&host.raw_jwt, &cfg.jwt_verify_cert, data.as_deref(), self.clock.now_unix())
-                    .map_err(ProvisionErrorKind::Jwt)?;
+            let claims = policy::validate_provisioning_jwt(
+                &host.raw_jwt,
+                &cfg.jwt_verify_cert,
+                data.as_deref(),
+                self.clock.now_unix(),
+            )
+            .map_err(ProvisionErrorKind::Jwt)?;
             host.claims = Some(claims);
         }
 
         if cfg.features.ed25519 && host.ed25519.is_none() {
             let nonce = uuid::Uuid::new_v4().simple().to_string();
-            let r = self.call(Action::Gen25519, || rpc.gen25519(id, token, &nonce)).await?;
-            policy::verify_nonce_signature(&nonce, &r.public_key, &r.signature).map_err(ProvisionErrorKind::Ed25519)?;
+            let r = self
+                .call(Action::Gen25519, || rpc.gen25519(id, token, &nonce))
+                .await?;
+            policy::verify_nonce_signature(&nonce, &r.public_key, &r.signature)
+                .map_err(ProvisionErrorKind::Ed25519)?;
             host.ed25519 = Some(r);
         }
 
@@ -355,7 +373,9 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
 
         if cfg.features.pki {
-            let csr = self.call(Action::Gencsr, || rpc.gencsr(id, token, id)).await?;
+            let csr = self
+                .call(Action::Gencsr, || rpc.gencsr(id, token, id))
+                .await?;
             policy::validate_csr(&csr.csr, id, &cfg.deny_list).map_err(ProvisionErrorKind::Csr)?;
             host.csr = Some(csr);
         }
@@ -365,7 +385,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             identity: id.to_string(),
             csr: host.csr.clone(),
             ed25519_pubkey: host.ed25519.clone(),
-            inventory: host.inventory.as_ref().map(|i| i.json.clone()).unwrap_or_default(),
+            inventory: host
+                .inventory
+                .as_ref()
+                .map(|i| i.json.clone())
+                .unwrap_or_default(),
             jwt: host.claims.clone(),
         };
         let started = Instant::now();
@@ -384,11 +408,20 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
         if reply.shutdown {
             if reply.msg.is_empty() {
-                warn!(identity = id, "shutting down node based on helper output, no reason given");
+                warn!(
+                    identity = id,
+                    "shutting down node based on helper output, no reason given"
+                );
             } else {
-                warn!(identity = id, "shutting down node based on helper output: {}", reply.msg);
+                warn!(
+                    identity = id,
+                    "shutting down node based on helper output: {}", reply.msg
+                );
             }
-            match self.call(Action::Shutdown, || rpc.shutdown(id, token)).await {
+            match self
+                .call(Action::Shutdown, || rpc.shutdown(id, token))
+                .await
+            {
                 Ok(m) => {
                     self.observer.helper_shutdown();
                     info!(identity = id, "shutdown response: {}", m.message);
@@ -406,7 +439,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let mut server_jwt = String::new();
         if cfg.features.ed25519 {
             self.check_paused("server JWT issuance")?;
-            let pk = host.ed25519.as_ref().map(|e| e.public_key.as_str()).unwrap_or_default();
+            let pk = host
+                .ed25519
+                .as_ref()
+                .map(|e| e.public_key.as_str())
+                .unwrap_or_default();
             let issued = policy::issue_server_jwt(&ServerJwtRequest {
                 identity: id,
                 public_key_hex: pk,
@@ -424,7 +461,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let mut key = String::new();
         let mut ecdh_public = String::new();
         if !reply.key.is_empty() {
-            let enc = encrypt_private_key(&reply.key, &host.server_ecdh_public).map_err(ProvisionErrorKind::KeyEncryption)?;
+            let enc = encrypt_private_key(&reply.key, &host.server_ecdh_public)
+                .map_err(ProvisionErrorKind::KeyEncryption)?;
             key = enc.pem;
             ecdh_public = enc.ecdh_public;
         }
@@ -433,9 +471,14 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             match self.upgrade(host, &reply.upgrade).await {
                 Ok(Some(outcome)) => return Ok(outcome),
                 Ok(None) => {}
-                Err(e @ (ProvisionErrorKind::Paused(_) | ProvisionErrorKind::LockHeld(_))) => return Err(e),
+                Err(e @ (ProvisionErrorKind::Paused(_) | ProvisionErrorKind::LockHeld(_))) => {
+                    return Err(e)
+                }
                 Err(e) if cfg.upgrades_optional => {
-                    warn!(identity = id, "could not upgrade to {}, continuing: {e}", reply.upgrade)
+                    warn!(
+                        identity = id,
+                        "could not upgrade to {}, continuing: {e}", reply.upgrade
+                    )
                 }
                 Err(e) => return Err(e),
             }
@@ -461,16 +504,24 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             opa_policies: reply.opa_policies.take().unwrap_or_default(),
             server_jwt,
         };
-        let m = self.call(Action::Configure, || rpc.configure(id, &request)).await?;
+        let m = self
+            .call(Action::Configure, || rpc.configure(id, &request))
+            .await?;
         info!(identity = id, "configure response: {}", m.message);
-        let m = self.call(Action::Restart, || rpc.restart(id, token, 1)).await?;
+        let m = self
+            .call(Action::Restart, || rpc.restart(id, token, 1))
+            .await?;
         info!(identity = id, "restart response: {}", m.message);
         Ok(Outcome::Provisioned)
     }
 
     /// `Ok(Some(Upgraded))` when an update was applied, `Ok(None)` when the node already runs
     /// the requested version.
-    async fn upgrade(&self, host: &Host, target: &str) -> Result<Option<Outcome>, ProvisionErrorKind> {
+    async fn upgrade(
+        &self,
+        host: &Host,
+        target: &str,
+    ) -> Result<Option<Outcome>, ProvisionErrorKind> {
         let cfg = &*self.config;
         let fail = |reason: &str| ProvisionErrorKind::Upgrade {
             target: target.to_string(),
@@ -495,8 +546,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let repo = cfg.upgrades_repository.as_str();
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
-        self.call(Action::ReleaseUpdate, || rpc.release_update(id, token, repo, target))
-            .await?;
+        self.call(Action::ReleaseUpdate, || {
+            rpc.release_update(id, token, repo, target)
+        })
+        .await?;
         Ok(Some(Outcome::Upgraded {
             from: version.to_string(),
             to: target.to_string(),
@@ -506,7 +559,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
 
 /// Whether `current` and `target` are different RPM versions (so an upgrade is due).
 fn versions_differ(current: &str, target: &str) -> bool {
-    match (current.parse::<rpm_evr::Version>(), target.parse::<rpm_evr::Version>()) {
+    match (
+        current.parse::<rpm_evr::Version>(),
+        target.parse::<rpm_evr::Version>(),
+    ) {
         (Ok(a), Ok(b)) => a.cmp(&b) != std::cmp::Ordering::Equal,
         _ => current.trim() != target.trim(),
     }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use helper_protocol::{CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, HelperRunner};
+use helper_protocol::{
+    CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, HelperRunner,
+};
 use serde::{Deserialize, Serialize};
 
 /// The RPC actions of provisioning, with the Go provisioner's retry counts.
@@ -190,9 +192,14 @@ pub struct ActionMessage {
 /// [`RpcErrorKind::LockHeld`], see [`RpcErrorKind::from_status`]). Retries are the caller's.
 pub trait NodeRpc: Send + Sync + 'static {
     /// `rpcutil#inventory`.
-    fn inventory(&self, identity: &str) -> impl Future<Output = Result<Inventory, RpcError>> + Send;
+    fn inventory(&self, identity: &str)
+        -> impl Future<Output = Result<Inventory, RpcError>> + Send;
     /// `choria_provision#jwt`.
-    fn jwt(&self, identity: &str, token: &str) -> impl Future<Output = Result<JwtReply, RpcError>> + Send;
+    fn jwt(
+        &self,
+        identity: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<JwtReply, RpcError>> + Send;
     /// `choria_provision#gen25519` with `nonce`.
     fn gen25519(
         &self,
@@ -201,7 +208,12 @@ pub trait NodeRpc: Send + Sync + 'static {
         nonce: &str,
     ) -> impl Future<Output = Result<Ed25519Reply, RpcError>> + Send;
     /// `choria_provision#gencsr` with common name `cn`.
-    fn gencsr(&self, identity: &str, token: &str, cn: &str) -> impl Future<Output = Result<CsrReply, RpcError>> + Send;
+    fn gencsr(
+        &self,
+        identity: &str,
+        token: &str,
+        cn: &str,
+    ) -> impl Future<Output = Result<CsrReply, RpcError>> + Send;
     /// `choria_provision#configure`.
     fn configure(
         &self,
@@ -217,19 +229,34 @@ pub trait NodeRpc: Send + Sync + 'static {
         version: &str,
     ) -> impl Future<Output = Result<ActionMessage, RpcError>> + Send;
     /// `choria_provision#restart` with `splay` seconds.
-    fn restart(&self, identity: &str, token: &str, splay: u32) -> impl Future<Output = Result<ActionMessage, RpcError>> + Send;
+    fn restart(
+        &self,
+        identity: &str,
+        token: &str,
+        splay: u32,
+    ) -> impl Future<Output = Result<ActionMessage, RpcError>> + Send;
     /// `choria_provision#shutdown`.
-    fn shutdown(&self, identity: &str, token: &str) -> impl Future<Output = Result<ActionMessage, RpcError>> + Send;
+    fn shutdown(
+        &self,
+        identity: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<ActionMessage, RpcError>> + Send;
 }
 
 /// The site helper that turns a node's data into its configuration.
 pub trait Helper: Send + Sync + 'static {
     /// Runs the helper for one node.
-    fn run(&self, input: &HelperInput) -> impl Future<Output = Result<HelperReply, HelperError>> + Send;
+    fn run(
+        &self,
+        input: &HelperInput,
+    ) -> impl Future<Output = Result<HelperReply, HelperError>> + Send;
 }
 
 impl Helper for HelperRunner {
-    fn run(&self, input: &HelperInput) -> impl Future<Output = Result<HelperReply, HelperError>> + Send {
+    fn run(
+        &self,
+        input: &HelperInput,
+    ) -> impl Future<Output = Result<HelperReply, HelperError>> + Send {
         HelperRunner::run(self, input)
     }
 }

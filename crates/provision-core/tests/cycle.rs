@@ -33,7 +33,10 @@ async fn no_features_fetches_inventory_then_configures_and_restarts() {
     let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
     let out = p.provision(&mut host()).await.unwrap();
     assert_eq!(out, Outcome::Provisioned);
-    assert_eq!(node.calls(), vec![Action::Inventory, Action::Configure, Action::Restart]);
+    assert_eq!(
+        node.calls(),
+        vec![Action::Inventory, Action::Configure, Action::Restart]
+    );
     let input = helper.inputs.lock().unwrap()[0].clone();
     assert!(input.csr.is_none() && input.ed25519_pubkey.is_none() && input.jwt.is_none());
     assert!(input.inventory.contains("\"version\":\"0.29.4\""));
@@ -54,19 +57,32 @@ async fn ed25519_feature_verifies_jwt_and_nonce_and_issues_a_server_jwt() {
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
     let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::Provisioned);
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
     assert_eq!(
         node.calls(),
-        vec![Action::Jwt, Action::Gen25519, Action::Inventory, Action::Configure, Action::Restart]
+        vec![
+            Action::Jwt,
+            Action::Gen25519,
+            Action::Inventory,
+            Action::Configure,
+            Action::Restart
+        ]
     );
     let input = helper.inputs.lock().unwrap()[0].clone();
     assert_eq!(input.jwt.as_ref().unwrap().token, "s3cret");
     assert_eq!(input.jwt.as_ref().unwrap().organization_unit, "choria");
     let node_pk = ed25519_dalek::SigningKey::from_bytes(&[5u8; 32]).verifying_key();
-    assert_eq!(input.ed25519_pubkey.unwrap().public_key, hex::encode(node_pk.to_bytes()));
+    assert_eq!(
+        input.ed25519_pubkey.unwrap().public_key,
+        hex::encode(node_pk.to_bytes())
+    );
     let c = node.configured().unwrap();
     let signer = ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]).verifying_key();
-    let claims: ServerClaims = jwt::verify(&c.server_jwt, &VerifyingKey::Ed25519(signer), now()).unwrap();
+    let claims: ServerClaims =
+        jwt::verify(&c.server_jwt, &VerifyingKey::Ed25519(signer), now()).unwrap();
     assert_eq!(claims.identity, "n1.example.net");
     assert_eq!(claims.standard.public_key, hex::encode(node_pk.to_bytes()));
     assert_eq!(claims.collectives, vec!["mcollective".to_string()]);
@@ -77,10 +93,24 @@ async fn jwt_feature_alone_skips_gen25519_and_server_jwt() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let yaml = format!("token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n", prov_signer_hex());
+    let yaml = format!(
+        "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
+        prov_signer_hex()
+    );
     let p = provisioner(config(&yaml), &node, &helper, &obs);
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::Provisioned);
-    assert_eq!(node.calls(), vec![Action::Jwt, Action::Inventory, Action::Configure, Action::Restart]);
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
+    assert_eq!(
+        node.calls(),
+        vec![
+            Action::Jwt,
+            Action::Inventory,
+            Action::Configure,
+            Action::Restart
+        ]
+    );
     assert!(node.configured().unwrap().server_jwt.is_empty());
 }
 
@@ -97,9 +127,25 @@ async fn pki_feature_validates_the_csr_and_uses_its_ssldir() {
     reply.certificate = "-----BEGIN CERTIFICATE-----\n".into();
     let helper = FakeHelper::replying(reply);
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\nfeatures: {pki: true}\n"), &node, &helper, &obs);
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::Provisioned);
-    assert_eq!(node.calls(), vec![Action::Inventory, Action::Gencsr, Action::Configure, Action::Restart]);
+    let p = provisioner(
+        config("token: s3cret\nfeatures: {pki: true}\n"),
+        &node,
+        &helper,
+        &obs,
+    );
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
+    assert_eq!(
+        node.calls(),
+        vec![
+            Action::Inventory,
+            Action::Gencsr,
+            Action::Configure,
+            Action::Restart
+        ]
+    );
     assert!(helper.inputs.lock().unwrap()[0].csr.is_some());
     let c = node.configured().unwrap();
     assert_eq!(c.ssldir, "/etc/choria/ssl");
@@ -112,7 +158,12 @@ async fn helper_ssldir_is_used_without_a_csr() {
     let mut reply = good_reply();
     reply.ssldir = "/helper/ssl".into();
     let helper = FakeHelper::replying(reply);
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     p.provision(&mut host()).await.unwrap();
     assert_eq!(node.configured().unwrap().ssldir, "/helper/ssl");
 }
@@ -121,12 +172,21 @@ async fn helper_ssldir_is_used_without_a_csr() {
 async fn csr_with_wrong_name_or_denied_name_stops_before_the_helper() {
     for (cn, dns, want) in [
         ("other.example.net", vec![], "does not match identity"),
-        ("n1.example.net", vec!["bad.mcollective"], "matches denied certificate pattern"),
+        (
+            "n1.example.net",
+            vec!["bad.mcollective"],
+            "matches denied certificate pattern",
+        ),
     ] {
         let node = FakeNode::new();
         node.state.lock().unwrap().csr.csr = make_csr(cn, &dns);
         let helper = FakeHelper::replying(good_reply());
-        let p = provisioner(config("token: s3cret\nfeatures: {pki: true}\n"), &node, &helper, &CountingObserver::default());
+        let p = provisioner(
+            config("token: s3cret\nfeatures: {pki: true}\n"),
+            &node,
+            &helper,
+            &CountingObserver::default(),
+        );
         let err = p.provision(&mut host()).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Csr(_)), "{err}");
         assert!(err.to_string().contains(want), "{err}");
@@ -139,7 +199,13 @@ async fn csr_with_wrong_name_or_denied_name_stops_before_the_helper() {
 #[tokio::test]
 async fn each_rpc_failing_stops_the_cycle_after_its_tries() {
     let dir = tempfile::tempdir().unwrap();
-    for action in [Action::Jwt, Action::Gen25519, Action::Inventory, Action::Configure, Action::Restart] {
+    for action in [
+        Action::Jwt,
+        Action::Gen25519,
+        Action::Inventory,
+        Action::Configure,
+        Action::Restart,
+    ] {
         let node = FakeNode::new();
         node.fail(action, RpcErrorKind::Timeout, 100);
         let helper = FakeHelper::replying(good_reply());
@@ -166,7 +232,12 @@ async fn gencsr_is_tried_once() {
     let node = FakeNode::new();
     node.fail(Action::Gencsr, RpcErrorKind::Timeout, 1);
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(config("features: {pki: true}\n"), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config("features: {pki: true}\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     assert!(p.provision(&mut host()).await.is_err());
     assert_eq!(node.count(Action::Gencsr), 1);
 }
@@ -175,11 +246,21 @@ async fn gencsr_is_tried_once() {
 async fn transient_failures_are_retried() {
     let node = FakeNode::new();
     node.fail(Action::Inventory, RpcErrorKind::Timeout, 4);
-    node.fail(Action::Configure, RpcErrorKind::Aborted { code: 1, message: "busy".into() }, 2);
+    node.fail(
+        Action::Configure,
+        RpcErrorKind::Aborted {
+            code: 1,
+            message: "busy".into(),
+        },
+        2,
+    );
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
     let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::Provisioned);
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
     assert_eq!(node.count(Action::Inventory), 5);
     assert_eq!(node.count(Action::Configure), 3);
     assert!(obs.0.rpc_errors.lock().unwrap().is_empty());
@@ -189,11 +270,20 @@ async fn transient_failures_are_retried() {
 async fn held_lock_leaves_the_node_alone_without_retrying() {
     let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
-    node.fail(Action::Jwt, RpcErrorKind::from_status(1, "Could not obtain provisioning lock"), 10);
+    node.fail(
+        Action::Jwt,
+        RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
+        10,
+    );
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
     let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::LockHeld { action: Action::Jwt });
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::LockHeld {
+            action: Action::Jwt
+        }
+    );
     assert_eq!(node.calls(), vec![Action::Jwt]);
     assert!(obs.0.rpc_errors.lock().unwrap().is_empty());
 }
@@ -202,15 +292,27 @@ async fn held_lock_leaves_the_node_alone_without_retrying() {
 async fn invalid_or_expired_provisioning_jwt_is_refused() {
     let other = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
     for (token, want) in [
-        (provisioning_jwt(&other, now() + 3600, "choria_provisioning"), "invalid token signature"),
-        (provisioning_jwt(&prov_signer(), now() - 5, "choria_provisioning"), "expired"),
-        (provisioning_jwt(&prov_signer(), now() + 3600, "choria_server"), "not a provisioning token"),
+        (
+            provisioning_jwt(&other, now() + 3600, "choria_provisioning"),
+            "invalid token signature",
+        ),
+        (
+            provisioning_jwt(&prov_signer(), now() - 5, "choria_provisioning"),
+            "expired",
+        ),
+        (
+            provisioning_jwt(&prov_signer(), now() + 3600, "choria_server"),
+            "not a provisioning token",
+        ),
         (String::new(), "no JWT received"),
     ] {
         let node = FakeNode::new();
         node.state.lock().unwrap().jwt = token;
         let helper = FakeHelper::replying(good_reply());
-        let yaml = format!("token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n", prov_signer_hex());
+        let yaml = format!(
+            "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
+            prov_signer_hex()
+        );
         let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
         let err = p.provision(&mut host()).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Jwt(_)), "{err}");
@@ -231,7 +333,12 @@ async fn bad_nonce_signature_or_short_key_is_refused_without_crashing() {
             s.short_key = short;
         }
         let helper = FakeHelper::replying(good_reply());
-        let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &CountingObserver::default());
+        let p = provisioner(
+            config(&ed_yaml(dir.path())),
+            &node,
+            &helper,
+            &CountingObserver::default(),
+        );
         let err = p.provision(&mut host()).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Ed25519(_)), "{err}");
         assert_eq!(node.calls(), vec![Action::Jwt, Action::Gen25519]);
@@ -253,8 +360,17 @@ async fn helper_failure_is_counted_and_stops_the_cycle() {
 #[tokio::test]
 async fn defer_is_a_soft_failure_without_configure() {
     let node = FakeNode::new();
-    let helper = FakeHelper::replying(HelperReply { defer: true, msg: "not yet".into(), ..good_reply() });
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
+    let helper = FakeHelper::replying(HelperReply {
+        defer: true,
+        msg: "not yet".into(),
+        ..good_reply()
+    });
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(&err.kind, ProvisionErrorKind::Deferred(m) if m == "not yet"));
     assert_eq!(node.calls(), vec![Action::Inventory]);
@@ -263,7 +379,10 @@ async fn defer_is_a_soft_failure_without_configure() {
 #[tokio::test]
 async fn shutdown_request_shuts_the_node_down() {
     let node = FakeNode::new();
-    let helper = FakeHelper::replying(HelperReply { shutdown: true, ..good_reply() });
+    let helper = FakeHelper::replying(HelperReply {
+        shutdown: true,
+        ..good_reply()
+    });
     let obs = CountingObserver::default();
     let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
     assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::ShutDown);
@@ -274,8 +393,18 @@ async fn shutdown_request_shuts_the_node_down() {
 #[tokio::test]
 async fn refused_shutdown_is_only_a_warning_but_a_timeout_is_an_error() {
     let node = FakeNode::new();
-    node.fail(Action::Shutdown, RpcErrorKind::Aborted { code: 1, message: "no".into() }, 3);
-    let helper = FakeHelper::replying(HelperReply { shutdown: true, ..good_reply() });
+    node.fail(
+        Action::Shutdown,
+        RpcErrorKind::Aborted {
+            code: 1,
+            message: "no".into(),
+        },
+        3,
+    );
+    let helper = FakeHelper::replying(HelperReply {
+        shutdown: true,
+        ..good_reply()
+    });
     let obs = CountingObserver::default();
     let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
     assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::ShutDown);
@@ -292,13 +421,20 @@ async fn helper_key_is_encrypted_for_the_node() {
     let node = FakeNode::new();
     let der = b"a private key in DER form".to_vec();
     let key_pem = pem::encode(&pem::Pem::new("RSA PRIVATE KEY", der.clone()));
-    let helper = FakeHelper::replying(HelperReply { key: key_pem, ..good_reply() });
-    let yaml = format!("token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n", prov_signer_hex());
+    let helper = FakeHelper::replying(HelperReply {
+        key: key_pem,
+        ..good_reply()
+    });
+    let yaml = format!(
+        "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
+        prov_signer_hex()
+    );
     let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
     p.provision(&mut host()).await.unwrap();
     let c = node.configured().unwrap();
     assert!(c.key.contains("Proc-Type: 4,ENCRYPTED"));
-    let plain = provision_core::keyenc::decrypt_private_key(&c.key, &[9u8; 32], &c.ecdh_public).unwrap();
+    let plain =
+        provision_core::keyenc::decrypt_private_key(&c.key, &[9u8; 32], &c.ecdh_public).unwrap();
     assert_eq!(plain, der);
 }
 
@@ -306,11 +442,21 @@ async fn helper_key_is_encrypted_for_the_node() {
 async fn helper_key_without_the_jwt_feature_fails() {
     let node = FakeNode::new();
     let key_pem = pem::encode(&pem::Pem::new("RSA PRIVATE KEY", vec![1, 2, 3]));
-    let helper = FakeHelper::replying(HelperReply { key: key_pem, ..good_reply() });
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
+    let helper = FakeHelper::replying(HelperReply {
+        key: key_pem,
+        ..good_reply()
+    });
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::KeyEncryption(_)));
-    assert!(err.to_string().contains("did not start Diffie-Hellman exchange"));
+    assert!(err
+        .to_string()
+        .contains("did not start Diffie-Hellman exchange"));
     assert!(node.configured().is_none());
 }
 
@@ -318,21 +464,41 @@ async fn helper_key_without_the_jwt_feature_fails() {
 async fn empty_configuration_fails_before_sending() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(HelperReply::default());
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::EmptyConfiguration));
     assert_eq!(node.count(Action::Configure), 0);
 }
 
-const UPGRADES: &str = "token: s3cret\nupgrades_repository: https://repo.example.net\nfeatures: {upgrades: true}\n";
+const UPGRADES: &str =
+    "token: s3cret\nupgrades_repository: https://repo.example.net\nfeatures: {upgrades: true}\n";
 
 #[tokio::test]
 async fn differing_version_is_upgraded_without_configuring() {
     let node = FakeNode::new();
-    let helper = FakeHelper::replying(HelperReply { upgrade: "0.30.0".into(), ..good_reply() });
-    let p = provisioner(config(UPGRADES), &node, &helper, &CountingObserver::default());
+    let helper = FakeHelper::replying(HelperReply {
+        upgrade: "0.30.0".into(),
+        ..good_reply()
+    });
+    let p = provisioner(
+        config(UPGRADES),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     let out = p.provision(&mut host()).await.unwrap();
-    assert_eq!(out, Outcome::Upgraded { from: "0.29.4".into(), to: "0.30.0".into() });
+    assert_eq!(
+        out,
+        Outcome::Upgraded {
+            from: "0.29.4".into(),
+            to: "0.30.0".into()
+        }
+    );
     assert_eq!(node.calls(), vec![Action::Inventory, Action::ReleaseUpdate]);
     assert_eq!(
         node.state.lock().unwrap().released,
@@ -344,18 +510,40 @@ async fn differing_version_is_upgraded_without_configuring() {
 async fn equal_version_is_configured_without_upgrade() {
     let node = FakeNode::new();
     // rpm ordering: leading zeros do not make a different version.
-    let helper = FakeHelper::replying(HelperReply { upgrade: "0.29.04".into(), ..good_reply() });
-    let p = provisioner(config(UPGRADES), &node, &helper, &CountingObserver::default());
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::Provisioned);
+    let helper = FakeHelper::replying(HelperReply {
+        upgrade: "0.29.04".into(),
+        ..good_reply()
+    });
+    let p = provisioner(
+        config(UPGRADES),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
     assert_eq!(node.count(Action::ReleaseUpdate), 0);
 }
 
 #[tokio::test]
 async fn upgrade_request_is_ignored_without_the_feature() {
     let node = FakeNode::new();
-    let helper = FakeHelper::replying(HelperReply { upgrade: "0.30.0".into(), ..good_reply() });
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
-    assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::Provisioned);
+    let helper = FakeHelper::replying(HelperReply {
+        upgrade: "0.30.0".into(),
+        ..good_reply()
+    });
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
     assert_eq!(node.count(Action::ReleaseUpdate), 0);
 }
 
@@ -363,16 +551,35 @@ async fn upgrade_request_is_ignored_without_the_feature() {
 async fn upgrade_problems_are_fatal_unless_optional() {
     type Setup = fn(&FakeNode);
     let cases: [(&str, Setup, &str); 4] = [
-        ("token: s3cret\nfeatures: {upgrades: true}\n", |_| {}, "upgrades_repository is not configured"),
-        (UPGRADES, |n| n.state.lock().unwrap().inventory.version.clear(), "did not receive a version"),
-        (UPGRADES, |n| n.state.lock().unwrap().inventory.upgradable = false, "does not support upgrades"),
-        (UPGRADES, |n| n.fail(Action::ReleaseUpdate, RpcErrorKind::Timeout, 3), "release_update"),
+        (
+            "token: s3cret\nfeatures: {upgrades: true}\n",
+            |_| {},
+            "upgrades_repository is not configured",
+        ),
+        (
+            UPGRADES,
+            |n| n.state.lock().unwrap().inventory.version.clear(),
+            "did not receive a version",
+        ),
+        (
+            UPGRADES,
+            |n| n.state.lock().unwrap().inventory.upgradable = false,
+            "does not support upgrades",
+        ),
+        (
+            UPGRADES,
+            |n| n.fail(Action::ReleaseUpdate, RpcErrorKind::Timeout, 3),
+            "release_update",
+        ),
     ];
     for (yaml, setup, want) in cases {
         for optional in [false, true] {
             let node = FakeNode::new();
             setup(&node);
-            let helper = FakeHelper::replying(HelperReply { upgrade: "0.30.0".into(), ..good_reply() });
+            let helper = FakeHelper::replying(HelperReply {
+                upgrade: "0.30.0".into(),
+                ..good_reply()
+            });
             let yaml = format!("{yaml}upgrades_optional: {optional}\n");
             let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
             let res = p.provision(&mut host()).await;
@@ -406,10 +613,21 @@ async fn pause_stops_retries() {
     let node = FakeNode::new();
     node.fail(Action::Configure, RpcErrorKind::Timeout, 5);
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     node.state.lock().unwrap().pause_on = Some((Action::Configure, p.pause_state().clone()));
     let err = p.provision(&mut host()).await.unwrap_err();
-    assert!(matches!(err.kind, ProvisionErrorKind::Paused("choria_provision#configure")), "{err}");
+    assert!(
+        matches!(
+            err.kind,
+            ProvisionErrorKind::Paused("choria_provision#configure")
+        ),
+        "{err}"
+    );
     assert_eq!(node.count(Action::Configure), 1);
 }
 
@@ -417,7 +635,12 @@ async fn pause_stops_retries() {
 async fn paused_provisioner_makes_no_calls() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config("token: s3cret\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     p.pause_state().pause();
     assert!(p.provision(&mut host()).await.is_err());
     assert!(node.calls().is_empty());
@@ -427,7 +650,12 @@ async fn paused_provisioner_makes_no_calls() {
 async fn node_waiting_more_than_two_intervals_is_skipped() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(config("token: s3cret\ninterval: 1m\n"), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config("token: s3cret\ninterval: 1m\n"),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     let mut h = host();
     tokio::time::advance(std::time::Duration::from_secs(121)).await;
     let err = p.provision(&mut h).await.unwrap_err();
@@ -441,7 +669,12 @@ async fn second_round_reuses_what_was_fetched() {
     let node = FakeNode::new();
     node.fail(Action::Configure, RpcErrorKind::Timeout, 5);
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &CountingObserver::default());
+    let p = provisioner(
+        config(&ed_yaml(dir.path())),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
     let mut h = host();
     assert!(p.provision(&mut h).await.is_err());
     assert_eq!(p.provision(&mut h).await.unwrap(), Outcome::Provisioned);
@@ -449,4 +682,3 @@ async fn second_round_reuses_what_was_fetched() {
     assert_eq!(node.count(Action::Gen25519), 1);
     assert_eq!(node.count(Action::Inventory), 1);
 }
-

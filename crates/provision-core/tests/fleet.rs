@@ -26,7 +26,12 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 async fn add_deduplicates_within_one_interval_and_counts_sources() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(config("interval: 1m\n"), &node, &FakeHelper::replying(good_reply()), &obs));
+    let fleet = Fleet::new(provisioner(
+        config("interval: 1m\n"),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
     assert_eq!(fleet.add("a", Source::Event), AddResult::Known);
     assert_eq!(fleet.add("b", Source::Event), AddResult::Queued);
@@ -39,7 +44,10 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
     assert_eq!(fleet.queued(), 3);
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
-    wait_for("two nodes provisioned", || obs.0.provisioned.load(Ordering::SeqCst) == 2).await;
+    wait_for("two nodes provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 2
+    })
+    .await;
     // The stale entry for "a" was skipped: two nodes, two configures.
     assert_eq!(node.count(Action::Configure), 2);
     assert_eq!(fleet.queued(), 0);
@@ -51,7 +59,12 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
 async fn full_queue_drops_new_nodes() {
     let node = FakeNode::new();
     let fleet = Fleet::with_capacity(
-        provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &CountingObserver::default()),
+        provisioner(
+            config(""),
+            &node,
+            &FakeHelper::replying(good_reply()),
+            &CountingObserver::default(),
+        ),
         2,
     );
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
@@ -66,7 +79,12 @@ async fn full_queue_drops_new_nodes() {
 #[tokio::test(start_paused = true)]
 async fn clear_forgets_everything() {
     let node = FakeNode::new();
-    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &CountingObserver::default()));
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &CountingObserver::default(),
+    ));
     for n in ["a", "b", "c"] {
         fleet.add(n, Source::Discovery);
     }
@@ -84,16 +102,28 @@ async fn clear_forgets_everything() {
 async fn workers_provision_every_node_and_hold_it_for_a_minute() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &obs));
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(4, stop.clone()));
     for i in 0..50 {
         fleet.add(&format!("n{i}"), Source::Discovery);
     }
-    wait_for("fifty nodes", || obs.0.provisioned.load(Ordering::SeqCst) == 50).await;
+    wait_for("fifty nodes", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 50
+    })
+    .await;
     assert_eq!(node.count(Action::Configure), 50);
     assert!(obs.0.max_busy.load(Ordering::SeqCst) <= 4);
-    assert_eq!(fleet.add("n1", Source::Event), AddResult::Known, "held after success");
+    assert_eq!(
+        fleet.add("n1", Source::Event),
+        AddResult::Known,
+        "held after success"
+    );
     tokio::time::sleep(Duration::from_secs(66)).await;
     assert_eq!(fleet.known(), 0, "holds expire");
     assert_eq!(fleet.add("n1", Source::Event), AddResult::Queued);
@@ -109,7 +139,10 @@ async fn failed_node_is_forgotten_at_once() {
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
     fleet.add("a", Source::Discovery);
-    wait_for("the error", || obs.0.provision_errors.load(Ordering::SeqCst) == 1).await;
+    wait_for("the error", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 1
+    })
+    .await;
     wait_for("removal", || !fleet.is_known("a")).await;
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
     stop.cancel();
@@ -119,9 +152,18 @@ async fn failed_node_is_forgotten_at_once() {
 #[tokio::test(start_paused = true)]
 async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() {
     let node = FakeNode::new();
-    node.fail(Action::Configure, RpcErrorKind::from_status(1, "Could not obtain provisioning lock"), 1);
+    node.fail(
+        Action::Configure,
+        RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
+        1,
+    );
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &obs));
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
     fleet.add("a", Source::Discovery);
@@ -132,7 +174,10 @@ async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() 
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Known);
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
-    wait_for("provisioned", || obs.0.provisioned.load(Ordering::SeqCst) == 1).await;
+    wait_for("provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1
+    })
+    .await;
     stop.cancel();
     run.await.unwrap();
 }
@@ -142,7 +187,10 @@ async fn upgraded_node_is_provisioned_again_when_it_comes_back() {
     let node = FakeNode::new();
     node.state.lock().unwrap().upgrade_to_version = true;
     let obs = CountingObserver::default();
-    let helper = FakeHelper::replying(HelperReply { upgrade: "0.30.0".into(), ..good_reply() });
+    let helper = FakeHelper::replying(HelperReply {
+        upgrade: "0.30.0".into(),
+        ..good_reply()
+    });
     let cfg = config("upgrades_repository: https://repo.example.net\nfeatures: {upgrades: true}\n");
     let fleet = Fleet::new(provisioner(cfg, &node, &helper, &obs));
     let stop = CancellationToken::new();
@@ -165,13 +213,23 @@ async fn shutdown_stops_workers_mid_cycle() {
     let node = FakeNode::new();
     node.fail(Action::Inventory, RpcErrorKind::Timeout, 1000);
     let fleet = Fleet::new(
-        provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &CountingObserver::default())
-            .with_backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(3600)])),
+        provisioner(
+            config(""),
+            &node,
+            &FakeHelper::replying(good_reply()),
+            &CountingObserver::default(),
+        )
+        .with_backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
+            3600,
+        )])),
     );
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(3, stop.clone()));
     fleet.add("a", Source::Discovery);
     wait_for("first try", || node.count(Action::Inventory) == 1).await;
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(5), run).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
-use provision_core::helper_protocol::HelperReply;
 use provision_core::rpc::{Action, RpcErrorKind};
 use provision_core::{Host, Outcome};
 
@@ -87,28 +86,47 @@ fn run_case(pki: bool, jwt: bool, ed: bool, fault: Fault) -> (bool, Option<Outco
         s.csr.csr = make_csr("n1.example.net", &[]);
         match fault {
             Fault::JwtWrongSigner => {
-                s.jwt = provisioning_jwt(&ed25519_dalek::SigningKey::from_bytes(&[1; 32]), now() + 60, "choria_provisioning")
+                s.jwt = provisioning_jwt(
+                    &ed25519_dalek::SigningKey::from_bytes(&[1; 32]),
+                    now() + 60,
+                    "choria_provisioning",
+                )
             }
-            Fault::JwtExpired => s.jwt = provisioning_jwt(&prov_signer(), now() - 60, "choria_provisioning"),
-            Fault::JwtWrongPurpose => s.jwt = provisioning_jwt(&prov_signer(), now() + 60, "choria_server"),
+            Fault::JwtExpired => {
+                s.jwt = provisioning_jwt(&prov_signer(), now() - 60, "choria_provisioning")
+            }
+            Fault::JwtWrongPurpose => {
+                s.jwt = provisioning_jwt(&prov_signer(), now() + 60, "choria_server")
+            }
             Fault::NonceBad => s.bad_nonce = true,
             Fault::PublicKeyShort => s.short_key = true,
             Fault::CsrWrongName => s.csr.csr = make_csr("n2.example.net", &[]),
             Fault::CsrDenied => s.csr.csr = make_csr("n1.example.net", &["x.privileged.choria"]),
             Fault::CsrUnsigned => {
-                s.csr.csr = "-----BEGIN CERTIFICATE REQUEST-----\nMAA=\n-----END CERTIFICATE REQUEST-----\n".into()
+                s.csr.csr =
+                    "-----BEGIN CERTIFICATE REQUEST-----\nMAA=\n-----END CERTIFICATE REQUEST-----\n"
+                        .into()
             }
             Fault::HelperFails => helper_fails = true,
             Fault::HelperDefers => reply.defer = true,
-            Fault::KeyWithoutExchange => reply.key = pem::encode(&pem::Pem::new("RSA PRIVATE KEY", vec![1, 2, 3])),
+            Fault::KeyWithoutExchange => {
+                reply.key = pem::encode(&pem::Pem::new("RSA PRIVATE KEY", vec![1, 2, 3]))
+            }
             Fault::EmptyConfiguration => reply.configuration = None,
             Fault::RpcFails(a) => {
-                s.failures.insert(a.label(), std::iter::repeat_n(RpcErrorKind::Timeout, 10).collect());
+                s.failures.insert(
+                    a.label(),
+                    std::iter::repeat_n(RpcErrorKind::Timeout, 10).collect(),
+                );
             }
             Fault::None | Fault::PausedAt(_) => {}
         }
     }
-    let helper = if helper_fails { FakeHelper::failing() } else { FakeHelper::replying(reply) };
+    let helper = if helper_fails {
+        FakeHelper::failing()
+    } else {
+        FakeHelper::replying(reply)
+    };
     let yaml = format!(
         "token: s3cret\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures: {{pki: {pki}, jwt: {jwt}, ed25519: {ed}}}\n",
         prov_signer_hex(),
@@ -118,8 +136,14 @@ fn run_case(pki: bool, jwt: bool, ed: bool, fault: Fault) -> (bool, Option<Outco
     if let Fault::PausedAt(a) = fault {
         node.state.lock().unwrap().pause_on = Some((a, p.pause_state().clone()));
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-    let out = rt.block_on(p.provision(&mut Host::new(Arc::from("n1.example.net"), tokio::time::Instant::now())));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let out = rt.block_on(p.provision(&mut Host::new(
+        Arc::from("n1.example.net"),
+        tokio::time::Instant::now(),
+    )));
     (node.configured().is_some(), out.ok())
 }
 

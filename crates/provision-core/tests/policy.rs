@@ -18,14 +18,23 @@ const ID: &str = "ginkgo.example.net";
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn node_pk() -> String {
-    hex::encode(ed25519_dalek::SigningKey::from_bytes(&[5u8; 32]).verifying_key().to_bytes())
+    hex::encode(
+        ed25519_dalek::SigningKey::from_bytes(&[5u8; 32])
+            .verifying_key()
+            .to_bytes(),
+    )
 }
 
 fn rsa_signer() -> String {
     testdata("signer-rsa.pem").to_string_lossy().into_owned()
 }
 
-fn request<'a>(cfg: Option<&'a BTreeMap<String, String>>, sc: Option<&'a ServerClaims>, key: &'a str, pk: &'a str) -> ServerJwtRequest<'a> {
+fn request<'a>(
+    cfg: Option<&'a BTreeMap<String, String>>,
+    sc: Option<&'a ServerClaims>,
+    key: &'a str,
+    pk: &'a str,
+) -> ServerJwtRequest<'a> {
     ServerJwtRequest {
         identity: ID,
         public_key_hex: pk,
@@ -40,7 +49,12 @@ fn request<'a>(cfg: Option<&'a BTreeMap<String, String>>, sc: Option<&'a ServerC
 
 fn verify_rsa(token: &str) -> ServerClaims {
     let pubkey = std::fs::read(testdata("signer-public.pem")).unwrap();
-    jwt::verify(token, &VerifyingKey::from_public_data(&pubkey).unwrap(), now()).unwrap()
+    jwt::verify(
+        token,
+        &VerifyingKey::from_public_data(&pubkey).unwrap(),
+        now(),
+    )
+    .unwrap()
 }
 
 // --- generateServerJWT ---
@@ -55,7 +69,10 @@ fn server_jwt_needs_a_public_key() {
 #[test]
 fn server_jwt_needs_a_signing_key() {
     let err = issue_server_jwt(&request(None, None, "", "x")).unwrap_err();
-    assert_eq!(err.to_string(), "no jwt signing key configured using jwt_signing_key");
+    assert_eq!(
+        err.to_string(),
+        "no jwt signing key configured using jwt_signing_key"
+    );
 }
 
 #[test]
@@ -65,7 +82,10 @@ fn server_jwt_uses_the_collectives_from_the_configuration() {
     let cfg = BTreeMap::from([("collectives".to_string(), "one,two".to_string())]);
     let issued = issue_server_jwt(&request(Some(&cfg), None, &key, &pk)).unwrap();
     let claims = verify_rsa(&issued.token);
-    assert_eq!(claims.collectives, vec!["one".to_string(), "two".to_string()]);
+    assert_eq!(
+        claims.collectives,
+        vec!["one".to_string(), "two".to_string()]
+    );
     assert_eq!(claims.organization_unit, "choria");
     assert!(claims.permissions.is_none());
     assert!(claims.additional_publish_subjects.is_empty());
@@ -75,7 +95,10 @@ fn server_jwt_uses_the_collectives_from_the_configuration() {
     assert_eq!(claims.standard.public_key, pk);
     let until = claims.standard.expires_at.unwrap() - now();
     assert!((3598..=3601).contains(&until), "{until}");
-    assert_eq!(jwt::ksuid_time(&claims.standard.id), claims.standard.issued_at);
+    assert_eq!(
+        jwt::ksuid_time(&claims.standard.id),
+        claims.standard.issued_at
+    );
     // Header as the tokens package writes it.
     let header = issued.token.split('.').next().unwrap();
     assert_eq!(header, base64_url(r#"{"alg":"RS256","typ":"JWT"}"#));
@@ -98,7 +121,10 @@ fn server_jwt_collective_defaults_follow_the_security_provider() {
     // Split without trimming, like Go.
     let cfg = BTreeMap::from([("collectives".to_string(), "a, b".to_string())]);
     let sp = issue_server_jwt(&request(Some(&cfg), None, &key, &pk)).unwrap();
-    assert_eq!(sp.claims.collectives, vec!["a".to_string(), " b".to_string()]);
+    assert_eq!(
+        sp.claims.collectives,
+        vec!["a".to_string(), " b".to_string()]
+    );
 }
 
 #[test]
@@ -109,9 +135,15 @@ fn server_jwt_uses_the_helper_claims() {
     let sc = ServerClaims {
         collectives: vec!["x".into(), "y".into()],
         organization_unit: "acme".into(),
-        permissions: Some(ServerPermissions { streams: true, ..Default::default() }),
+        permissions: Some(ServerPermissions {
+            streams: true,
+            ..Default::default()
+        }),
         additional_publish_subjects: vec!["reg.>".into()],
-        standard: StandardClaims { expires_at: Some(now() + 7200), ..Default::default() },
+        standard: StandardClaims {
+            expires_at: Some(now() + 7200),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut req = request(Some(&cfg), Some(&sc), &key, &pk);
@@ -120,9 +152,15 @@ fn server_jwt_uses_the_helper_claims() {
     assert_eq!(claims.collectives, vec!["x".to_string(), "y".to_string()]);
     assert_eq!(claims.organization_unit, "acme");
     assert!(claims.permissions.unwrap().streams);
-    assert_eq!(claims.additional_publish_subjects, vec!["reg.>".to_string()]);
+    assert_eq!(
+        claims.additional_publish_subjects,
+        vec!["reg.>".to_string()]
+    );
     let until = claims.standard.expires_at.unwrap() - now();
-    assert!((7198..=7201).contains(&until), "absolute exp honoured: {until}");
+    assert!(
+        (7198..=7201).contains(&until),
+        "absolute exp honoured: {until}"
+    );
 }
 
 #[test]
@@ -130,12 +168,21 @@ fn server_jwt_short_or_relative_expiry_falls_back_to_the_default() {
     let key = rsa_signer();
     let pk = node_pk();
     for exp in [now() + 600, 157_680_000] {
-        let sc = ServerClaims { standard: StandardClaims { expires_at: Some(exp), ..Default::default() }, ..Default::default() };
+        let sc = ServerClaims {
+            standard: StandardClaims {
+                expires_at: Some(exp),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         let mut req = request(None, Some(&sc), &key, &pk);
         req.default_validity = Duration::from_secs(86400 * 365);
         let claims = issue_server_jwt(&req).unwrap().claims;
         let until = claims.standard.expires_at.unwrap() - now();
-        assert!((86400 * 365 - 2..=86400 * 365 + 1).contains(&until), "{exp}: {until}");
+        assert!(
+            (86400 * 365 - 2..=86400 * 365 + 1).contains(&until),
+            "{exp}: {until}"
+        );
     }
 }
 
@@ -162,7 +209,11 @@ fn server_jwt_carries_chain_issuer_data_reread_for_every_node() {
     let write_signer = |exp: i64| -> (String, String) {
         let jti = jwt::ksuid(now());
         let prov_pk = hex::encode(prov.verifying_key().to_bytes());
-        let tcs = hex::encode(issuer.sign(format!("{jti}.{prov_pk}").as_bytes()).to_bytes());
+        let tcs = hex::encode(
+            issuer
+                .sign(format!("{jti}.{prov_pk}").as_bytes())
+                .to_bytes(),
+        );
         let claims = StandardClaims {
             purpose: "choria_client_id".into(),
             trust_chain_signature: tcs.clone(),
@@ -185,12 +236,21 @@ fn server_jwt_carries_chain_issuer_data_reread_for_every_node() {
         req.signing_token = &tp;
         req.default_validity = Duration::from_secs(7 * 86400);
         let issued = issue_server_jwt(&req).unwrap();
-        let c: ServerClaims = jwt::verify(&issued.token, &VerifyingKey::Ed25519(prov.verifying_key()), now()).unwrap();
+        let c: ServerClaims = jwt::verify(
+            &issued.token,
+            &VerifyingKey::Ed25519(prov.verifying_key()),
+            now(),
+        )
+        .unwrap();
         let prov_pk = hex::encode(prov.verifying_key().to_bytes());
         assert_eq!(c.standard.issuer, format!("C-{jti}.{prov_pk}"));
         assert_eq!(c.standard.issuer_expires_at, Some(signer_exp));
         if signer_exp < now() + 7 * 86400 {
-            assert_eq!(c.standard.expires_at, Some(signer_exp), "capped by the signer");
+            assert_eq!(
+                c.standard.expires_at,
+                Some(signer_exp),
+                "capped by the signer"
+            );
         } else {
             let until = c.standard.expires_at.unwrap() - now();
             assert!((7 * 86400 - 2..=7 * 86400 + 1).contains(&until), "{until}");
@@ -203,7 +263,10 @@ fn server_jwt_carries_chain_issuer_data_reread_for_every_node() {
             .unwrap();
         // The org issuer's signature over the chain issuer.
         let isig = ed25519_dalek::Signature::from_slice(&hex::decode(first).unwrap()).unwrap();
-        issuer.verifying_key().verify_strict(format!("{jti}.{prov_pk}").as_bytes(), &isig).unwrap();
+        issuer
+            .verifying_key()
+            .verify_strict(format!("{jti}.{prov_pk}").as_bytes(), &isig)
+            .unwrap();
         assert_eq!(jwt::ksuid_time(&c.standard.id), c.standard.issued_at);
     }
 }
@@ -213,7 +276,12 @@ fn signing_token_without_tcs_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let seed = seed_file(dir.path(), [12u8; 32]);
     let t = jwt::sign(
-        &StandardClaims { id: "x".into(), public_key: "ab".into(), expires_at: Some(now() + 99), ..Default::default() },
+        &StandardClaims {
+            id: "x".into(),
+            public_key: "ab".into(),
+            expires_at: Some(now() + 99),
+            ..Default::default()
+        },
         &SigningKey::from_ed25519_seed_hex(hex::encode([1u8; 32]).as_bytes()).unwrap(),
     )
     .unwrap();
@@ -237,7 +305,10 @@ fn deny() -> DenyList {
 
 #[test]
 fn csr_missing_is_refused() {
-    assert_eq!(validate_csr("", ID, &deny()).unwrap_err().to_string(), "no CSR received");
+    assert_eq!(
+        validate_csr("", ID, &deny()).unwrap_err().to_string(),
+        "no CSR received"
+    );
 }
 
 #[test]
@@ -251,19 +322,35 @@ fn csr_names_must_match_the_identity() {
 
 #[test]
 fn csr_bad_common_names_are_denied() {
-    for name in ["bob.choria", "bob.mcollective", "bob.privileged.choria", "bob.privileged.mcollective"] {
+    for name in [
+        "bob.choria",
+        "bob.mcollective",
+        "bob.privileged.choria",
+        "bob.privileged.mcollective",
+    ] {
         let csr = make_csr(name, &[]);
         let err = validate_csr(&csr, name, &deny()).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("{name} matches denied certificate pattern")), "{err}");
+        assert!(
+            err.starts_with(&format!("{name} matches denied certificate pattern")),
+            "{err}"
+        );
     }
 }
 
 #[test]
 fn csr_bad_dns_names_are_denied() {
-    for name in ["bob.choria", "bob.mcollective", "bob.privileged.choria", "bob.privileged.mcollective"] {
+    for name in [
+        "bob.choria",
+        "bob.mcollective",
+        "bob.privileged.choria",
+        "bob.privileged.mcollective",
+    ] {
         let csr = make_csr(ID, &["something.something", name, "something.else"]);
         let err = validate_csr(&csr, ID, &deny()).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("{name} matches denied certificate pattern")), "{err}");
+        assert!(
+            err.starts_with(&format!("{name} matches denied certificate pattern")),
+            "{err}"
+        );
     }
 }
 
@@ -271,14 +358,23 @@ fn csr_bad_dns_names_are_denied() {
 fn csr_valid_names_pass() {
     let csr = make_csr(ID, &["something.something", "something.else"]);
     let names = validate_csr(&csr, ID, &deny()).unwrap();
-    assert_eq!(names.dns_names, vec!["something.something".to_string(), "something.else".to_string()]);
+    assert_eq!(
+        names.dns_names,
+        vec![
+            "something.something".to_string(),
+            "something.else".to_string()
+        ]
+    );
 }
 
 #[test]
 fn csr_slash_delimited_patterns_are_regular_expressions() {
     let d = DenyList::new(&["/^ginkgo\\./"]).unwrap();
     let csr = make_csr(ID, &[]);
-    assert!(validate_csr(&csr, ID, &d).unwrap_err().to_string().contains("denied"));
+    assert!(validate_csr(&csr, ID, &d)
+        .unwrap_err()
+        .to_string()
+        .contains("denied"));
 }
 
 #[test]
@@ -292,14 +388,24 @@ fn csr_with_a_broken_self_signature_is_refused() {
     let forged = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", req.to_der().unwrap()));
     let err = validate_csr(&forged, ID, &deny()).unwrap_err();
     assert!(matches!(err, PolicyError::CsrSignature(_)), "{err}");
-    assert!(validate_csr("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n", ID, &deny()).is_err());
+    assert!(validate_csr(
+        "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+        ID,
+        &deny()
+    )
+    .is_err());
 }
 
 // --- encryptPrivateKey ---
 
 #[test]
 fn private_key_is_encrypted_so_the_go_server_can_decrypt_it() {
-    assert_eq!(keyenc::encrypt_private_key("", "aa").unwrap_err().to_string(), "no key to encrypt");
+    assert_eq!(
+        keyenc::encrypt_private_key("", "aa")
+            .unwrap_err()
+            .to_string(),
+        "no key to encrypt"
+    );
     let node_key = std::fs::read_to_string(testdata("node-rsa.pem")).unwrap();
     let der = pem::parse(&node_key).unwrap().contents().to_vec();
     let server_public = "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022";
@@ -308,11 +414,17 @@ fn private_key_is_encrypted_so_the_go_server_can_decrypt_it() {
     assert_eq!(lines.next(), Some("-----BEGIN RSA PRIVATE KEY-----"));
     assert_eq!(lines.next(), Some("Proc-Type: 4,ENCRYPTED"));
     let dek = lines.next().unwrap();
-    assert!(dek.starts_with("DEK-Info: AES-256-CBC,") && dek.len() == 22 + 32, "{dek}");
+    assert!(
+        dek.starts_with("DEK-Info: AES-256-CBC,") && dek.len() == 22 + 32,
+        "{dek}"
+    );
     assert_eq!(lines.next(), Some(""));
     assert!(enc.pem.lines().all(|l| l.len() <= 64));
     let server_private: [u8; 32] =
-        hex::decode("67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb").unwrap().try_into().unwrap();
+        hex::decode("67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb")
+            .unwrap()
+            .try_into()
+            .unwrap();
     let clear = keyenc::decrypt_private_key(&enc.pem, &server_private, &enc.ecdh_public).unwrap();
     assert_eq!(clear, der);
     // A different node cannot read it.
@@ -322,7 +434,10 @@ fn private_key_is_encrypted_so_the_go_server_can_decrypt_it() {
 #[test]
 fn go_vector_encryption_decrypts_with_the_shared_secret() {
     let prov_private: [u8; 32] =
-        hex::decode("3e150feab1f2c709af9afa28e626f258dbf1b683d3bc35225a9b0489de485870").unwrap().try_into().unwrap();
+        hex::decode("3e150feab1f2c709af9afa28e626f258dbf1b683d3bc35225a9b0489de485870")
+            .unwrap()
+            .try_into()
+            .unwrap();
     let node_key = std::fs::read_to_string(testdata("node-rsa.pem")).unwrap();
     let enc = keyenc::encrypt_private_key_with(
         &node_key,
@@ -331,14 +446,24 @@ fn go_vector_encryption_decrypts_with_the_shared_secret() {
         &[7u8; 16],
     )
     .unwrap();
-    assert_eq!(enc.ecdh_public, "c25fab933b16b2a4589e2c2d297669b818c82881f2f9bfd08cb8fd298924a41b");
-    let shared = hex::decode("53a4887b448755a3f0a0618b289eb2369ec4b2461d44890abdfa3084ef080c55").unwrap();
-    assert_eq!(keyenc::decrypt_legacy_pem(&enc.pem, &shared).unwrap(), pem::parse(&node_key).unwrap().contents());
+    assert_eq!(
+        enc.ecdh_public,
+        "c25fab933b16b2a4589e2c2d297669b818c82881f2f9bfd08cb8fd298924a41b"
+    );
+    let shared =
+        hex::decode("53a4887b448755a3f0a0618b289eb2369ec4b2461d44890abdfa3084ef080c55").unwrap();
+    assert_eq!(
+        keyenc::decrypt_legacy_pem(&enc.pem, &shared).unwrap(),
+        pem::parse(&node_key).unwrap().contents()
+    );
 }
 
 #[test]
 fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
-    let Ok(v) = std::process::Command::new("openssl").arg("version").output() else {
+    let Ok(v) = std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+    else {
         eprintln!("openssl not installed, skipping the interoperability check");
         return;
     };
@@ -348,11 +473,17 @@ fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
     // OpenSSL reads a password file up to the first newline, so pick a provisioner key whose
     // shared secret holds neither a newline nor a NUL.
     let (own, shared) = (1u8..=255)
-        .map(|i| ([i; 32], keyenc::ecdh_shared_secret(&server_private, &keyenc::ecdh_public(&[i; 32]))))
+        .map(|i| {
+            (
+                [i; 32],
+                keyenc::ecdh_shared_secret(&server_private, &keyenc::ecdh_public(&[i; 32])),
+            )
+        })
         .find(|(_, s)| !s.contains(&b'\n') && !s.contains(&b'\r') && !s.contains(&0))
         .unwrap();
     let node_key = std::fs::read_to_string(testdata("node-rsa.pem")).unwrap();
-    let enc = keyenc::encrypt_private_key_with(&node_key, &server_public, &own, &[3u8; 16]).unwrap();
+    let enc =
+        keyenc::encrypt_private_key_with(&node_key, &server_public, &own, &[3u8; 16]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("enc.pem");
     std::fs::write(&key, &enc.pem).unwrap();
@@ -365,7 +496,11 @@ fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
         .arg(format!("file:{}", pass.display()))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::write(&pass, [1u8; 32]).unwrap();
     let out = std::process::Command::new("openssl")
         .args(["rsa", "-check", "-noout", "-in"])
@@ -380,7 +515,8 @@ fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
 // --- provisioning JWT ---
 
 fn rsa_prov_jwt(exp: i64) -> String {
-    let key = SigningKey::from_key_data(&std::fs::read(testdata("signer-rsa.pem")).unwrap()).unwrap();
+    let key =
+        SigningKey::from_key_data(&std::fs::read(testdata("signer-rsa.pem")).unwrap()).unwrap();
     let claims = serde_json::json!({"cht": "s3cret", "chs": false, "chu": "nats://x:4222", "purpose": "choria_provisioning", "exp": exp});
     jwt::sign(&claims, &key).unwrap()
 }
@@ -402,7 +538,8 @@ fn provisioning_jwt_rs256_with_public_key_certificate_or_pkcs8_signer() {
         validate_provisioning_jwt(&expired, "x", Some(&data), now()),
         Err(PolicyError::Jwt(jwt::JwtError::Expired))
     ));
-    let k8 = SigningKey::from_key_data(&std::fs::read(testdata("signer-pkcs8.pem")).unwrap()).unwrap();
+    let k8 =
+        SigningKey::from_key_data(&std::fs::read(testdata("signer-pkcs8.pem")).unwrap()).unwrap();
     let t8 = jwt::sign(&serde_json::json!({"purpose": "choria_provisioning"}), &k8).unwrap();
     assert!(validate_provisioning_jwt(&t8, "x", Some(&data), now()).is_ok());
 }
@@ -419,7 +556,10 @@ fn provisioning_jwt_eddsa_with_hex_key_or_file() {
         validate_provisioning_jwt(&t, "x", Some(&rsa), now()),
         Err(PolicyError::Jwt(jwt::JwtError::AlgorithmMismatch { .. }))
     ));
-    assert!(matches!(validate_provisioning_jwt(&t, "", None, now()), Err(PolicyError::NoVerifyCert)));
+    assert!(matches!(
+        validate_provisioning_jwt(&t, "", None, now()),
+        Err(PolicyError::NoVerifyCert)
+    ));
     assert!(validate_provisioning_jwt(&t, "not-hex", None, now()).is_err());
 }
 
@@ -428,16 +568,23 @@ fn provisioning_jwt_with_trust_chain_needs_a_live_chain_issuer() {
     let key = SigningKey::Ed25519(Box::new(prov_signer()));
     let hexkey = prov_signer_hex();
     let mk = |iss: &str, issexp: Option<i64>| {
-        let mut c = serde_json::json!({"purpose": "choria_provisioning", "tcs": "abcd", "iss": iss});
+        let mut c =
+            serde_json::json!({"purpose": "choria_provisioning", "tcs": "abcd", "iss": iss});
         if let Some(e) = issexp {
             c["issexp"] = e.into();
         }
         jwt::sign(&c, &key).unwrap()
     };
-    assert!(validate_provisioning_jwt(&mk("C-x.y", Some(now() + 60)), &hexkey, None, now()).is_ok());
-    assert!(validate_provisioning_jwt(&mk("C-x.y", Some(now() - 60)), &hexkey, None, now()).is_err());
+    assert!(
+        validate_provisioning_jwt(&mk("C-x.y", Some(now() + 60)), &hexkey, None, now()).is_ok()
+    );
+    assert!(
+        validate_provisioning_jwt(&mk("C-x.y", Some(now() - 60)), &hexkey, None, now()).is_err()
+    );
     assert!(validate_provisioning_jwt(&mk("C-x.y", None), &hexkey, None, now()).is_err());
-    assert!(validate_provisioning_jwt(&mk("I-abc", Some(now() + 60)), &hexkey, None, now()).is_err());
+    assert!(
+        validate_provisioning_jwt(&mk("I-abc", Some(now() + 60)), &hexkey, None, now()).is_err()
+    );
 }
 
 #[test]
@@ -446,9 +593,24 @@ fn nonce_signature_checks() {
     let pk = hex::encode(k.verifying_key().to_bytes());
     let sig = hex::encode(k.sign(b"abc123").to_bytes());
     assert!(verify_nonce_signature("abc123", &pk, &sig).is_ok());
-    assert_eq!(verify_nonce_signature("other", &pk, &sig).unwrap_err().to_string(), "invalid nonce signature");
-    assert_eq!(verify_nonce_signature("abc123", "", &sig).unwrap_err().to_string(), "no public key received");
-    assert_eq!(verify_nonce_signature("abc123", &pk, "").unwrap_err().to_string(), "no signature received");
+    assert_eq!(
+        verify_nonce_signature("other", &pk, &sig)
+            .unwrap_err()
+            .to_string(),
+        "invalid nonce signature"
+    );
+    assert_eq!(
+        verify_nonce_signature("abc123", "", &sig)
+            .unwrap_err()
+            .to_string(),
+        "no public key received"
+    );
+    assert_eq!(
+        verify_nonce_signature("abc123", &pk, "")
+            .unwrap_err()
+            .to_string(),
+        "no signature received"
+    );
     assert!(verify_nonce_signature("abc123", "zz", &sig).is_err());
     assert!(verify_nonce_signature("abc123", &pk[..62], &sig).is_err());
     assert!(verify_nonce_signature("abc123", &pk, &sig[..100]).is_err());

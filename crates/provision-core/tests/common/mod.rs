@@ -11,14 +11,17 @@ use std::time::Duration;
 
 use ed25519_dalek::Signer as _;
 use provision_core::helper_protocol::{
-    CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, ProvisioningClaims, StandardClaims,
+    CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, ProvisioningClaims,
+    StandardClaims,
 };
 use provision_core::jwt::{self, SigningKey};
 use provision_core::rpc::*;
 use provision_core::{Backoff, Config, PauseState, Provisioner};
 
 pub fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
 }
 
 pub fn now() -> i64 {
@@ -98,7 +101,8 @@ impl FakeNode {
             s.ecdh_secret = [9u8; 32];
             s.ed_seed = [5u8; 32];
             s.inventory = Inventory {
-                json: r#"{"agents":["choria_provision"],"upgradable":true,"version":"0.29.4"}"#.into(),
+                json: r#"{"agents":["choria_provision"],"upgradable":true,"version":"0.29.4"}"#
+                    .into(),
                 version: "0.29.4".into(),
                 upgradable: true,
             };
@@ -134,7 +138,11 @@ impl FakeNode {
                 p.pause();
             }
         }
-        if let Some(kind) = s.failures.get_mut(action.label()).and_then(|q| q.pop_front()) {
+        if let Some(kind) = s
+            .failures
+            .get_mut(action.label())
+            .and_then(|q| q.pop_front())
+        {
             return Err(RpcError::new(id, action, kind));
         }
         Ok(())
@@ -157,11 +165,20 @@ impl NodeRpc for FakeNode {
         })
     }
 
-    async fn gen25519(&self, id: &str, _token: &str, nonce: &str) -> Result<Ed25519Reply, RpcError> {
+    async fn gen25519(
+        &self,
+        id: &str,
+        _token: &str,
+        nonce: &str,
+    ) -> Result<Ed25519Reply, RpcError> {
         self.enter(id, Action::Gen25519)?;
         let s = self.state.lock().unwrap();
         let key = ed25519_dalek::SigningKey::from_bytes(&s.ed_seed);
-        let msg = if s.bad_nonce { "other".to_string() } else { nonce.to_string() };
+        let msg = if s.bad_nonce {
+            "other".to_string()
+        } else {
+            nonce.to_string()
+        };
         let mut pk = hex::encode(key.verifying_key().to_bytes());
         if s.short_key {
             pk.truncate(62);
@@ -179,33 +196,51 @@ impl NodeRpc for FakeNode {
         Ok(self.state.lock().unwrap().csr.clone())
     }
 
-    async fn configure(&self, id: &str, request: &ConfigureRequest) -> Result<ActionMessage, RpcError> {
+    async fn configure(
+        &self,
+        id: &str,
+        request: &ConfigureRequest,
+    ) -> Result<ActionMessage, RpcError> {
         self.enter(id, Action::Configure)?;
         self.state.lock().unwrap().configured = Some(request.clone());
-        Ok(ActionMessage { message: "Wrote 3 lines".into() })
+        Ok(ActionMessage {
+            message: "Wrote 3 lines".into(),
+        })
     }
 
-    async fn release_update(&self, id: &str, _t: &str, repo: &str, version: &str) -> Result<ActionMessage, RpcError> {
+    async fn release_update(
+        &self,
+        id: &str,
+        _t: &str,
+        repo: &str,
+        version: &str,
+    ) -> Result<ActionMessage, RpcError> {
         self.enter(id, Action::ReleaseUpdate)?;
         let mut s = self.state.lock().unwrap();
         s.released = Some((repo.to_string(), version.to_string()));
         if s.upgrade_to_version {
             s.inventory.version = version.to_string();
         }
-        Ok(ActionMessage { message: "Restarting Choria Server after 2s".into() })
+        Ok(ActionMessage {
+            message: "Restarting Choria Server after 2s".into(),
+        })
     }
 
     async fn restart(&self, id: &str, _t: &str, splay: u32) -> Result<ActionMessage, RpcError> {
         assert_eq!(splay, 1);
         self.enter(id, Action::Restart)?;
         self.state.lock().unwrap().restarted = true;
-        Ok(ActionMessage { message: "Restarting Choria Server after 2s".into() })
+        Ok(ActionMessage {
+            message: "Restarting Choria Server after 2s".into(),
+        })
     }
 
     async fn shutdown(&self, id: &str, _t: &str) -> Result<ActionMessage, RpcError> {
         self.enter(id, Action::Shutdown)?;
         self.state.lock().unwrap().shut_down = true;
-        Ok(ActionMessage { message: "Shutting Choria Server down after 4s".into() })
+        Ok(ActionMessage {
+            message: "Shutting Choria Server down after 4s".into(),
+        })
     }
 }
 
@@ -239,7 +274,9 @@ impl Helper for FakeHelper {
             .lock()
             .unwrap()
             .clone()
-            .ok_or(HelperError::EmptyOutput { helper: "fake".into() })
+            .ok_or(HelperError::EmptyOutput {
+                helper: "fake".into(),
+            })
     }
 }
 
@@ -247,7 +284,10 @@ pub fn good_reply() -> HelperReply {
     HelperReply {
         configuration: Some(BTreeMap::from([
             ("identity".to_string(), "n1.example.net".to_string()),
-            ("plugin.choria.server.provision".to_string(), "false".to_string()),
+            (
+                "plugin.choria.server.provision".to_string(),
+                "false".to_string(),
+            ),
         ])),
         ..Default::default()
     }
@@ -308,7 +348,11 @@ impl Observer for CountingObserver {
 }
 
 pub fn config(yaml: &str) -> Arc<Config> {
-    Arc::new(Config::from_yaml(yaml, "/test/provisioner.yaml").unwrap().config)
+    Arc::new(
+        Config::from_yaml(yaml, "/test/provisioner.yaml")
+            .unwrap()
+            .config,
+    )
 }
 
 pub fn provisioner(
@@ -317,8 +361,14 @@ pub fn provisioner(
     helper: &FakeHelper,
     obs: &CountingObserver,
 ) -> Provisioner<FakeNode, FakeHelper, CountingObserver> {
-    Provisioner::new(cfg, PauseState::default(), node.clone(), helper.clone(), obs.clone())
-        .with_backoff(Backoff::fixed(vec![Duration::ZERO]))
+    Provisioner::new(
+        cfg,
+        PauseState::default(),
+        node.clone(),
+        helper.clone(),
+        obs.clone(),
+    )
+    .with_backoff(Backoff::fixed(vec![Duration::ZERO]))
 }
 
 /// A CSR signed by the node key in testdata.
