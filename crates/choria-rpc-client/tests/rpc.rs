@@ -52,6 +52,11 @@ async fn client_with(server: &NatsServer, security: Security, opts: RpcOptions) 
 /// `provisioning.node.<identity>`, broadcasts on behalf of every identity.
 async fn responder(server: &NatsServer, identities: Vec<String>, handler: Handler) {
     let nc = async_nats::connect(server.url()).await.unwrap();
+    responder_on(nc, identities, handler).await
+}
+
+/// [`responder`] on a given connection.
+async fn responder_on(nc: async_nats::Client, identities: Vec<String>, handler: Handler) {
     let mut directed = nc.subscribe("provisioning.node.>").await.unwrap();
     let mut broadcast = nc
         .subscribe("provisioning.broadcast.agent.*")
@@ -587,4 +592,125 @@ async fn lifecycle_events_in_both_formats_and_our_startup_event() {
     assert_eq!(got.event.identity, IDENTITY);
     assert_eq!(got.event.component, "provisioner");
     assert_eq!(got.event.version.as_deref(), Some("1.2.3"));
+}
+
+#[tokio::test]
+async fn requests_resume_after_a_broker_restart() {
+    let mut server = NatsServer::start();
+    responder(&server, nodes(1), echo_agent(false)).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let ping = br#"{"agent":"rpcutil","action":"ping","data":{}}"#;
+    rpc.request("node0.example.net", "rpcutil", ping, Duration::from_secs(5))
+        .await
+        .unwrap();
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match rpc
+            .request("node0.example.net", "rpcutil", ping, Duration::from_secs(1))
+            .await
+        {
+            Ok(r) => {
+                assert_eq!(r.sender, "node0.example.net");
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no recovery after restart: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+fn tls_file(name: &str) -> String {
+    format!("{}/testdata/tls/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test]
+async fn tls_with_the_file_provider_from_a_choria_config() {
+    use choria_rpc_client::config::ChoriaConfig;
+    let server = NatsServer::start_with_config(&format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\n",
+        tls_file("broker.pem"),
+        tls_file("broker_key.pem"),
+        tls_file("ca.pem")
+    ));
+    let cfg = ChoriaConfig::parse_str(&format!(
+        "identity = {IDENTITY}\nplugin.choria.middleware_hosts = 127.0.0.1:{}\nplugin.security.provider = file\nplugin.security.file.certificate = {}\nplugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+        server.port(),
+        tls_file("provisioner.pem"),
+        tls_file("provisioner_key.pem"),
+        tls_file("ca.pem")
+    ))
+    .unwrap();
+    let settings = ConnectionSettings::from_config(&cfg).unwrap();
+    assert!(settings.tls.is_some());
+    let security = Security::x509_from_files(
+        "choria=provisioner.mcollective",
+        cfg.file_certificate.as_deref().unwrap(),
+        cfg.file_key.as_deref().unwrap(),
+    )
+    .unwrap();
+    let responder_nc = connection::connect(&settings).await.unwrap();
+    responder_on(responder_nc, nodes(1), echo_agent(true)).await;
+    let nc = connection::connect(&settings).await.unwrap();
+    let rpc = RpcClient::new(nc, security, RpcOptions::new(IDENTITY, "provisioning"))
+        .await
+        .unwrap();
+    let data = rpc
+        .call(
+            "node0.example.net",
+            "choria_provision",
+            "ping",
+            &serde_json::json!({}),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data["node"], "node0.example.net");
+
+    // Without TLS (what choria_insecure selects) the same broker refuses the connection.
+    let mut plain = settings.clone();
+    plain.tls = None;
+    assert!(connection::connect(&plain).await.is_err());
+}
+
+#[tokio::test]
+async fn provisioning_password_selects_nats_user_provisioner() {
+    use choria_rpc_client::config::{ChoriaConfig, ProvisionerOverrides};
+    let server = NatsServer::start_with_config(
+        "authorization {\n  user: provisioner\n  password: s3cret\n}\n",
+    );
+    let mut cfg = ChoriaConfig::parse_str(&format!(
+        "plugin.choria.middleware_hosts = nats://127.0.0.1:{}\nplugin.security.provider = puppet\n",
+        server.port()
+    ))
+    .unwrap();
+    let mut wrong = cfg.clone();
+    cfg.apply_provisioner_overrides(&ProvisionerOverrides {
+        insecure: true,
+        broker_provisioning_password: Some("s3cret".into()),
+        ..Default::default()
+    });
+    let settings = ConnectionSettings::from_config(&cfg).unwrap();
+    assert!(settings.tls.is_none());
+    let nc = connection::connect(&settings).await.unwrap();
+    let rpc = RpcClient::new(
+        nc,
+        cfg.security().unwrap(),
+        RpcOptions::new(IDENTITY, "provisioning"),
+    )
+    .await
+    .unwrap();
+    assert!(rpc.discover_provisionable().await.unwrap().is_empty());
+
+    wrong.apply_provisioner_overrides(&ProvisionerOverrides {
+        insecure: true,
+        broker_provisioning_password: Some("wrong".into()),
+        ..Default::default()
+    });
+    let err = connection::connect(&ConnectionSettings::from_config(&wrong).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("127.0.0.1"), "{err}");
 }
