@@ -218,7 +218,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         None
     }
 
-    fn finish(&self, identity: &Arc<str>, hold: Option<Duration>) {
+    fn finish(&self, identity: &str, hold: Option<Duration>) {
         let mut t = self.lock();
         match hold {
             Some(d) => {
@@ -254,7 +254,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         o.busy_workers(self.busy.fetch_add(1, Ordering::Relaxed) + 1);
         let res = self.provisioner.provision(&mut host).await;
         o.busy_workers(self.busy.fetch_sub(1, Ordering::Relaxed).saturating_sub(1));
-        let id = host.identity().to_string();
+        let id = host.identity();
         let hold = match res {
             Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
                 o.provisioned();
@@ -277,11 +277,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 None
             }
         };
-        let key: Arc<str> = Arc::from(id.as_str());
-        self.finish(&key, hold);
+        self.finish(id, hold);
     }
 
-    /// Runs `workers` workers and the hold sweeper until `shutdown` is cancelled; in-flight
+    /// Runs `workers` workers, the hold sweeper and the paused-gauge follower until `shutdown`
+    /// is cancelled; in-flight
     /// cycles are abandoned at that point (the nodes are found again by a later discovery).
     pub async fn run(self: Arc<Self>, workers: usize, shutdown: CancellationToken) {
         let mut set = tokio::task::JoinSet::new();
@@ -309,6 +309,20 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 }
             });
         }
+        // The paused gauge follows the pause state.
+        let fleet = self.clone();
+        let stop = shutdown.clone();
+        set.spawn(async move {
+            let mut rx = fleet.provisioner.pause_state().subscribe();
+            loop {
+                let paused = *rx.borrow_and_update();
+                fleet.provisioner.observer().paused(paused);
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() { return },
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
         let fleet = self.clone();
         let stop = shutdown.clone();
         set.spawn(async move {

@@ -87,7 +87,8 @@ impl VerifyingKey {
 
     /// An ed25519 public key from exactly 64 hex characters.
     pub fn from_ed25519_hex(hex_text: &[u8]) -> Result<Self, JwtError> {
-        let raw = hex::decode(hex_text)
+        // Trailing whitespace, such as the newline an editor adds to a key file, is ignored.
+        let raw = hex::decode(hex_text.trim_ascii())
             .map_err(|e| JwtError::Key(format!("invalid hex ed25519 public key: {e}")))?;
         let raw: [u8; 32] = raw
             .try_into()

@@ -131,14 +131,35 @@ pub fn validate_provisioning_jwt(
     if raw.is_empty() {
         return Err(PolicyError::NoJwt);
     }
+    let key = verify_key(verify_cert, verify_cert_file)?;
+    validate_provisioning_jwt_with_key(raw, &key, now)
+}
+
+/// The key `jwt_verify_cert` names: the content of the file by that name when there is one
+/// (`verify_cert_file`), else the setting itself as a hex ed25519 public key.
+pub fn verify_key(
+    verify_cert: &str,
+    verify_cert_file: Option<&[u8]>,
+) -> Result<VerifyingKey, PolicyError> {
     if verify_cert.is_empty() {
         return Err(PolicyError::NoVerifyCert);
     }
-    let key = match verify_cert_file {
+    Ok(match verify_cert_file {
         Some(data) => VerifyingKey::from_public_data(data)?,
         None => VerifyingKey::from_ed25519_hex(verify_cert.as_bytes())?,
-    };
-    let mut claims: ProvisioningClaims = jwt::verify(raw, &key, now)?;
+    })
+}
+
+/// [`validate_provisioning_jwt`] with a key already loaded.
+pub fn validate_provisioning_jwt_with_key(
+    raw: &str,
+    key: &VerifyingKey,
+    now: i64,
+) -> Result<ProvisioningClaims, PolicyError> {
+    if raw.is_empty() {
+        return Err(PolicyError::NoJwt);
+    }
+    let mut claims: ProvisioningClaims = jwt::verify(raw, key, now)?;
     if claims.standard.purpose != PROVISIONING_PURPOSE
         && claims.standard.subject != PROVISIONING_PURPOSE
     {

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, PauseState};
+use crate::jwt::VerifyingKey;
 use crate::keyenc::encrypt_private_key;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
 use crate::rpc::{
@@ -187,6 +188,10 @@ impl Host {
     }
 }
 
+/// When the verification key file was last seen: modification time and size, `None` when
+/// there is no such file.
+type KeyStamp = Option<(Option<std::time::SystemTime>, u64)>;
+
 /// Runs the cycle for nodes; shared by every worker.
 pub struct Provisioner<R, H, O, C = SystemClock> {
     config: Arc<Config>,
@@ -196,7 +201,7 @@ pub struct Provisioner<R, H, O, C = SystemClock> {
     observer: O,
     clock: C,
     backoff: Backoff,
-    verify_cert_cache: std::sync::Mutex<Option<(String, Option<Vec<u8>>)>>,
+    verify_key_cache: std::sync::Mutex<Option<(KeyStamp, VerifyingKey)>>,
 }
 
 impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
@@ -210,7 +215,7 @@ impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
             observer,
             clock: SystemClock,
             backoff: Backoff::default(),
-            verify_cert_cache: std::sync::Mutex::new(None),
+            verify_key_cache: std::sync::Mutex::new(None),
         }
     }
 }
@@ -226,7 +231,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             observer: self.observer,
             clock,
             backoff: self.backoff,
-            verify_cert_cache: self.verify_cert_cache,
+            verify_key_cache: self.verify_key_cache,
         }
     }
 
@@ -309,20 +314,26 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
     }
 
-    fn verify_cert_data(&self) -> Result<Option<Vec<u8>>, PolicyError> {
+    /// The provisioning JWT verification key, parsed once and parsed again only when the file
+    /// named by `jwt_verify_cert` changes (so a rotated key takes effect without a restart).
+    fn verify_key(&self) -> Result<VerifyingKey, PolicyError> {
         let name = &self.config.jwt_verify_cert;
-        if let Ok(cache) = self.verify_cert_cache.lock() {
-            if let Some((n, d)) = cache.as_ref() {
-                if n == name {
-                    return Ok(d.clone());
+        let stamp = std::fs::metadata(name)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
+        if let Ok(cache) = self.verify_key_cache.lock() {
+            if let Some((s, k)) = cache.as_ref() {
+                if *s == stamp {
+                    return Ok(k.clone());
                 }
             }
         }
         let data = policy::read_verify_cert(name)?;
-        if let Ok(mut cache) = self.verify_cert_cache.lock() {
-            *cache = Some((name.clone(), data.clone()));
+        let key = policy::verify_key(name, data.as_deref())?;
+        if let Ok(mut cache) = self.verify_key_cache.lock() {
+            *cache = Some((stamp, key.clone()));
         }
-        Ok(data)
+        Ok(key)
     }
 
     async fn cycle(&self, host: &mut Host) -> Result<Outcome, ProvisionErrorKind> {
@@ -346,11 +357,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                     "already have the provisioning JWT, not fetching it again"
                 );
             }
-            let data = self.verify_cert_data().map_err(ProvisionErrorKind::Jwt)?;
-            let claims = policy::validate_provisioning_jwt(
+            if host.raw_jwt.is_empty() {
+                return Err(ProvisionErrorKind::Jwt(PolicyError::NoJwt));
+            }
+            let key = self.verify_key().map_err(ProvisionErrorKind::Jwt)?;
+            let claims = policy::validate_provisioning_jwt_with_key(
                 &host.raw_jwt,
-                &cfg.jwt_verify_cert,
-                data.as_deref(),
+                &key,
                 self.clock.now_unix(),
             )
             .map_err(ProvisionErrorKind::Jwt)?;

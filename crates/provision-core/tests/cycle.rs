@@ -682,3 +682,32 @@ async fn second_round_reuses_what_was_fetched() {
     assert_eq!(node.count(Action::Gen25519), 1);
     assert_eq!(node.count(Action::Inventory), 1);
 }
+
+#[tokio::test]
+async fn rotated_verification_key_file_takes_effect_without_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let keyfile = dir.path().join("signer.pub");
+    std::fs::write(&keyfile, prov_signer_hex()).unwrap();
+    let yaml = format!(
+        "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
+        keyfile.display()
+    );
+    let cfg = config(&yaml);
+    let node = FakeNode::new();
+    let helper = FakeHelper::replying(good_reply());
+    let p = provisioner(cfg, &node, &helper, &CountingObserver::default());
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
+    // Rotate to a key that did not sign the node's token (different size, so the change is
+    // seen even within the file system's timestamp granularity).
+    let other = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
+    std::fs::write(
+        &keyfile,
+        format!("{}\n", hex::encode(other.verifying_key().to_bytes())),
+    )
+    .unwrap();
+    let err = p.provision(&mut host()).await.unwrap_err();
+    assert!(matches!(err.kind, ProvisionErrorKind::Jwt(_)), "{err}");
+}

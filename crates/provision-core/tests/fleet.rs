@@ -233,3 +233,25 @@ async fn shutdown_stops_workers_mid_cycle() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn paused_gauge_follows_the_pause_state() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    wait_for("initial state", || obs.0.paused.lock().unwrap().len() == 1).await;
+    fleet.provisioner().pause_state().pause();
+    wait_for("paused", || obs.0.paused.lock().unwrap().len() == 2).await;
+    fleet.provisioner().pause_state().flip();
+    wait_for("resumed", || obs.0.paused.lock().unwrap().len() == 3).await;
+    assert_eq!(*obs.0.paused.lock().unwrap(), vec![false, true, false]);
+    stop.cancel();
+    run.await.unwrap();
+}

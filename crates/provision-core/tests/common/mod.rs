@@ -306,6 +306,7 @@ pub struct Counts {
     pub discovered: AtomicUsize,
     pub event_discovered: AtomicUsize,
     pub max_busy: AtomicUsize,
+    pub paused: Mutex<Vec<bool>>,
 }
 
 #[derive(Clone, Default)]
@@ -341,6 +342,9 @@ impl Observer for CountingObserver {
     }
     fn event_discovered(&self) {
         self.0.event_discovered.fetch_add(1, Ordering::SeqCst);
+    }
+    fn paused(&self, paused: bool) {
+        self.0.paused.lock().unwrap().push(paused);
     }
     fn busy_workers(&self, n: usize) {
         self.0.max_busy.fetch_max(n, Ordering::SeqCst);
