@@ -13,7 +13,7 @@ use clap::Parser;
 
 /// Thousands of simulated Choria servers in provisioning mode, in one process.
 #[derive(Parser, Debug)]
-#[command(name = "choria-fleet-sim", version)]
+#[command(name = "choria-fleet-sim", disable_version_flag = true)]
 struct Cli {
     /// NATS broker URL(s), comma separated (also the provisioning JWT's `chu`).
     #[arg(long)]

@@ -1,0 +1,176 @@
+//! A minimal Choria client for driving the fleet in tests: raw async-nats requests built with
+//! the protocol module, replies collected on the request's reply subject.
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use choria_fleet_sim::{Fleet, FleetConfig, ProvisioningJwt};
+use choria_rpc_client::mcorpc::RpcReply;
+use choria_rpc_client::protocol::{self, Filter, OutgoingRequest, Reply, Security};
+use futures::StreamExt as _;
+
+pub const TOKEN: &str = "s3cret";
+
+pub fn testdata(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
+}
+
+pub fn read(name: &str) -> String {
+    std::fs::read_to_string(testdata(name)).unwrap()
+}
+
+/// A seed for an ed25519 provisioning signer (fast to sign with in debug builds).
+pub const SIGNER_SEED: [u8; 32] = [9u8; 32];
+
+pub fn config(url: &str, nodes: usize) -> FleetConfig {
+    let signer =
+        choria_fleet_sim::crypto::JwtSigner::from_key_data(hex::encode(SIGNER_SEED).as_bytes())
+            .unwrap();
+    let mut cfg = FleetConfig::new(url, nodes, TOKEN, ProvisioningJwt::Sign(signer));
+    cfg.rsa_keys_pem = Some(read("rsa-pool.pem"));
+    cfg.restart_delay = Duration::from_millis(200);
+    cfg.startup_rate = 0;
+    cfg
+}
+
+pub async fn start(url: &str, nodes: usize) -> Fleet {
+    Fleet::start(config(url, nodes)).await.unwrap()
+}
+
+pub struct Client {
+    pub nc: async_nats::Client,
+    pub security: Security,
+    pub sender: String,
+}
+
+impl Client {
+    pub async fn v1(url: &str, sender: &str) -> Client {
+        Client {
+            nc: async_nats::connect(url).await.unwrap(),
+            security: Security::insecure(format!("choria={sender}.mcollective")),
+            sender: sender.to_string(),
+        }
+    }
+
+    /// A v2 client with a throwaway JWT (provisioning-mode v2 servers do not verify callers).
+    pub async fn v2(url: &str, sender: &str) -> Client {
+        use base64::Engine as _;
+        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let jwt = format!(
+            "{}.{}.{}",
+            b.encode(r#"{"alg":"EdDSA","typ":"JWT"}"#),
+            b.encode(format!(
+                r#"{{"callerid":"{sender}","purpose":"choria_client_id"}}"#
+            )),
+            b.encode([0u8; 64])
+        );
+        Client {
+            nc: async_nats::connect(url).await.unwrap(),
+            security: Security::choria(jwt, [5u8; 32]).unwrap(),
+            sender: sender.to_string(),
+        }
+    }
+
+    /// Send a request (directed to `target` or broadcast) and collect replies until `want`
+    /// arrived or `wait` passed.
+    pub async fn request(
+        &self,
+        target: Option<&str>,
+        agent: &str,
+        payload: &[u8],
+        filter: &Filter,
+        want: usize,
+        wait: Duration,
+    ) -> Vec<Reply> {
+        let id = protocol::new_request_id();
+        let reply_to = protocol::reply_subject("provisioning", self.security.caller_id(), &id);
+        let mut sub = self.nc.subscribe(reply_to.clone()).await.unwrap();
+        let bytes = protocol::encode_request(
+            &self.security,
+            &OutgoingRequest {
+                agent,
+                collective: "provisioning",
+                payload,
+                filter,
+                ttl: 60,
+                sender: &self.sender,
+                id: &id,
+                reply_to: &reply_to,
+            },
+            SystemTime::now(),
+        )
+        .unwrap();
+        let subject = match target {
+            Some(t) => protocol::directed_subject("provisioning", t),
+            None => protocol::broadcast_subject("provisioning", agent),
+        };
+        self.nc.publish(subject, bytes).await.unwrap();
+        self.nc.flush().await.unwrap();
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        while out.len() < want {
+            match tokio::time::timeout_at(deadline, sub.next()).await {
+                Ok(Some(m)) => out.push(protocol::parse_reply(&m.payload).unwrap()),
+                _ => break,
+            }
+        }
+        out
+    }
+
+    pub async fn discover(&self, want: usize, wait: Duration) -> Vec<String> {
+        self.request(
+            None,
+            "discovery",
+            protocol::DISCOVERY_PING,
+            &Filter::with_agent("choria_provision"),
+            want,
+            wait,
+        )
+        .await
+        .into_iter()
+        .map(|r| r.transport_sender.unwrap_or_default())
+        .collect()
+    }
+
+    /// A directed RPC to one node; `None` when it did not answer within `wait`.
+    pub async fn rpc_wait(
+        &self,
+        node: &str,
+        agent: &str,
+        action: &str,
+        data: serde_json::Value,
+        wait: Duration,
+    ) -> Option<(Reply, RpcReply)> {
+        let body = choria_rpc_client::mcorpc::encode_request(agent, action, &data).unwrap();
+        let r = self
+            .request(
+                Some(node),
+                agent,
+                &body,
+                &Filter::with_identity(node),
+                1,
+                wait,
+            )
+            .await
+            .into_iter()
+            .next()?;
+        let rpc = RpcReply::parse(&r.body).unwrap();
+        Some((r, rpc))
+    }
+
+    pub async fn rpc(&self, node: &str, action: &str, data: serde_json::Value) -> RpcReply {
+        self.rpc_wait(
+            node,
+            "choria_provision",
+            action,
+            data,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|| panic!("{node} did not answer {action}"))
+        .1
+    }
+}
