@@ -17,9 +17,11 @@
 //! # Ok(()) }
 //! ```
 
+mod gojson;
 mod runner;
 mod types;
 
+pub use gojson::{to_go_json, to_go_json_string};
 pub use runner::{HelperError, HelperErrorKind, HelperRunner, DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
 pub use types::{
     CsrReply, Ed25519Reply, HelperInput, HelperReply, ProvisioningClaims, ServerClaims,

@@ -181,7 +181,7 @@ impl HelperRunner {
 
     /// Encodes `input`, runs the helper and decodes its reply.
     pub async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
-        let bytes = serde_json::to_vec(input).map_err(|source| HelperError::Encode {
+        let bytes = crate::gojson::to_go_json(input).map_err(|source| HelperError::Encode {
             identity: input.identity.clone(),
             source,
         })?;

@@ -409,6 +409,32 @@ mod tests {
     }
 
     #[test]
+    fn input_with_every_feature_matches_the_documented_shape() {
+        let input = HelperInput {
+            identity: "n1".into(),
+            csr: Some(CsrReply {
+                csr: "C".into(),
+                public_key: "P".into(),
+                ssldir: "/s".into(),
+            }),
+            ed25519_pubkey: Some(Ed25519Reply {
+                public_key: "k".into(),
+                directory: "/d".into(),
+                signature: "s".into(),
+            }),
+            inventory: "{\"a\":\"<&>\"}".into(),
+            jwt: Some(ProvisioningClaims {
+                token: "t".into(),
+                ..Default::default()
+            }),
+        };
+        assert_eq!(
+            crate::to_go_json_string(&input).unwrap(),
+            r#"{"identity":"n1","csr":{"csr":"C","public_key":"P","ssldir":"/s"},"ed25519_pubkey":{"public_key":"k","directory":"/d","signature":"s"},"inventory":"{\"a\":\"\u003c\u0026\u003e\"}","jwt":{"cht":"t","chs":false,"chpd":false,"extensions":null,"purpose":""}}"#
+        );
+    }
+
+    #[test]
     fn provisioning_claims_keep_go_order_and_omissions() {
         let c = ProvisioningClaims {
             token: "s3cret".into(),

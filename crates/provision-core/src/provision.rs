@@ -507,7 +507,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         };
         let request = ConfigureRequest {
             token: token.to_string(),
-            config: serde_json::to_string(&configuration).unwrap_or_default(),
+            config: helper_protocol::to_go_json_string(&configuration).unwrap_or_default(),
             ca: std::mem::take(&mut reply.ca),
             certificate: std::mem::take(&mut reply.certificate),
             ssldir,
