@@ -289,7 +289,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             let fleet = self.clone();
             let stop = shutdown.clone();
             set.spawn(async move {
+                let mut pause = fleet.provisioner.pause_state().subscribe();
                 loop {
+                    // While paused, nodes stay queued rather than failing one by one; those that
+                    // wait too long are dropped by the staleness check once provisioning resumes.
+                    if *pause.borrow_and_update() {
+                        tokio::select! {
+                            _ = pause.wait_for(|p| !*p) => {}
+                            _ = stop.cancelled() => return,
+                        }
+                        continue;
+                    }
                     let notified = fleet.wake.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();

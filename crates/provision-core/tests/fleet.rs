@@ -255,3 +255,30 @@ async fn paused_gauge_follows_the_pause_state() {
     stop.cancel();
     run.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn paused_workers_leave_nodes_queued_until_resumed() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    fleet.provisioner().pause_state().pause();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    fleet.add("a", Source::Discovery);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(node.calls().is_empty());
+    assert_eq!(fleet.queued(), 1);
+    fleet.provisioner().pause_state().resume();
+    wait_for("provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), 0);
+    stop.cancel();
+    run.await.unwrap();
+}
