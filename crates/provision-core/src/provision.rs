@@ -342,7 +342,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         if waited > cfg.interval * 2 {
             return Err(ProvisionErrorKind::Stale(waited));
         }
-        let id: &str = &host.identity.clone();
+        let identity = host.identity.clone();
+        let id: &str = &identity;
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
 
