@@ -684,7 +684,7 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
     Ok(env)
 }
 
-/// Ping the `provisioning` collective with the real CLI until every identity answers.
+/// Ping with the real CLI (the collective of `client_conf`) until every identity answers.
 fn wait_for_servers(
     choria: &Path,
     client_conf: &Path,
@@ -703,14 +703,7 @@ fn wait_for_servers(
         let out = cmd
             .args(["ping", "--config"])
             .arg(client_conf)
-            .args([
-                "-T",
-                "provisioning",
-                "--names",
-                "--timeout",
-                "2",
-                "--expect",
-            ])
+            .args(["--names", "--timeout", "2", "--expect"])
             .arg(identities.len().to_string())
             .output()
             .context("running choria ping")?;
@@ -721,7 +714,10 @@ fn wait_for_servers(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    bail!("servers not answering in the provisioning collective: {missing:?}")
+    bail!(
+        "servers not answering to {}: {missing:?}",
+        client_conf.display()
+    )
 }
 
 /// The sample helper. With an ed25519 public key (ed25519 mode) it configures the `choria`
@@ -843,4 +839,178 @@ fn alive(pid: u32) -> bool {
             .unwrap_or(false),
         Err(_) => false,
     }
+}
+
+/// Read `DIR/env.conf` back.
+fn read_env(dir: &Path) -> Result<std::collections::HashMap<String, String>> {
+    let path = dir.join("env.conf");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// Run `choria req choria_provision <action>` against one node in the provisioning collective
+/// and return the reply's `data`, failing unless exactly one OK reply came.
+fn provision_rpc(
+    choria: &Path,
+    client_conf: &str,
+    identity: &str,
+    action: &str,
+    inputs: &[String],
+) -> Result<serde_json::Value> {
+    let mut cmd = Command::new(choria);
+    if std::env::var_os("USER").is_none_or(|u| u.is_empty()) {
+        cmd.env("USER", "root");
+    }
+    let out = cmd
+        .args(["req", "choria_provision", action])
+        .args(inputs)
+        .args([
+            "--config",
+            client_conf,
+            "-T",
+            "provisioning",
+            "-I",
+            identity,
+        ])
+        .args(["--json", "--discovery-timeout", "2"])
+        .output()
+        .context("running choria req")?;
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "{identity}: choria_provision#{action} printed no JSON: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let replies = reply["replies"].as_array().cloned().unwrap_or_default();
+    match replies.as_slice() {
+        [one] if one["statuscode"] == 0 => Ok(one["data"].clone()),
+        _ => bail!("{identity}: choria_provision#{action} failed: {reply}"),
+    }
+}
+
+/// Provision every server of a running environment through the real CLI and the sample helper,
+/// the way a provisioner does (jwt, gencsr or gen25519 by mode, helper, configure, restart), then
+/// check each rewrote its configuration and answers in the provisioned collective.
+pub fn selftest(dir: &Path) -> Result<()> {
+    let env = read_env(dir)?;
+    let get = |k: &str| {
+        env.get(k)
+            .cloned()
+            .with_context(|| format!("env.conf has no {k}"))
+    };
+    let choria = PathBuf::from(get("choria")?);
+    let client = get("client_config")?;
+    let mode = get("mode")?;
+    let identities: Vec<String> = get("servers")?.split(',').map(str::to_string).collect();
+    let token = format!("token={TOKEN}");
+    for identity in &identities {
+        let claims = provision_rpc(&choria, &client, identity, "jwt", &[token.clone()])?;
+        if claims["jwt"].as_str().is_none_or(str::is_empty) {
+            bail!("{identity}: the jwt action returned no token");
+        }
+        let mut input = serde_json::json!({
+            "identity": identity, "csr": null, "ed25519_pubkey": null,
+            "inventory": "{}", "jwt": null,
+        });
+        let mut server_jwt = String::new();
+        match mode.as_str() {
+            "pki" => {
+                let cn = format!("cn={identity}");
+                input["csr"] =
+                    provision_rpc(&choria, &client, identity, "gencsr", &[token.clone(), cn])?;
+            }
+            "ed25519" => {
+                let nonce = "nonce=selftest".to_string();
+                let key = provision_rpc(
+                    &choria,
+                    &client,
+                    identity,
+                    "gen25519",
+                    &[token.clone(), nonce],
+                )?;
+                let public = key["public_key"].as_str().unwrap_or_default().to_string();
+                let file = dir.join("provisioner").join(format!("{identity}.jwt"));
+                choria_cli(
+                    &choria,
+                    &[
+                        "jwt",
+                        "server",
+                        &file.display().to_string(),
+                        identity,
+                        &public,
+                        &get("issuer_seed")?,
+                        "--collectives",
+                        "choria",
+                    ],
+                )?;
+                server_jwt = std::fs::read_to_string(&file)?;
+                input["ed25519_pubkey"] = key;
+            }
+            _ => {}
+        }
+        let mut helper = Command::new(get("helper")?)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the helper")?;
+        if let Some(mut stdin) = helper.stdin.take() {
+            use std::io::Write as _;
+            stdin.write_all(input.to_string().as_bytes())?;
+        }
+        let out = helper.wait_with_output()?;
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("{identity}: the helper printed no JSON"))?;
+        let mut inputs = vec![token.clone(), format!("config={}", answer["configuration"])];
+        for key in ["certificate", "ca", "ssldir"] {
+            if let Some(v) = answer[key].as_str().filter(|v| !v.is_empty()) {
+                inputs.push(format!("{key}={v}"));
+            }
+        }
+        if !server_jwt.is_empty() {
+            inputs.push(format!("server_jwt={}", server_jwt.trim()));
+        }
+        provision_rpc(&choria, &client, identity, "configure", &inputs)?;
+        provision_rpc(
+            &choria,
+            &client,
+            identity,
+            "restart",
+            &[token.clone(), "splay=1".to_string()],
+        )?;
+        eprintln!("xtask: configured {identity}");
+    }
+    for identity in &identities {
+        let conf = PathBuf::from(get("server_dir")?)
+            .join(identity)
+            .join("server.conf");
+        let text = std::fs::read_to_string(&conf)?;
+        if !text
+            .lines()
+            .any(|l| l == "plugin.choria.server.provision=false")
+        {
+            bail!(
+                "{identity}: {} was not rewritten by configure",
+                conf.display()
+            );
+        }
+    }
+    wait_for_servers(
+        &choria,
+        Path::new(&get("admin_config")?),
+        &identities,
+        Duration::from_secs(60),
+    )
+    .context("provisioned servers not answering in their new collective")?;
+    eprintln!(
+        "xtask: all {} servers provisioned and answering in {}",
+        identities.len(),
+        get("provisioned_collective")?
+    );
+    Ok(())
 }

@@ -57,6 +57,10 @@ pub fn main(args: &[String]) -> Result<()> {
             print!("{}", env.describe());
             Ok(())
         }
+        "selftest" => {
+            let dir = dir_arg(rest)?;
+            choria_env::selftest(&dir)
+        }
         "stop" => {
             let dir = dir_arg(rest)?;
             choria_env::stop(&dir)
@@ -65,6 +69,7 @@ pub fn main(args: &[String]) -> Result<()> {
             eprintln!(
                 "usage: cargo xtask peers build\n       \
                  cargo xtask peers env --dir DIR [--servers N] [--mode plain|pki|ed25519] [--no-wait]\n       \
+                 cargo xtask peers selftest --dir DIR\n       \
                  cargo xtask peers stop --dir DIR"
             );
             if cmd == "help" {
@@ -79,7 +84,7 @@ pub fn main(args: &[String]) -> Result<()> {
 fn dir_arg(args: &[String]) -> Result<PathBuf> {
     match args {
         [flag, dir] if flag == "--dir" => Ok(PathBuf::from(dir)),
-        _ => bail!("peers stop: expected --dir DIR"),
+        _ => bail!("peers: expected --dir DIR"),
     }
 }
 
