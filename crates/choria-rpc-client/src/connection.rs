@@ -30,6 +30,12 @@ pub enum ConnectionError {
         /// The file.
         path: String,
     },
+    /// The broker did not confirm earlier operations in time.
+    #[error("broker round trip failed: {reason}")]
+    RoundTrip {
+        /// Why.
+        reason: String,
+    },
     /// Connecting to the broker failed.
     #[error("cannot connect to {urls}: {source}")]
     Connect {
@@ -39,6 +45,32 @@ pub enum ConnectionError {
         #[source]
         source: async_nats::ConnectError,
     },
+}
+
+/// Wait until the broker has processed everything this connection sent before, in particular
+/// its subscriptions. `flush` only empties the socket buffer; a message sent to ourselves
+/// comes back only after the broker handled every earlier operation of this connection.
+pub async fn round_trip(
+    nats: &async_nats::Client,
+    timeout: Duration,
+) -> Result<(), ConnectionError> {
+    let fail = |reason: String| ConnectionError::RoundTrip { reason };
+    let inbox = nats.new_inbox();
+    let mut sub = nats
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    nats.publish(inbox, bytes::Bytes::new())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let res = tokio::time::timeout(timeout, futures::StreamExt::next(&mut sub)).await;
+    // Best effort: the subscription is private and dies with the connection anyway.
+    let _ = sub.unsubscribe().await;
+    match res {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(fail("connection closed".into())),
+        Err(_) => Err(fail(format!("no echo from the broker within {timeout:?}"))),
+    }
 }
 
 /// Everything the connection needs, derived from a [`ChoriaConfig`] (or built by hand).

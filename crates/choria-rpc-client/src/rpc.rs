@@ -24,6 +24,9 @@ use crate::protocol::{self, Filter, OutgoingRequest, ProtocolError, Reply, Secur
 /// The `statusmsg` of `choria_provision` when another provisioner holds the node's lock.
 pub const PROVISIONING_LOCK_MSG: &str = "Could not obtain provisioning lock";
 
+/// How long to wait for the broker to confirm a new subscription.
+const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What kind of failure an [`RpcError`] is, for callers that branch on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RpcErrorKind {
@@ -194,6 +197,29 @@ impl RpcOptions {
     }
 }
 
+impl RpcOptions {
+    /// Options from a client configuration: its identity, main collective and TTL.
+    pub fn from_config(cfg: &crate::config::ChoriaConfig) -> Self {
+        let mut o = RpcOptions::new(cfg.identity.clone(), cfg.main_collective.clone());
+        o.ttl = cfg.ttl;
+        o
+    }
+}
+
+/// Why [`RpcClient::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The configuration is unusable (hosts, security files...).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The broker connection failed.
+    #[error(transparent)]
+    Connection(#[from] crate::connection::ConnectionError),
+    /// The reply subscription could not be made.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+}
+
 /// Counters of the reply path.
 #[derive(Debug, Default)]
 struct Counters {
@@ -332,7 +358,9 @@ impl RpcClient {
             .await
             .map_err(|e| transport(&e))?;
         // The subscription must be registered on the server before the first request goes out.
-        nats.flush().await.map_err(|e| transport(&e))?;
+        crate::connection::round_trip(&nats, ROUND_TRIP_TIMEOUT)
+            .await
+            .map_err(|e| transport(&e))?;
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let weak = weak.clone();
             let dispatcher = tokio::spawn(async move {
@@ -349,6 +377,16 @@ impl RpcClient {
             }
         });
         Ok(RpcClient { inner })
+    }
+
+    /// Everything from a configuration (with the provisioner overrides already applied):
+    /// security from its provider, one connection from its middleware hosts and TLS
+    /// settings, options from its identity, main collective and TTL.
+    pub async fn connect(cfg: &crate::config::ChoriaConfig) -> Result<Self, SetupError> {
+        let security = cfg.security()?;
+        let settings = crate::connection::ConnectionSettings::from_config(cfg)?;
+        let nats = crate::connection::connect(&settings).await?;
+        Ok(Self::new(nats, security, RpcOptions::from_config(cfg)).await?)
     }
 
     /// The underlying NATS client (for JetStream, leader election...).
@@ -657,9 +695,7 @@ impl RpcClient {
             action: format!("subscribe {subject}"),
             reason: e.to_string(),
         })?;
-        self.inner
-            .nats
-            .flush()
+        crate::connection::round_trip(&self.inner.nats, ROUND_TRIP_TIMEOUT)
             .await
             .map_err(|e| RpcError::Transport {
                 identity: "*".into(),

@@ -62,7 +62,9 @@ async fn responder_on(nc: async_nats::Client, identities: Vec<String>, handler: 
         .subscribe("provisioning.broadcast.agent.*")
         .await
         .unwrap();
-    nc.flush().await.unwrap();
+    connection::round_trip(&nc, Duration::from_secs(5))
+        .await
+        .unwrap();
     let known: Arc<HashSet<String>> = Arc::new(identities.iter().cloned().collect());
     let ids = Arc::new(identities);
     tokio::spawn(async move {
@@ -314,7 +316,7 @@ async fn discovery_with_no_responders_ends_at_the_timeout() {
     let took = start.elapsed();
     assert!(found.is_empty());
     assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_millis(600),
+        took >= Duration::from_millis(400) && took < Duration::from_millis(700),
         "{took:?}"
     );
 }
@@ -463,7 +465,7 @@ async fn timeouts_are_honoured_and_leave_nothing_behind() {
         let took = start.elapsed();
         assert_eq!(err.kind(), RpcErrorKind::Timeout);
         assert!(
-            took >= t && took < t + Duration::from_millis(60),
+            took >= t && took < t + Duration::from_millis(100),
             "timeout {t:?} took {took:?}"
         );
     }
@@ -581,7 +583,9 @@ async fn lifecycle_events_in_both_formats_and_our_startup_event() {
         .subscribe("choria.lifecycle.event.startup.provisioner")
         .await
         .unwrap();
-    watcher.flush().await.unwrap();
+    connection::round_trip(&watcher, Duration::from_secs(5))
+        .await
+        .unwrap();
     rpc.publish_startup("provisioner", "1.2.3").await.unwrap();
     let msg = tokio::time::timeout(Duration::from_secs(5), ours.next())
         .await
