@@ -910,7 +910,13 @@ pub fn selftest(dir: &Path) -> Result<()> {
     let identities: Vec<String> = get("servers")?.split(',').map(str::to_string).collect();
     let token = format!("token={TOKEN}");
     for identity in &identities {
-        let claims = provision_rpc(&choria, &client, identity, "jwt", &[token.clone()])?;
+        let claims = provision_rpc(
+            &choria,
+            &client,
+            identity,
+            "jwt",
+            std::slice::from_ref(&token),
+        )?;
         if claims["jwt"].as_str().is_none_or(str::is_empty) {
             bail!("{identity}: the jwt action returned no token");
         }
