@@ -1,6 +1,426 @@
-//! `cargo xtask docs`.
+//! `cargo xtask docs`: checks the Markdown documentation under `docs/`.
+//!
+//! The documentation is plain Markdown indexed by `docs/SUMMARY.md` (mdBook's layout, so
+//! `mdbook build docs` also works where mdBook is installed). This command checks that:
+//!
+//! - every page named in `SUMMARY.md` exists and every page in `docs/` is named there;
+//! - every relative link of every page resolves to a file, and every `#anchor` to a heading;
+//! - every command in a code block that starts with `choria-provisioner`, `choria-fleet-sim` or
+//!   `cargo xtask` names a subcommand and flags the real program accepts (read from the built
+//!   binaries' `--help` and from xtask's own usage text).
+//!
+//! The YAML examples are loaded through the provisioner's configuration loader by the test
+//! `xtask/tests/docs_config.rs`.
 
-/// `cargo xtask docs`.
-pub fn main(_args: &[String]) -> anyhow::Result<()> {
-    anyhow::bail!("docs: not built yet")
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::tools::root;
+
+/// `cargo xtask docs [--no-build]`.
+pub fn main(args: &[String]) -> Result<()> {
+    let build = match args {
+        [] => true,
+        [a] if a == "--no-build" => false,
+        _ => bail!("usage: cargo xtask docs [--no-build]"),
+    };
+    let root = root();
+    let docs = root.join("docs");
+    let pages = markdown_pages(&docs)?;
+    let mut problems = Vec::new();
+
+    check_summary(&docs, &pages, &mut problems)?;
+    for page in &pages {
+        check_links(&docs, page, &mut problems)?;
+    }
+    let clis = known_clis(&root, build)?;
+    let mut commands = 0;
+    for page in &pages {
+        commands += check_commands(&docs, page, &clis, &mut problems)?;
+    }
+
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("docs: {p}");
+        }
+        bail!("{} problem(s) in docs/", problems.len());
+    }
+    println!(
+        "docs: {} pages, every link resolves, {commands} commands name real subcommands and flags",
+        pages.len()
+    );
+    Ok(())
+}
+
+/// Every `.md` file directly under `docs/`, sorted.
+fn markdown_pages(docs: &Path) -> Result<Vec<PathBuf>> {
+    let mut pages = Vec::new();
+    for entry in fs::read_dir(docs).context("cannot read docs/")? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    pages.sort();
+    Ok(pages)
+}
+
+fn name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn check_summary(docs: &Path, pages: &[PathBuf], problems: &mut Vec<String>) -> Result<()> {
+    let summary = docs.join("SUMMARY.md");
+    let text = fs::read_to_string(&summary).context("docs/SUMMARY.md is missing")?;
+    let listed: BTreeSet<String> = links(&text)
+        .into_iter()
+        .filter(|l| !is_external(l))
+        .map(|l| l.split('#').next().unwrap_or_default().to_string())
+        .collect();
+    for page in pages {
+        let n = name(page);
+        if n != "SUMMARY.md" && !listed.contains(&n) {
+            problems.push(format!("{n} is not listed in SUMMARY.md"));
+        }
+    }
+    Ok(())
+}
+
+fn is_external(link: &str) -> bool {
+    link.starts_with("http://") || link.starts_with("https://") || link.starts_with("mailto:")
+}
+
+/// The targets of inline Markdown links `[text](target)` outside code.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose_lines(text) {
+        let mut rest = line;
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = after[..end].split_whitespace().next().unwrap_or_default();
+            if !target.is_empty() {
+                out.push(target.to_string());
+            }
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// Lines outside fenced code blocks, with inline code spans removed.
+fn prose_lines(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes, duplicates
+/// numbered.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for line in prose_lines(text) {
+        let t = line.trim_start();
+        if !t.starts_with('#') {
+            continue;
+        }
+        let title = t.trim_start_matches('#').trim();
+        let slug: String = title
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let n = seen.entry(slug.clone()).or_insert(0);
+        let anchor = if *n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        };
+        *n += 1;
+        out.insert(anchor);
+    }
+    out
+}
+
+fn check_links(docs: &Path, page: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let text = fs::read_to_string(page)?;
+    let here = name(page);
+    for link in links(&text) {
+        if is_external(&link) {
+            continue;
+        }
+        let (file, anchor) = match link.split_once('#') {
+            Some((f, a)) => (f, Some(a)),
+            None => (link.as_str(), None),
+        };
+        let target = if file.is_empty() {
+            page.to_path_buf()
+        } else {
+            docs.join(file)
+        };
+        if !target.exists() {
+            problems.push(format!("{here}: link {link} names a missing file"));
+            continue;
+        }
+        if let Some(a) = anchor {
+            let body = fs::read_to_string(&target).unwrap_or_default();
+            if !anchors(&body).contains(a) {
+                problems.push(format!("{here}: link {link} names a missing heading"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A program's subcommands and the flags each accepts.
+#[derive(Debug, Default)]
+struct Cli {
+    /// Subcommand name to its flags; "" holds the flags accepted without a subcommand.
+    commands: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn flags_in(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for word in text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '[' | ']' | '|' | '='))
+    {
+        if let Some(f) = word.strip_prefix("--") {
+            let f: String = f
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            if !f.is_empty() {
+                out.insert(format!("--{f}"));
+            }
+        }
+    }
+    out
+}
+
+fn help(bin: &Path, args: &[&str]) -> Result<String> {
+    let o = Command::new(bin)
+        .args(args)
+        .arg("--help")
+        .output()
+        .with_context(|| format!("cannot run {} --help", bin.display()))?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    ))
+}
+
+/// Subcommands listed under clap's `Commands:` heading.
+fn clap_subcommands(help: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in help.lines() {
+        if line.trim_end() == "Commands:" {
+            inside = true;
+            continue;
+        }
+        if inside {
+            if !line.starts_with("  ") {
+                break;
+            }
+            if let Some(w) = line.split_whitespace().next() {
+                if w != "help" {
+                    out.push(w.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn clap_cli(bin: &Path) -> Result<Option<Cli>> {
+    let top = help(bin, &[])?;
+    if !top.contains("--") {
+        return Ok(None);
+    }
+    let mut cli = Cli::default();
+    let mut global = flags_in(&top);
+    global.extend(["--help".to_string(), "--version".to_string()]);
+    for sub in clap_subcommands(&top) {
+        let mut f = flags_in(&help(bin, &[&sub])?);
+        f.extend(global.iter().cloned());
+        cli.commands.insert(sub, f);
+    }
+    cli.commands.insert(String::new(), global);
+    Ok(Some(cli))
+}
+
+/// xtask's commands from its usage text, and `dist`'s flags from its own.
+fn xtask_cli() -> Cli {
+    let mut cli = Cli::default();
+    let mut inside = false;
+    for line in crate::USAGE.lines() {
+        if line.trim() == "commands:" {
+            inside = true;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        if line.starts_with("  ") && !line.starts_with("   ") {
+            if let Some(cmd) = words.next() {
+                cli.commands.insert(cmd.to_string(), flags_in(line));
+            }
+        } else if let Some((_, flags)) = cli.commands.iter_mut().next_back() {
+            flags.extend(flags_in(line));
+        }
+    }
+    if let Some(f) = cli.commands.get_mut("dist") {
+        f.extend(flags_in(crate::dist::USAGE));
+    }
+    if let Some(f) = cli.commands.get_mut("docs") {
+        f.insert("--no-build".to_string());
+    }
+    cli
+}
+
+fn known_clis(root: &Path, build: bool) -> Result<BTreeMap<&'static str, Option<Cli>>> {
+    if build {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        crate::tools::run(Command::new(cargo).current_dir(root).args([
+            "build",
+            "-q",
+            "-p",
+            "choria-provisioner",
+            "-p",
+            "choria-fleet-sim",
+        ]))?;
+    }
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    };
+    let mut out = BTreeMap::new();
+    for prog in ["choria-provisioner", "choria-fleet-sim"] {
+        let bin = target.join("debug").join(prog);
+        let cli = if bin.is_file() { clap_cli(&bin)? } else { None };
+        if cli.is_none() {
+            println!("docs: {prog} has no --help to check against, its commands are not checked");
+        }
+        out.insert(prog, cli);
+    }
+    out.insert("cargo xtask", Some(xtask_cli()));
+    Ok(out)
+}
+
+/// Checks each command line in the page's code blocks; returns how many were checked.
+fn check_commands(
+    docs: &Path,
+    page: &Path,
+    clis: &BTreeMap<&'static str, Option<Cli>>,
+    problems: &mut Vec<String>,
+) -> Result<usize> {
+    let _ = docs;
+    let text = fs::read_to_string(page)?;
+    let here = name(page);
+    let mut checked = 0;
+    let mut fenced = false;
+    let mut pending = String::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            pending.clear();
+            continue;
+        }
+        if !fenced {
+            continue;
+        }
+        // Join continuation lines ending in a backslash.
+        let l = line.trim();
+        if let Some(head) = l.strip_suffix('\\') {
+            pending.push_str(head);
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(l);
+        let full = std::mem::take(&mut pending);
+        let cmd = full
+            .trim_start_matches("$ ")
+            .trim_start_matches("# ")
+            .trim_start_matches("sudo ")
+            .trim();
+        // Comments after a command are not part of it.
+        let cmd = cmd.split(" #").next().unwrap_or(cmd);
+        // Only the first command of a pipeline or list.
+        let cmd = [" | ", " && ", " || ", "; ", " > ", " < ", " 2>"]
+            .iter()
+            .fold(cmd, |c, sep| c.split(sep).next().unwrap_or(c))
+            .trim();
+        for (prog, cli) in clis {
+            let Some(args) = cmd.strip_prefix(prog) else {
+                continue;
+            };
+            if !(args.is_empty() || args.starts_with(' ')) {
+                continue;
+            }
+            let Some(cli) = cli else { continue };
+            checked += 1;
+            if let Err(e) = check_one(cli, args, *prog == "cargo xtask") {
+                problems.push(format!("{here}: `{cmd}`: {e}"));
+            }
+        }
+    }
+    Ok(checked)
+}
+
+fn check_one(cli: &Cli, args: &str, needs_subcommand: bool) -> Result<()> {
+    // Usage synopses write optional parts in brackets: `[run]`, `[--pid FILE]`.
+    let words: Vec<&str> = args
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c| c == '[' || c == ']'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let first = words.first().copied().unwrap_or_default();
+    let (sub, rest) = if !first.is_empty() && !first.starts_with('-') {
+        if !cli.commands.contains_key(first) {
+            bail!("no subcommand {first:?}");
+        }
+        (first, words.get(1..).unwrap_or_default())
+    } else {
+        if needs_subcommand {
+            bail!("no subcommand named");
+        }
+        // Without a subcommand: the default (`run`) flags apply.
+        let default = if cli.commands.contains_key("run") {
+            "run"
+        } else {
+            ""
+        };
+        (default, words.as_slice())
+    };
+    let known = cli.commands.get(sub).cloned().unwrap_or_default();
+    for w in rest {
+        if let Some(flag) = w.strip_prefix("--") {
+            let flag = format!("--{}", flag.split('=').next().unwrap_or_default());
+            if flag != "--" && !known.contains(&flag) {
+                bail!("{sub:?} has no flag {flag}");
+            }
+        }
+    }
+    Ok(())
 }
