@@ -299,6 +299,58 @@ pub trait Observer: Send + Sync + 'static {
     fn paused(&self, _paused: bool) {}
 }
 
+/// A shared observer (for example metrics also served over HTTP) observes through its `Arc`.
+impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
+    fn rpc_time(&self, label: &'static str, elapsed: Duration) {
+        (**self).rpc_time(label, elapsed)
+    }
+    fn rpc_error(&self, label: &'static str) {
+        (**self).rpc_error(label)
+    }
+    fn helper_time(&self, elapsed: Duration) {
+        (**self).helper_time(elapsed)
+    }
+    fn helper_error(&self) {
+        (**self).helper_error()
+    }
+    fn helper_shutdown(&self) {
+        (**self).helper_shutdown()
+    }
+    fn provisioned(&self) {
+        (**self).provisioned()
+    }
+    fn provision_error(&self) {
+        (**self).provision_error()
+    }
+    fn lock_held(&self) {
+        (**self).lock_held()
+    }
+    fn discovered(&self) {
+        (**self).discovered()
+    }
+    fn event_discovered(&self) {
+        (**self).event_discovered()
+    }
+    fn discover_cycle(&self) {
+        (**self).discover_cycle()
+    }
+    fn discovery_error(&self) {
+        (**self).discovery_error()
+    }
+    fn busy_workers(&self, n: usize) {
+        (**self).busy_workers(n)
+    }
+    fn work_queue_entries(&self, n: usize) {
+        (**self).work_queue_entries(n)
+    }
+    fn waiting_nodes(&self, n: usize) {
+        (**self).waiting_nodes(n)
+    }
+    fn paused(&self, paused: bool) {
+        (**self).paused(paused)
+    }
+}
+
 /// An observer that records nothing.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoopObserver;
