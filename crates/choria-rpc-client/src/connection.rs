@@ -36,6 +36,12 @@ pub enum ConnectionError {
         /// Why.
         reason: String,
     },
+    /// [`connect_with_retry`] was cancelled before a connection was made.
+    #[error("connecting to {urls} was cancelled")]
+    Cancelled {
+        /// The URLs tried.
+        urls: String,
+    },
     /// Connecting to the broker failed.
     #[error("cannot connect to {urls}: {source}")]
     Connect {
@@ -231,4 +237,33 @@ pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client
             urls: settings.urls.join(","),
             source,
         })
+}
+
+/// Like [`connect`], but retries a failing initial connect with a backoff of up to 5 s (as
+/// go-choria does) until it succeeds or `shutdown` is cancelled. Configuration errors (bad
+/// URLs, unsupported credentials) are returned at once.
+pub async fn connect_with_retry(
+    settings: &ConnectionSettings,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<async_nats::Client, ConnectionError> {
+    let mut attempt = 0usize;
+    loop {
+        let res = tokio::select! {
+            r = connect(settings) => r,
+            _ = shutdown.cancelled() => return Err(ConnectionError::Cancelled { urls: settings.urls.join(",") }),
+        };
+        match res {
+            Ok(c) => return Ok(c),
+            Err(e @ ConnectionError::Connect { .. }) => {
+                attempt += 1;
+                let delay = reconnect_delay(attempt).min(Duration::from_secs(5));
+                tracing::warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "initial broker connection failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Err(ConnectionError::Cancelled { urls: settings.urls.join(",") }),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -718,3 +718,32 @@ async fn provisioning_password_selects_nats_user_provisioner() {
         .unwrap_err();
     assert!(err.to_string().contains("127.0.0.1"), "{err}");
 }
+
+#[tokio::test]
+async fn initial_connect_retries_until_cancelled() {
+    let dead = settings(&format!("nats://127.0.0.1:{}", test_support::free_port()));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let s2 = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s2.cancel();
+    });
+    let start = Instant::now();
+    let err = connection::connect_with_retry(&dead, &shutdown)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, connection::ConnectionError::Cancelled { .. }),
+        "{err}"
+    );
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    let server = NatsServer::start();
+    let live = settings(&server.url());
+    connection::connect_with_retry(&live, &tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap();
+}
