@@ -47,6 +47,10 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        eprintln!(
+            "xtask: {} did not stop within {grace:?}, killing it",
+            self.name
+        );
         let _ = self.child.kill();
         self.child.wait().ok()
     }
@@ -155,7 +159,6 @@ impl Mode {
 
 /// The files of one run: signer, CA, configurations.
 pub struct RunFiles {
-    pub dir: PathBuf,
     pub signer_seed: PathBuf,
     pub signer_pub: String,
     pub ca_cert: PathBuf,
@@ -243,7 +246,6 @@ pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -
         ),
     )?;
     Ok(RunFiles {
-        dir: dir.to_path_buf(),
         signer_seed: dir.join("signer.seed"),
         signer_pub,
         ca_cert: dir.join("ca.pem"),

@@ -1,10 +1,455 @@
-//! The running provisioner: connect, elect, discover, provision, serve metrics.
+//! The running provisioner: connect, elect, discover, provision, serve metrics, drain.
+//!
+//! Start-up follows the Go provisioner's `cmd/provisioner.go` and `hosts.Process`: both
+//! configurations are loaded and validated before anything binds, then the broker connection,
+//! the provisioner's own startup event, the election (paused until won), the lifecycle listener,
+//! discovery at start and every `interval`, and the workers.
 
-use anyhow::{bail, Result};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::cli::RunArgs;
+use anyhow::{Context, Result};
+use choria_rpc_client::config::{ChoriaConfig, ProvisionerOverrides};
+use choria_rpc_client::election::{self, Election, ElectionError, ElectionEvent};
+use choria_rpc_client::rpc::RpcClient;
+use provision_core::helper_protocol::HelperRunner;
+use provision_core::{Config, Fleet, Observer, PauseState, Provisioner, Source};
+use provisioner_metrics::{Metrics, Role};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::cli::{RunArgs, VERSION};
+use crate::logging;
+use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
+
+/// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
+/// (an abandoned node is found again by the next discovery of whichever provisioner runs).
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+/// Both configurations, loaded, validated and with the provisioner's overrides applied.
+pub struct Settings {
+    /// The provisioner YAML.
+    pub config: Config,
+    /// Warnings found while loading it.
+    pub warnings: Vec<provision_core::ConfigWarning>,
+    /// The Choria client configuration.
+    pub choria: ChoriaConfig,
+}
+
+/// Load and validate both files; nothing is opened or bound yet.
+pub fn load(args: &RunArgs, debug: bool) -> Result<Settings> {
+    let path = args.config.as_deref().context("--config is required")?;
+    let loaded = Config::load(path).map_err(anyhow::Error::new)?;
+    let config = loaded.config;
+    let choria_path: PathBuf = args
+        .choria_config
+        .clone()
+        .unwrap_or_else(choria_rpc_client::config::user_config_path);
+    let mut choria = ChoriaConfig::load(&choria_path).with_context(|| {
+        format!(
+            "cannot load the Choria configuration {}",
+            choria_path.display()
+        )
+    })?;
+    choria.apply_provisioner_overrides(&ProvisionerOverrides {
+        insecure: config.choria_insecure,
+        broker_provisioning_password: Some(config.broker_provisioning_password.clone())
+            .filter(|p| !p.is_empty()),
+        loglevel: Some(config.loglevel.clone()).filter(|l| !l.is_empty()),
+        logfile: Some(config.logfile.clone()).filter(|l| !l.is_empty()),
+        debug,
+    });
+    Ok(Settings {
+        config,
+        warnings: loaded.warnings,
+        choria,
+    })
+}
 
 /// Run the daemon until SIGINT or SIGTERM.
-pub fn main(_debug: bool, _args: RunArgs) -> Result<()> {
-    bail!("run is not available in this build yet")
+pub fn main(debug: bool, args: RunArgs) -> Result<()> {
+    let settings = load(&args, debug)?;
+    logging::init(&settings.choria.loglevel, &settings.choria.logfile, debug)?;
+    info!(
+        "Choria Provisioner version {VERSION} starting with configuration {}",
+        settings.config.file.display()
+    );
+    for w in &settings.warnings {
+        warn!("{w}");
+    }
+    let _pid = match &args.pid {
+        Some(p) => Some(PidFile::create(p)?),
+        None => None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("provisioner")
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(run(settings));
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    if let Err(e) = &result {
+        error!("{e:#}");
+    }
+    result
+}
+
+/// The PID file, removed when dropped.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn create(path: &Path) -> Result<Self> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write pid file {}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn run(settings: Settings) -> Result<()> {
+    let Settings { config, choria, .. } = settings;
+    let config = Arc::new(config);
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+
+    let metrics = Metrics::new(config.site.clone());
+    if config.monitor_port > 0 {
+        let addr = SocketAddr::from(([0, 0, 0, 0], config.monitor_port));
+        let bound =
+            provisioner_metrics::serve(addr, Arc::clone(&metrics), shutdown.clone()).await?;
+        info!("serving /metrics, /healthz and /readyz on {bound}");
+    }
+
+    let helper = HelperRunner::new(&config.helper).map_err(anyhow::Error::new)?;
+    let client = tokio::select! {
+        c = RpcClient::connect(&choria) => c.map_err(anyhow::Error::new)?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    metrics.set_connected(true);
+    spawn_connection_watch(client.clone(), Arc::clone(&metrics), shutdown.clone());
+    info!(
+        "connected to the broker as {} (caller {}), provisioning collective {}",
+        choria.identity,
+        client.caller_id(),
+        client.options().collective
+    );
+    if let Err(e) = client.publish_startup("provisioner", VERSION).await {
+        warn!("could not publish the startup event: {e}");
+    }
+
+    let pause = PauseState::new(config.leader_election);
+    metrics.set_role(if config.leader_election {
+        Role::Standby
+    } else {
+        Role::Active
+    });
+    let workers = config.workers;
+    let provisioner = Provisioner::new(
+        Arc::clone(&config),
+        pause.clone(),
+        ChoriaNodeRpc::new(client.clone(), Timeouts::default()),
+        helper,
+        Arc::clone(&metrics),
+    );
+    let fleet = Fleet::new(provisioner);
+    let discover_now = Arc::new(Notify::new());
+
+    let work_stop = CancellationToken::new();
+    let workers_task = tokio::spawn(Arc::clone(&fleet).run(workers, work_stop.clone()));
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(listen(
+        client.clone(),
+        Arc::clone(&config),
+        Arc::clone(&fleet),
+        pause.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(discover(
+        client.clone(),
+        Arc::clone(&config),
+        Arc::clone(&fleet),
+        pause.clone(),
+        Arc::clone(&metrics),
+        Arc::clone(&discover_now),
+        shutdown.clone(),
+    ));
+    if config.leader_election {
+        tasks.spawn(elect(
+            client.clone(),
+            choria.identity.clone(),
+            Arc::clone(&fleet),
+            pause.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&discover_now),
+            shutdown.clone(),
+        ));
+    }
+    info!(
+        "provisioning with {workers} workers, discovery every {:?}",
+        config.interval
+    );
+
+    shutdown.cancelled().await;
+    info!(
+        "shutting down: discovery stopped, waiting up to {DRAIN_GRACE:?} for {} busy workers",
+        metrics.busy_workers.get()
+    );
+    while tasks.join_next().await.is_some() {}
+    // Let in-flight nodes finish, up to the grace period, then stop the workers.
+    let deadline = tokio::time::Instant::now() + DRAIN_GRACE;
+    pause.pause();
+    while metrics.busy_workers.get() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let abandoned = metrics.busy_workers.get();
+    if abandoned > 0 {
+        warn!("abandoning {abandoned} nodes still being provisioned; they will be found again by discovery");
+    }
+    work_stop.cancel();
+    let _ = workers_task.await;
+    info!("stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => info!("received SIGTERM"),
+            _ = int.recv() => info!("received SIGINT"),
+        }
+        shutdown.cancel();
+    });
+}
+
+/// Keep `/readyz` in step with the broker connection.
+fn spawn_connection_watch(client: RpcClient, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let up = matches!(
+                client.nats().connection_state(),
+                async_nats::connection::State::Connected
+            );
+            metrics.set_connected(up);
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// Queue nodes announced by startup lifecycle events.
+async fn listen<R, H, O, C>(
+    client: RpcClient,
+    config: Arc<Config>,
+    fleet: Arc<Fleet<R, H, O, C>>,
+    pause: PauseState,
+    shutdown: CancellationToken,
+) where
+    R: provision_core::NodeRpc,
+    H: provision_core::Helper,
+    O: Observer,
+    C: provision_core::Clock,
+{
+    let mut sub = loop {
+        match client
+            .subscribe_lifecycle("startup", &config.lifecycle_component, None)
+            .await
+        {
+            Ok(s) => break s,
+            Err(e) => {
+                error!("cannot subscribe to startup events, retrying: {e}");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    };
+    info!(
+        "listening for startup events of component {}",
+        config.lifecycle_component
+    );
+    loop {
+        let ev = tokio::select! {
+            ev = sub.next() => ev,
+            _ = shutdown.cancelled() => return,
+        };
+        let Some(ev) = ev else {
+            warn!("the startup event subscription ended");
+            return;
+        };
+        if pause.paused() {
+            debug!(
+                "ignoring startup event of {} while paused",
+                ev.event.identity
+            );
+            continue;
+        }
+        if ev.event.identity.is_empty() {
+            continue;
+        }
+        fleet.add(&ev.event.identity, Source::Event);
+    }
+}
+
+/// Broadcast discovery at start, every interval, and when asked (after winning an election).
+async fn discover<R, H, C>(
+    client: RpcClient,
+    config: Arc<Config>,
+    fleet: Arc<Fleet<R, H, Arc<Metrics>, C>>,
+    pause: PauseState,
+    metrics: Arc<Metrics>,
+    now: Arc<Notify>,
+    shutdown: CancellationToken,
+) where
+    R: provision_core::NodeRpc,
+    H: provision_core::Helper,
+    C: provision_core::Clock,
+{
+    loop {
+        if !pause.paused() {
+            metrics.discover_cycle();
+            match client.discover_provisionable().await {
+                Ok(nodes) => {
+                    info!("discovered {} nodes waiting for provisioning", nodes.len());
+                    for id in &nodes {
+                        fleet.add(id, Source::Discovery);
+                    }
+                }
+                Err(e) => {
+                    metrics.discovery_error();
+                    error!("discovery failed: {e}");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            _ = now.notified() => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Campaign for leadership: resume and discover on winning, pause and forget every queued node
+/// on losing. A missing bucket is an error logged on every attempt, never a silent pause.
+async fn elect<R, H, O, C>(
+    client: RpcClient,
+    identity: String,
+    fleet: Arc<Fleet<R, H, O, C>>,
+    pause: PauseState,
+    metrics: Arc<Metrics>,
+    discover_now: Arc<Notify>,
+    shutdown: CancellationToken,
+) where
+    R: provision_core::NodeRpc,
+    H: provision_core::Helper,
+    O: Observer,
+    C: provision_core::Clock,
+{
+    // Behind a Choria broker the provisioning account reaches JetStream only through the
+    // `choria.streams` import, as the Go provisioner uses it; on a plain NATS server the account's
+    // own JetStream answers. Try the import first.
+    let prefixed = Election::builder(
+        client.nats().clone(),
+        election::PROVISIONER_ELECTION,
+        identity.clone(),
+    )
+    .api_prefix(election::PROVISIONING_API_PREFIX)
+    .build();
+    let direct = Election::builder(
+        client.nats().clone(),
+        election::PROVISIONER_ELECTION,
+        identity,
+    )
+    .build();
+    let (prefixed, direct) = match (prefixed, direct) {
+        (Ok(p), Ok(d)) => (p, d),
+        (Err(e), _) | (_, Err(e)) => {
+            error!("cannot set up leader election: {e}");
+            return;
+        }
+    };
+    let election = match prefixed.open().await {
+        Ok(_) => prefixed,
+        Err(ElectionError::StreamsUnavailable { .. })
+        | Err(ElectionError::BucketNotFound { .. })
+            if direct.open().await.is_ok() =>
+        {
+            info!("leader election uses the account's own JetStream (no choria.streams import)");
+            direct
+        }
+        Err(_) => prefixed,
+    };
+    let mut events = election.subscribe();
+    let follow = {
+        let fleet = Arc::clone(&fleet);
+        let metrics = Arc::clone(&metrics);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    ev = events.recv() => ev,
+                    _ = stop.cancelled() => return,
+                };
+                match ev {
+                    Ok(ElectionEvent::Won { .. }) => {
+                        info!("became the leader, resuming provisioning");
+                        metrics.set_role(Role::Leader);
+                        pause.resume();
+                        discover_now.notify_one();
+                    }
+                    Ok(ElectionEvent::Lost { .. })
+                    | Ok(ElectionEvent::Stopped { was_leader: true }) => {
+                        warn!(
+                            "lost leadership, pausing and clearing {} queued nodes",
+                            fleet.queued()
+                        );
+                        metrics.set_role(Role::Standby);
+                        pause.pause();
+                        fleet.clear();
+                    }
+                    Ok(ElectionEvent::Stopped { .. }) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Missed events: the state watch has the truth.
+                        if election_is_leader(&metrics) {
+                            continue;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        })
+    };
+    let policy = choria_rpc_client::election::backoff::FIVE_SEC;
+    let res = election
+        .run_retrying(shutdown.clone(), &policy, |e| {
+            error!("leader election: {e}; provisioning stays paused until this is fixed");
+        })
+        .await;
+    if let Err(e) = res {
+        error!("leader election stopped: {e}");
+    }
+    let _ = follow.await;
+}
+
+fn election_is_leader(metrics: &Metrics) -> bool {
+    metrics.role() == Role::Leader
 }

@@ -8,6 +8,7 @@ mod check;
 mod cli;
 mod daemon;
 mod logging;
+mod node_rpc;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,210 @@
+//! The provisioning cycle's [`NodeRpc`] implemented with the Choria RPC client: the one place
+//! where the client's wire types become the core's domain types.
+
+use std::time::Duration;
+
+use choria_rpc_client::agents::{ConfigureRequest as WireConfigure, GencsrRequest};
+use choria_rpc_client::rpc::{RpcClient, RpcError as WireError, RpcErrorKind as WireKind};
+use provision_core::helper_protocol::{CsrReply, Ed25519Reply};
+use provision_core::rpc::{
+    Action, ActionMessage, ConfigureRequest, Inventory, JwtReply, NodeRpc, RpcError, RpcErrorKind,
+};
+
+/// Request timeouts as the Go provisioner's generated clients use them: the discovery timeout
+/// plus the agent's DDL timeout.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// `rpcutil` requests (2 s + 2 s).
+    pub rpcutil: Duration,
+    /// `choria_provision` requests (2 s + 20 s).
+    pub provision: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            rpcutil: Duration::from_secs(4),
+            provision: Duration::from_secs(22),
+        }
+    }
+}
+
+/// [`NodeRpc`] over one shared [`RpcClient`].
+#[derive(Clone)]
+pub struct ChoriaNodeRpc {
+    client: RpcClient,
+    timeouts: Timeouts,
+}
+
+impl ChoriaNodeRpc {
+    /// Wrap a connected client.
+    pub fn new(client: RpcClient, timeouts: Timeouts) -> Self {
+        ChoriaNodeRpc { client, timeouts }
+    }
+}
+
+/// Map the client's error to the core's, keeping the identity and action.
+fn map(identity: &str, action: Action, e: WireError) -> RpcError {
+    let kind = match e.kind() {
+        WireKind::Timeout => RpcErrorKind::Timeout,
+        WireKind::ProvisioningLocked => RpcErrorKind::LockHeld,
+        WireKind::BadReply => RpcErrorKind::BadReply(e.to_string()),
+        WireKind::NotConnected | WireKind::Closed | WireKind::Transport | WireKind::Encode => {
+            RpcErrorKind::Transport(e.to_string())
+        }
+        WireKind::Aborted
+        | WireKind::UnknownAction
+        | WireKind::MissingData
+        | WireKind::InvalidData
+        | WireKind::UnknownError => match &e {
+            WireError::Status { code, message, .. } => {
+                RpcErrorKind::from_status(code.code(), message)
+            }
+            other => RpcErrorKind::Aborted {
+                code: 5,
+                message: other.to_string(),
+            },
+        },
+    };
+    RpcError::new(identity, action, kind)
+}
+
+impl NodeRpc for ChoriaNodeRpc {
+    async fn inventory(&self, identity: &str) -> Result<Inventory, RpcError> {
+        let inv = self
+            .client
+            .inventory(identity, self.timeouts.rpcutil)
+            .await
+            .map_err(|e| map(identity, Action::Inventory, e))?;
+        // The helper receives the reply data as a JSON string with sorted keys, encoded as Go
+        // encodes it.
+        let json = provision_core::helper_protocol::to_go_json_string(&inv.raw).map_err(|e| {
+            RpcError::new(
+                identity,
+                Action::Inventory,
+                RpcErrorKind::BadReply(e.to_string()),
+            )
+        })?;
+        Ok(Inventory {
+            json,
+            version: inv.version,
+            upgradable: inv.upgradable,
+        })
+    }
+
+    async fn jwt(&self, identity: &str, token: &str) -> Result<JwtReply, RpcError> {
+        let r = self
+            .client
+            .provision_jwt(identity, token, self.timeouts.provision)
+            .await
+            .map_err(|e| map(identity, Action::Jwt, e))?;
+        Ok(JwtReply {
+            jwt: r.jwt,
+            ecdh_public: r.ecdh_public,
+        })
+    }
+
+    async fn gen25519(
+        &self,
+        identity: &str,
+        token: &str,
+        nonce: &str,
+    ) -> Result<Ed25519Reply, RpcError> {
+        let r = self
+            .client
+            .provision_gen25519(identity, token, nonce, self.timeouts.provision)
+            .await
+            .map_err(|e| map(identity, Action::Gen25519, e))?;
+        Ok(Ed25519Reply {
+            public_key: r.public_key,
+            directory: r.directory,
+            signature: r.signature,
+        })
+    }
+
+    async fn gencsr(&self, identity: &str, token: &str, cn: &str) -> Result<CsrReply, RpcError> {
+        let req = GencsrRequest {
+            cn: Some(cn.to_string()),
+            ..Default::default()
+        };
+        let r = self
+            .client
+            .provision_gencsr(identity, token, &req, self.timeouts.provision)
+            .await
+            .map_err(|e| map(identity, Action::Gencsr, e))?;
+        Ok(CsrReply {
+            csr: r.csr,
+            public_key: r.public_key,
+            ssldir: r.ssldir,
+        })
+    }
+
+    async fn configure(
+        &self,
+        identity: &str,
+        request: &ConfigureRequest,
+    ) -> Result<ActionMessage, RpcError> {
+        // The Go provisioner sends every key, empty when unused.
+        let wire = WireConfigure {
+            config: request.config.clone(),
+            certificate: Some(request.certificate.clone()),
+            ca: Some(request.ca.clone()),
+            ssldir: Some(request.ssldir.clone()),
+            key: Some(request.key.clone()),
+            ecdh_public: request.ecdh_public.clone(),
+            action_policies: request.action_policies.clone(),
+            opa_policies: request.opa_policies.clone(),
+            server_jwt: request.server_jwt.clone(),
+        };
+        let r = self
+            .client
+            .provision_configure(identity, &request.token, &wire, self.timeouts.provision)
+            .await
+            .map_err(|e| map(identity, Action::Configure, e))?;
+        Ok(ActionMessage { message: r.message })
+    }
+
+    async fn release_update(
+        &self,
+        identity: &str,
+        token: &str,
+        repository: &str,
+        version: &str,
+    ) -> Result<ActionMessage, RpcError> {
+        let r = self
+            .client
+            .provision_release_update(
+                identity,
+                token,
+                repository,
+                version,
+                self.timeouts.provision,
+            )
+            .await
+            .map_err(|e| map(identity, Action::ReleaseUpdate, e))?;
+        Ok(ActionMessage { message: r.message })
+    }
+
+    async fn restart(
+        &self,
+        identity: &str,
+        token: &str,
+        splay: u32,
+    ) -> Result<ActionMessage, RpcError> {
+        let r = self
+            .client
+            .provision_restart(identity, token, Some(splay), self.timeouts.provision)
+            .await
+            .map_err(|e| map(identity, Action::Restart, e))?;
+        Ok(ActionMessage { message: r.message })
+    }
+
+    async fn shutdown(&self, identity: &str, token: &str) -> Result<ActionMessage, RpcError> {
+        let r = self
+            .client
+            .provision_shutdown(identity, token, self.timeouts.provision)
+            .await
+            .map_err(|e| map(identity, Action::Shutdown, e))?;
+        Ok(ActionMessage { message: r.message })
+    }
+}
