@@ -88,8 +88,11 @@ pub struct ConnectionSettings {
     pub name: String,
     /// NATS user and password.
     pub user_password: Option<(String, String)>,
-    /// Token sent as `auth_token` (the client JWT with the choria provider).
+    /// Token sent as `auth_token`.
     pub token: Option<String>,
+    /// Client JWT and ed25519 seed (the choria provider): the JWT goes out as `auth_token`
+    /// and as the user JWT, with the broker's nonce signed by the seed.
+    pub jwt_auth: Option<JwtAuth>,
     /// NATS 2 credentials file.
     pub credentials: Option<std::path::PathBuf>,
     /// TLS material; `None` for plain TCP.
@@ -110,6 +113,21 @@ impl std::fmt::Debug for ConnectionSettings {
             .field("tls", &self.tls)
             .field("inbox_prefix", &self.inbox_prefix)
             .finish_non_exhaustive()
+    }
+}
+
+/// A client JWT and the seed whose key it names.
+#[derive(Clone)]
+pub struct JwtAuth {
+    /// The JWT, compact form.
+    pub jwt: String,
+    /// The ed25519 seed.
+    pub seed: [u8; 32],
+}
+
+impl std::fmt::Debug for JwtAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JwtAuth(<redacted>)")
     }
 }
 
@@ -140,17 +158,24 @@ impl ConnectionSettings {
                 },
             })
         };
-        let token = match (&cfg.security_provider, &cfg.choria_token_file) {
-            (SecurityProvider::Choria, Some(p)) if !cfg.insecure => std::fs::read_to_string(p)
-                .ok()
-                .map(|t| t.trim().to_string()),
+        let jwt_auth = match &cfg.security_provider {
+            SecurityProvider::Choria if !cfg.insecure => {
+                match cfg.security().map_err(ConnectionError::Config)? {
+                    crate::protocol::Security::Choria { jwt, key, .. } => Some(JwtAuth {
+                        jwt,
+                        seed: key.to_bytes(),
+                    }),
+                    _ => None,
+                }
+            }
             _ => None,
         };
         Ok(ConnectionSettings {
             urls: cfg.middleware_urls()?,
             name: cfg.identity.clone(),
             user_password: cfg.nats_user.clone().zip(cfg.nats_pass.clone()),
-            token,
+            token: None,
+            jwt_auth,
             credentials: cfg.nats_credentials.clone(),
             tls,
             connect_timeout: cfg.connect_timeout,
@@ -221,6 +246,18 @@ pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client
     }
     if let Some(t) = &settings.token {
         opts = opts.token(t.clone());
+    }
+    if let Some(auth) = &settings.jwt_auth {
+        // go-choria sends the JWT both as the token and as the user JWT, signing the nonce.
+        let key = ed25519_dalek::SigningKey::from_bytes(&auth.seed);
+        opts = opts
+            .token(auth.jwt.clone())
+            .jwt(auth.jwt.clone(), move |nonce: Vec<u8>| {
+                let sig = ed25519_dalek::Signer::sign(&key, &nonce)
+                    .to_bytes()
+                    .to_vec();
+                async move { Ok(sig) }
+            });
     }
     if let Some(tls) = &settings.tls {
         opts = opts.require_tls(true);

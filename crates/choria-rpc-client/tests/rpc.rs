@@ -32,6 +32,7 @@ fn settings(url: &str) -> ConnectionSettings {
         name: IDENTITY.to_string(),
         user_password: None,
         token: None,
+        jwt_auth: None,
         credentials: None,
         tls: None,
         connect_timeout: Duration::from_secs(2),
@@ -746,4 +747,61 @@ async fn initial_connect_retries_until_cancelled() {
     connection::connect_with_retry(&live, &tokio_util::sync::CancellationToken::new())
         .await
         .unwrap();
+}
+
+/// A broker stand-in that records the CONNECT line of the first client.
+async fn capture_connect() -> (u16, tokio::task::JoinHandle<serde_json::Value>) {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let h = tokio::spawn(async move {
+        let (sock, _) = listener.accept().await.unwrap();
+        let (r, mut w) = sock.into_split();
+        w.write_all(
+            br#"INFO {"server_id":"x","version":"2.10.0","go":"go","host":"127.0.0.1","port":4222,"max_payload":1048576,"proto":1,"nonce":"abcNONCE123","auth_required":true}"#,
+        )
+        .await
+        .unwrap();
+        w.write_all(b"\r\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(r).lines();
+        let line = lines.next_line().await.unwrap().unwrap();
+        let json = line.strip_prefix("CONNECT ").unwrap().to_string();
+        serde_json::from_str(&json).unwrap()
+    });
+    (port, h)
+}
+
+#[tokio::test]
+async fn choria_provider_signs_the_broker_nonce_with_its_seed() {
+    use choria_rpc_client::config::ChoriaConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let sec = choria_security();
+    let Security::Choria { jwt, key, .. } = &sec else {
+        unreachable!()
+    };
+    std::fs::write(dir.path().join("t.jwt"), jwt).unwrap();
+    std::fs::write(dir.path().join("s.seed"), hex::encode(key.to_bytes())).unwrap();
+    let (port, connect) = capture_connect().await;
+    let cfg = ChoriaConfig::parse_str(&format!(
+        "plugin.choria.middleware_hosts = 127.0.0.1:{port}\nplugin.security.provider = choria\nplugin.security.choria.token_file = {}\nplugin.security.choria.seed_file = {}\n",
+        dir.path().join("t.jwt").display(),
+        dir.path().join("s.seed").display()
+    ))
+    .unwrap();
+    let mut settings = ConnectionSettings::from_config(&cfg).unwrap();
+    settings.tls = None;
+    assert_eq!(settings.jwt_auth.as_ref().unwrap().jwt, *jwt);
+    let client = tokio::spawn(async move { connection::connect(&settings).await });
+    let info = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .unwrap()
+        .unwrap();
+    client.abort();
+    assert_eq!(info["auth_token"], jwt.as_str());
+    assert_eq!(info["jwt"], jwt.as_str());
+    let sig = URL_SAFE_NO_PAD
+        .decode(info["sig"].as_str().unwrap())
+        .unwrap();
+    let sig = ed25519_dalek::Signature::from_slice(&sig).unwrap();
+    ed25519_dalek::Verifier::verify(&key.verifying_key(), b"abcNONCE123", &sig).unwrap();
 }
