@@ -114,7 +114,7 @@ fn links(text: &str) -> Vec<String> {
     out
 }
 
-/// Lines outside fenced code blocks, with inline code spans removed.
+/// Lines outside fenced code blocks.
 fn prose_lines(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut fenced = false;
@@ -273,6 +273,7 @@ fn clap_cli(bin: &Path) -> Result<Option<Cli>> {
 fn xtask_cli() -> Cli {
     let mut cli = Cli::default();
     let mut inside = false;
+    let mut last = String::new();
     for line in crate::USAGE.lines() {
         if line.trim() == "commands:" {
             inside = true;
@@ -281,12 +282,13 @@ fn xtask_cli() -> Cli {
         if !inside {
             continue;
         }
-        let mut words = line.split_whitespace();
+        // A command starts at two spaces of indentation; deeper lines continue the one above.
         if line.starts_with("  ") && !line.starts_with("   ") {
-            if let Some(cmd) = words.next() {
-                cli.commands.insert(cmd.to_string(), flags_in(line));
+            if let Some(cmd) = line.split_whitespace().next() {
+                last = cmd.to_string();
+                cli.commands.insert(last.clone(), flags_in(line));
             }
-        } else if let Some((_, flags)) = cli.commands.iter_mut().next_back() {
+        } else if let Some(flags) = cli.commands.get_mut(&last) {
             flags.extend(flags_in(line));
         }
     }
@@ -423,4 +425,62 @@ fn check_one(cli: &Cli, args: &str, needs_subcommand: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn provisioner_cli() -> Cli {
+        let mut cli = Cli::default();
+        let global: BTreeSet<String> = ["--debug", "--help", "--version"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut run = global.clone();
+        run.extend(["--config", "--choria-config", "--pid"].map(String::from));
+        cli.commands.insert("run".into(), run.clone());
+        cli.commands.insert("check".into(), run);
+        cli.commands.insert(String::new(), global);
+        cli
+    }
+
+    #[test]
+    fn commands_are_checked_against_the_cli() {
+        let cli = provisioner_cli();
+        assert!(check_one(&cli, " check --config a.yaml --choria-config b.cfg", false).is_ok());
+        assert!(check_one(&cli, " --config a.yaml --pid x", false).is_ok());
+        assert!(check_one(&cli, " [--debug] [run] --config FILE [--pid FILE]", false).is_ok());
+        assert!(check_one(&cli, " check --config=a.yaml", false).is_ok());
+        assert!(check_one(&cli, " chek --config a.yaml", false).is_err());
+        assert!(check_one(&cli, " run --confg a.yaml", false).is_err());
+        assert!(check_one(&cli, " --config a", true).is_err());
+    }
+
+    #[test]
+    fn xtask_usage_gives_commands_and_their_flags() {
+        let cli = xtask_cli();
+        let bench = cli.commands.get("bench").unwrap();
+        assert!(bench.contains("--nodes") && bench.contains("--vs-go"));
+        let dist = cli.commands.get("dist").unwrap();
+        assert!(dist.contains("--verify") && dist.contains("--install-test"));
+        assert!(check_one(&cli, " dist --verify", true).is_ok());
+        assert!(check_one(&cli, " dist --nodes 3", true).is_err());
+    }
+
+    #[test]
+    fn anchors_follow_github_rules() {
+        let a = anchors("# Title\n## The `server_claims`\n```\n# not a heading\n```\n## Title\n");
+        assert!(a.contains("title") && a.contains("title-1"));
+        assert!(a.contains("the-server_claims"));
+        assert!(!a.contains("not-a-heading"));
+    }
+
+    #[test]
+    fn links_outside_code_are_found() {
+        let l = links("see [a](a.md#x) and `[b](b.md)`\n```\n[c](c.md)\n```\n[d](https://x)\n");
+        assert_eq!(l, vec!["a.md#x", "b.md", "https://x"]);
+    }
 }
