@@ -168,7 +168,28 @@ fn cmp_segments(a: &[u8], b: &[u8]) -> Ordering {
     if a == b {
         return Ordering::Equal;
     }
-    let (mut i, mut j) = (0, 0);
+    cmp_segments_from(a, b, 0)
+}
+
+/// [`cmp_segments`] for strings without NUL (checked versions and releases), skipping their
+/// common prefix first: most versions compared in practice share one.
+fn cmp_checked_segments(a: &[u8], b: &[u8]) -> Ordering {
+    if a == b {
+        return Ordering::Equal;
+    }
+    let mut start = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    // Back up to just after a separator, `~` or `^`: there both strings start a fresh segment
+    // in the same state, because everything before was identical. A NUL in the prefix would end
+    // both strings in C, which is why this is only for checked input.
+    while start > 0 && a.get(start - 1).is_some_and(u8::is_ascii_alphanumeric) {
+        start -= 1;
+    }
+    cmp_segments_from(a, b, start)
+}
+
+/// The loop of `rpmvercmp`, from byte `start` of both strings.
+fn cmp_segments_from(a: &[u8], b: &[u8], start: usize) -> Ordering {
+    let (mut i, mut j) = (start, start);
     loop {
         i = skip_while(a, i, is_separator);
         j = skip_while(b, j, is_separator);
@@ -553,9 +574,9 @@ fn check_field(s: &str, field: Field) -> Result<(), ParseError> {
 /// rpm's `rpmverCmp` over the parts of two EVRs.
 fn cmp_parts(a: (u32, &str, Option<&str>), b: (u32, &str, Option<&str>)) -> Ordering {
     a.0.cmp(&b.0)
-        .then_with(|| cmp_segments(a.1.as_bytes(), b.1.as_bytes()))
+        .then_with(|| cmp_checked_segments(a.1.as_bytes(), b.1.as_bytes()))
         .then_with(|| match (a.2, b.2) {
-            (Some(x), Some(y)) => cmp_segments(x.as_bytes(), y.as_bytes()),
+            (Some(x), Some(y)) => cmp_checked_segments(x.as_bytes(), y.as_bytes()),
             // A release that is present is newer than none at all, as in rpm's rpmverCmp.
             (x, y) => x.is_some().cmp(&y.is_some()),
         })

@@ -106,6 +106,10 @@ proptest! {
     #[test]
     fn rpmvercmp_agrees_with_the_segment_model(a in bare(), b in bare()) {
         prop_assert_eq!(rpmvercmp(&a, &b), model(&a, &b), "{:?} vs {:?}", a, b);
+        // Version takes a faster path (it skips the common prefix); it must agree too.
+        if let (Ok(x), Ok(y)) = (Version::parse(&a), Version::parse(&b)) {
+            prop_assert_eq!(x.cmp(&y), model(&a, &b), "Version {:?} vs {:?}", a, b);
+        }
     }
 
     #[test]

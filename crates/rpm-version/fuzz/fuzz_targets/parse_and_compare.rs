@@ -35,6 +35,10 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(hash_of(x), hash_of(y), "{a:?} == {b:?} but they hash apart");
             }
             assert_eq!(compare_evr(a, b).ok(), Some(ord));
+            // Without epoch and release, Version's prefix-skipping path must match rpmvercmp.
+            if !a.contains([':', '-']) && !b.contains([':', '-']) {
+                assert_eq!(ord, ab, "Version and rpmvercmp disagree on {a:?} vs {b:?}");
+            }
         }
         _ => assert!(compare_evr(a, b).is_err()),
     }
