@@ -456,26 +456,22 @@ impl Layout {
         let bytes = s.as_bytes();
         let mut colon = None;
         let mut dash = None;
+        let mut prev = 0u8;
         for (offset, &c) in bytes.iter().enumerate() {
-            match c {
-                b':' => {
-                    if colon.is_some() {
-                        return Err(ParseErrorKind::MultipleColons);
-                    }
-                    colon = Some(offset);
-                }
-                b'-' => {
-                    if dash.is_some() {
-                        return Err(ParseErrorKind::MultipleHyphens);
-                    }
-                    dash = Some(offset);
-                }
-                b'.' if offset > 0 && bytes[offset - 1] == b'.' => {
+            // One table lookup per byte keeps validation cheap next to the comparison itself.
+            match CLASS[usize::from(c)] {
+                ALLOWED => {}
+                DOT if prev == b'.' => {
                     return Err(ParseErrorKind::DoubleDot { offset: offset - 1 });
                 }
-                c if is_allowed(c) => {}
+                DOT => {}
+                COLON if colon.is_some() => return Err(ParseErrorKind::MultipleColons),
+                COLON => colon = Some(offset),
+                DASH if dash.is_some() => return Err(ParseErrorKind::MultipleHyphens),
+                DASH => dash = Some(offset),
                 _ => return Err(invalid_char(s, offset)),
             }
+            prev = c;
         }
         let (epoch, version_start) = match colon {
             None => (None, 0),
@@ -530,9 +526,33 @@ impl Layout {
     }
 }
 
+/// Byte classes for [`Layout::of`].
+const INVALID: u8 = 0;
+const ALLOWED: u8 = 1;
+const DOT: u8 = 2;
+const COLON: u8 = 3;
+const DASH: u8 = 4;
+
+/// The class of every byte: what rpm allows in a version or release, and the separators.
+static CLASS: [u8; 256] = {
+    let mut table = [INVALID; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if is_allowed(b) {
+            table[c] = ALLOWED;
+        }
+        c += 1;
+    }
+    table[b'.' as usize] = DOT;
+    table[b':' as usize] = COLON;
+    table[b'-' as usize] = DASH;
+    table
+};
+
 /// Characters rpm allows in a version or release, besides the `:` and `-` that separate them.
 #[inline]
-fn is_allowed(c: u8) -> bool {
+const fn is_allowed(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'+' | b'%' | b'{' | b'}' | b'~' | b'^')
 }
 
