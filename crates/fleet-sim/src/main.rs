@@ -186,6 +186,19 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
     Ok(cfg)
 }
 
+/// Resolves on SIGTERM (never on platforms without it).
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+            return;
+        }
+    }
+    std::future::pending::<()>().await
+}
+
 fn progress_line(fleet: &Fleet, started: Instant) -> String {
     let s = fleet.stats();
     format!(
@@ -228,12 +241,14 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break fleet.provisioned() >= n,
+            _ = terminated() => break fleet.provisioned() >= n,
             _ = timeout => {
                 eprintln!("fleet-sim: timed out");
                 break false;
             }
             _ = progress.tick() => eprintln!("{}", progress_line(&fleet, started)),
-            _ = fleet.changed() => {},
+            // Wake on node changes, and at least twice a second in case one was missed.
+            _ = tokio::time::timeout(Duration::from_millis(500), fleet.changed()) => {},
         }
     };
     eprintln!("{}", progress_line(&fleet, started));

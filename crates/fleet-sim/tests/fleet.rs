@@ -576,6 +576,9 @@ async fn faults_hit_the_predicted_nodes() {
     cfg.faults.bad_nonce = 0.5;
     cfg.faults.wrong_identity = 0.25;
     cfg.faults.fail_action = vec![("jwt".into(), 0.5)];
+    cfg.faults.drop_once = 0.5;
+    cfg.faults.bad_csr = 0.5;
+    cfg.faults.slow = Some((0.5, Duration::from_millis(1500)));
     let fleet = Fleet::start(cfg).await.unwrap();
     let client = Client::v1(&nats.url(), "prov").await;
     let ids = fleet.identities();
@@ -591,7 +594,9 @@ async fn faults_hit_the_predicted_nodes() {
         .await
         .is_none());
 
-    let healthy = |i: &&String| !is_affected(FaultKind::Drop, i, 0.25);
+    let healthy = |i: &&String| {
+        !is_affected(FaultKind::Drop, i, 0.25) && !is_affected(FaultKind::DropOnce, i, 0.5)
+    };
     let wrong = ids
         .iter()
         .filter(healthy)
@@ -643,6 +648,44 @@ async fn faults_hit_the_predicted_nodes() {
             .statuscode,
         StatusCode::Ok
     );
+
+    // The first reply of each action is lost on drop-once nodes; a retry is answered.
+    let once = ids
+        .iter()
+        .filter(|i| !is_affected(FaultKind::Drop, i, 0.25))
+        .find(|i| is_affected(FaultKind::DropOnce, i, 0.5))
+        .unwrap();
+    let data = json!({"token": TOKEN, "nonce": "n"});
+    assert!(client
+        .rpc_wait(once, "choria_provision", "gen25519", data.clone(), 2 * SEC)
+        .await
+        .is_none());
+    assert_eq!(
+        client.rpc(once, "gen25519", data).await.statuscode,
+        StatusCode::Ok
+    );
+
+    let bad_csr = ids
+        .iter()
+        .filter(healthy)
+        .find(|i| is_affected(FaultKind::BadCsr, i, 0.5))
+        .unwrap();
+    let r = client.rpc(bad_csr, "gencsr", json!({"token": TOKEN})).await;
+    let der = pem::parse(r.data["csr"].as_str().unwrap()).unwrap();
+    let req = <x509_cert::request::CertReq as der::Decode>::from_der(der.contents()).unwrap();
+    assert_eq!(req.info.subject.to_string(), format!("CN=bogus-{bad_csr}"));
+
+    let slow = ids
+        .iter()
+        .filter(healthy)
+        .find(|i| is_affected(FaultKind::Slow, i, 0.5))
+        .unwrap();
+    let t = std::time::Instant::now();
+    client
+        .rpc_wait(slow, "rpcutil", "inventory", json!({}), 10 * SEC)
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(1500));
     fleet.shutdown().await;
 }
 
