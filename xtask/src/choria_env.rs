@@ -39,7 +39,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Mode::Plain => "plain",
             Mode::Pki => "pki",
@@ -685,7 +685,7 @@ pub fn start(choria: &Path, opts: &EnvOptions) -> Result<Env> {
 }
 
 /// Ping with the real CLI (the collective of `client_conf`) until every identity answers.
-fn wait_for_servers(
+pub fn wait_for_servers(
     choria: &Path,
     client_conf: &Path,
     identities: &[String],
@@ -775,6 +775,36 @@ elif csr:
     conf["plugin.security.file.certificate"] = ssldir + "/certificate.pem"
     conf["plugin.security.file.key"] = ssldir + "/private.pem"
     conf["plugin.security.file.ca"] = ssldir + "/ca.pem"
+elif os.environ.get("HELPER_SUPPLY_KEY"):
+    # The helper makes the key: the provisioner encrypts it for the server (ECDH + PEM).
+    ssldir = DIR + "/servers/" + identity + "/ssl"
+    keys = DIR + "/provisioner/keys"
+    os.makedirs(keys, exist_ok=True)
+    key = os.path.join(keys, identity + ".pem")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["openssl", "genrsa", "-traditional", "-out", key, "2048"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(["openssl", "req", "-new", "-key", key, "-subj", "/CN=" + identity,
+                        "-out", os.path.join(tmp, "req.csr")],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(tmp, "ext"), "w") as f:
+            f.write("extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = DNS:%s\n" % identity)
+        subprocess.run(["openssl", "x509", "-req", "-in", os.path.join(tmp, "req.csr"),
+                        "-CA", DIR + "/pki/ca.pem", "-CAkey", DIR + "/pki/ca-key.pem",
+                        "-CAserial", DIR + "/pki/ca.srl", "-CAcreateserial", "-days", "30",
+                        "-sha256", "-extfile", os.path.join(tmp, "ext"),
+                        "-out", os.path.join(tmp, "cert.pem")],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(tmp, "cert.pem")) as f:
+            reply["certificate"] = f.read()
+    with open(key) as f:
+        reply["key"] = f.read()
+    with open(DIR + "/pki/ca.pem") as f:
+        reply["ca"] = f.read()
+    reply["ssldir"] = ssldir
+    conf["plugin.security.file.certificate"] = ssldir + "/certificate.pem"
+    conf["plugin.security.file.key"] = ssldir + "/private.pem"
+    conf["plugin.security.file.ca"] = ssldir + "/ca.pem"
 else:
     boot = DIR + "/servers/" + identity + "/boot"
     conf["plugin.security.file.certificate"] = boot + "/cert.pem"
@@ -842,7 +872,7 @@ fn alive(pid: u32) -> bool {
 }
 
 /// Read `DIR/env.conf` back.
-fn read_env(dir: &Path) -> Result<std::collections::HashMap<String, String>> {
+pub fn read_env(dir: &Path) -> Result<std::collections::HashMap<String, String>> {
     let path = dir.join("env.conf");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod dist;
 mod docs;
+mod interop;
 mod peers;
 mod stack;
 mod tools;
@@ -21,6 +22,7 @@ commands:
   dist          release packages: tarball, RPM and Debian package
   docs          check the documentation
   test          install what the tests need (nats-server), then fmt check, clippy and every test
+  interop       our provisioner against real go-choria servers [plain|pki|ed25519|key ...]
   peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
   nats-server   install nats-server under target/tools/bin and print its path
 ";
@@ -41,6 +43,7 @@ fn run() -> Result<()> {
         "demo" => demo::main(&rest),
         "bench" => bench::main(&rest),
         "dist" => dist::main(&rest),
+        "interop" => interop::main(&rest),
         "docs" => docs::main(&rest),
         "peers" => peers::main(&rest),
         "nats-server" => {

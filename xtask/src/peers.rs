@@ -7,7 +7,7 @@
 //! broker and N provisioning-mode servers; `cargo xtask peers stop --dir DIR` stops them.
 
 #[path = "choria_env.rs"]
-mod choria_env;
+pub mod choria_env;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

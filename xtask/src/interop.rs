@@ -1,0 +1,251 @@
+//! `cargo xtask interop`: our provisioner against real go-choria servers.
+//!
+//! For each flow (plain, pki, ed25519, and a helper that supplies the private key), a real
+//! Choria broker and five real `choria server` processes in provisioning mode are started on
+//! loopback (`peers env`), and our `choria-provisioner` provisions them with the environment's
+//! helper and the configuration files written for the Go provisioner. Each server must then have
+//! rewritten its configuration as the helper said, published a `provisioned` lifecycle event,
+//! and come back up out of provisioning mode, answering in its new collective.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::peers::choria_env::{self, EnvOptions, Mode};
+use crate::stack::Proc;
+use crate::tools::root;
+
+/// One interop scenario.
+struct Flow {
+    name: &'static str,
+    mode: Mode,
+    supply_key: bool,
+}
+
+const FLOWS: &[Flow] = &[
+    Flow {
+        name: "plain",
+        mode: Mode::Plain,
+        supply_key: false,
+    },
+    Flow {
+        name: "pki",
+        mode: Mode::Pki,
+        supply_key: false,
+    },
+    Flow {
+        name: "ed25519",
+        mode: Mode::Ed25519,
+        supply_key: false,
+    },
+    Flow {
+        name: "key",
+        mode: Mode::Plain,
+        supply_key: true,
+    },
+];
+
+/// Run the scenarios named in `args` (all when none).
+pub fn main(args: &[String]) -> Result<()> {
+    let servers = 5;
+    let wanted: Vec<&str> = args.iter().map(String::as_str).collect();
+    for w in &wanted {
+        if !FLOWS.iter().any(|f| f.name == *w) {
+            bail!("unknown interop flow {w:?}: plain, pki, ed25519 or key");
+        }
+    }
+    crate::peers::build_choria()?;
+    let bins = crate::stack::build_binaries(false)?;
+    let mut failed = Vec::new();
+    for flow in FLOWS
+        .iter()
+        .filter(|f| wanted.is_empty() || wanted.contains(&f.name))
+    {
+        let started = Instant::now();
+        let dir = root().join("target/interop").join(flow.name);
+        let result = run_flow(flow, &dir, &bins, servers);
+        let _ = choria_env::stop(&dir);
+        match result {
+            Ok(()) => eprintln!(
+                "interop: {}: {servers} real servers provisioned by choria-provisioner in {:.1}s",
+                flow.name,
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                eprintln!("interop: {}: FAILED: {e:#}", flow.name);
+                failed.push(flow.name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!("interop flows failed: {failed:?} (logs under target/interop/)");
+    }
+    eprintln!("interop: every flow passed");
+    Ok(())
+}
+
+fn run_flow(flow: &Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
+    if dir.exists() {
+        let _ = choria_env::stop(dir);
+        std::fs::remove_dir_all(dir).with_context(|| format!("cannot clean {}", dir.display()))?;
+    }
+    let env = choria_env::start(
+        &crate::peers::choria_bin(),
+        &EnvOptions {
+            dir: dir.to_path_buf(),
+            servers,
+            mode: flow.mode,
+            wait: true,
+        },
+    )?;
+    let facts = choria_env::read_env(dir)?;
+    let get = |k: &str| {
+        facts
+            .get(k)
+            .cloned()
+            .with_context(|| format!("env.conf has no {k}"))
+    };
+    let choria = PathBuf::from(get("choria")?);
+    let admin = PathBuf::from(get("admin_config")?);
+
+    // Watch for the servers' `provisioned` events on the broker while we provision, in the
+    // provisioning account where the servers publish them.
+    let events_file = dir.join("provisioned-events.txt");
+    let mut watch_cmd = Command::new(&choria);
+    watch_cmd
+        .args(["tool", "event", "--type", "provisioned", "--config"])
+        .arg(get("client_config")?)
+        .stdout(std::fs::File::create(&events_file)?)
+        .stderr(Stdio::null());
+    if std::env::var_os("USER").is_none_or(|u| u.is_empty()) {
+        watch_cmd.env("USER", "root");
+    }
+    let _watch = Proc::spawn("choria tool event", &mut watch_cmd)?;
+    std::thread::sleep(Duration::from_millis(500));
+
+    let out = std::fs::File::create(dir.join("choria-provisioner.out"))?;
+    let mut prov_cmd = Command::new(bins.join("choria-provisioner"));
+    prov_cmd
+        .arg("--config")
+        .arg(get("provisioner_config")?)
+        .arg("--choria-config")
+        .arg(get("client_config")?)
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    if flow.supply_key {
+        prov_cmd.env("HELPER_SUPPLY_KEY", "1");
+    }
+    let mut prov = Proc::spawn("choria-provisioner", &mut prov_cmd)?;
+
+    // Every server rewrites its configuration as the helper said.
+    let server_dir = PathBuf::from(get("server_dir")?);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut pending: Vec<&String> = env.identities.iter().collect();
+    while !pending.is_empty() {
+        if Instant::now() > deadline {
+            bail!("not configured within 90s: {pending:?}");
+        }
+        if !prov.running() {
+            bail!(
+                "choria-provisioner exited; see {}",
+                dir.join("choria-provisioner.out").display()
+            );
+        }
+        pending.retain(|id| !configured(&server_dir.join(id).join("server.conf"), id));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // ...and comes back up out of provisioning mode, answering in its new collective.
+    choria_env::wait_for_servers(&choria, &admin, &env.identities, Duration::from_secs(60))
+        .context("provisioned servers do not answer in their new collective")?;
+
+    // What the flow adds beyond the configuration file.
+    for id in &env.identities {
+        let node = server_dir.join(id);
+        match flow.mode {
+            Mode::Pki => {
+                for f in ["certificate.pem", "ca.pem", "private.pem"] {
+                    let p = node.join("ssl").join(f);
+                    if !p.exists() {
+                        bail!("{id}: {} missing after pki provisioning", p.display());
+                    }
+                }
+            }
+            Mode::Ed25519 => {
+                for f in ["server.jwt", "server.seed"] {
+                    if !node.join(f).exists() {
+                        bail!("{id}: {f} missing after ed25519 provisioning");
+                    }
+                }
+            }
+            Mode::Plain if flow.supply_key => {
+                let given = std::fs::read_to_string(
+                    dir.join("provisioner/keys").join(format!("{id}.pem")),
+                )?;
+                let installed = std::fs::read_to_string(node.join("ssl/private.pem"))
+                    .with_context(|| format!("{id}: no decrypted private.pem"))?;
+                if modulus(&given)? != modulus(&installed)? {
+                    bail!("{id}: the server's private.pem is not the key the helper supplied");
+                }
+            }
+            Mode::Plain => {}
+        }
+    }
+
+    // The servers announced it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = std::fs::read_to_string(&events_file).unwrap_or_default();
+        let missing: Vec<&String> = env
+            .identities
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("no provisioned lifecycle event seen from {missing:?}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    prov.terminate(Duration::from_secs(10));
+    Ok(())
+}
+
+fn configured(conf: &Path, identity: &str) -> bool {
+    let Ok(text) = std::fs::read_to_string(conf) else {
+        return false;
+    };
+    text.lines()
+        .any(|l| l == "plugin.choria.server.provision=false")
+        && text.lines().any(|l| l == format!("identity={identity}"))
+}
+
+/// The RSA modulus of a PEM private key, through the openssl command.
+fn modulus(pem: &str) -> Result<String> {
+    let dir = tempfile_dir()?;
+    let f = dir.join("k.pem");
+    std::fs::write(&f, pem)?;
+    let out = Command::new("openssl")
+        .args(["rsa", "-noout", "-modulus", "-in"])
+        .arg(&f)
+        .output()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        bail!(
+            "openssl cannot read the key: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let d = root()
+        .join("target/interop/tmp")
+        .join(format!("{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
