@@ -9,6 +9,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 const ROUNDS: usize = 21;
+
+/// A named measurement: one pass over all pairs.
+type Measurement<'a> = (&'static str, Box<dyn FnMut() + 'a>);
 const ROUND: Duration = Duration::from_millis(100);
 
 /// Runs `f` (one pass over all pairs) for about one round; returns comparisons per second.
@@ -43,7 +46,7 @@ fn main() {
         .map(|(a, b)| (rpm::Evr::parse(a), rpm::Evr::parse(b)))
         .collect();
 
-    let mut cases: Vec<(&str, Box<dyn FnMut()>)> = vec![
+    let mut cases: Vec<Measurement> = vec![
         (
             "cmp parsed: rpm-evr",
             Box::new(|| {
