@@ -104,6 +104,8 @@ pub fn which(name: &str) -> Result<PathBuf> {
 pub fn test(args: &[String]) -> Result<()> {
     let nats = ensure_nats_server()?;
     eprintln!("xtask: using {}", nats.display());
+    // The interop tests talk to a real go-choria broker and servers: build that peer (cached).
+    crate::peers::build_choria()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let root = root();
     run(Command::new(&cargo)

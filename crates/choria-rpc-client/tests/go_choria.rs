@@ -1,0 +1,158 @@
+//! Against the real thing: a go-choria broker and go-choria servers in provisioning mode,
+//! started by `xtask peers env` (the Choria test peer built from go-choria by `cargo xtask test`).
+//! Our discovery finds them, our `rpcutil#inventory` and `choria_provision#jwt` requests get
+//! their real replies, and a real server's startup lifecycle event parses.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use choria_rpc_client::config::ChoriaConfig;
+use choria_rpc_client::lifecycle::EventFormat;
+use choria_rpc_client::rpc::RpcClient;
+
+/// A running `peers env`, stopped on drop.
+struct PeerEnv {
+    dir: tempfile::TempDir,
+    facts: HashMap<String, String>,
+}
+
+fn xtask_bin() -> PathBuf {
+    let bin = test_support::workspace_root().join("target/debug/xtask");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests through `cargo xtask test`, which builds it and the Choria peer",
+        bin.display()
+    );
+    bin
+}
+
+impl PeerEnv {
+    fn start(servers: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(xtask_bin())
+            .args(["peers", "env", "--dir"])
+            .arg(dir.path())
+            .args(["--servers", &servers.to_string(), "--mode", "plain"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "peers env failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let facts = std::fs::read_to_string(dir.path().join("env.conf"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once(" = "))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        PeerEnv { dir, facts }
+    }
+
+    fn get(&self, k: &str) -> &str {
+        self.facts.get(k).unwrap_or_else(|| panic!("env.conf has no {k}"))
+    }
+
+    fn servers(&self) -> Vec<String> {
+        self.get("servers").split(',').map(str::to_string).collect()
+    }
+
+    /// The pid of a process the environment started, by name.
+    fn pid_of(&self, name: &str) -> u32 {
+        std::fs::read_to_string(self.dir.path().join("pids"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .find(|(_, n)| *n == name)
+            .map(|(p, _)| p.parse().unwrap())
+            .unwrap_or_else(|| panic!("no process {name} in the pids file"))
+    }
+}
+
+impl Drop for PeerEnv {
+    fn drop(&mut self) {
+        let _ = Command::new(xtask_bin()).args(["peers", "stop", "--dir"]).arg(self.dir.path()).output();
+    }
+}
+
+/// Restart a server process exactly as it was started (same program, arguments, environment
+/// and directory): a real go-choria server then publishes a fresh startup event.
+fn restart_process(pid: u32) -> std::process::Child {
+    let split = |p: &Path| -> Vec<String> {
+        std::fs::read(p)
+            .unwrap()
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect()
+    };
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let argv = split(&proc.join("cmdline"));
+    let env = split(&proc.join("environ"));
+    let cwd = std::fs::read_link(proc.join("cwd")).unwrap();
+    let exe = std::fs::read_link(proc.join("exe")).unwrap();
+    let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cmd = Command::new(exe);
+    cmd.args(&argv[1..]).env_clear().current_dir(cwd);
+    for kv in env {
+        if let Some((k, v)) = kv.split_once('=') {
+            cmd.env(k, v);
+        }
+    }
+    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
+    let env = PeerEnv::start(2);
+    let cfg = ChoriaConfig::load(Path::new(env.get("client_config"))).unwrap();
+    let client = RpcClient::connect(&cfg).await.expect("connect to the real Choria broker over mTLS");
+
+    let mut found = client.discover_provisionable().await.unwrap();
+    found.sort();
+    let mut want = env.servers();
+    want.sort();
+    assert_eq!(found, want, "discovery must find every real provisioning-mode server");
+
+    let node = &want[0];
+    let inv = client.inventory(node, Duration::from_secs(4)).await.unwrap();
+    assert!(inv.agents.contains(&"choria_provision".to_string()), "agents: {:?}", inv.agents);
+    assert_eq!(inv.main_collective, "provisioning");
+    assert!(!inv.version.is_empty());
+    assert_eq!(inv.raw["version"], inv.version.as_str());
+
+    let token = env.get("token");
+    let jwt = client.provision_jwt(node, token, Duration::from_secs(22)).await.unwrap();
+    let on_disk = std::fs::read_to_string(env.get("provisioning_jwt")).unwrap();
+    assert_eq!(jwt.jwt, on_disk, "the jwt action returns the provisioning.jwt verbatim");
+    assert_eq!(jwt.ecdh_public.len(), 64);
+    assert!(jwt.ecdh_public.bytes().all(|b| b.is_ascii_hexdigit()));
+
+    // A wrong token is refused with go-choria's message, as a typed aborted error.
+    let err = client.provision_jwt(node, "wrong", Duration::from_secs(22)).await.unwrap_err();
+    assert!(err.to_string().contains("Incorrect provision token supplied"), "{err}");
+
+    // A server that starts publishes a startup event we parse.
+    let mut events = client.subscribe_lifecycle("startup", "provision_mode_server", None).await.unwrap();
+    let mut child = restart_process(env.pid_of(node));
+    let ev = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let ev = events.next().await.expect("event stream ended");
+            if &ev.event.identity == node {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("no startup event from the restarted server within 30s");
+    assert_eq!(ev.event.component, "provision_mode_server");
+    assert_eq!(ev.event.event_type(), "startup");
+    assert_eq!(ev.format, EventFormat::CloudEvent, "go-choria servers publish CloudEvents by default");
+    let _ = child.kill();
+    let _ = child.wait();
+}
