@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod dist;
 mod docs;
+mod faults;
 mod interop;
 mod peers;
 mod stack;
@@ -22,6 +23,7 @@ commands:
   dist          release packages: tarball, RPM and Debian package
   docs          check the documentation
   test          install what the tests need (nats-server), then fmt check, clippy and every test
+  faults        the fault-injection suite: lying nodes, failing helpers, broker and leader loss
   interop       our provisioner against real go-choria servers [plain|pki|ed25519|key ...]
   peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
   nats-server   install nats-server under target/tools/bin and print its path
@@ -44,6 +46,7 @@ fn run() -> Result<()> {
         "bench" => bench::main(&rest),
         "dist" => dist::main(&rest),
         "interop" => interop::main(&rest),
+        "faults" => faults::main(&rest),
         "docs" => docs::main(&rest),
         "peers" => peers::main(&rest),
         "nats-server" => {
