@@ -550,3 +550,38 @@ mod tests {
         assert!(verify_jwt(&token, &key, 4_000_000_000).is_err());
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod csr_tests {
+    use super::*;
+
+    /// The CSR verifies under its own key and carries the subject in Go's RDN order.
+    #[test]
+    fn csr_is_self_signed_with_the_pool_key() {
+        use der::Decode as _;
+        use rsa::signature::Verifier as _;
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/rsa-pool.pem"
+        ))
+        .unwrap();
+        let keys = PoolKey::from_pem_many(&text).unwrap();
+        assert_eq!(keys.len(), 2);
+        let pem_text = keys[0].csr("n1.example.net", "NL", "", "Org", "").unwrap();
+        let block = pem::parse(&pem_text).unwrap();
+        let req = x509_cert::request::CertReq::from_der(block.contents()).unwrap();
+        assert_eq!(req.info.subject.to_string(), "CN=n1.example.net,O=Org,C=NL");
+        let info = req.info.to_der().unwrap();
+        let spki = req.info.public_key.to_der().unwrap();
+        assert_eq!(spki, keys[0].spki_der);
+        let key = rsa::RsaPublicKey::from_public_key_der(&spki).unwrap();
+        let sig = rsa::pkcs1v15::Signature::try_from(req.signature.raw_bytes()).unwrap();
+        rsa::pkcs1v15::VerifyingKey::<Sha256>::new(key)
+            .verify(&info, &sig)
+            .unwrap();
+        assert!(keys[0]
+            .public_pem
+            .starts_with("-----BEGIN PUBLIC KEY-----\n"));
+    }
+}

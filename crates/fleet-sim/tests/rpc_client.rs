@@ -1,0 +1,95 @@
+//! The fleet driven by the workspace's own RPC client, the way the provisioner will drive it.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use choria_rpc_client::agents::ConfigureRequest;
+use choria_rpc_client::protocol::Security;
+use choria_rpc_client::rpc::{RpcClient, RpcOptions};
+use futures::StreamExt as _;
+use test_support::NatsServer;
+
+async fn client(url: &str, identity: &str) -> RpcClient {
+    let nats = async_nats::connect(url).await.unwrap();
+    RpcClient::new(
+        nats,
+        Security::insecure(format!("choria={identity}.mcollective")),
+        RpcOptions::new(identity, "provisioning"),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_rpc_client_discovers_and_provisions_the_whole_fleet() {
+    let nats = NatsServer::start();
+    let fleet = common::start(&nats.url(), 200).await;
+    let rpc = client(&nats.url(), "provisioner").await;
+    let mut found = rpc.discover_provisionable().await.unwrap();
+    found.sort();
+    assert_eq!(found, fleet.identities());
+
+    let t = Duration::from_secs(20);
+    let other = client(&nats.url(), "intruder").await;
+    let locked = other
+        .provision_jwt(&found[0], "wrong", t)
+        .await
+        .unwrap_err();
+    assert!(
+        locked
+            .to_string()
+            .contains("Incorrect provision token supplied"),
+        "{locked}"
+    );
+
+    let config = serde_json::json!({"plugin.choria.server.provision": "false"}).to_string();
+    let results: Vec<(String, Result<(), choria_rpc_client::rpc::RpcError>)> =
+        futures::stream::iter(found.clone())
+            .map(|id| {
+                let rpc = &rpc;
+                let config = config.clone();
+                async move {
+                    let r = provision(rpc, &id, config).await;
+                    (id, r)
+                }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+    // The intruder took node 0's lock first (a refused call still locks), so only it failed.
+    for (id, r) in &results {
+        match r {
+            Err(e) if id == &found[0] => assert!(e.is_provisioning_locked(), "{e}"),
+            r => assert!(r.is_ok(), "{id}: {r:?}"),
+        }
+    }
+    assert!(results.iter().any(|(id, r)| id == &found[0] && r.is_err()));
+    assert!(fleet.wait_provisioned(199, Duration::from_secs(20)).await);
+    assert_eq!(
+        rpc.discover_provisionable().await.unwrap(),
+        [found[0].clone()]
+    );
+    fleet.shutdown().await;
+}
+
+async fn provision(
+    rpc: &RpcClient,
+    id: &str,
+    config: String,
+) -> Result<(), choria_rpc_client::rpc::RpcError> {
+    let t = Duration::from_secs(20);
+    let jwt = rpc.provision_jwt(id, common::TOKEN, t).await?;
+    assert_eq!(jwt.ecdh_public.len(), 64);
+    let inv = rpc.inventory(id, t).await?;
+    assert_eq!(inv.version, "0.30.0");
+    let req = ConfigureRequest {
+        config,
+        ..ConfigureRequest::default()
+    };
+    rpc.provision_configure(id, common::TOKEN, &req, t).await?;
+    let r = rpc.provision_restart(id, common::TOKEN, Some(1), t).await?;
+    assert_eq!(r.message, "Restarting Choria Server after 2s");
+    Ok(())
+}
