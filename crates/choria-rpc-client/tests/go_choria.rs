@@ -54,7 +54,9 @@ impl PeerEnv {
     }
 
     fn get(&self, k: &str) -> &str {
-        self.facts.get(k).unwrap_or_else(|| panic!("env.conf has no {k}"))
+        self.facts
+            .get(k)
+            .unwrap_or_else(|| panic!("env.conf has no {k}"))
     }
 
     fn servers(&self) -> Vec<String> {
@@ -75,7 +77,10 @@ impl PeerEnv {
 
 impl Drop for PeerEnv {
     fn drop(&mut self) {
-        let _ = Command::new(xtask_bin()).args(["peers", "stop", "--dir"]).arg(self.dir.path()).output();
+        let _ = Command::new(xtask_bin())
+            .args(["peers", "stop", "--dir"])
+            .arg(self.dir.path())
+            .output();
     }
 }
 
@@ -95,7 +100,10 @@ fn restart_process(pid: u32) -> std::process::Child {
     let env = split(&proc.join("environ"));
     let cwd = std::fs::read_link(proc.join("cwd")).unwrap();
     let exe = std::fs::read_link(proc.join("exe")).unwrap();
-    let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg("-KILL")
+        .arg(pid.to_string())
+        .status();
     std::thread::sleep(Duration::from_millis(300));
     let mut cmd = Command::new(exe);
     cmd.args(&argv[1..]).env_clear().current_dir(cwd);
@@ -104,41 +112,72 @@ fn restart_process(pid: u32) -> std::process::Child {
             cmd.env(k, v);
         }
     }
-    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap()
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
     let env = PeerEnv::start(2);
     let cfg = ChoriaConfig::load(Path::new(env.get("client_config"))).unwrap();
-    let client = RpcClient::connect(&cfg).await.expect("connect to the real Choria broker over mTLS");
+    let client = RpcClient::connect(&cfg)
+        .await
+        .expect("connect to the real Choria broker over mTLS");
 
     let mut found = client.discover_provisionable().await.unwrap();
     found.sort();
     let mut want = env.servers();
     want.sort();
-    assert_eq!(found, want, "discovery must find every real provisioning-mode server");
+    assert_eq!(
+        found, want,
+        "discovery must find every real provisioning-mode server"
+    );
 
     let node = &want[0];
-    let inv = client.inventory(node, Duration::from_secs(4)).await.unwrap();
-    assert!(inv.agents.contains(&"choria_provision".to_string()), "agents: {:?}", inv.agents);
+    let inv = client
+        .inventory(node, Duration::from_secs(4))
+        .await
+        .unwrap();
+    assert!(
+        inv.agents.contains(&"choria_provision".to_string()),
+        "agents: {:?}",
+        inv.agents
+    );
     assert_eq!(inv.main_collective, "provisioning");
     assert!(!inv.version.is_empty());
     assert_eq!(inv.raw["version"], inv.version.as_str());
 
     let token = env.get("token");
-    let jwt = client.provision_jwt(node, token, Duration::from_secs(22)).await.unwrap();
+    let jwt = client
+        .provision_jwt(node, token, Duration::from_secs(22))
+        .await
+        .unwrap();
     let on_disk = std::fs::read_to_string(env.get("provisioning_jwt")).unwrap();
-    assert_eq!(jwt.jwt, on_disk, "the jwt action returns the provisioning.jwt verbatim");
+    assert_eq!(
+        jwt.jwt, on_disk,
+        "the jwt action returns the provisioning.jwt verbatim"
+    );
     assert_eq!(jwt.ecdh_public.len(), 64);
     assert!(jwt.ecdh_public.bytes().all(|b| b.is_ascii_hexdigit()));
 
     // A wrong token is refused with go-choria's message, as a typed aborted error.
-    let err = client.provision_jwt(node, "wrong", Duration::from_secs(22)).await.unwrap_err();
-    assert!(err.to_string().contains("Incorrect provision token supplied"), "{err}");
+    let err = client
+        .provision_jwt(node, "wrong", Duration::from_secs(22))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Incorrect provision token supplied"),
+        "{err}"
+    );
 
     // A server that starts publishes a startup event we parse.
-    let mut events = client.subscribe_lifecycle("startup", "provision_mode_server", None).await.unwrap();
+    let mut events = client
+        .subscribe_lifecycle("startup", "provision_mode_server", None)
+        .await
+        .unwrap();
     let mut child = restart_process(env.pid_of(node));
     let ev = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
@@ -152,7 +191,122 @@ async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
     .expect("no startup event from the restarted server within 30s");
     assert_eq!(ev.event.component, "provision_mode_server");
     assert_eq!(ev.event.event_type(), "startup");
-    assert_eq!(ev.format, EventFormat::CloudEvent, "go-choria servers publish CloudEvents by default");
+    assert_eq!(
+        ev.format,
+        EventFormat::CloudEvent,
+        "go-choria servers publish CloudEvents by default"
+    );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Where the captured request fixtures live.
+fn captured_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/captured")
+}
+
+/// Check a request captured on the wire: it decodes as a v1 request from the provisioner to the
+/// node, and its signature (or insecure marker) is what the sender's security mode makes.
+fn check_captured(bytes: &[u8], node: &str, sender: &str) -> choria_rpc_client::protocol::Request {
+    use choria_rpc_client::mcorpc::RpcRequest;
+    use choria_rpc_client::protocol::{ProtocolVersion, ServerRequest};
+    let req = ServerRequest::parse(bytes).expect("a captured request decodes");
+    assert_eq!(req.version, ProtocolVersion::V1);
+    assert_eq!(req.agent, "rpcutil");
+    assert_eq!(req.collective, "provisioning");
+    assert_eq!(req.sender, sender);
+    assert!(req
+        .reply_to
+        .as_deref()
+        .is_some_and(|r| r.starts_with("provisioning.reply.")));
+    assert!(req.filter.identity.iter().any(|i| i == node) || req.filter.identity.is_empty());
+    let body = RpcRequest::parse(&req.payload).expect("the RPC body decodes");
+    assert_eq!(body.action, "ping");
+    req.verify().expect("the signature verifies");
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_captured_from_the_go_cli_and_from_us_decode_on_the_other_side() {
+    let env = PeerEnv::start(1);
+    let node = env.servers()[0].clone();
+    let cfg = ChoriaConfig::load(Path::new(env.get("client_config"))).unwrap();
+    let client = RpcClient::connect(&cfg).await.unwrap();
+    let mut wire = client
+        .nats()
+        .subscribe(format!("provisioning.node.{node}"))
+        .await
+        .unwrap();
+    choria_rpc_client::connection::round_trip(client.nats(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let sender = env.get("client_identity").to_string();
+
+    // The go-choria CLI's request, decoded by us.
+    let cli = Command::new(env.get("choria"))
+        .args([
+            "req",
+            "rpcutil",
+            "ping",
+            "--json",
+            "-I",
+            &node,
+            "--config",
+            env.get("client_config"),
+        ])
+        .env("USER", "root")
+        .output()
+        .unwrap();
+    assert!(
+        cli.status.success(),
+        "choria req failed: {}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let theirs = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut wire))
+        .await
+        .expect("the CLI's request was not seen on the wire")
+        .unwrap();
+    check_captured(&theirs.payload, &node, &sender);
+
+    // Ours, decoded and answered by the real server (the reply proves it accepted the request).
+    let data = client
+        .call(
+            &node,
+            "rpcutil",
+            "ping",
+            &serde_json::json!({}),
+            Duration::from_secs(4),
+        )
+        .await
+        .expect("the real server answers our request");
+    assert!(data["pong"].as_i64().is_some(), "{data}");
+    let ours = tokio::time::timeout(Duration::from_secs(5), futures::StreamExt::next(&mut wire))
+        .await
+        .unwrap()
+        .unwrap();
+    check_captured(&ours.payload, &node, &cfg.identity);
+
+    if std::env::var_os("CHORIA_UPDATE_FIXTURES").is_some() {
+        std::fs::create_dir_all(captured_dir()).unwrap();
+        std::fs::write(
+            captured_dir().join("go-choria-cli-request-v1.json"),
+            &theirs.payload,
+        )
+        .unwrap();
+        std::fs::write(
+            captured_dir().join("rust-client-request-v1.json"),
+            &ours.payload,
+        )
+        .unwrap();
+    }
+}
+
+/// The captured fixtures stay decodable: the Go CLI's request (x509-signed) and ours.
+#[test]
+fn captured_fixtures_decode() {
+    let theirs = std::fs::read(captured_dir().join("go-choria-cli-request-v1.json")).unwrap();
+    let req = check_captured(&theirs, "node1.example.net", "provisioner.mcollective");
+    assert!(req.caller.starts_with("choria="), "{}", req.caller);
+    let ours = std::fs::read(captured_dir().join("rust-client-request-v1.json")).unwrap();
+    check_captured(&ours, "node1.example.net", "provisioner.mcollective");
 }
