@@ -195,7 +195,8 @@ pub struct FleetConfig {
     pub provisioning_jwt: ProvisioningJwt,
     /// Verify received server JWTs against this issuer (or direct signer) key.
     pub issuer_public: Option<crate::crypto::JwtVerifier>,
-    /// Identities are `<prefix>-<n>.<domain>` with `n` zero-padded to the width of `nodes`.
+    /// Identities are `<prefix>-<n>.<domain>` (`<prefix>-<n>` with an empty domain), `n`
+    /// counting from 1, zero-padded to the width of `nodes`.
     pub identity_prefix: String,
     /// Domain part of generated identities.
     pub domain: String,
@@ -276,8 +277,13 @@ impl FleetConfig {
             return ids.clone();
         }
         let width = self.nodes.max(1).to_string().len();
+        let domain = if self.domain.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", self.domain)
+        };
         (1..=self.nodes)
-            .map(|i| format!("{}-{i:0width$}.{}", self.identity_prefix, self.domain))
+            .map(|i| format!("{}-{i:0width$}{domain}", self.identity_prefix))
             .collect()
     }
 }
@@ -324,5 +330,7 @@ mod tests {
         let ids = c.identity_list();
         assert_eq!(ids[0], "n-01.d");
         assert_eq!(ids[11], "n-12.d");
+        c.domain = String::new();
+        assert_eq!(c.identity_list()[2], "n-03");
     }
 }

@@ -4,6 +4,29 @@
 //! Start one with [`Fleet::start`] and a [`FleetConfig`]; read its progress with
 //! [`Fleet::stats`], [`Fleet::wait_provisioned`] and what each node received with
 //! [`Fleet::report`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use choria_fleet_sim::{crypto::JwtSigner, Fleet, FleetConfig, Mode, ProvisioningJwt};
+//! let signer = JwtSigner::from_key_data(&std::fs::read("prov-signer-key.pem")?)?;
+//! let mut cfg = FleetConfig::new("nats://127.0.0.1:4222", 500, "s3cret", ProvisioningJwt::Sign(signer));
+//! cfg.mode = Mode::Pki;
+//! let fleet = Fleet::start(cfg).await?;
+//! // ... run a provisioner against it ...
+//! let all = fleet.wait_provisioned(500, std::time::Duration::from_secs(120)).await;
+//! let report = fleet.report(); // one NodeReport per node
+//! fleet.shutdown().await;
+//! # let _ = (all, report); Ok(()) }
+//! ```
+//!
+//! Nodes behave like go-choria servers in provisioning mode on the wire: they drop requests in
+//! the other protocol version or outside their TTL, answer broadcasts when the filter matches,
+//! reply under their identity to the transport's reply subject, hold the provisioning lock per
+//! sender and caller, and after `configure` and `restart` leave the `provisioning` collective.
+//! A restarted node counts as provisioned only when its configuration would work: it turns
+//! provisioning off, and in [`Mode::Pki`] it has a certificate for its key, in
+//! [`Mode::Ed25519`] a server JWT for its identity and `gen25519` key. A configuration that
+//! leaves provisioning on brings the node back into provisioning mode, as go-choria's does.
 
 pub mod config;
 pub mod crypto;

@@ -735,3 +735,29 @@ fn the_binary_reports_and_fails_when_not_done_in_time() {
     assert_eq!(nodes[0]["provisioned"], false);
     assert_eq!(nodes[0]["phase"], "provisioning");
 }
+
+#[tokio::test]
+async fn the_fleet_connects_over_tls_without_verifying_the_broker() {
+    // A broker with a self-signed certificate for another name, which plain clients may
+    // still use without TLS.
+    let tls = format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\nallow_non_tls: true\n",
+        common::testdata("node-cert.pem").display(),
+        common::testdata("node-key.pem").display()
+    );
+    let nats = NatsServer::start_with_config(&tls);
+    let mut cfg = common::config(&nats.url(), 3);
+    cfg.tls = true;
+    let fleet = Fleet::start(cfg).await.unwrap();
+    let client = Client::v1(&nats.url(), "prov").await;
+    assert_eq!(client.discover(3, 10 * SEC).await.len(), 3);
+    fleet.shutdown().await;
+
+    // TLS really is in use: verifying against an unrelated CA fails.
+    let mut cfg = common::config(&nats.url(), 1);
+    cfg.tls_ca = Some(common::testdata("pool0-cert.pem"));
+    assert!(matches!(
+        Fleet::start(cfg).await,
+        Err(choria_fleet_sim::FleetError::Connect { .. })
+    ));
+}
