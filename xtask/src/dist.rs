@@ -282,13 +282,19 @@ fn stage_tree(root: &Path, binary: &Path, stage: &Path) -> Result<()> {
         let src = source_of(root, binary, dest);
         install_file(&src, &stage.join(dest), *mode)?;
     }
-    // The documentation, as Markdown.
+    // The documentation as Markdown, with the files its pages link to (the dashboard and the
+    // sample helpers) so every link works in the installed copy too.
     let docs = stage.join("usr/share/doc/choria-provisioner/docs");
-    for entry in fs::read_dir(root.join("docs")).context("cannot read docs/")? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "md") {
+    for sub in ["", "examples"] {
+        let dir = root.join("docs").join(sub);
+        for entry in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = entry?.path();
+            if !path.is_file() {
+                continue;
+            }
             let name = path.file_name().context("docs entry without a name")?;
-            install_file(&path, &docs.join(name), 0o644)?;
+            let mode = if sub == "examples" { 0o755 } else { 0o644 };
+            install_file(&path, &docs.join(sub).join(name), mode)?;
         }
     }
     Ok(())
@@ -678,7 +684,7 @@ fn install_test(deb: &Path, expect: Option<(&str, &str)>) -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     run(Command::new("dpkg").arg("-i").arg(deb))?;
-    let result = installed_checks(expect);
+    let result = installed_checks(expect).and_then(|()| upgrade_keeps_config(deb));
     let purge = run(Command::new("dpkg").args(["--purge", NAME]));
     if !user_existed {
         let _ = Command::new("userdel").arg(NAME).status();
@@ -698,6 +704,34 @@ fn install_test(deb: &Path, expect: Option<(&str, &str)>) -> Result<()> {
         bail!("dpkg --purge left /usr/sbin/choria-provisioner behind");
     }
     println!("ok: the .deb installs, runs and purges cleanly");
+    Ok(())
+}
+
+/// Installing the package again over an edited configuration (an upgrade, for dpkg) keeps the
+/// operator's file and its group.
+fn upgrade_keeps_config(deb: &Path) -> Result<()> {
+    let yaml = Path::new("/etc/choria-provisioner/choria-provisioner.yaml");
+    let mut text = fs::read_to_string(yaml)?;
+    text.push_str("# edited by the operator\n");
+    fs::write(yaml, &text)?;
+    run(Command::new("dpkg")
+        .args(["-i", "--force-confold"])
+        .arg(deb))?;
+    let after = fs::read_to_string(yaml)?;
+    if after != text {
+        bail!(
+            "reinstalling the package replaced the edited {}",
+            yaml.display()
+        );
+    }
+    let group = capture(Command::new("stat").args(["-c", "%G %a"]).arg(yaml))?;
+    if group.trim() != "choria-provisioner 640" {
+        bail!(
+            "{} is {group:?} after an upgrade, expected group choria-provisioner, mode 640",
+            yaml.display()
+        );
+    }
+    println!("ok: an upgrade keeps the edited configuration, group choria-provisioner, mode 640");
     Ok(())
 }
 
@@ -755,7 +789,8 @@ fn installed_checks(expect: Option<(&str, &str)>) -> Result<()> {
 
 fn check_complete_config(bin: &str, dir: &Path) -> Result<()> {
     // x509 material for the client configuration's file provider.
-    let ssl = |args: &[&str]| run(Command::new("openssl").current_dir(dir).args(args));
+    let ssl =
+        |args: &[&str]| capture(Command::new("openssl").current_dir(dir).args(args)).map(drop);
     ssl(&[
         "req",
         "-x509",
