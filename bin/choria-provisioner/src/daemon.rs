@@ -204,11 +204,18 @@ async fn run(settings: Settings) -> Result<()> {
         metrics.busy_workers.get()
     );
     while tasks.join_next().await.is_some() {}
-    // Let in-flight nodes finish, up to the grace period, then stop the workers.
+    // Let in-flight nodes finish, up to the grace period, then stop the workers. Emptying the
+    // queue keeps idle workers from starting new nodes; pausing instead would make every
+    // in-flight node fail at its next step, which is an abort rather than a drain.
     let deadline = tokio::time::Instant::now() + DRAIN_GRACE;
-    pause.pause();
-    while metrics.busy_workers.get() > 0 && tokio::time::Instant::now() < deadline {
+    fleet.clear();
+    loop {
+        // A worker that took a node just before the queue was emptied counts itself busy a
+        // moment later, so look again after a short wait before calling the drain done.
         tokio::time::sleep(Duration::from_millis(50)).await;
+        if metrics.busy_workers.get() == 0 || tokio::time::Instant::now() >= deadline {
+            break;
+        }
     }
     let abandoned = metrics.busy_workers.get();
     if abandoned > 0 {
@@ -406,8 +413,11 @@ async fn elect<R, H, O, C>(
         tokio::spawn(async move {
             loop {
                 let ev = tokio::select! {
-                    ev = events.recv() => ev,
+                    // On shutdown the campaign's own stop event must not pause the workers:
+                    // in-flight nodes are being drained.
+                    biased;
                     _ = stop.cancelled() => return,
+                    ev = events.recv() => ev,
                 };
                 match ev {
                     Ok(ElectionEvent::Won { .. }) => {

@@ -1,5 +1,6 @@
 //! Logging set-up: `loglevel` and `logfile` from the configuration, `--debug` wins.
 
+use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -26,9 +27,17 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_target(false);
+    // Colour only on a terminal: under systemd or with output redirected, escape codes would
+    // end up in the journal and in files.
     match logfile {
-        "" | "stdout" => builder.with_writer(std::io::stdout).init(),
-        "stderr" => builder.with_writer(std::io::stderr).init(),
+        "" | "stdout" => builder
+            .with_ansi(std::io::stdout().is_terminal())
+            .with_writer(std::io::stdout)
+            .init(),
+        "stderr" => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .init(),
         "discard" => builder.with_writer(std::io::sink).init(),
         path => {
             let file = std::fs::OpenOptions::new()

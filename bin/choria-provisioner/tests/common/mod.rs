@@ -1,0 +1,547 @@
+//! Shared harness of the end-to-end tests: a broker, keys, configuration files, the provisioner
+//! as a subprocess, its `/metrics`, and a simulated fleet in this process.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
+use choria_fleet_sim::{Fleet, FleetConfig, Mode, ProvisioningJwt};
+use test_support::NatsServer;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_choria-provisioner");
+
+/// The provisioning token shared by the fleet and the provisioner.
+pub const TOKEN: &str = "s3cret-test-token";
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// A sample helper from `docs/examples`.
+pub fn example_helper(name: &str) -> String {
+    workspace()
+        .join("docs/examples")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A test helper from `tests/helpers`.
+pub fn test_helper(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/helpers")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// An ed25519 signer: the provisioning JWT signer, server JWT issuer and `jwt_verify_cert`.
+pub struct Signer {
+    /// File holding the 64 hex character seed.
+    pub seed_file: PathBuf,
+    /// The seed, hex.
+    pub seed_hex: String,
+    /// The public key, hex.
+    pub public_hex: String,
+}
+
+impl Signer {
+    /// A fresh signer whose seed is written into `dir`.
+    pub fn new(dir: &Path) -> Self {
+        let key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+        let seed_hex = hex::encode(key.to_bytes());
+        let public_hex = hex::encode(key.verifying_key().to_bytes());
+        let seed_file = dir.join("signer.seed");
+        std::fs::write(&seed_file, &seed_hex).unwrap();
+        Signer {
+            seed_file,
+            seed_hex,
+            public_hex,
+        }
+    }
+
+    /// The fleet-side signer of provisioning JWTs.
+    pub fn jwt_signer(&self) -> JwtSigner {
+        JwtSigner::from_key_data(self.seed_hex.as_bytes()).unwrap()
+    }
+
+    /// The fleet-side verifier of server JWTs.
+    pub fn verifier(&self) -> JwtVerifier {
+        JwtVerifier::from_public_data(&self.public_hex).unwrap()
+    }
+}
+
+/// Run a command and insist it succeeds.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A test certificate authority made with openssl: (certificate, key).
+pub fn openssl_ca(dir: &Path) -> (PathBuf, PathBuf) {
+    let cert = dir.join("ca.pem");
+    let key = dir.join("ca-key.pem");
+    run(Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", "/CN=provisioner test ca"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null()));
+    (cert, key)
+}
+
+/// RSA keys for the simulated servers' CSRs, made by openssl (fast, unlike an unoptimised
+/// build generating them).
+pub fn rsa_keys_pem(count: usize) -> String {
+    (0..count)
+        .map(|_| {
+            run(Command::new("openssl")
+                .args(["genrsa", "2048"])
+                .stderr(Stdio::null()))
+        })
+        .collect()
+}
+
+/// Options of one provisioner.
+#[derive(Clone)]
+pub struct ProvOptions {
+    /// Choria identity (also its election identity).
+    pub identity: String,
+    /// `features` entries switched on.
+    pub features: Vec<&'static str>,
+    /// The helper command line.
+    pub helper: String,
+    /// Workers.
+    pub workers: usize,
+    /// `leader_election`.
+    pub leader_election: bool,
+    /// More YAML appended at the top level.
+    pub extra_yaml: String,
+    /// Environment for the provisioner and so its helper.
+    pub env: Vec<(String, String)>,
+    /// `logfile`, when not standard output.
+    pub logfile: Option<PathBuf>,
+    /// `--pid FILE`.
+    pub pid_file: Option<PathBuf>,
+}
+
+impl ProvOptions {
+    /// Plain (jwt) mode with `helper`.
+    pub fn new(helper: impl Into<String>) -> Self {
+        ProvOptions {
+            identity: "provisioner1".into(),
+            features: vec!["jwt"],
+            helper: helper.into(),
+            workers: 4,
+            leader_election: false,
+            extra_yaml: String::new(),
+            env: Vec::new(),
+            logfile: None,
+            pid_file: None,
+        }
+    }
+
+    /// Builder: an environment variable for the provisioner and its helper.
+    pub fn env(mut self, k: &str, v: impl Into<String>) -> Self {
+        self.env.push((k.to_string(), v.into()));
+        self
+    }
+
+    /// Builder: top-level YAML lines.
+    pub fn yaml(mut self, extra: &str) -> Self {
+        self.extra_yaml.push_str(extra);
+        if !extra.ends_with('\n') {
+            self.extra_yaml.push('\n');
+        }
+        self
+    }
+}
+
+/// A broker, a signer and a scratch directory for one test.
+pub struct Env {
+    /// Scratch directory.
+    pub dir: tempfile::TempDir,
+    /// The broker.
+    pub nats: NatsServer,
+    /// The signer.
+    pub signer: Signer,
+}
+
+impl Env {
+    /// Start a broker and make a signer.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = Signer::new(dir.path());
+        Env {
+            nats: NatsServer::start(),
+            signer,
+            dir,
+        }
+    }
+
+    /// The scratch directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The broker URL.
+    pub fn url(&self) -> String {
+        self.nats.url()
+    }
+
+    /// A fleet of `nodes` called `node-<n>.example.net`, restarting quickly.
+    pub fn fleet_config(&self, nodes: usize, mode: Mode) -> FleetConfig {
+        let mut c = FleetConfig::new(
+            self.url(),
+            nodes,
+            TOKEN,
+            ProvisioningJwt::Sign(self.signer.jwt_signer()),
+        );
+        c.mode = mode;
+        c.identity_prefix = "node".into();
+        c.domain = "example.net".into();
+        c.restart_delay = Duration::from_millis(300);
+        c.workers = 16;
+        // Without keys the fleet generates its own, which takes long in an unoptimised build
+        // and holds up the end of the test.
+        static KEYS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        c.rsa_keys_pem = Some(KEYS.get_or_init(|| rsa_keys_pem(2)).clone());
+        c
+    }
+
+    /// Write the YAML and Choria configuration of a provisioner; returns (yaml, cfg, port).
+    pub fn write_config(&self, o: &ProvOptions) -> (PathBuf, PathBuf, u16) {
+        let port = test_support::free_port();
+        let features: String = o
+            .features
+            .iter()
+            .map(|f| format!("  {f}: true\n"))
+            .collect();
+        let logfile = match &o.logfile {
+            Some(p) => format!("logfile: {}\n", p.display()),
+            None => String::new(),
+        };
+        let yaml = format!(
+            "workers: {workers}\n\
+             interval: 1m\n\
+             {logfile}\
+             loglevel: debug\n\
+             helper: {helper}\n\
+             token: {TOKEN}\n\
+             site: testsite\n\
+             choria_insecure: true\n\
+             monitor_port: {port}\n\
+             jwt_verify_cert: {verify}\n\
+             jwt_signing_key: {seed}\n\
+             leader_election: {le}\n\
+             {extra}\
+             features:\n{features}",
+            workers = o.workers,
+            helper = o.helper,
+            verify = self.signer.public_hex,
+            seed = self.signer.seed_file.display(),
+            le = o.leader_election,
+            extra = o.extra_yaml,
+        );
+        let yaml_path = self.path().join(format!("{}.yaml", o.identity));
+        std::fs::write(&yaml_path, yaml).unwrap();
+        let cfg_path = self.path().join(format!("{}.cfg", o.identity));
+        std::fs::write(
+            &cfg_path,
+            format!(
+                "identity = {}\nplugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nplugin.security.provider = file\n",
+                o.identity,
+                self.url()
+            ),
+        )
+        .unwrap();
+        (yaml_path, cfg_path, port)
+    }
+
+    /// Write the files and start the provisioner.
+    pub fn start(&self, o: &ProvOptions) -> Prov {
+        let (yaml, cfg, port) = self.write_config(o);
+        let mut extra: Vec<String> = vec!["--choria-config".into(), cfg.display().to_string()];
+        if let Some(p) = &o.pid_file {
+            extra.push("--pid".into());
+            extra.push(p.display().to_string());
+        }
+        let mut env = o.env.clone();
+        if !env.iter().any(|(k, _)| k == "CHORIA_BROKERS") {
+            env.push(("CHORIA_BROKERS".into(), self.url()));
+        }
+        Prov::spawn(&o.identity, self.path(), &yaml, &extra, &env, port)
+    }
+
+    /// Start a simulated fleet in this process.
+    pub async fn fleet(&self, cfg: FleetConfig) -> Fleet {
+        Fleet::start(cfg).await.unwrap()
+    }
+
+    /// Publish a startup event for each identity, as servers coming up again would.
+    pub async fn announce(&self, identities: &[String]) {
+        use choria_rpc_client::lifecycle::LifecycleEvent;
+        let nc = async_nats::connect(self.url()).await.unwrap();
+        for id in identities {
+            let e = LifecycleEvent::startup(id, "provision_mode_server", "0.30.0");
+            nc.publish(e.subject(), e.to_cloudevent_json().unwrap().into())
+                .await
+                .unwrap();
+        }
+        nc.flush().await.unwrap();
+    }
+}
+
+/// A running provisioner, killed when dropped.
+pub struct Prov {
+    /// The process.
+    pub child: Child,
+    /// Its name in messages.
+    pub name: String,
+    /// Standard output and error.
+    pub out: PathBuf,
+    /// The monitoring port.
+    pub port: u16,
+}
+
+impl Prov {
+    /// Start the binary with `--config yaml` and `args`, output to `<dir>/<name>.out`.
+    pub fn spawn(
+        name: &str,
+        dir: &Path,
+        yaml: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        port: u16,
+    ) -> Self {
+        let out = dir.join(format!("{name}.out"));
+        let file = std::fs::File::create(&out).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config")
+            .arg(yaml)
+            .args(args)
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        Prov {
+            child,
+            name: name.to_string(),
+            out,
+            port,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything it printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Wait until its output contains `needle`.
+    pub async fn wait_log(&mut self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.output().contains(needle) {
+                return true;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "{} exited with {st} while waiting for {needle:?}:\n{}",
+                    self.name,
+                    self.output()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// Wait until the provisioner listens for startup events (so it is connected).
+    pub async fn wait_ready(&mut self) {
+        assert!(
+            self.wait_log("listening for startup events", Duration::from_secs(30))
+                .await,
+            "{} did not start:\n{}",
+            self.name,
+            self.output()
+        );
+    }
+
+    /// GET `path` from the monitoring port: (status, body).
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.port, path)
+    }
+
+    /// The `/metrics` text.
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    /// One sample of `/metrics`: `name` with `label` when given (the `site` label is implied).
+    pub fn metric(&self, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+        metric(&self.metrics(), name, label)
+    }
+
+    /// A metric, 0 when absent.
+    pub fn m(&self, name: &str) -> f64 {
+        self.metric(&format!("choria_provisioner_{name}"), None)
+            .unwrap_or(0.0)
+    }
+
+    /// The `rpc_time_count` of one RPC, 0 when absent.
+    pub fn rpc_count(&self, rpc: &str) -> f64 {
+        self.metric("choria_provisioner_rpc_time_count", Some(("rpc", rpc)))
+            .unwrap_or(0.0)
+    }
+
+    /// Wait until `choria_provisioner_<name>` reaches at least `at_least`.
+    pub async fn wait_metric(&self, name: &str, at_least: f64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.m(name) >= at_least {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Send a signal by name (`TERM`, `INT`, `KILL`).
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill -{sig} {} failed", self.pid());
+    }
+
+    /// Wait for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        None
+    }
+
+    /// Send `sig`, wait for the exit and insist it is a clean one.
+    pub async fn stop_with(&mut self, sig: &str) {
+        self.signal(sig);
+        let st = self.wait_exit(Duration::from_secs(20)).await;
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "{} did not exit cleanly on SIG{sig}: {st:?}\n{}",
+            self.name,
+            self.output()
+        );
+    }
+}
+
+impl Drop for Prov {
+    fn drop(&mut self) {
+        if std::env::var_os("E2E_SHOW_LOGS").is_some() {
+            eprintln!("==== {} output ====\n{}", self.name, self.output());
+        }
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// A sample from Prometheus text: the line for `name` whose labels include `label`.
+pub fn metric(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (n, rest) = l.split_once('{')?;
+        if n != name {
+            return None;
+        }
+        let (labels, value) = rest.split_once("} ")?;
+        if let Some((k, v)) = label {
+            if !labels.split(',').any(|p| p == format!("{k}=\"{v}\"")) {
+                return None;
+            }
+        }
+        value.trim().parse().ok()
+    })
+}
+
+/// Wait until `f` holds.
+pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `choria_provision` actions a node received, in order.
+pub fn actions(fleet: &Fleet, identity: &str) -> Vec<String> {
+    fleet
+        .node_report(identity)
+        .unwrap()
+        .actions
+        .into_iter()
+        .map(|a| a.action)
+        .collect()
+}
+
+/// Lines of a file, empty when it does not exist.
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}

@@ -1,0 +1,580 @@
+//! End to end: a real nats-server, the provisioner binary, real helper processes and a simulated
+//! fleet of provisioning-mode servers in this process.
+//!
+//! The provisioner's discovery interval cannot be below one minute, so no test waits for a
+//! second discovery: nodes are found by the discovery at start-up (fleet started first) or by
+//! their startup events (provisioner started first). Where a scenario needs "retried in a later
+//! cycle", the test re-announces the nodes with startup events, exactly what a server restarting
+//! into provisioning mode does, and the same provisioner process takes them again.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use choria_fleet_sim::{Mode, Phase};
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_mode_provisions_the_fleet_and_metrics_show_the_counts() {
+    let env = Env::new();
+    let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    prov.wait_ready().await;
+
+    assert!(
+        fleet.wait_provisioned(20, WAIT).await,
+        "only {} of 20 provisioned: {:?}\n{}",
+        fleet.provisioned(),
+        fleet.stats(),
+        prov.output()
+    );
+    for r in fleet.report() {
+        let received = r.received.as_ref().expect("configuration received");
+        assert_eq!(received.configuration["identity"], r.identity);
+        assert_eq!(
+            received.configuration["plugin.choria.middleware_hosts"],
+            env.url()
+        );
+        assert!(r.problems.is_empty(), "{}: {:?}", r.identity, r.problems);
+    }
+
+    // The counters are bumped when the restart is acknowledged, before the fleet sees the
+    // node come back, so they are complete by now.
+    let m = prov.metrics();
+    let get = |name: &str, label: Option<(&str, &str)>| {
+        metric(&m, name, label).unwrap_or_else(|| panic!("{name} {label:?} missing:\n{m}"))
+    };
+    assert_eq!(get("choria_provisioner_provisioned", None), 20.0);
+    assert_eq!(get("choria_provisioner_discovered", None), 20.0);
+    assert_eq!(get("choria_provisioner_provision_errors", None), 0.0);
+    assert_eq!(get("choria_provisioner_helper_errors", None), 0.0);
+    assert_eq!(get("choria_provisioner_helper_time_count", None), 20.0);
+    assert!(get("choria_provisioner_discover_cycles", None) >= 1.0);
+    assert_eq!(get("choria_provisioner_paused", None), 0.0);
+    for rpc in [
+        "choria_provision#jwt",
+        "rpcutil#inventory",
+        "choria_provision#configure",
+        "choria_provision#restart",
+    ] {
+        assert_eq!(
+            get("choria_provisioner_rpc_time_count", Some(("rpc", rpc))),
+            20.0,
+            "{rpc}"
+        );
+    }
+    assert!(
+        metric(
+            &m,
+            "choria_provisioner_rpc_time_count",
+            Some(("rpc", "choria_provision#gencsr"))
+        )
+        .is_none(),
+        "no CSR is asked for in plain mode"
+    );
+    assert!(m.contains("site=\"testsite\""));
+    assert_eq!(prov.get("/healthz").unwrap().0, 200);
+    let (status, body) = prov.get("/readyz").unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("connected") && body.contains("active"),
+        "{body}"
+    );
+
+    prov.stop_with("TERM").await;
+    assert!(
+        !prov.output().contains('\u{1b}'),
+        "colour codes in redirected output"
+    );
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pki_mode_signs_csrs_and_refuses_denied_names() {
+    let env = Env::new();
+    let (ca, ca_key) = openssl_ca(env.path());
+    let denied = "db1.privileged.example.net".to_string();
+    let mut ids: Vec<String> = (1..=5).map(|i| format!("web{i}.example.net")).collect();
+    ids.push(denied.clone());
+    let mut cfg = env.fleet_config(ids.len(), Mode::Pki);
+    cfg.identities = Some(ids.clone());
+    let fleet = env.fleet(cfg).await;
+
+    let mut opts = ProvOptions::new(example_helper("helper-pki.py"))
+        .env("CHORIA_CA_CERT", ca.display().to_string())
+        .env("CHORIA_CA_KEY", ca_key.display().to_string())
+        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"");
+    opts.features = vec!["jwt", "pki"];
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+
+    assert!(
+        fleet.wait_provisioned(5, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    assert!(prov.wait_metric("provision_errors", 1.0, WAIT).await);
+    let ca_pem = std::fs::read_to_string(&ca).unwrap();
+    for id in &ids[..5] {
+        let r = fleet.node_report(id).unwrap();
+        assert!(r.provisioned, "{id}: {:?}", r.problems);
+        assert_eq!(r.csr_cn.as_deref(), Some(id.as_str()));
+        let rec = r.received.unwrap();
+        assert_eq!(rec.certificate_matches_key, Some(true), "{id}");
+        assert_eq!(rec.ca, ca_pem);
+        assert_eq!(rec.ssldir, "/etc/choria/ssl");
+    }
+    // The denied node made a CSR and was then left alone: never configured, never restarted,
+    // and the helper never saw it.
+    let seen = actions(&fleet, &denied);
+    assert!(seen.contains(&"gencsr".to_string()), "{seen:?}");
+    assert!(!seen.contains(&"configure".to_string()), "{seen:?}");
+    assert!(!seen.contains(&"restart".to_string()), "{seen:?}");
+    assert_eq!(fleet.phase(&denied), Some(Phase::Provisioning));
+    assert_eq!(prov.m("provision_errors"), 1.0);
+    assert_eq!(prov.m("helper_time_count"), 5.0);
+    assert!(
+        prov.output().contains(&denied),
+        "the refusal names the node:\n{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ed25519_mode_issues_server_jwts_the_fleet_verifies() {
+    let env = Env::new();
+    let mut cfg = env.fleet_config(10, Mode::Ed25519);
+    cfg.issuer_public = Some(env.signer.verifier());
+    let fleet = env.fleet(cfg).await;
+    let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
+        .env("CHORIA_ISSUER", env.signer.public_hex.clone());
+    opts.features = vec!["ed25519"];
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+
+    assert!(
+        fleet.wait_provisioned(10, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    for r in fleet.report() {
+        let rec = r.received.as_ref().unwrap();
+        assert!(
+            rec.server_jwt_trust.is_some(),
+            "{}: not verified",
+            r.identity
+        );
+        let claims = rec.server_jwt_claims.as_ref().unwrap();
+        assert_eq!(claims["identity"], r.identity.as_str());
+        assert_eq!(
+            claims["public_key"].as_str(),
+            r.ed25519_public_key.as_deref()
+        );
+        assert_eq!(
+            rec.configuration["plugin.security.issuer.choria.public"],
+            env.signer.public_hex
+        );
+    }
+    assert_eq!(prov.rpc_count("choria_provision#gen25519"), 10.0);
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ed25519_mode_server_jwts_from_another_issuer_are_refused() {
+    // The negative control of the test above: the fleet trusts another issuer, so every
+    // configure is refused and no node leaves provisioning mode.
+    let env = Env::new();
+    let other_dir = env.path().join("other");
+    std::fs::create_dir(&other_dir).unwrap();
+    let other = Signer::new(&other_dir);
+    let mut cfg = env.fleet_config(3, Mode::Ed25519);
+    cfg.issuer_public = Some(other.verifier());
+    let fleet = env.fleet(cfg).await;
+    let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
+        .env("CHORIA_ISSUER", env.signer.public_hex.clone());
+    opts.features = vec!["ed25519"];
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(prov.wait_metric("provision_errors", 3.0, WAIT).await);
+    assert_eq!(fleet.stats().configured, 0);
+    assert_eq!(prov.m("provisioned"), 0.0);
+    assert!(
+        prov.output().contains("does not verify"),
+        "{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+fn upgrade_options(version: &str, optional: bool) -> ProvOptions {
+    let mut o = ProvOptions::new(format!("{} upgrade {version}", test_helper("scenario.py")))
+        .yaml("upgrades_repository: https://repo.example.net/choria")
+        .yaml(&format!("upgrades_optional: {optional}"));
+    o.features = vec!["jwt", "upgrades"];
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_to_a_newer_version_then_provisions() {
+    let env = Env::new();
+    let mut cfg = env.fleet_config(5, Mode::Plain);
+    cfg.upgradable = true;
+    let fleet = env.fleet(cfg).await;
+    let mut prov = env.start(&upgrade_options("0.31.0", false));
+    prov.wait_ready().await;
+
+    assert!(
+        fleet.wait_provisioned(5, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    for id in fleet.identities() {
+        let r = fleet.node_report(&id).unwrap();
+        assert_eq!(r.version, "0.31.0", "{id}");
+        let seen = actions(&fleet, &id);
+        let updates: Vec<usize> = seen
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| *a == "release_update")
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(updates.len(), 1, "{id}: {seen:?}");
+        let configure = seen.iter().position(|a| a == "configure").unwrap();
+        assert!(updates[0] < configure, "{id}: upgraded first: {seen:?}");
+        assert_eq!(
+            r.restarts, 2,
+            "{id}: once after the upgrade, once configured"
+        );
+    }
+    assert_eq!(prov.rpc_count("choria_provision#release_update"), 5.0);
+    // The upgraded nodes came back with startup events and were taken from those.
+    assert!(prov.m("event_discovered") >= 5.0, "{}", prov.metrics());
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_equal_version_is_not_upgraded() {
+    let env = Env::new();
+    let mut cfg = env.fleet_config(4, Mode::Plain);
+    cfg.upgradable = true;
+    let fleet = env.fleet(cfg).await;
+    let mut prov = env.start(&upgrade_options("0.30.0", false));
+    prov.wait_ready().await;
+    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    for id in fleet.identities() {
+        let seen = actions(&fleet, &id);
+        assert!(!seen.contains(&"release_update".to_string()), "{seen:?}");
+        assert_eq!(fleet.node_report(&id).unwrap().version, "0.30.0");
+    }
+    assert_eq!(prov.rpc_count("choria_provision#release_update"), 0.0);
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_upgrades_let_a_non_upgradable_node_be_provisioned() {
+    let env = Env::new();
+    let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
+    let mut prov = env.start(&upgrade_options("0.31.0", true));
+    prov.wait_ready().await;
+    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    for id in fleet.identities() {
+        assert!(!actions(&fleet, &id).contains(&"release_update".to_string()));
+        assert_eq!(fleet.node_report(&id).unwrap().version, "0.30.0");
+    }
+    assert_eq!(prov.m("provision_errors"), 0.0);
+    assert!(prov.output().contains("does not support upgrades"));
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mandatory_upgrades_leave_a_non_upgradable_node_unconfigured() {
+    let env = Env::new();
+    let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
+    let mut prov = env.start(&upgrade_options("0.31.0", false));
+    prov.wait_ready().await;
+    assert!(
+        prov.wait_metric("provision_errors", 4.0, WAIT).await,
+        "{}",
+        prov.output()
+    );
+    assert_eq!(fleet.stats().configured, 0);
+    for id in fleet.identities() {
+        let seen = actions(&fleet, &id);
+        assert!(!seen.contains(&"release_update".to_string()), "{seen:?}");
+        assert!(!seen.contains(&"configure".to_string()), "{seen:?}");
+    }
+    assert_eq!(prov.m("provisioned"), 0.0);
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
+    let env = Env::new();
+    let once = env.path().join("once");
+    std::fs::create_dir(&once).unwrap();
+    let log = env.path().join("helper.log");
+    let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
+    let opts = ProvOptions::new(format!("{} defer", test_helper("scenario.py")))
+        .env("HELPER_ONCE_DIR", once.display().to_string())
+        .env("HELPER_LOG", log.display().to_string());
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+
+    assert!(
+        prov.wait_metric("provision_errors", 5.0, WAIT).await,
+        "{}",
+        prov.output()
+    );
+    assert_eq!(fleet.stats().configured, 0);
+    assert_eq!(
+        prov.m("helper_errors"),
+        0.0,
+        "a deferral is not a helper error"
+    );
+    assert!(prov.output().contains("deferred"));
+
+    // The next cycle: the nodes announce themselves again and the helper now configures them.
+    env.announce(&fleet.identities()).await;
+    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    let calls = lines(&log);
+    assert_eq!(calls.iter().filter(|l| l.ends_with(" defer")).count(), 5);
+    assert_eq!(
+        calls.iter().filter(|l| l.ends_with(" configure")).count(),
+        5
+    );
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_replies_shut_the_node_down() {
+    let env = Env::new();
+    let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
+    let victim = "node-2.example.net";
+    let opts = ProvOptions::new(format!("{} shutdown", test_helper("scenario.py")))
+        .env("HELPER_ONLY", "node-2.");
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+
+    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    assert!(
+        wait_until(WAIT, || fleet.phase(victim) == Some(Phase::ShutDown)).await,
+        "{:?}",
+        fleet.node_report(victim)
+    );
+    let seen = actions(&fleet, victim);
+    assert!(seen.contains(&"shutdown".to_string()), "{seen:?}");
+    assert!(!seen.contains(&"configure".to_string()), "{seen:?}");
+    assert_eq!(fleet.stats().shut_down, 1);
+    assert_eq!(prov.m("helper_shutdown_requests"), 1.0);
+    assert_eq!(prov.rpc_count("choria_provision#shutdown"), 1.0);
+    assert!(prov.output().contains("is not wanted here"));
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+/// A helper that misbehaves once per node: counted as helper errors, nothing configured, and
+/// the nodes are provisioned when they are announced again.
+async fn failing_helper_is_counted_and_retried(behaviour: &str) {
+    let env = Env::new();
+    let once = env.path().join("once");
+    std::fs::create_dir(&once).unwrap();
+    let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
+    let opts = ProvOptions::new(format!("{} {behaviour}", test_helper("scenario.py")))
+        .env("HELPER_ONCE_DIR", once.display().to_string());
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+
+    assert!(
+        prov.wait_metric("helper_errors", 5.0, WAIT).await,
+        "{}",
+        prov.output()
+    );
+    assert_eq!(prov.m("provision_errors"), 5.0);
+    assert_eq!(fleet.stats().configured, 0);
+    for id in fleet.identities() {
+        assert!(!actions(&fleet, &id).contains(&"configure".to_string()));
+    }
+
+    env.announce(&fleet.identities()).await;
+    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    assert_eq!(prov.m("helper_errors"), 5.0);
+    assert_eq!(prov.m("provisioned"), 5.0);
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_exiting_non_zero_is_a_helper_error() {
+    failing_helper_is_counted_and_retried("fail").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_printing_garbage_is_a_helper_error() {
+    failing_helper_is_counted_and_retried("garbage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_helper_is_killed_after_the_timeout() {
+    let env = Env::new();
+    let pids = env.path().join("pids");
+    let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
+    let opts = ProvOptions::new(format!("{} hang", test_helper("scenario.py")))
+        .env("HELPER_PIDS", pids.display().to_string());
+    let started = Instant::now();
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+
+    assert!(
+        prov.wait_metric("helper_errors", 3.0, Duration::from_secs(40))
+            .await,
+        "{}",
+        prov.output()
+    );
+    // The helper timeout is a fixed 10 seconds.
+    assert!(started.elapsed() >= Duration::from_secs(10));
+    assert_eq!(fleet.stats().configured, 0);
+    assert_eq!(prov.m("provision_errors"), 3.0);
+    assert!(prov.output().contains("did not finish within"));
+    let pids = lines(&pids);
+    assert_eq!(pids.len(), 3);
+    for pid in pids {
+        let alive = std::process::Command::new("kill")
+            .args(["-0", &pid])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(!alive, "helper {pid} still runs after the timeout");
+    }
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_announced_by_startup_events_are_taken_without_discovery() {
+    let env = Env::new();
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    prov.wait_ready().await;
+    // The start-up discovery found nothing; every node now announces itself.
+    assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
+    let started = Instant::now();
+    let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
+    assert!(
+        fleet.wait_provisioned(20, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    // Well inside the one-minute interval: no second discovery can have found them.
+    assert!(started.elapsed() < Duration::from_secs(55));
+    assert_eq!(prov.m("event_discovered"), 20.0);
+    assert_eq!(prov.m("discovered"), 0.0);
+    assert_eq!(prov.m("discover_cycles"), 1.0);
+    assert_eq!(prov.m("provisioned"), 20.0);
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_the_broker_connection() {
+    let mut env = Env::new();
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    prov.wait_ready().await;
+    assert_eq!(prov.get("/readyz").unwrap().0, 200);
+
+    env.nats.stop();
+    assert!(
+        wait_until(Duration::from_secs(10), || prov
+            .get("/readyz")
+            .is_some_and(|(s, _)| s == 503))
+        .await,
+        "/readyz stayed ready without a broker"
+    );
+    assert_eq!(
+        prov.get("/healthz").unwrap().0,
+        200,
+        "the process is still up"
+    );
+
+    env.nats.restart();
+    assert!(
+        wait_until(Duration::from_secs(40), || prov
+            .get("/readyz")
+            .is_some_and(|(s, _)| s == 200))
+        .await,
+        "/readyz not ready after the broker came back:\n{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_nodes_in_flight_finish() {
+    let env = Env::new();
+    let log = env.path().join("helper.log");
+    let fleet = env.fleet(env.fleet_config(2, Mode::Plain)).await;
+    let opts = ProvOptions::new(format!("{} slow 3", test_helper("scenario.py")))
+        .env("HELPER_LOG", log.display().to_string());
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    // Both nodes are with the helper for three seconds; stop the provisioner meanwhile.
+    assert!(wait_until(WAIT, || lines(&log).len() == 2).await);
+    prov.stop_with("TERM").await;
+    assert_eq!(
+        fleet.stats().configured,
+        2,
+        "in-flight nodes were abandoned:\n{}",
+        prov.output()
+    );
+    assert!(fleet.wait_provisioned(2, Duration::from_secs(10)).await);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_go_to_the_logfile() {
+    let env = Env::new();
+    let logfile = env.path().join("provisioner.log");
+    let mut opts =
+        ProvOptions::new(example_helper("helper-plain.py")).yaml("feature:\n  pki: true");
+    opts.logfile = Some(logfile.clone());
+    let mut prov = env.start(&opts);
+    assert!(
+        wait_until(Duration::from_secs(30), || std::fs::read_to_string(
+            &logfile
+        )
+        .unwrap_or_default()
+        .contains("listening for startup events"))
+        .await,
+        "{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+    let text = std::fs::read_to_string(&logfile).unwrap();
+    assert!(text.contains("Choria Provisioner version"), "{text}");
+    assert!(
+        text.contains("unknown configuration key \"feature\""),
+        "{text}"
+    );
+    assert!(text.contains("stopped"), "{text}");
+    assert!(!text.contains('\u{1b}'), "no colour codes in a file");
+    assert!(
+        !prov.output().contains("listening for startup events"),
+        "logs went to standard output too:\n{}",
+        prov.output()
+    );
+}
