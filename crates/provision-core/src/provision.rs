@@ -552,7 +552,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         if !inv.is_some_and(|i| i.upgradable) {
             return Err(fail("does not support upgrades"));
         }
-        if !versions_differ(version, target) {
+        if !versions_differ(version, target).map_err(|e| fail(&e))? {
             return Ok(None);
         }
         warn!(identity = %host.identity, "will attempt version update from {version} to {target}");
@@ -571,13 +571,41 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     }
 }
 
-/// Whether `current` and `target` are different RPM versions (so an upgrade is due).
-fn versions_differ(current: &str, target: &str) -> bool {
-    match (
-        current.parse::<rpm_evr::Version>(),
-        target.parse::<rpm_evr::Version>(),
-    ) {
-        (Ok(a), Ok(b)) => a.cmp(&b) != std::cmp::Ordering::Equal,
-        _ => current.trim() != target.trim(),
+/// Whether `current` and `target` are different RPM versions (so an upgrade is due). A version
+/// that rpm would not parse is an error rather than a guess: an upgrade is never sent for it.
+fn versions_differ(current: &str, target: &str) -> Result<bool, String> {
+    let target: rpm_evr::Version = target
+        .parse()
+        .map_err(|e| format!("the helper asked for an unparsable version: {e}"))?;
+    let current: rpm_evr::Version = current
+        .parse()
+        .map_err(|e| format!("the node reports an unparsable version: {e}"))?;
+    Ok(current != target)
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::versions_differ;
+
+    #[test]
+    fn upgrade_decision_follows_rpm_ordering_and_refuses_unparsable_versions() {
+        assert_eq!(versions_differ("0.30.0", "0.30.0"), Ok(false));
+        assert_eq!(
+            versions_differ("1.0", "1.00"),
+            Ok(false),
+            "rpm treats 1.0 and 1.00 as equal"
+        );
+        assert_eq!(versions_differ("0.30.0", "0.31.0"), Ok(true));
+        assert_eq!(
+            versions_differ("0.31.0", "0.30.0"),
+            Ok(true),
+            "a downgrade is a difference too"
+        );
+        assert!(versions_differ("0.30.0", "not a version!")
+            .unwrap_err()
+            .contains("helper"));
+        assert!(versions_differ("1..0", "0.30.0")
+            .unwrap_err()
+            .contains("node"));
     }
 }
