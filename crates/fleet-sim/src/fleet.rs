@@ -102,6 +102,7 @@ struct Inner {
     facts: serde_json::Value,
     pool: OnceLock<Vec<PoolKey>>,
     pool_ready: Notify,
+    pool_started: std::sync::Once,
     client: async_nats::Client,
     counters: Counters,
     changed: Notify,
@@ -324,6 +325,7 @@ impl Fleet {
             facts: serde_json::json!({}),
             pool,
             pool_ready: Notify::new(),
+            pool_started: std::sync::Once::new(),
             client,
             counters: Counters::default(),
             changed: Notify::new(),
@@ -350,23 +352,8 @@ impl Fleet {
         // Make sure the broker has the subscriptions before anyone is told we are up.
         let _ = inner.client.flush().await;
 
-        if inner.pool.get().is_none() {
-            let bg = inner.clone();
-            inner.tracker.spawn(async move {
-                let size = bg.cfg.rsa_pool_size.max(1);
-                let keys = tokio::task::spawn_blocking(move || {
-                    (0..size)
-                        .filter_map(|_| PoolKey::generate().ok())
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .unwrap_or_default();
-                if keys.is_empty() {
-                    tracing::error!("could not generate any rsa key for gencsr");
-                }
-                let _ = bg.pool.set(keys);
-                bg.pool_ready.notify_waiters();
-            });
+        if inner.cfg.mode == crate::config::Mode::Pki {
+            inner.start_pool();
         }
 
         let rx = inner.clone();
@@ -584,7 +571,34 @@ impl Inner {
         }
     }
 
-    async fn wait_pool(&self) {
+    /// Generate the RSA pool in the background unless it exists. A plain thread rather than a
+    /// runtime task: key generation cannot be interrupted and must not hold up shutdown.
+    fn start_pool(self: &Arc<Self>) {
+        if self.pool.get().is_some() {
+            return;
+        }
+        let me = self.clone();
+        self.pool_started.call_once(move || {
+            let spawned = std::thread::Builder::new()
+                .name("rsa-pool".into())
+                .spawn(move || {
+                    let size = me.cfg.rsa_pool_size.max(1);
+                    let keys: Vec<PoolKey> =
+                        (0..size).filter_map(|_| PoolKey::generate().ok()).collect();
+                    if keys.is_empty() {
+                        tracing::error!("could not generate any rsa key for gencsr");
+                    }
+                    let _ = me.pool.set(keys);
+                    me.pool_ready.notify_waiters();
+                });
+            if let Err(e) = spawned {
+                tracing::error!("cannot start rsa key generation: {e}");
+            }
+        });
+    }
+
+    async fn wait_pool(self: &Arc<Self>) {
+        self.start_pool();
         loop {
             let ready = self.pool_ready.notified();
             if self.pool.get().is_some() {

@@ -57,7 +57,7 @@ struct Cli {
     /// Exit 0 as soon as every node is provisioned.
     #[arg(long)]
     exit_when_done: bool,
-    /// Exit non-zero when not done after this long (e.g. 5m).
+    /// Stop after this long (e.g. 5m); the exit status is 0 only if every node was provisioned.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
     /// Delay between replying to restart/shutdown/release_update and acting on it.
@@ -243,8 +243,11 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             _ = tokio::signal::ctrl_c() => break fleet.provisioned() >= n,
             _ = terminated() => break fleet.provisioned() >= n,
             _ = timeout => {
-                eprintln!("fleet-sim: timed out");
-                break false;
+                let all = fleet.provisioned() >= n;
+                if !all {
+                    eprintln!("fleet-sim: timed out");
+                }
+                break all;
             }
             _ = progress.tick() => eprintln!("{}", progress_line(&fleet, started)),
             // Wake on node changes, and at least twice a second in case one was missed.
@@ -260,7 +263,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     let provisioned = fleet.provisioned();
     fleet.shutdown().await;
     eprintln!("fleet-sim: {provisioned}/{n} nodes provisioned");
-    Ok(done && (provisioned >= n || !cli.exit_when_done))
+    // Success means every node was provisioned, however the run ended.
+    Ok(done && provisioned >= n)
 }
 
 fn main() -> ExitCode {
@@ -283,7 +287,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match rt.block_on(run(cli)) {
+    let result = rt.block_on(run(cli));
+    // Do not wait for work that cannot be interrupted (RSA key generation).
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {

@@ -761,3 +761,54 @@ async fn the_fleet_connects_over_tls_without_verifying_the_broker() {
         Err(choria_fleet_sim::FleetError::Connect { .. })
     ));
 }
+
+#[tokio::test]
+async fn the_binary_exits_zero_once_every_node_is_provisioned() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("signer.seed");
+    std::fs::write(&seed, hex::encode(common::SIGNER_SEED)).unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
+        .args(["--broker", &nats.url(), "--nodes", "3", "--token", TOKEN])
+        .arg("--provisioning-signer")
+        .arg(&seed)
+        .args([
+            "--exit-when-done",
+            "--timeout",
+            "60s",
+            "--restart-delay",
+            "100ms",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = Client::v1(&nats.url(), "prov").await;
+    let mut nodes = Vec::new();
+    for _ in 0..50 {
+        nodes = client.discover(3, SEC).await;
+        if nodes.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(nodes.len(), 3);
+    let config = json!({"plugin.choria.server.provision": "false"}).to_string();
+    for node in &nodes {
+        let r = client
+            .rpc(node, "configure", json!({"token": TOKEN, "config": config}))
+            .await;
+        assert_eq!(r.statuscode, StatusCode::Ok);
+        client.rpc(node, "restart", json!({"token": TOKEN})).await;
+    }
+    let out = tokio::time::timeout(30 * SEC, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some("fleet-sim: 3/3 nodes provisioned"),
+        "{stderr}"
+    );
+}
