@@ -66,6 +66,11 @@ const LAYOUT: &[(&str, u32, bool)] = &[
         false,
     ),
     ("usr/share/doc/choria-provisioner/README.md", 0o644, false),
+    (
+        "usr/share/doc/choria-provisioner/ARCHITECTURE.md",
+        0o644,
+        false,
+    ),
     ("usr/share/doc/choria-provisioner/LICENSE", 0o644, false),
     ("usr/share/doc/choria-provisioner/copyright", 0o644, false),
 ];
@@ -289,7 +294,9 @@ fn stage_tree(root: &Path, binary: &Path, stage: &Path) -> Result<()> {
         let dir = root.join("docs").join(sub);
         for entry in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
             let path = entry?.path();
-            if !path.is_file() {
+            let linked =
+                sub == "examples" || path.extension().is_some_and(|e| e == "md" || e == "json");
+            if !path.is_file() || !linked {
                 continue;
             }
             let name = path.file_name().context("docs entry without a name")?;
