@@ -32,12 +32,17 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     let mut out = String::new();
     out.push_str(&format!("choria-provisioner {VERSION}\n"));
 
-    let config = match args.config.as_deref().map(Config::load) {
-        Some(Ok(loaded)) => {
-            for w in loaded.warnings {
+    // Every validation problem is listed; the rest of the checks go on with defaults in place
+    // of the invalid values.
+    let config = match args.config.as_deref().map(Config::load_all) {
+        Some(Ok(checked)) => {
+            for e in checked.errors {
+                r.problem(e.to_string());
+            }
+            for w in checked.loaded.warnings {
                 r.warn(w.to_string());
             }
-            Some(loaded.config)
+            Some(checked.loaded.config)
         }
         Some(Err(e)) => {
             r.problem(e.to_string());

@@ -186,6 +186,15 @@ pub enum DurationError {
     Overflow,
 }
 
+/// A configuration checked as far as possible: see [`Config::load_all`].
+#[derive(Debug)]
+pub struct Checked {
+    /// The configuration (invalid values replaced by defaults) and its warnings.
+    pub loaded: Loaded,
+    /// Every validation problem, in the order the keys are checked; empty when usable.
+    pub errors: Vec<ConfigError>,
+}
+
 /// A loaded configuration with the warnings found while loading it.
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -297,24 +306,48 @@ impl Config {
     /// Reads and validates `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
         let path = path.as_ref();
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(ConfigError::NotFound(path.to_path_buf()))
-            }
-            Err(source) => {
-                return Err(ConfigError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-        };
+        let text = Self::read(path)?;
         Self::from_yaml(&text, path)
+    }
+
+    /// Reads `path` and validates every key, collecting all the problems instead of stopping at
+    /// the first (for `choria-provisioner check`). In the returned configuration an invalid
+    /// value is replaced by its default, so whatever depends on it can still be checked. A file
+    /// that cannot be read or parsed is still an error: nothing can be checked without it.
+    pub fn load_all(path: impl AsRef<Path>) -> Result<Checked, ConfigError> {
+        let path = path.as_ref();
+        let text = Self::read(path)?;
+        let (raw, warnings) = Self::parse(&text, path)?;
+        let (config, errors) = Self::validate_all(raw, path);
+        Ok(Checked {
+            loaded: Loaded { config, warnings },
+            errors,
+        })
+    }
+
+    fn read(path: &Path) -> Result<String, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(t) => Ok(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(ConfigError::NotFound(path.to_path_buf()))
+            }
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
     }
 
     /// Parses and validates YAML `text`; `path` is only used in messages and kept as `file`.
     pub fn from_yaml(text: &str, path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
         let path = path.as_ref();
+        let (raw, warnings) = Self::parse(text, path)?;
+        let config = Self::validate(raw, path)?;
+        Ok(Loaded { config, warnings })
+    }
+
+    /// The typed form of `text` and the warnings about its keys.
+    fn parse(text: &str, path: &Path) -> Result<(RawConfig, Vec<ConfigWarning>), ConfigError> {
         let syntax = |e: serde_yaml_ng::Error| {
             let (line, column) = e
                 .location()
@@ -348,18 +381,31 @@ impl Config {
         if raw.broker_port != 0 {
             warnings.push(ConfigWarning::NoEffect("broker_port"));
         }
-        let config = Self::validate(raw, path)?;
-        Ok(Loaded { config, warnings })
+        Ok((raw, warnings))
     }
 
+    /// The configuration, or the first problem in the order the keys are checked.
     fn validate(raw: RawConfig, path: &Path) -> Result<Config, ConfigError> {
-        let lifecycle_component = if raw.lifecycle_component.is_empty() {
+        let (config, errors) = Self::validate_all(raw, path);
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(config),
+        }
+    }
+
+    /// Every problem, with invalid values replaced by their defaults in the configuration.
+    fn validate_all(raw: RawConfig, path: &Path) -> (Config, Vec<ConfigError>) {
+        let mut errors = Vec::new();
+        let mut lifecycle_component = if raw.lifecycle_component.is_empty() {
             DEFAULT_LIFECYCLE_COMPONENT.to_string()
         } else {
             raw.lifecycle_component
         };
         if lifecycle_component.contains(['.', '>', '*']) {
-            return Err(ConfigError::LifecycleComponent(lifecycle_component));
+            errors.push(ConfigError::LifecycleComponent(std::mem::replace(
+                &mut lifecycle_component,
+                DEFAULT_LIFECYCLE_COMPONENT.to_string(),
+            )));
         }
         let workers = match raw.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -373,8 +419,10 @@ impl Config {
         } else {
             raw.cert_deny_list
         };
-        let deny_list = DenyList::new(&cert_deny_list)
-            .map_err(|(pattern, reason)| ConfigError::DenyPattern { pattern, reason })?;
+        let deny_list = DenyList::new(&cert_deny_list).unwrap_or_else(|(pattern, reason)| {
+            errors.push(ConfigError::DenyPattern { pattern, reason });
+            DenyList::new(&DEFAULT_CERT_DENY_LIST).unwrap_or_default()
+        });
         let mut features = Features {
             pki: raw.features.pki,
             jwt: raw.features.jwt,
@@ -382,7 +430,7 @@ impl Config {
             upgrades: raw.features.upgrades,
         };
         if features.pki && features.ed25519 {
-            return Err(ConfigError::PkiAndEd25519);
+            errors.push(ConfigError::PkiAndEd25519);
         }
         if features.ed25519 {
             features.jwt = true;
@@ -392,20 +440,32 @@ impl Config {
             key: "interval",
             value: interval_text.clone(),
             reason,
-        })?;
+        });
+        let interval = interval.unwrap_or_else(|e| {
+            errors.push(e);
+            MIN_INTERVAL
+        });
         let server_jwt_validity = if raw.server_jwt_validity.is_empty() {
             DEFAULT_SERVER_JWT_VALIDITY
         } else {
-            parse_duration(&raw.server_jwt_validity).map_err(|reason| ConfigError::Duration {
-                key: "server_jwt_validity",
-                value: raw.server_jwt_validity.clone(),
-                reason,
-            })?
+            parse_duration(&raw.server_jwt_validity)
+                .map_err(|reason| ConfigError::Duration {
+                    key: "server_jwt_validity",
+                    value: raw.server_jwt_validity.clone(),
+                    reason,
+                })
+                .unwrap_or_else(|e| {
+                    errors.push(e);
+                    DEFAULT_SERVER_JWT_VALIDITY
+                })
         };
-        if interval < MIN_INTERVAL {
-            return Err(ConfigError::IntervalTooSmall(interval_text));
-        }
-        Ok(Config {
+        let interval = if interval < MIN_INTERVAL {
+            errors.push(ConfigError::IntervalTooSmall(interval_text));
+            MIN_INTERVAL
+        } else {
+            interval
+        };
+        let config = Config {
             workers,
             interval,
             logfile: raw.logfile,
@@ -428,7 +488,8 @@ impl Config {
             upgrades_optional: raw.upgrades_optional,
             features,
             file: path.to_path_buf(),
-        })
+        };
+        (config, errors)
     }
 }
 
@@ -596,6 +657,55 @@ mod tests {
 
     fn load(yaml: &str) -> Result<Loaded, ConfigError> {
         Config::from_yaml(yaml, "/etc/choria/provisioner.yaml")
+    }
+
+    #[test]
+    fn load_all_reports_every_problem_and_keeps_defaults_in_their_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.yaml");
+        std::fs::write(
+            &path,
+            "interval: 30s\nlifecycle_component: a.b\nserver_jwt_validity: 3x\n\
+             cert_deny_list: [\"(\"]\nworkers: 3\nfeatures:\n  pki: true\n  ed25519: true\n",
+        )
+        .unwrap();
+        let checked = Config::load_all(&path).unwrap();
+        let kinds: Vec<String> = checked.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(checked.errors.len(), 5, "{kinds:?}");
+        assert!(matches!(
+            checked.errors[0],
+            ConfigError::LifecycleComponent(_)
+        ));
+        assert!(matches!(checked.errors[1], ConfigError::DenyPattern { .. }));
+        assert!(matches!(checked.errors[2], ConfigError::PkiAndEd25519));
+        assert!(matches!(
+            checked.errors[3],
+            ConfigError::Duration {
+                key: "server_jwt_validity",
+                ..
+            }
+        ));
+        assert!(matches!(
+            checked.errors[4],
+            ConfigError::IntervalTooSmall(_)
+        ));
+        let c = checked.loaded.config;
+        assert_eq!(c.workers, 3);
+        assert_eq!(c.interval, MIN_INTERVAL);
+        assert_eq!(c.lifecycle_component, DEFAULT_LIFECYCLE_COMPONENT);
+        assert_eq!(c.server_jwt_validity, DEFAULT_SERVER_JWT_VALIDITY);
+        assert!(c.deny_list.matches("x.privileged.choria").is_some());
+        // `load` still stops at the first of them.
+        assert!(matches!(
+            Config::load(&path),
+            Err(ConfigError::LifecycleComponent(_))
+        ));
+        // A file that does not parse cannot be checked further.
+        std::fs::write(&path, "features: [\n").unwrap();
+        assert!(matches!(
+            Config::load_all(&path),
+            Err(ConfigError::Syntax { .. })
+        ));
     }
 
     #[test]

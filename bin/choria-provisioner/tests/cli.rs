@@ -1,0 +1,314 @@
+//! The command line: flags, configuration errors as one readable line, `check`, the pid file,
+//! signals and exit codes, all through the built binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+
+fn provisioner(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        // A backtrace would show up here if an error escaped as a panic or a Debug dump.
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The run fails with exactly one line on stderr, which is returned.
+fn one_line_failure(o: &Output) -> String {
+    assert!(!o.status.success(), "expected a failure: {o:?}");
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {err}");
+    assert!(lines[0].starts_with("choria-provisioner: "), "{err}");
+    for noise in ["backtrace", "panicked", "Error {", "Os {", "stack"] {
+        assert!(!err.contains(noise), "{noise} in {err}");
+    }
+    lines[0].to_string()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let o = provisioner(&["--version"]);
+    assert!(o.status.success());
+    assert_eq!(
+        stdout(&o).trim(),
+        format!("choria-provisioner {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn help_names_every_flag_and_command() {
+    let o = provisioner(&["--help"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for word in [
+        "--config",
+        "--choria-config",
+        "--pid",
+        "--debug",
+        "--version",
+        "run",
+        "check",
+    ] {
+        assert!(out.contains(word), "{word} missing from:\n{out}");
+    }
+    let o = provisioner(&["check", "--help"]);
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("--config"));
+}
+
+#[test]
+fn config_is_required() {
+    for args in [&[][..], &["run"][..], &["check"][..]] {
+        let o = provisioner(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains("--config"), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_missing_config_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.yaml").display().to_string();
+    for args in [
+        vec!["--config", &missing],
+        vec!["run", "--config", &missing],
+        vec!["check", "--config", &missing],
+    ] {
+        let o = provisioner(&args);
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.contains(&missing) && first.contains("No such file"),
+            "{err}"
+        );
+        assert!(!err.contains("backtrace"), "{err}");
+    }
+}
+
+#[test]
+fn bad_yaml_is_one_line_with_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "c.cfg", "identity = x\n");
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "interval: 1m\nfeatures:\n  jwt: [true\ntoken: x\n",
+    );
+    let line = one_line_failure(&provisioner(&["--config", &bad, "--choria-config", &cfg]));
+    assert!(line.contains(&bad), "{line}");
+    assert!(line.contains("at line 4 column 6"), "{line}");
+    let typed = write(dir.path(), "typed.yaml", "token: x\nworkers: lots\n");
+    let line = one_line_failure(&provisioner(&["--config", &typed, "--choria-config", &cfg]));
+    assert!(line.contains("at line 2 column 10"), "{line}");
+}
+
+#[test]
+fn invalid_values_are_one_clear_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "c.cfg", "identity = x\n");
+    for (yaml, expect) in [
+        ("interval: 30s\n", "interval \"30s\" is too small"),
+        ("interval: 10q\n", "invalid interval duration \"10q\""),
+        (
+            "features:\n  pki: true\n  ed25519: true\n",
+            "can only enable one of the pki or ed25519 features",
+        ),
+        (
+            "lifecycle_component: provision.mode\n",
+            "invalid lifecycle component \"provision.mode\"",
+        ),
+        (
+            "lifecycle_component: \"prov>\"\n",
+            "invalid lifecycle component",
+        ),
+    ] {
+        let p = write(dir.path(), "p.yaml", yaml);
+        let line = one_line_failure(&provisioner(&["--config", &p, "--choria-config", &cfg]));
+        assert!(line.contains(expect), "{yaml:?}: {line}");
+    }
+}
+
+/// A usable setup: configuration, Choria configuration and the sample helper.
+fn good_setup(dir: &Path) -> (String, String) {
+    let signer = Signer::new(dir);
+    let yaml = write(
+        dir,
+        "good.yaml",
+        &format!(
+            "helper: {}\ntoken: x\nworkers: 7\ninterval: 5m\nchoria_insecure: true\nsite: lab\n\
+             jwt_verify_cert: {}\nfeatures:\n  jwt: true\n",
+            example_helper("helper-plain.py"),
+            signer.public_hex
+        ),
+    );
+    let cfg = write(
+        dir,
+        "c.cfg",
+        "identity = prov1.example.net\nplugin.choria.middleware_hosts = nats://broker.example.net:4222\n",
+    );
+    (yaml, cfg)
+}
+
+#[test]
+fn check_on_a_good_setup_prints_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for want in [
+        "features: jwt on pki off ed25519 off upgrades off",
+        "workers: 7",
+        "interval: 300s",
+        "helper-plain.py",
+        "site: lab",
+        "identity: prov1.example.net",
+        "brokers: nats://broker.example.net:4222",
+        "ok: the configuration is usable",
+    ] {
+        assert!(out.contains(want), "{want:?} missing:\n{out}");
+    }
+    assert!(!out.contains("problem:"), "{out}");
+}
+
+#[test]
+fn check_on_a_broken_setup_lists_every_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let helper = write(dir.path(), "helper.sh", "#!/bin/sh\necho {}\n"); // not executable
+    let yaml = write(
+        dir.path(),
+        "bad.yaml",
+        &format!(
+            "helper: {helper}\ntoken: x\ninterval: 30s\nlifecycle_component: a.b\n\
+             jwt_verify_cert: {}/missing.pem\nfeatures:\n  jwt: true\n",
+            dir.path().display()
+        ),
+    );
+    let cfg = write(dir.path(), "c.cfg", "identity = prov1\n");
+    let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
+    for want in [
+        "interval \"30s\" is too small",
+        "invalid lifecycle component \"a.b\"",
+        "is not an executable file",
+        "jwt_verify_cert",
+        "middleware hosts",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{want:?} not reported:\n{out}"
+        );
+    }
+    let err = stderr(&o);
+    assert!(
+        err.trim()
+            .ends_with(&format!("{} problem(s) found", problems.len())),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_keys_are_warned_by_name() {
+    let env = Env::new();
+    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+        .yaml("feature:\n  pki: true\nrego_policy: /etc/x.rego\nworkerz: 3");
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    let out = prov.output();
+    for key in ["\"feature\"", "\"workerz\""] {
+        assert!(
+            out.contains(&format!("unknown configuration key {key}")),
+            "{key}: {out}"
+        );
+    }
+    assert!(out.contains("\"rego_policy\" is accepted for compatibility but has no effect"));
+    prov.stop_with("TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
+    let env = Env::new();
+    let pid_file = env.path().join("run/provisioner.pid");
+    std::fs::create_dir(env.path().join("run")).unwrap();
+    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    opts.pid_file = Some(pid_file.clone());
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    let text = std::fs::read_to_string(&pid_file).unwrap();
+    assert_eq!(text.trim(), prov.pid().to_string());
+    prov.stop_with("TERM").await;
+    assert!(!pid_file.exists(), "pid file left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_sigint_exit_cleanly() {
+    let env = Env::new();
+    for sig in ["TERM", "INT"] {
+        let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+        prov.wait_ready().await;
+        prov.stop_with(sig).await;
+        let out = prov.output();
+        assert!(out.contains(&format!("received SIG{sig}")), "{out}");
+        assert!(out.contains("stopped"), "{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_still_connecting_exits_cleanly() {
+    // No broker listens on this port: the provisioner keeps trying to connect until stopped.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = write(
+        dir.path(),
+        "p.yaml",
+        &format!(
+            "helper: {}\ntoken: x\nchoria_insecure: true\nfeatures:\n  jwt: false\n",
+            example_helper("helper-plain.py")
+        ),
+    );
+    let cfg = write(
+        dir.path(),
+        "c.cfg",
+        &format!(
+            "identity = p1\nplugin.choria.middleware_hosts = nats://127.0.0.1:{}\n",
+            test_support::free_port()
+        ),
+    );
+    let mut prov = Prov::spawn(
+        "unconnected",
+        dir.path(),
+        Path::new(&yaml),
+        &["--choria-config".into(), cfg],
+        &[],
+        0,
+    );
+    assert!(
+        prov.wait_log("starting with configuration", Duration::from_secs(20))
+            .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    prov.stop_with("TERM").await;
+}
