@@ -371,46 +371,30 @@ async fn elect<R, H, O, C>(
     O: Observer,
     C: provision_core::Clock,
 {
-    // Behind a Choria broker the provisioning account reaches JetStream only through the
-    // `choria.streams` import, as the Go provisioner uses it; on a plain NATS server the account's
-    // own JetStream answers. Try the import first.
-    let prefixed = Election::builder(
-        client.nats().clone(),
-        election::PROVISIONER_ELECTION,
-        identity.clone(),
-    )
-    .api_prefix(election::PROVISIONING_API_PREFIX)
-    .build();
-    let direct = Election::builder(
-        client.nats().clone(),
-        election::PROVISIONER_ELECTION,
-        identity,
-    )
-    .build();
-    let (prefixed, direct) = match (prefixed, direct) {
-        (Ok(p), Ok(d)) => (p, d),
-        (Err(e), _) | (_, Err(e)) => {
-            error!("cannot set up leader election: {e}");
-            return;
-        }
-    };
-    let election = match prefixed.open().await {
-        Ok(_) => prefixed,
-        Err(ElectionError::StreamsUnavailable { .. })
-        | Err(ElectionError::BucketNotFound { .. })
-            if direct.open().await.is_ok() =>
-        {
-            info!("leader election uses the account's own JetStream (no choria.streams import)");
-            direct
-        }
-        Err(_) => prefixed,
+    let Some(election) = choose_election(&client, identity, &shutdown).await else {
+        return;
     };
     let mut events = election.subscribe();
     let follow = {
-        let fleet = Arc::clone(&fleet);
-        let metrics = Arc::clone(&metrics);
+        let election = election.clone();
         let stop = shutdown.clone();
         tokio::spawn(async move {
+            let lead = |leader: bool| {
+                if leader {
+                    info!("became the leader, resuming provisioning");
+                    metrics.set_role(Role::Leader);
+                    pause.resume();
+                    discover_now.notify_one();
+                } else {
+                    warn!(
+                        "lost leadership, pausing and clearing {} queued nodes",
+                        fleet.queued()
+                    );
+                    metrics.set_role(Role::Standby);
+                    pause.pause();
+                    fleet.clear();
+                }
+            };
             loop {
                 let ev = tokio::select! {
                     // On shutdown the campaign's own stop event must not pause the workers:
@@ -420,27 +404,15 @@ async fn elect<R, H, O, C>(
                     ev = events.recv() => ev,
                 };
                 match ev {
-                    Ok(ElectionEvent::Won { .. }) => {
-                        info!("became the leader, resuming provisioning");
-                        metrics.set_role(Role::Leader);
-                        pause.resume();
-                        discover_now.notify_one();
-                    }
+                    Ok(ElectionEvent::Won { .. }) => lead(true),
                     Ok(ElectionEvent::Lost { .. })
-                    | Ok(ElectionEvent::Stopped { was_leader: true }) => {
-                        warn!(
-                            "lost leadership, pausing and clearing {} queued nodes",
-                            fleet.queued()
-                        );
-                        metrics.set_role(Role::Standby);
-                        pause.pause();
-                        fleet.clear();
-                    }
+                    | Ok(ElectionEvent::Stopped { was_leader: true }) => lead(false),
                     Ok(ElectionEvent::Stopped { .. }) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Missed events: the state watch has the truth.
-                        if election_is_leader(&metrics) {
-                            continue;
+                        // Transitions were missed: follow the campaign's current state.
+                        let leader = election.is_leader();
+                        if leader != (metrics.role() == Role::Leader) {
+                            lead(leader);
                         }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -448,7 +420,7 @@ async fn elect<R, H, O, C>(
             }
         })
     };
-    let policy = choria_rpc_client::election::backoff::FIVE_SEC;
+    let policy = election::backoff::FIVE_SEC;
     let res = election
         .run_retrying(shutdown.clone(), &policy, |e| {
             error!("leader election: {e}; provisioning stays paused until this is fixed");
@@ -460,6 +432,67 @@ async fn elect<R, H, O, C>(
     let _ = follow.await;
 }
 
-fn election_is_leader(metrics: &Metrics) -> bool {
-    metrics.role() == Role::Leader
+/// The election over whichever JetStream API answers. Behind a Choria broker the provisioning
+/// account reaches JetStream only through the `choria.streams` import, as the Go provisioner
+/// uses it; on a plain NATS server the account's own JetStream answers. The import is tried
+/// first. Whichever API answers at all is kept even when the bucket is missing there, so a
+/// bucket created later is found; while neither answers, both are asked again. `None` when
+/// shut down first.
+async fn choose_election(
+    client: &RpcClient,
+    identity: String,
+    shutdown: &CancellationToken,
+) -> Option<Election> {
+    let built = Election::builder(
+        client.nats().clone(),
+        election::PROVISIONER_ELECTION,
+        identity.clone(),
+    )
+    .api_prefix(election::PROVISIONING_API_PREFIX)
+    .build()
+    .and_then(|prefixed| {
+        Election::builder(
+            client.nats().clone(),
+            election::PROVISIONER_ELECTION,
+            identity,
+        )
+        .build()
+        .map(|direct| (prefixed, direct))
+    });
+    let (prefixed, direct) = match built {
+        Ok(both) => both,
+        Err(e) => {
+            error!("cannot set up leader election: {e}");
+            return None;
+        }
+    };
+    let unreachable = |e: &ElectionError| {
+        matches!(
+            e,
+            ElectionError::StreamsUnavailable { .. } | ElectionError::Request { .. }
+        )
+    };
+    let mut failures = 0usize;
+    loop {
+        let why = match prefixed.open().await {
+            Ok(_) => return Some(prefixed),
+            Err(e) if !unreachable(&e) => return Some(prefixed),
+            Err(e) => e,
+        };
+        match direct.open().await {
+            Err(e) if unreachable(&e) => {
+                error!("leader election: {why}; the account's own JetStream does not answer either: {e}; provisioning stays paused until this is fixed");
+            }
+            _ => {
+                info!(
+                    "leader election uses the account's own JetStream (no choria.streams import)"
+                );
+                return Some(direct);
+            }
+        }
+        failures = failures.saturating_add(1);
+        if !election::backoff::FIVE_SEC.sleep(failures, shutdown).await {
+            return None;
+        }
+    }
 }

@@ -1,0 +1,156 @@
+//! High availability: provisioners with `leader_election` campaigning on one broker's
+//! `CHORIA_LEADER_ELECTION` bucket (here the account's own JetStream, which the daemon falls back
+//! to when the `choria.streams` import of a Choria broker does not answer).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use choria_fleet_sim::Mode;
+use common::*;
+
+/// Create the election bucket as Choria Streams would, with a short TTL so a dead leader's key
+/// expires quickly.
+async fn create_bucket(url: &str) {
+    let nc = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(nc);
+    js.create_key_value(async_nats::jetstream::kv::Config {
+        bucket: "CHORIA_LEADER_ELECTION".into(),
+        max_age: Duration::from_secs(5),
+        history: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+fn ha_options(identity: &str, helper: String) -> ProvOptions {
+    let mut o = ProvOptions::new(helper);
+    o.identity = identity.into();
+    o.leader_election = true;
+    o.workers = 2;
+    o
+}
+
+fn role(prov: &Prov) -> String {
+    prov.get("/readyz")
+        .map(|(_, body)| body.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn is_leader(prov: &Prov) -> bool {
+    role(prov).ends_with("leader")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
+    let env = Env::new();
+    create_bucket(&env.url()).await;
+    let helper = format!("{} slow 0.3", test_helper("scenario.py"));
+    let mut a = env.start(&ha_options("provisioner-a", helper.clone()));
+    let mut b = env.start(&ha_options("provisioner-b", helper));
+    a.wait_ready().await;
+    b.wait_ready().await;
+
+    // The start-up splay is up to 5 s, then one round to confirm the win.
+    assert!(
+        wait_until(Duration::from_secs(40), || is_leader(&a) || is_leader(&b)).await,
+        "nobody won:\n{}\n{}",
+        a.output(),
+        b.output()
+    );
+    let (mut leader, standby) = if is_leader(&a) { (a, b) } else { (b, a) };
+    assert!(role(&standby).ends_with("standby"), "{}", role(&standby));
+    assert_eq!(standby.m("paused"), 1.0);
+    assert_eq!(leader.m("paused"), 0.0);
+
+    // go-choria keeps a provisioning lock for two minutes; the simulated servers keep it for
+    // two seconds so that nodes the dead leader was working on are free again once the
+    // standby has taken over (which takes at least the bucket's 5 s TTL).
+    let mut cfg = env.fleet_config(30, Mode::Plain);
+    cfg.lock_window = Duration::from_secs(2);
+    let fleet = env.fleet(cfg).await;
+
+    // The leader takes the nodes from their startup events; the standby ignores them.
+    assert!(
+        leader
+            .wait_metric("provisioned", 5.0, Duration::from_secs(60))
+            .await,
+        "{}",
+        leader.output()
+    );
+    assert_eq!(standby.m("provisioned"), 0.0, "the standby provisioned");
+    assert_eq!(standby.m("event_discovered"), 0.0);
+    let by_leader = leader.m("provisioned");
+    assert!(
+        fleet.provisioned() < 30,
+        "the fleet was done before the leader could be stopped"
+    );
+
+    leader.signal("KILL");
+    let killed = Instant::now();
+    leader.wait_exit(Duration::from_secs(5)).await.unwrap();
+
+    assert!(
+        wait_until(Duration::from_secs(60), || is_leader(&standby)).await,
+        "the standby never took over:\n{}",
+        standby.output()
+    );
+    let failover = killed.elapsed();
+    println!(
+        "failover: the standby led {:.1}s after the leader was killed (bucket TTL 5s)",
+        failover.as_secs_f64()
+    );
+
+    assert!(
+        fleet.wait_provisioned(30, Duration::from_secs(90)).await,
+        "{} of 30 provisioned after the failover:\n{}",
+        fleet.provisioned(),
+        standby.output()
+    );
+    let by_standby = standby.m("provisioned");
+    assert!(by_standby > 0.0, "the new leader provisioned nothing");
+    assert!(
+        by_leader + by_standby >= 30.0,
+        "{by_leader} + {by_standby} < 30"
+    );
+    // On winning it discovered at once instead of waiting for its interval.
+    assert!(standby.m("discovered") > 0.0);
+    assert!(standby.m("discover_cycles") >= 1.0);
+    let mut standby = standby;
+    standby.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_bucket_created_after_start_is_found() {
+    let env = Env::new();
+    let mut prov = env.start(&ha_options(
+        "provisioner-a",
+        example_helper("helper-plain.py"),
+    ));
+    prov.wait_ready().await;
+    assert!(
+        prov.wait_log("leader election", Duration::from_secs(20))
+            .await,
+        "a missing bucket is reported"
+    );
+    assert!(role(&prov).ends_with("standby"));
+    assert_eq!(prov.m("paused"), 1.0);
+
+    create_bucket(&env.url()).await;
+    assert!(
+        wait_until(Duration::from_secs(45), || is_leader(&prov)).await,
+        "never became leader once the bucket existed:\n{}",
+        prov.output()
+    );
+    let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
+    assert!(
+        fleet.wait_provisioned(5, Duration::from_secs(60)).await,
+        "{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
