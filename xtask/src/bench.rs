@@ -19,6 +19,7 @@ struct Args {
     mode: Mode,
     workers: usize,
     vs_go: bool,
+    go_bin: Option<PathBuf>,
     timeout: Duration,
 }
 
@@ -28,6 +29,7 @@ fn parse(args: &[String]) -> Result<Args> {
         mode: Mode::Plain,
         workers: 0,
         vs_go: false,
+        go_bin: None,
         timeout: Duration::from_secs(600),
     };
     let mut it = args.iter();
@@ -39,8 +41,12 @@ fn parse(args: &[String]) -> Result<Args> {
             "--workers" => out.workers = val()?.parse().context("--workers")?,
             "--timeout" => out.timeout = Duration::from_secs(val()?.parse().context("--timeout seconds")?),
             "--vs-go" => out.vs_go = true,
+            "--go-bin" => {
+                out.go_bin = Some(PathBuf::from(val()?));
+                out.vs_go = true;
+            }
             other => bail!(
-                "unknown bench flag {other:?} (--nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--timeout S])"
+                "unknown bench flag {other:?} (--nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--go-bin PATH] [--timeout S])"
             ),
         }
     }
@@ -248,8 +254,13 @@ pub fn main(args: &[String]) -> Result<()> {
     let bins = stack::build_binaries(true)?;
     let ours = contender(&args, &bins, None, "rust")?;
     let go = if args.vs_go {
-        crate::peers::build_provisioner()?;
-        let go_bin = crate::peers::provisioner_bin();
+        let go_bin = match &args.go_bin {
+            Some(p) => p.clone(),
+            None => {
+                crate::peers::build_provisioner()?;
+                crate::peers::provisioner_bin()
+            }
+        };
         Some(contender(&args, &bins, Some(&go_bin), "go")?)
     } else {
         None
