@@ -1,0 +1,156 @@
+//! The monitoring documentation and the shipped Grafana dashboard match the metrics the
+//! provisioner really exports: every metric the exposition names is documented with its type,
+//! every documented metric exists, and every metric a dashboard query reads is exported, with
+//! the `site` and `rpc` labels it filters and groups on. The Go project's dashboard queries are
+//! checked too, since operators keep using that dashboard.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use provisioner_metrics::Metrics;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Metric family name to type, from the real exposition with every family in use.
+fn exported() -> (BTreeMap<String, String>, String) {
+    let m = Metrics::new("docs");
+    let rpc = m.rpc("choria_provision#configure");
+    rpc.time.observe(Duration::from_millis(5));
+    rpc.errors.inc();
+    m.helper_time.observe(Duration::from_millis(5));
+    let text = m.encode();
+    let mut types = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut w = rest.split_whitespace();
+            types.insert(w.next().unwrap().to_string(), w.next().unwrap().to_string());
+        }
+    }
+    (types, text)
+}
+
+/// `choria_provisioner_*` names in a text, with `_sum`/`_count` reduced to the family.
+fn names_in(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("choria_provisioner_") {
+        let tail = &rest[i..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..len];
+        let family = name
+            .strip_suffix("_sum")
+            .or_else(|| name.strip_suffix("_count"))
+            .unwrap_or(name);
+        out.insert(family.to_string());
+        rest = &tail[len..];
+    }
+    out
+}
+
+/// Every `expr` of every panel (and row) of a Grafana dashboard.
+fn exprs(dashboard: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dashboard];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(e)) = map.get("expr") {
+                    out.push(e.clone());
+                }
+                stack.extend(map.values());
+            }
+            serde_json::Value::Array(a) => stack.extend(a.iter()),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn the_monitoring_page_documents_exactly_the_exported_metrics() {
+    let (types, _) = exported();
+    assert!(types.len() >= 15, "{types:?}");
+    let page = std::fs::read_to_string(root().join("docs/monitoring.md")).unwrap();
+    // The metrics table: rows starting with a metric name in backticks.
+    let mut documented = BTreeMap::new();
+    for line in page.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if let [_, name, kind, ..] = cells.as_slice() {
+            if let Some(n) = name.strip_prefix("`choria_provisioner_") {
+                documented.insert(
+                    format!("choria_provisioner_{}", n.trim_end_matches('`')),
+                    kind.to_string(),
+                );
+            }
+        }
+    }
+    assert_eq!(
+        documented.keys().collect::<Vec<_>>(),
+        types.keys().collect::<Vec<_>>(),
+        "documented metrics differ from the exported ones"
+    );
+    for (name, kind) in &types {
+        assert_eq!(
+            &documented[name], kind,
+            "{name} is documented with the wrong type"
+        );
+    }
+}
+
+#[test]
+fn the_dashboards_read_only_exported_metrics_and_labels() {
+    let (types, text) = exported();
+    let ours: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("docs/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let ours = exprs(&ours);
+    assert!(ours.len() >= 10, "{ours:?}");
+    // The Go project's dashboard queries (github.com/choria-io/provisioner dashboard.json).
+    let go = [
+        r#"sum(increase(choria_provisioner_provisioned{site="${instance}"}[1h]))"#,
+        r#"choria_provisioner_busy_workers{site="${instance}"}"#,
+        r#"choria_provisioner_paused{site=~"${instance}"}"#,
+        r#"increase(choria_provisioner_discover_cycles{site=~"${instance}"}[1m])"#,
+        r#"increase(choria_provisioner_discovered{site=~"${instance}"}[1m])"#,
+        r#"increase(choria_provisioner_event_discovered{site=~"${instance}"}[1m])"#,
+        r#"sum(rate(choria_provisioner_rpc_time_sum{site=~"${instance}"}[1m])) by (rpc) / sum(rate(choria_provisioner_rpc_time_count{site=~"${instance}"}[1m])) by (rpc)"#,
+        r#"sum(rate(choria_provisioner_helper_time_sum{site=~"${instance}"}[1m])) by (rpc) / sum(rate(choria_provisioner_helper_time_count{site=~"${instance}"}[1m])) by (rpc)"#,
+        r#"increase(choria_provisioner_rpc_errors{site=~"${instance}"}[5m])"#,
+        r#"increase(choria_provisioner_helper_errors{site=~"${instance}"}[1m])"#,
+        r#"increase(choria_provisioner_discovery_errors{site=~"${instance}"}[1m])"#,
+        r#"increase(choria_provisioner_provision_errors{site=~"${instance}"}[1m])"#,
+    ];
+    for e in ours.iter().map(String::as_str).chain(go) {
+        let names = names_in(e);
+        assert!(!names.is_empty(), "{e}");
+        for n in names {
+            assert!(
+                types.contains_key(&n),
+                "{e} reads {n}, which is not exported"
+            );
+            // Every sample of the family carries the site label the queries filter on.
+            for line in text.lines().filter(|l| l.starts_with(&n)) {
+                assert!(line.contains("site=\"docs\""), "{line} has no site label");
+            }
+            if e.contains("by (rpc)") && n.starts_with("choria_provisioner_rpc_") {
+                assert!(
+                    text.lines()
+                        .any(|l| l.starts_with(&n)
+                            && l.contains("rpc=\"choria_provision#configure\"")),
+                    "{n} has no rpc label"
+                );
+            }
+        }
+    }
+}
