@@ -1,0 +1,26 @@
+//! RPC reply bodies and the typed data of every provisioning action, plus the nonce signature
+//! check applied to `gen25519` replies.
+#![no_main]
+
+use choria_rpc_client::agents::{GencsrReply, Gen25519Reply, JwtReply, MessageReply};
+use choria_rpc_client::mcorpc::{RpcReply, RpcRequest};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = RpcRequest::parse(data);
+    let Ok(reply) = RpcReply::parse(data) else {
+        return;
+    };
+    let _ = reply.to_vec();
+    let d = reply.data;
+    let _ = serde_json::from_value::<JwtReply>(d.clone());
+    let _ = serde_json::from_value::<GencsrReply>(d.clone());
+    let _ = serde_json::from_value::<MessageReply>(d.clone());
+    if let Ok(g) = serde_json::from_value::<Gen25519Reply>(d) {
+        let _ = provision_core::policy::verify_nonce_signature(
+            "0123456789abcdef",
+            &g.public_key,
+            &g.signature,
+        );
+    }
+});
