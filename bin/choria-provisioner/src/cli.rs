@@ -28,7 +28,8 @@ fn long_version() -> &'static str {
     version = VERSION,
     long_version = long_version(),
     about = "Choria Provisioner: enrolls and configures Choria Servers waiting in provisioning mode",
-    args_conflicts_with_subcommands = true,
+    // `run` flags may come without the command (it is the default), and `--debug` goes
+    // anywhere, as in the Go tool: `--debug run --config FILE` is valid.
     subcommand_negates_reqs = true
 )]
 pub struct Cli {

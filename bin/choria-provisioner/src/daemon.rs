@@ -92,7 +92,7 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     let result = runtime.block_on(run(settings));
     runtime.shutdown_timeout(Duration::from_secs(2));
     if let Err(e) = &result {
-        error!("{e:#}");
+        error!("{}", crate::one_line(e));
     }
     result
 }

@@ -24,8 +24,25 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One readable line: the chain of causes joined, no backtrace, no Debug dump.
-            eprintln!("choria-provisioner: {e:#}");
+            eprintln!("choria-provisioner: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined with `: `, leaving out a cause whose text the message
+/// already carries (some errors repeat their source in their own message), on one line.
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace('\n', " ")
 }

@@ -312,3 +312,27 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     prov.stop_with("TERM").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_flag_wins_over_the_configured_level() {
+    let env = Env::new();
+    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    opts.loglevel = "warn".into();
+    let mut quiet = env.start(&opts);
+    // Nothing below warn is logged, so wait for the metrics listener instead of a log line.
+    assert!(
+        wait_until(Duration::from_secs(20), || quiet
+            .get("/readyz")
+            .is_some_and(|(s, _)| s == 200))
+        .await
+    );
+    quiet.stop_with("TERM").await;
+    assert!(!quiet.output().contains("INFO"), "{}", quiet.output());
+
+    opts.identity = "provisioner2".into();
+    opts.args = vec!["--debug".into(), "run".into()];
+    let mut loud = env.start(&opts);
+    loud.wait_ready().await;
+    loud.stop_with("TERM").await;
+    assert!(loud.output().contains("DEBUG"), "{}", loud.output());
+}

@@ -578,3 +578,49 @@ async fn logs_go_to_the_logfile() {
         prov.output()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_made_by_the_helper_reach_the_node_encrypted() {
+    // No CSR from the node: the helper makes the key and certificate, and the provisioner
+    // encrypts the key with the key exchange of the `jwt` step. The simulated server decrypts
+    // it and counts itself provisioned only when the key matches the certificate.
+    let env = Env::new();
+    let (ca, ca_key) = openssl_ca(env.path());
+    let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
+    let opts = ProvOptions::new(test_helper("keyed.py"))
+        .env("CHORIA_CA_CERT", ca.display().to_string())
+        .env("CHORIA_CA_KEY", ca_key.display().to_string());
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(
+        fleet.wait_provisioned(3, WAIT).await,
+        "{:?}\n{}",
+        fleet.report(),
+        prov.output()
+    );
+    for r in fleet.report() {
+        let rec = r.received.unwrap();
+        assert!(rec.key_received, "{}", r.identity);
+        assert_eq!(rec.certificate_matches_key, Some(true), "{}", r.identity);
+        assert!(r.csr_cn.is_none(), "no CSR was asked for");
+    }
+    // The key never appears in the log, at debug level either.
+    assert!(!prov.output().contains("PRIVATE KEY"), "{}", prov.output());
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_events_in_the_legacy_choria_format_are_taken_too() {
+    let env = Env::new();
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    prov.wait_ready().await;
+    assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
+    let mut cfg = env.fleet_config(5, Mode::Plain);
+    cfg.legacy_lifecycle = true;
+    let fleet = env.fleet(cfg).await;
+    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    assert_eq!(prov.m("event_discovered"), 5.0);
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}

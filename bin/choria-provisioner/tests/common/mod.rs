@@ -140,6 +140,10 @@ pub struct ProvOptions {
     pub logfile: Option<PathBuf>,
     /// `--pid FILE`.
     pub pid_file: Option<PathBuf>,
+    /// `loglevel`.
+    pub loglevel: String,
+    /// Command line arguments before the generated ones (`--debug`, `run`...).
+    pub args: Vec<String>,
 }
 
 impl ProvOptions {
@@ -155,6 +159,8 @@ impl ProvOptions {
             env: Vec::new(),
             logfile: None,
             pid_file: None,
+            loglevel: "debug".into(),
+            args: Vec::new(),
         }
     }
 
@@ -242,7 +248,7 @@ impl Env {
             "workers: {workers}\n\
              interval: 1m\n\
              {logfile}\
-             loglevel: debug\n\
+             loglevel: {loglevel}\n\
              helper: {helper}\n\
              token: {TOKEN}\n\
              site: testsite\n\
@@ -258,6 +264,7 @@ impl Env {
             verify = self.signer.public_hex,
             seed = self.signer.seed_file.display(),
             le = o.leader_election,
+            loglevel = o.loglevel,
             extra = o.extra_yaml,
         );
         let yaml_path = self.path().join(format!("{}.yaml", o.identity));
@@ -278,7 +285,8 @@ impl Env {
     /// Write the files and start the provisioner.
     pub fn start(&self, o: &ProvOptions) -> Prov {
         let (yaml, cfg, port) = self.write_config(o);
-        let mut extra: Vec<String> = vec!["--choria-config".into(), cfg.display().to_string()];
+        let mut extra = o.args.clone();
+        extra.extend(["--choria-config".to_string(), cfg.display().to_string()]);
         if let Some(p) = &o.pid_file {
             extra.push("--pid".into());
             extra.push(p.display().to_string());
@@ -322,7 +330,7 @@ pub struct Prov {
 }
 
 impl Prov {
-    /// Start the binary with `--config yaml` and `args`, output to `<dir>/<name>.out`.
+    /// Start the binary with `args` then `--config yaml`, output to `<dir>/<name>.out`.
     pub fn spawn(
         name: &str,
         dir: &Path,
@@ -334,9 +342,9 @@ impl Prov {
         let out = dir.join(format!("{name}.out"));
         let file = std::fs::File::create(&out).unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.arg("--config")
+        cmd.args(args)
+            .arg("--config")
             .arg(yaml)
-            .args(args)
             .stdout(file.try_clone().unwrap())
             .stderr(file);
         for (k, v) in env {
