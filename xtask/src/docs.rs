@@ -9,8 +9,10 @@
 //!   `cargo xtask` names a subcommand and flags the real program accepts (read from the built
 //!   binaries' `--help` and from xtask's own usage text).
 //!
-//! The YAML examples are loaded through the provisioner's configuration loader by the test
-//! `xtask/tests/docs_config.rs`.
+//! It then runs the documentation tests in `xtask/tests/`: the YAML examples through the
+//! provisioner's configuration loader (`docs_config`), the helper examples against the helper
+//! contract (`docs_helpers`), and the monitoring page and dashboards against the real metrics
+//! exposition (`docs_metrics`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -21,7 +23,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::tools::root;
 
-/// `cargo xtask docs [--no-build]`.
+/// `cargo xtask docs [--no-build]`: `--no-build` checks against the binaries already built and
+/// skips the documentation tests.
 pub fn main(args: &[String]) -> Result<()> {
     let build = match args {
         [] => true,
@@ -53,6 +56,23 @@ pub fn main(args: &[String]) -> Result<()> {
         "docs: {} pages, every link resolves, {commands} commands name real subcommands and flags",
         pages.len()
     );
+    if build {
+        // The YAML examples through the configuration loader, the helper examples run against
+        // the helper contract, the metrics pages and dashboards against the real exposition.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        crate::tools::run(Command::new(cargo).current_dir(&root).args([
+            "test",
+            "-q",
+            "-p",
+            "xtask",
+            "--test",
+            "docs_config",
+            "--test",
+            "docs_helpers",
+            "--test",
+            "docs_metrics",
+        ]))?;
+    }
     Ok(())
 }
 
