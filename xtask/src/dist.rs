@@ -287,6 +287,13 @@ fn stage_tree(root: &Path, binary: &Path, stage: &Path) -> Result<()> {
         let src = source_of(root, binary, dest);
         install_file(&src, &stage.join(dest), *mode)?;
     }
+    // The release profile keeps line tables for the developers' backtraces; the packages ship
+    // the binary without them (function names stay, so backtraces still name the frames).
+    let staged = stage.join("usr/sbin/choria-provisioner");
+    match which("strip") {
+        Ok(strip) => run(Command::new(strip).arg("--strip-debug").arg(&staged))?,
+        Err(_) => println!("dist: strip not found, the packaged binary keeps its debug info"),
+    }
     // The documentation as Markdown, with the files its pages link to (the dashboard and the
     // sample helpers) so every link works in the installed copy too.
     let docs = stage.join("usr/share/doc/choria-provisioner/docs");
