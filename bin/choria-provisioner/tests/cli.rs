@@ -336,3 +336,36 @@ async fn debug_flag_wins_over_the_configured_level() {
     loud.stop_with("TERM").await;
     assert!(loud.output().contains("DEBUG"), "{}", loud.output());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
+    let env = Env::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let opts = ProvOptions::new(example_helper("helper-plain.py"));
+    let (yaml, cfg, _) = env.write_config(&opts);
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    let text = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("monitor_port:") {
+                format!("monitor_port: {port}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&yaml, text).unwrap();
+    let o = Command::new(BIN)
+        .arg("--config")
+        .arg(&yaml)
+        .arg("--choria-config")
+        .arg(&cfg)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let line = one_line_failure(&o);
+    assert!(line.contains(&port.to_string()), "{line}");
+    drop(taken);
+}

@@ -85,10 +85,12 @@ async fn plain_mode_provisions_the_fleet_and_metrics_show_the_counts() {
     );
 
     prov.stop_with("TERM").await;
-    assert!(
-        !prov.output().contains('\u{1b}'),
-        "colour codes in redirected output"
-    );
+    let out = prov.output();
+    assert!(!out.contains('\u{1b}'), "colour codes in redirected output");
+    // Debug level, and still no secret: not the token, not a provisioning JWT.
+    assert!(out.contains("DEBUG"));
+    assert!(!out.contains(TOKEN), "the token was logged");
+    assert!(!out.contains("eyJ"), "a JWT was logged");
     fleet.shutdown().await;
 }
 
@@ -184,6 +186,13 @@ async fn ed25519_mode_issues_server_jwts_the_fleet_verifies() {
     }
     assert_eq!(prov.rpc_count("choria_provision#gen25519"), 10.0);
     prov.stop_with("TERM").await;
+    let out = prov.output();
+    assert!(
+        !out.contains(&env.signer.seed_hex),
+        "the signing seed was logged"
+    );
+    assert!(!out.contains(TOKEN), "the token was logged");
+    assert!(!out.contains("eyJ"), "a JWT was logged");
     fleet.shutdown().await;
 }
 
