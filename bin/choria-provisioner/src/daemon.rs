@@ -118,7 +118,8 @@ async fn run(settings: Settings) -> Result<()> {
     let Settings { config, choria, .. } = settings;
     let config = Arc::new(config);
     let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
+    let force = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone(), force.clone());
 
     let metrics = Metrics::new(config.site.clone());
     if config.monitor_port > 0 {
@@ -212,7 +213,10 @@ async fn run(settings: Settings) -> Result<()> {
     loop {
         // A worker that took a node just before the queue was emptied counts itself busy a
         // moment later, so look again after a short wait before calling the drain done.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = force.cancelled() => break,
+        }
         if metrics.busy_workers.get() == 0 || tokio::time::Instant::now() >= deadline {
             break;
         }
@@ -227,7 +231,7 @@ async fn run(settings: Settings) -> Result<()> {
     Ok(())
 }
 
-fn spawn_signal_handler(shutdown: CancellationToken) {
+fn spawn_signal_handler(shutdown: CancellationToken, force: CancellationToken) {
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int)) = (
@@ -242,6 +246,13 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
             _ = int.recv() => info!("received SIGINT"),
         }
         shutdown.cancel();
+        // A second signal (an impatient Ctrl-C) ends the drain at once.
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        warn!("received a second signal, not waiting for nodes in flight");
+        force.cancel();
     });
 }
 

@@ -633,3 +633,31 @@ async fn startup_events_in_the_legacy_choria_format_are_taken_too() {
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_ends_the_drain_at_once() {
+    let env = Env::new();
+    let log = env.path().join("helper.log");
+    let fleet = env.fleet(env.fleet_config(2, Mode::Plain)).await;
+    let opts = ProvOptions::new(format!("{} slow 8", test_helper("scenario.py")))
+        .env("HELPER_LOG", log.display().to_string());
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(wait_until(WAIT, || lines(&log).len() == 2).await);
+    prov.signal("INT");
+    assert!(prov.wait_log("shutting down", Duration::from_secs(5)).await);
+    let second = Instant::now();
+    prov.stop_with("INT").await;
+    assert!(
+        second.elapsed() < Duration::from_secs(5),
+        "took {:?} after the second signal",
+        second.elapsed()
+    );
+    assert!(
+        prov.output().contains("abandoning 2 nodes"),
+        "{}",
+        prov.output()
+    );
+    assert_eq!(fleet.stats().configured, 0);
+    fleet.shutdown().await;
+}
