@@ -80,16 +80,22 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     for w in &settings.warnings {
         warn!("{w}");
     }
-    let _pid = match &args.pid {
-        Some(p) => Some(PidFile::create(p)?),
-        None => None,
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("provisioner")
         .build()
         .context("cannot start the async runtime")?;
-    let result = runtime.block_on(run(settings));
+    // The handlers are in place before the pid file exists, so whoever reads it can always
+    // stop the process cleanly.
+    let signals = {
+        let _rt = runtime.enter();
+        Signals::install()?
+    };
+    let _pid = match &args.pid {
+        Some(p) => Some(PidFile::create(p)?),
+        None => None,
+    };
+    let result = runtime.block_on(run(settings, signals));
     runtime.shutdown_timeout(Duration::from_secs(2));
     if let Err(e) = &result {
         error!("{}", crate::one_line(e));
@@ -114,12 +120,12 @@ impl Drop for PidFile {
     }
 }
 
-async fn run(settings: Settings) -> Result<()> {
+async fn run(settings: Settings, signals: Signals) -> Result<()> {
     let Settings { config, choria, .. } = settings;
     let config = Arc::new(config);
     let shutdown = CancellationToken::new();
     let force = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone(), force.clone());
+    signals.spawn(shutdown.clone(), force.clone());
 
     let metrics = Metrics::new(config.site.clone());
     if config.monitor_port > 0 {
@@ -231,29 +237,39 @@ async fn run(settings: Settings) -> Result<()> {
     Ok(())
 }
 
-fn spawn_signal_handler(shutdown: CancellationToken, force: CancellationToken) {
-    tokio::spawn(async move {
+/// SIGTERM and SIGINT, caught from start-up on.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Install the handlers; needs the runtime's context.
+    fn install() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => info!("received SIGTERM"),
-            _ = int.recv() => info!("received SIGINT"),
-        }
-        shutdown.cancel();
-        // A second signal (an impatient Ctrl-C) ends the drain at once.
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        warn!("received a second signal, not waiting for nodes in flight");
-        force.cancel();
-    });
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+        })
+    }
+
+    /// The first signal cancels `shutdown`, a second one `force`.
+    fn spawn(mut self, shutdown: CancellationToken, force: CancellationToken) {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = self.term.recv() => info!("received SIGTERM"),
+                _ = self.int.recv() => info!("received SIGINT"),
+            }
+            shutdown.cancel();
+            // A second signal (an impatient Ctrl-C) ends the drain at once.
+            tokio::select! {
+                _ = self.term.recv() => {}
+                _ = self.int.recv() => {}
+            }
+            warn!("received a second signal, not waiting for nodes in flight");
+            force.cancel();
+        });
+    }
 }
 
 /// Keep `/readyz` in step with the broker connection.

@@ -369,3 +369,20 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
     assert!(line.contains(&port.to_string()), "{line}");
     drop(taken);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_as_soon_as_the_pid_file_exists_is_a_clean_stop() {
+    let env = Env::new();
+    let pid_file = env.path().join("early.pid");
+    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    opts.pid_file = Some(pid_file.clone());
+    let mut prov = env.start(&opts);
+    // Whoever reads the pid file may signal at once: the handlers are in place by then.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !pid_file.exists() {
+        assert!(std::time::Instant::now() < deadline, "no pid file");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    prov.stop_with("TERM").await;
+    assert!(!pid_file.exists());
+}
