@@ -661,3 +661,25 @@ async fn a_second_signal_ends_the_drain_at_once() {
     assert_eq!(fleet.stats().configured, 0);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provisioning_password_logs_in_as_the_provisioner_user() {
+    let env = Env::with_broker_config(
+        "authorization {\n  users = [\n    {user: provisioner, password: \"pr0v-pw\"}\n    {user: node, password: \"n0de-pw\"}\n  ]\n}\n",
+    );
+    let mut cfg = env.fleet_config(3, Mode::Plain);
+    cfg.nats_user = Some(("node".into(), "n0de-pw".into()));
+    cfg.token_auth = false;
+    let fleet = env.fleet(cfg).await;
+    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+        .yaml("broker_provisioning_password: pr0v-pw");
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(fleet.wait_provisioned(3, WAIT).await, "{}", prov.output());
+    prov.stop_with("TERM").await;
+    assert!(
+        !prov.output().contains("pr0v-pw"),
+        "the password was logged"
+    );
+    fleet.shutdown().await;
+}

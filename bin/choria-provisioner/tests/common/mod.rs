@@ -193,10 +193,15 @@ pub struct Env {
 impl Env {
     /// Start a broker and make a signer.
     pub fn new() -> Self {
+        Self::with_broker_config("")
+    }
+
+    /// Start a broker whose configuration gets `extra` (users, accounts...).
+    pub fn with_broker_config(extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let signer = Signer::new(dir.path());
         Env {
-            nats: NatsServer::start(),
+            nats: NatsServer::start_with_config(extra),
             signer,
             dir,
         }
