@@ -109,7 +109,7 @@ fn plan(cfg: &Config) -> String {
     format!(
         "provisioner configuration {}\n  \
          features: jwt {} pki {} ed25519 {} upgrades {}\n  \
-         workers: {}\n  interval: {:?}\n  helper: {}\n  lifecycle component: {}\n  \
+         workers: {}\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
          leader election: {}\n  monitoring: {}\n  site: {}\n",
         cfg.file.display(),
         on(f.jwt),
@@ -117,7 +117,7 @@ fn plan(cfg: &Config) -> String {
         on(f.ed25519),
         on(f.upgrades),
         cfg.workers,
-        cfg.interval,
+        human(cfg.interval),
         cfg.helper,
         cfg.lifecycle_component,
         on(cfg.leader_election),
@@ -134,6 +134,18 @@ fn plan(cfg: &Config) -> String {
     )
 }
 
+/// A duration as an operator writes it: `1h`, `5m`, `90s`.
+fn human(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    if s > 0 && s % 3600 == 0 {
+        format!("{}h", s / 3600)
+    } else if s > 0 && s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
 fn choria_plan(c: &ChoriaConfig) -> String {
     let urls = c
         .middleware_urls()
@@ -141,13 +153,13 @@ fn choria_plan(c: &ChoriaConfig) -> String {
         .unwrap_or_else(|e| format!("({e})"));
     format!(
         "Choria configuration {}\n  identity: {}\n  caller: choria={}\n  brokers: {}\n  tls: {}\n  \
-         security: {:?}{}\n  collective: {}\n",
+         security: {}{}\n  collective: {}\n",
         c.path.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
         c.identity,
         c.certname(),
         urls,
         if c.disable_tls { "off (choria_insecure)" } else { "on" },
-        c.security_provider,
+        format!("{:?}", c.security_provider).to_lowercase(),
         if c.insecure { ", requests unsigned" } else { "" },
         c.main_collective,
     )

@@ -181,7 +181,8 @@ fn check_on_a_good_setup_prints_the_plan() {
     for want in [
         "features: jwt on pki off ed25519 off upgrades off",
         "workers: 7",
-        "interval: 300s",
+        "interval: 5m",
+        "security: file",
         "helper-plain.py",
         "site: lab",
         "identity: prov1.example.net",
