@@ -137,9 +137,9 @@ fn plan(cfg: &Config) -> String {
 /// A duration as an operator writes it: `1h`, `5m`, `90s`.
 fn human(d: std::time::Duration) -> String {
     let s = d.as_secs();
-    if s > 0 && s % 3600 == 0 {
+    if s > 0 && s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else if s > 0 && s % 60 == 0 {
+    } else if s > 0 && s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")
