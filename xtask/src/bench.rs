@@ -20,6 +20,7 @@ struct Args {
     workers: usize,
     vs_go: bool,
     go_bin: Option<PathBuf>,
+    waiting: Option<usize>,
     timeout: Duration,
 }
 
@@ -30,6 +31,7 @@ fn parse(args: &[String]) -> Result<Args> {
         workers: 0,
         vs_go: false,
         go_bin: None,
+        waiting: None,
         timeout: Duration::from_secs(600),
     };
     let mut it = args.iter();
@@ -41,12 +43,13 @@ fn parse(args: &[String]) -> Result<Args> {
             "--workers" => out.workers = val()?.parse().context("--workers")?,
             "--timeout" => out.timeout = Duration::from_secs(val()?.parse().context("--timeout seconds")?),
             "--vs-go" => out.vs_go = true,
+            "--waiting" => out.waiting = Some(val()?.parse().context("--waiting N")?),
             "--go-bin" => {
                 out.go_bin = Some(PathBuf::from(val()?));
                 out.vs_go = true;
             }
             other => bail!(
-                "unknown bench flag {other:?} (--nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--go-bin PATH] [--timeout S])"
+                "unknown bench flag {other:?} (--nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--go-bin PATH] [--timeout S] | --waiting N)"
             ),
         }
     }
@@ -252,6 +255,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let args = parse(args)?;
     eprintln!("bench: release build");
     let bins = stack::build_binaries(true)?;
+    if let Some(n) = args.waiting {
+        return waiting_probe(n, &bins);
+    }
     let ours = contender(&args, &bins, None, "rust")?;
     let go = if args.vs_go {
         let go_bin = match &args.go_bin {
@@ -297,6 +303,104 @@ pub fn main(args: &[String]) -> Result<()> {
         ours.per_min,
         ours.cpu_s,
         ours.rss_mib
+    );
+    Ok(())
+}
+
+/// Resident set size in bytes from /proc/<pid>/statm.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// The waiting-node memory probe: `n` nodes announce themselves while the one worker is stuck on
+/// a helper that never answers, so every other node waits in the host table and the queue. The
+/// provisioner's RSS growth divided by the nodes held is the cost of a waiting node.
+fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
+    let dir = root().join("target/bench/waiting");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let (_nats, url) = stack::start_nats(&dir)?;
+    let hang = dir.join("hang.sh");
+    std::fs::write(&hang, "#!/bin/sh\nexec sleep 3600\n")?;
+    crate::tools::run(Command::new("chmod").arg("0755").arg(&hang))?;
+    let files = stack::write_run_files(
+        &dir,
+        bins,
+        &ProvisionerOptions {
+            mode: Mode::Plain,
+            workers: 1,
+            helper: &hang.display().to_string(),
+            broker: &url,
+            identity: "provisioner",
+            leader_election: false,
+            extra_yaml: "",
+        },
+    )?;
+    let out = std::fs::File::create(dir.join("provisioner.out"))?;
+    let mut prov = Proc::spawn(
+        "provisioner",
+        Command::new(bins.join("choria-provisioner"))
+            .arg("--config")
+            .arg(&files.provisioner_yaml)
+            .arg("--choria-config")
+            .arg(&files.choria_cfg)
+            .stdout(out.try_clone()?)
+            .stderr(out),
+    )?;
+    // Let it connect, run its first (empty) discovery and settle.
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = prov.pid();
+    let before = rss_bytes(pid).context("cannot read the provisioner's RSS")?;
+    let mut sim = Proc::spawn(
+        "choria-fleet-sim",
+        Command::new(bins.join("choria-fleet-sim"))
+            .args([
+                "--broker",
+                &url,
+                "--nodes",
+                &n.to_string(),
+                "--token",
+                &files.token,
+            ])
+            .arg("--provisioning-signer")
+            .arg(&files.signer_seed)
+            .args(["--identity-prefix", "waiting", "--startup-rate", "20000"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("fleet-sim.log"))?),
+    )?;
+    let started = Instant::now();
+    let mut held = 0.0;
+    let mut last_change = Instant::now();
+    while started.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(500));
+        if !prov.running() || !sim.running() {
+            bail!("a process exited during the probe; see {}", dir.display());
+        }
+        let now =
+            stack::scrape(files.monitor_port, "choria_provisioner_waiting_nodes").unwrap_or(0.0);
+        if now > held {
+            held = now;
+            last_change = Instant::now();
+        }
+        if held >= n as f64 - 1.0 || (held > 0.0 && last_change.elapsed() > Duration::from_secs(5))
+        {
+            break;
+        }
+    }
+    let after = rss_bytes(pid).context("cannot read the provisioner's RSS")?;
+    let peak = peak_rss_mib(pid).unwrap_or(0.0);
+    let per_node = if held > 0.0 {
+        after.saturating_sub(before) as f64 / held
+    } else {
+        0.0
+    };
+    prov.terminate(Duration::from_secs(5));
+    println!(
+        "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0}",
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
     );
     Ok(())
 }

@@ -15,8 +15,10 @@ use tracing::{error, info, warn};
 use crate::provision::{Host, Outcome, Provisioner};
 use crate::rpc::{Clock, Helper, NodeRpc, Observer};
 
-/// The Go provisioner's work queue capacity.
-pub const DEFAULT_QUEUE_CAPACITY: usize = 50_000;
+/// The work queue's capacity. The Go provisioner stops at 50,000; a waiting node costs about a
+/// kilobyte here, so a fleet of a quarter of a million nodes announcing itself at once still fits
+/// in a bounded queue of a few hundred megabytes.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 250_000;
 /// How long a provisioned or shut-down node stays known.
 pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
 /// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
