@@ -154,3 +154,60 @@ async fn an_election_bucket_created_after_start_is_found() {
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
+    let env = Env::new();
+    create_bucket(&env.url()).await;
+    let mut opts = ha_options(
+        "provisioner-a",
+        format!("{} slow 0.3", test_helper("scenario.py")),
+    );
+    opts.workers = 1;
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(wait_until(Duration::from_secs(40), || is_leader(&prov)).await);
+
+    let fleet = env.fleet(env.fleet_config(12, Mode::Plain)).await;
+    assert!(
+        prov.wait_metric("provisioned", 2.0, Duration::from_secs(60))
+            .await
+    );
+    assert!(prov.m("work_queue_entries") > 0.0, "{}", prov.metrics());
+
+    // Another candidate takes the key: the leader's next update fails and it stands down.
+    let nc = async_nats::connect(env.url()).await.unwrap();
+    let kv = async_nats::jetstream::new(nc)
+        .get_key_value("CHORIA_LEADER_ELECTION")
+        .await
+        .unwrap();
+    kv.put("provisioner", "intruder".into()).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || role(&prov).ends_with("standby")).await,
+        "{}",
+        prov.output()
+    );
+    assert_eq!(prov.m("paused"), 1.0);
+    assert_eq!(prov.m("work_queue_entries"), 0.0, "the queue was kept");
+    assert_eq!(prov.m("waiting_nodes"), 0.0, "the host table was kept");
+    let stood_down_at = prov.m("provisioned");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // At most the node whose restart was already under way when the key was lost.
+    assert!(prov.m("provisioned") <= stood_down_at + 1.0);
+    assert!(fleet.provisioned() < 12);
+
+    // The intruder's key expires with the bucket's TTL; the provisioner wins again, discovers
+    // at once and finishes the fleet.
+    assert!(
+        wait_until(Duration::from_secs(60), || is_leader(&prov)).await,
+        "{}",
+        prov.output()
+    );
+    assert!(
+        fleet.wait_provisioned(12, Duration::from_secs(90)).await,
+        "{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
