@@ -45,11 +45,21 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The command to run; `run` when none was named.
-    pub fn command(&self) -> Command {
-        self.command
-            .clone()
-            .unwrap_or_else(|| Command::Run(self.run.clone()))
+    /// The command to run; `run` when none was named. Flags of `run` given before a named
+    /// command would be silently ignored, so they are refused instead.
+    pub fn command(&self) -> Result<Command, String> {
+        match &self.command {
+            None => Ok(Command::Run(self.run.clone())),
+            Some(c) => {
+                let r = &self.run;
+                if r.config.is_some() || r.choria_config.is_some() || r.pid.is_some() {
+                    return Err(
+                        "--config, --choria-config and --pid go after the command name".into(),
+                    );
+                }
+                Ok(c.clone())
+            }
+        }
     }
 }
 

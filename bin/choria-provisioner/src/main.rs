@@ -12,11 +12,17 @@ mod node_rpc;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let result = match cli.command() {
+    let command = match cli.command() {
+        Ok(c) => c,
+        Err(e) => <cli::Cli as CommandFactory>::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, e)
+            .exit(),
+    };
+    let result = match command {
         cli::Command::Run(args) => daemon::main(cli.debug, args),
         cli::Command::Check(args) => check::main(cli.debug, args),
     };

@@ -387,3 +387,26 @@ async fn a_signal_as_soon_as_the_pid_file_exists_is_a_clean_stop() {
     prov.stop_with("TERM").await;
     assert!(!pid_file.exists());
 }
+
+#[test]
+fn run_flags_before_a_command_name_are_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let o = provisioner(&["--config", &yaml, "check", "--config", &yaml]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("go after the command name"),
+        "{}",
+        stderr(&o)
+    );
+    // Global --debug may come first, as with the Go tool.
+    let o = provisioner(&[
+        "--debug",
+        "check",
+        "--config",
+        &yaml,
+        "--choria-config",
+        &cfg,
+    ]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+}
