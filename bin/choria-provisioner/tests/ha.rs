@@ -13,7 +13,19 @@ use common::*;
 /// Create the election bucket as Choria Streams would, with a short TTL so a dead leader's key
 /// expires quickly.
 async fn create_bucket(url: &str) {
-    let nc = async_nats::connect(url).await.unwrap();
+    create_bucket_as(url, None).await
+}
+
+async fn connect(url: &str, user: Option<(&str, &str)>) -> async_nats::Client {
+    let opts = match user {
+        Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u.into(), p.into()),
+        None => async_nats::ConnectOptions::new(),
+    };
+    opts.connect(url).await.unwrap()
+}
+
+async fn create_bucket_as(url: &str, user: Option<(&str, &str)>) {
+    let nc = connect(url, user).await;
     let js = async_nats::jetstream::new(nc);
     js.create_key_value(async_nats::jetstream::kv::Config {
         bucket: "CHORIA_LEADER_ELECTION".into(),
@@ -208,6 +220,79 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
         "{}",
         prov.output()
     );
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+/// A broker laid out like a Choria broker: JetStream lives in the `CHORIA` account and the
+/// provisioning account reaches it only through imports under the `choria.streams` prefix.
+const CHORIA_LIKE_ACCOUNTS: &str = r#"
+accounts {
+  CHORIA: {
+    jetstream: enabled
+    users: [{user: choria, password: "ch0ria-pw"}]
+    exports: [
+      {service: "$JS.API.>"}
+      {service: "$KV.CHORIA_LEADER_ELECTION.>"}
+    ]
+  }
+  PROVISIONING: {
+    users: [
+      {user: provisioner, password: "pr0v-pw"}
+      {user: node, password: "n0de-pw"}
+    ]
+    imports: [
+      {service: {account: CHORIA, subject: "$JS.API.>"}, to: "choria.streams.>"}
+      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.>"}, to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.>"}
+    ]
+  }
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_election_works_through_the_choria_streams_import() {
+    let env = Env::with_broker_config(CHORIA_LIKE_ACCOUNTS);
+    let admin = Some(("choria", "ch0ria-pw"));
+    let opts = ha_options("provisioner-a", example_helper("helper-plain.py"))
+        .yaml("broker_provisioning_password: pr0v-pw");
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    // The import answers that the bucket does not exist yet; once it is created the campaign
+    // finds it there.
+    assert!(
+        prov.wait_log("bucket does not exist", Duration::from_secs(20))
+            .await,
+        "{}",
+        prov.output()
+    );
+    create_bucket_as(&env.url(), admin).await;
+    assert!(
+        wait_until(Duration::from_secs(40), || is_leader(&prov)).await,
+        "{}",
+        prov.output()
+    );
+    assert!(
+        !prov.output().contains("account's own JetStream"),
+        "fell back instead of using the import:\n{}",
+        prov.output()
+    );
+    let mut cfg = env.fleet_config(5, Mode::Plain);
+    cfg.nats_user = Some(("node".into(), "n0de-pw".into()));
+    cfg.token_auth = false;
+    let fleet = env.fleet(cfg).await;
+    assert!(
+        fleet.wait_provisioned(5, Duration::from_secs(60)).await,
+        "{}",
+        prov.output()
+    );
+    // The key is in the CHORIA account's bucket, written through the import.
+    let nc = connect(&env.url(), admin).await;
+    let kv = async_nats::jetstream::new(nc)
+        .get_key_value("CHORIA_LEADER_ELECTION")
+        .await
+        .unwrap();
+    let holder = kv.get("provisioner").await.unwrap().unwrap();
+    assert_eq!(&holder[..], b"provisioner-a");
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
 }
