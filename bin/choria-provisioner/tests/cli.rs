@@ -410,3 +410,50 @@ fn run_flags_before_a_command_name_are_refused_not_ignored() {
     ]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
 }
+
+#[test]
+fn check_reads_every_key_an_ed25519_setup_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let signer = Signer::new(dir.path());
+    let token = write(dir.path(), "signer.jwt", "not a jwt\n");
+    let yaml = write(
+        dir.path(),
+        "ed.yaml",
+        &format!(
+            "helper: {}\ntoken: x\nchoria_insecure: true\njwt_verify_cert: {}\n\
+             jwt_signing_key: {}/missing.seed\njwt_signing_token: {token}\n\
+             features:\n  ed25519: true\n",
+            example_helper("helper-ed25519.py"),
+            signer.public_hex,
+            dir.path().display()
+        ),
+    );
+    let cfg = write(
+        dir.path(),
+        "c.cfg",
+        "identity = p1\nplugin.choria.middleware_hosts = nats://127.0.0.1:4222\n",
+    );
+    let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    assert!(out.contains("features: jwt on pki off ed25519 on"), "{out}");
+    let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
+    assert_eq!(problems.len(), 2, "{out}");
+    assert!(problems[0].contains("jwt_signing_key") && problems[0].contains("missing.seed"));
+    assert!(problems[1].contains("jwt_signing_token"), "{out}");
+
+    // With the real seed and no token file the same setup is usable.
+    let yaml = write(
+        dir.path(),
+        "ed.yaml",
+        &format!(
+            "helper: {}\ntoken: x\nchoria_insecure: true\njwt_verify_cert: {}\n\
+             jwt_signing_key: {}\nfeatures:\n  ed25519: true\n",
+            example_helper("helper-ed25519.py"),
+            signer.public_hex,
+            signer.seed_file.display()
+        ),
+    );
+    let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    assert!(o.status.success(), "{}", stdout(&o));
+}
