@@ -457,3 +457,18 @@ fn check_reads_every_key_an_ed25519_setup_names() {
     let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     assert!(o.status.success(), "{}", stdout(&o));
 }
+
+#[test]
+fn an_unwritable_logfile_is_one_line_and_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("no/such/dir/provisioner.log");
+    let yaml = write(
+        dir.path(),
+        "p.yaml",
+        &format!("helper: /bin/true\ntoken: x\nlogfile: {}\n", log.display()),
+    );
+    let cfg = write(dir.path(), "c.cfg", "identity = p1\n");
+    let line = one_line_failure(&provisioner(&["--config", &yaml, "--choria-config", &cfg]));
+    assert!(line.contains("cannot open log file"), "{line}");
+    assert!(line.contains(&log.display().to_string()), "{line}");
+}
