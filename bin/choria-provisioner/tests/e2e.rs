@@ -683,3 +683,45 @@ async fn the_provisioning_password_logs_in_as_the_provisioner_user() {
     );
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_fleet_found_by_discovery_and_events_at_once() {
+    // Half the fleet is up before the provisioner (found by discovery), half comes up after it
+    // (found by events): every node is provisioned exactly once.
+    let env = Env::new();
+    let mut first = env.fleet_config(100, Mode::Plain);
+    first.identity_prefix = "early".into();
+    let early = env.fleet(first).await;
+    let mut opts = ProvOptions::new(test_helper("fast.sh"));
+    opts.workers = 8;
+    opts.loglevel = "info".into();
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    let mut second = env.fleet_config(100, Mode::Plain);
+    second.identity_prefix = "late".into();
+    let late = env.fleet(second).await;
+    let started = Instant::now();
+    assert!(
+        early.wait_provisioned(100, Duration::from_secs(120)).await
+            && late.wait_provisioned(100, Duration::from_secs(120)).await,
+        "early {} late {}\n{}",
+        early.provisioned(),
+        late.provisioned(),
+        prov.metrics()
+    );
+    println!(
+        "200 nodes provisioned in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(prov.m("provisioned"), 200.0);
+    assert_eq!(prov.rpc_count("choria_provision#configure"), 200.0);
+    assert_eq!(prov.m("discovered") + prov.m("event_discovered"), 200.0);
+    assert!(prov.m("event_discovered") >= 100.0);
+    for r in early.report().into_iter().chain(late.report()) {
+        let configures = r.actions.iter().filter(|a| a.action == "configure").count();
+        assert_eq!(configures, 1, "{}", r.identity);
+    }
+    prov.stop_with("TERM").await;
+    early.shutdown().await;
+    late.shutdown().await;
+}
