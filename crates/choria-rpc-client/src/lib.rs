@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
 pub mod agents;
 pub mod config;
 pub mod connection;

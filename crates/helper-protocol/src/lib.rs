@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
 mod gojson;
 mod runner;
 mod types;

@@ -11,6 +11,7 @@
 //! by default): a `_sum` in seconds and a `_count`. `prometheus-client` has no summary type, so
 //! the encoding is done here; it is a few lines of text and keeps the names byte-identical.
 
+#![deny(missing_docs)]
 mod http;
 
 use std::collections::BTreeMap;

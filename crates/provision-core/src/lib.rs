@@ -65,6 +65,7 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
 pub mod config;
 pub mod fleet;
 pub mod jwt;

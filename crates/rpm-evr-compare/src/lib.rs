@@ -4,6 +4,7 @@
 //! same benchmark inputs go through rpm-evr, the `rpm-version` crate and the `rpm` crate's `Evr`.
 //! This crate is never published; it exists so the claims in rpm-evr's README can be re-run.
 
+#![deny(missing_docs)]
 use std::cmp::Ordering;
 use std::path::PathBuf;
 

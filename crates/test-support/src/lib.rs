@@ -4,6 +4,7 @@
 //! free loopback port and stops it when dropped. The binary is found, in order, through the
 //! `NATS_SERVER_BIN` environment variable, `target/tools/bin/nats-server` in the workspace (where
 //! `cargo xtask test` installs it), and `PATH`.
+#![deny(missing_docs)]
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
