@@ -812,3 +812,55 @@ async fn the_binary_exits_zero_once_every_node_is_provisioned() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn ed25519_nodes_need_a_server_jwt_for_their_own_key() {
+    let nats = NatsServer::start();
+    let mut cfg = common::config(&nats.url(), 2);
+    cfg.mode = Mode::Ed25519;
+    let fleet = Fleet::start(cfg).await.unwrap();
+    let ids = fleet.identities();
+    let client = Client::v1(&nats.url(), "prov").await;
+    let org = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
+    let config =
+        json!({"plugin.choria.server.provision": "false", "plugin.security.provider": "choria"})
+            .to_string();
+    for (i, id) in ids.iter().enumerate() {
+        let r = client
+            .rpc(id, "gen25519", json!({"token": TOKEN, "nonce": "n"}))
+            .await;
+        // Node 1 gets a token for some other key.
+        let pk = if i == 0 {
+            r.data["public_key"].as_str().unwrap().to_string()
+        } else {
+            hex::encode([8u8; 32])
+        };
+        let jwt = chain_server_jwt(&org, id, &pk);
+        let r = client
+            .rpc(
+                id,
+                "configure",
+                json!({"token": TOKEN, "config": config, "server_jwt": jwt}),
+            )
+            .await;
+        assert_eq!(r.statuscode, StatusCode::Ok);
+        client
+            .rpc(id, "restart", json!({"token": TOKEN, "splay": 1}))
+            .await;
+    }
+    assert!(fleet.wait_provisioned(1, 10 * SEC).await);
+    for _ in 0..50 {
+        if fleet.node_report(&ids[1]).unwrap().restarts == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(fleet.phase(&ids[0]), Some(Phase::Provisioned));
+    assert_eq!(fleet.phase(&ids[1]), Some(Phase::Provisioning));
+    let problems = fleet.node_report(&ids[1]).unwrap().problems;
+    assert!(
+        problems[0].contains("public_key does not match"),
+        "{problems:?}"
+    );
+    fleet.shutdown().await;
+}
