@@ -1,6 +1,2053 @@
 //! `cargo xtask faults`: the fault-injection suite.
+//!
+//! Every scenario runs the real provisioner, fleet simulator, nats-server and a helper on
+//! loopback, injects one fault, and checks the same invariants:
+//!
+//! 1. the provisioner neither panics nor exits, and stops cleanly on SIGTERM at the end;
+//! 2. no node that failed a check was configured (read from the simulator's `--report`);
+//! 3. every node is provisioned once the fault clears, within the stated time;
+//! 4. the error counters on `/metrics` and the provisioner's log name what happened.
+//!
+//! Node faults are fixed for the life of a simulated fleet (the simulator picks the affected
+//! nodes by a hash of their identity), so "the fault clears" means the simulator is started again
+//! without the fault: every node comes back in provisioning mode and announces itself with a
+//! startup event, which is what makes the provisioner try the failed nodes again (discovery runs
+//! only once a minute). Helper faults clear by switching the helper script to the working helper.
 
-/// `cargo xtask faults`.
-pub fn main(_args: &[String]) -> anyhow::Result<()> {
-    anyhow::bail!("faults: not built yet")
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::Value;
+
+use crate::stack::{self, Mode, Proc, ProvisionerOptions, RunFiles};
+use crate::tools::root;
+
+const DOMAIN: &str = "fleet.example.net";
+
+/// `cargo xtask faults [--release] [--list] [SCENARIO...]`.
+pub fn main(args: &[String]) -> Result<()> {
+    let mut release = false;
+    let mut only = Vec::new();
+    for a in args {
+        match a.as_str() {
+            "--release" => release = true,
+            "--list" => {
+                for s in scenarios() {
+                    println!("{:<22} {}", s.name, s.about);
+                }
+                return Ok(());
+            }
+            s if s.starts_with('-') => {
+                bail!("unknown faults flag {s:?} (--release, --list, SCENARIO...)")
+            }
+            s => only.push(s.to_string()),
+        }
+    }
+    let all = scenarios();
+    for o in &only {
+        ensure!(
+            all.iter().any(|s| s.name == o),
+            "unknown scenario {o:?}; see --list"
+        );
+    }
+    eprintln!("faults: building the provisioner, the fleet simulator and the demo helper");
+    let bins = stack::build_binaries(release)?;
+    let base = root().join("target/faults");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base)?;
+    let env = Env { bins, base };
+    let started = Instant::now();
+    let mut results = Vec::new();
+    for s in all
+        .iter()
+        .filter(|s| only.is_empty() || only.iter().any(|o| o == s.name))
+    {
+        eprintln!("faults: {} — {}", s.name, s.about);
+        let t = Instant::now();
+        let res = (s.run)(&env, s.name);
+        let took = t.elapsed();
+        match &res {
+            Ok(note) => eprintln!(
+                "faults: {} PASS in {:.1}s: {note}",
+                s.name,
+                took.as_secs_f64()
+            ),
+            Err(e) => eprintln!(
+                "faults: {} FAIL after {:.1}s: {e:#}\n  files: {}",
+                s.name,
+                took.as_secs_f64(),
+                env.base.join(s.name).display()
+            ),
+        }
+        results.push((s.name, took, res));
+    }
+    println!();
+    println!("fault suite ({:.0}s)", started.elapsed().as_secs_f64());
+    let mut failed = 0;
+    for (name, took, res) in &results {
+        match res {
+            Ok(note) => println!("  PASS {name:<22} {:>6.1}s  {note}", took.as_secs_f64()),
+            Err(e) => {
+                failed += 1;
+                println!("  FAIL {name:<22} {:>6.1}s  {e:#}", took.as_secs_f64());
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} fault scenarios failed", results.len());
+    }
+    Ok(())
+}
+
+struct Env {
+    bins: PathBuf,
+    base: PathBuf,
+}
+
+struct Scenario {
+    name: &'static str,
+    about: &'static str,
+    run: fn(&Env, &str) -> Result<String>,
+}
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "secrets",
+            about: "ed25519 at debug level: no secret reaches a log, metric or helper input",
+            run: secrets,
+        },
+        Scenario {
+            name: "node-slow",
+            about: "a fifth of the nodes answer after 6 s, past the 4 s inventory timeout",
+            run: node_slow,
+        },
+        Scenario {
+            name: "node-silent",
+            about: "a fifth of the nodes are discovered but never answer an RPC",
+            run: node_silent,
+        },
+        Scenario {
+            name: "node-wrong-identity",
+            about: "a fifth of the nodes reply under another identity",
+            run: node_wrong_identity,
+        },
+        Scenario {
+            name: "node-bad-nonce",
+            about: "ed25519: a fifth of the nodes sign something other than the nonce",
+            run: node_bad_nonce,
+        },
+        Scenario {
+            name: "node-bad-csr",
+            about: "pki: a fifth of the nodes send a CSR for another common name",
+            run: node_bad_csr,
+        },
+        Scenario {
+            name: "node-configure-fails",
+            about: "a fifth of the nodes abort configure",
+            run: node_configure_fails,
+        },
+        Scenario {
+            name: "jwt-wrong-key",
+            about: "every node serves a provisioning JWT signed by an unknown key",
+            run: jwt_wrong_key,
+        },
+        Scenario {
+            name: "jwt-expired",
+            about: "every node serves an expired provisioning JWT",
+            run: jwt_expired,
+        },
+        Scenario {
+            name: "jwt-not-yet-valid",
+            about: "every node serves a provisioning JWT valid only from tomorrow",
+            run: jwt_not_yet_valid,
+        },
+        Scenario {
+            name: "jwt-alg-none",
+            about: "every node serves an unsigned (alg: none) provisioning JWT",
+            run: jwt_alg_none,
+        },
+        Scenario {
+            name: "jwt-hs256",
+            about: "every node serves an HS256 JWT keyed with the verification key",
+            run: jwt_hs256,
+        },
+        Scenario {
+            name: "lock-held",
+            about: "two provisioners without election race for one fleet",
+            run: lock_held,
+        },
+        Scenario {
+            name: "helper-hang",
+            about: "the helper hangs past its 10 s timeout and leaves a child behind",
+            run: helper_hang,
+        },
+        Scenario {
+            name: "helper-exit-1",
+            about: "the helper exits non-zero",
+            run: helper_exit,
+        },
+        Scenario {
+            name: "helper-silent",
+            about: "the helper prints nothing",
+            run: helper_silent,
+        },
+        Scenario {
+            name: "helper-garbage",
+            about: "the helper prints something that is not JSON",
+            run: helper_garbage,
+        },
+        Scenario {
+            name: "helper-flood",
+            about: "the helper prints 100 MiB",
+            run: helper_flood,
+        },
+        Scenario {
+            name: "helper-bad-upgrade",
+            about: "the helper asks for an upgrade to an unparsable version",
+            run: helper_bad_upgrade,
+        },
+        Scenario {
+            name: "signing-key-removed",
+            about: "ed25519: the JWT signing key disappears while running, then returns",
+            run: signing_key_removed,
+        },
+        Scenario {
+            name: "signing-key-rotated",
+            about: "ed25519: the JWT signing key is replaced while running",
+            run: signing_key_rotated,
+        },
+        Scenario {
+            name: "broker-restart",
+            about: "nats-server restarted while the fleet is being provisioned",
+            run: broker_restart,
+        },
+        Scenario {
+            name: "provisioner-sigkill",
+            about: "ed25519: the provisioner is killed with SIGKILL mid-run and started again",
+            run: provisioner_sigkill,
+        },
+        Scenario {
+            name: "election-bucket-missing",
+            about: "leader election on without the bucket, then the bucket is created",
+            run: election_bucket_missing,
+        },
+        Scenario {
+            name: "ha-leader-killed",
+            about: "two provisioners with leader election; the leader is killed mid-run",
+            run: ha_leader_killed,
+        },
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stack of one scenario.
+
+struct Run {
+    dir: PathBuf,
+    bins: PathBuf,
+    nats: Proc,
+    nats_port: u16,
+    url: String,
+    files: RunFiles,
+    mode: Mode,
+    /// Start provisioners with `--debug`.
+    debug: bool,
+    provisioners: Vec<Prov>,
+}
+
+struct Prov {
+    proc: Proc,
+    identity: String,
+    log: PathBuf,
+    port: u16,
+}
+
+struct Setup<'a> {
+    mode: Mode,
+    helper: Option<&'a str>,
+    extra_yaml: &'a str,
+    leader_election: bool,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Setup {
+            mode: Mode::Plain,
+            helper: None,
+            extra_yaml: "",
+            leader_election: false,
+        }
+    }
+}
+
+fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
+    let dir = env.base.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let nats_port = stack::free_port()?;
+    let nats = start_nats_on(&dir, nats_port)?;
+    let url = format!("nats://127.0.0.1:{nats_port}");
+    let helper = s
+        .helper
+        .map(str::to_string)
+        .unwrap_or_else(|| env.bins.join("choria-demo-helper").display().to_string());
+    let files = stack::write_run_files(
+        &dir,
+        &env.bins,
+        &ProvisionerOptions {
+            mode: s.mode,
+            workers: 8,
+            helper: &helper,
+            broker: &url,
+            identity: "provisioner",
+            leader_election: s.leader_election,
+            extra_yaml: s.extra_yaml,
+        },
+    )?;
+    Ok(Run {
+        dir,
+        bins: env.bins.clone(),
+        nats,
+        nats_port,
+        url,
+        files,
+        mode: s.mode,
+        debug: false,
+        provisioners: Vec::new(),
+    })
+}
+
+/// nats-server with JetStream on a chosen port, so a restart keeps the address.
+fn start_nats_on(dir: &Path, port: u16) -> Result<Proc> {
+    let bin = crate::tools::ensure_nats_server()?;
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\nmax_payload: 4MB\njetstream {{\n  store_dir: \"{}\"\n}}\n",
+            dir.join("jetstream").display()
+        ),
+    )?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("nats-server.log"))?;
+    let proc = Proc::spawn(
+        "nats-server",
+        Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log),
+    )?;
+    stack::wait_port(port, Duration::from_secs(15)).context("nats-server did not start")?;
+    Ok(proc)
+}
+
+impl Run {
+    /// Start a provisioner named `identity` (its own YAML and Choria config unless it is the
+    /// first one) and wait until it listens for startup events.
+    fn start_provisioner(&mut self, identity: &str) -> Result<usize> {
+        let (yaml, cfg, port, log) = if identity == "provisioner" {
+            (
+                self.files.provisioner_yaml.clone(),
+                self.files.choria_cfg.clone(),
+                self.files.monitor_port,
+                self.dir.join("provisioner.log"),
+            )
+        } else {
+            // A second provisioner: the same settings with its own identity, port and log.
+            let port = stack::free_port()?;
+            let text = std::fs::read_to_string(&self.files.provisioner_yaml)?;
+            let text = text
+                .replace(
+                    &format!("monitor_port: {}", self.files.monitor_port),
+                    &format!("monitor_port: {port}"),
+                )
+                .replace("provisioner.log", &format!("{identity}.log"));
+            let yaml = self.dir.join(format!("{identity}.yaml"));
+            std::fs::write(&yaml, text)?;
+            let cfg = self.dir.join(format!("{identity}.cfg"));
+            std::fs::write(
+                &cfg,
+                std::fs::read_to_string(&self.files.choria_cfg)?
+                    .replace("identity = provisioner", &format!("identity = {identity}")),
+            )?;
+            (yaml, cfg, port, self.dir.join(format!("{identity}.log")))
+        };
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{identity}.out")))?;
+        let start_len = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = Command::new(self.bins.join("choria-provisioner"));
+        if self.debug {
+            cmd.arg("--debug");
+        }
+        let proc = Proc::spawn(
+            "choria-provisioner",
+            cmd.arg("--config")
+                .arg(&yaml)
+                .arg("--choria-config")
+                .arg(&cfg)
+                .env("CHORIA_BROKERS", &self.url)
+                .env("CHORIA_CA_CERT", &self.files.ca_cert)
+                .env("CHORIA_CA_KEY", &self.files.ca_key)
+                .env("CHORIA_ISSUER", &self.files.signer_pub)
+                .stdout(out.try_clone()?)
+                .stderr(out),
+        )?;
+        self.provisioners.push(Prov {
+            proc,
+            identity: identity.to_string(),
+            log: log.clone(),
+            port,
+        });
+        let idx = self.provisioners.len() - 1;
+        wait_for(
+            &format!("{identity} to listen for startup events"),
+            Duration::from_secs(30),
+            || {
+                self.alive(idx)?;
+                let text = read_from(&log, start_len);
+                Ok(text.contains("listening for startup events"))
+            },
+        )?;
+        Ok(idx)
+    }
+
+    /// Fail when provisioner `idx` exited or panicked.
+    fn alive(&mut self, idx: usize) -> Result<()> {
+        let p = &mut self.provisioners[idx];
+        if !p.proc.running() {
+            bail!(
+                "{} exited: {}",
+                p.identity,
+                tail(&self.dir.join(format!("{}.out", p.identity)), 20)
+            );
+        }
+        Ok(())
+    }
+
+    fn metric(&self, idx: usize, name: &str) -> f64 {
+        metric_sum(&scrape_all(self.provisioners[idx].port), name)
+    }
+
+    /// Start the fleet simulator with `nodes` nodes named `<prefix>-N`, the run's signer unless
+    /// `args` brings its own JWT source, and a report written at exit.
+    fn start_sim(&self, tag: &str, prefix: &str, nodes: usize, args: &[String]) -> Result<Sim> {
+        let report = self.dir.join(format!("report-{tag}.json"));
+        let log = self.dir.join(format!("fleet-sim-{tag}.log"));
+        let mut cmd = Command::new(self.bins.join("choria-fleet-sim"));
+        cmd.args(["--broker", &self.url, "--nodes", &nodes.to_string()])
+            .args(["--mode", self.mode.name(), "--token", &self.files.token])
+            .args(["--identity-prefix", prefix, "--domain", DOMAIN])
+            .args(["--restart-delay", "0s", "--progress", "5s"])
+            .arg("--report")
+            .arg(&report);
+        if !args
+            .iter()
+            .any(|a| a == "--provisioning-jwt" || a == "--provisioning-signer")
+        {
+            cmd.arg("--provisioning-signer")
+                .arg(&self.files.signer_seed);
+        }
+        if self.mode == Mode::Pki {
+            // Pre-made RSA keys: nodes answer gencsr from the first startup event.
+            cmd.arg("--rsa-keys")
+                .arg(root().join("crates/fleet-sim/testdata/rsa-pool.pem"));
+        }
+        if self.mode == Mode::Ed25519 && !args.iter().any(|a| a == "--issuer-public") {
+            cmd.args(["--issuer-public", &self.files.signer_pub]);
+        }
+        cmd.args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?);
+        let proc = Proc::spawn("choria-fleet-sim", &mut cmd)?;
+        Ok(Sim { proc, report, log })
+    }
+
+    /// Stop every provisioner with SIGTERM and insist on a clean exit without a panic.
+    fn stop_all(&mut self) -> Result<()> {
+        for p in &mut self.provisioners {
+            if !p.proc.running() {
+                continue;
+            }
+            let st = p.proc.terminate(Duration::from_secs(20));
+            ensure!(
+                st.is_some_and(|s| s.success()),
+                "{} did not stop cleanly on SIGTERM: {st:?}",
+                p.identity
+            );
+        }
+        for p in &self.provisioners {
+            let out = std::fs::read_to_string(self.dir.join(format!("{}.out", p.identity)))
+                .unwrap_or_default();
+            let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+            ensure!(
+                !out.contains("panicked") && !log.contains("panicked"),
+                "{} panicked: {}",
+                p.identity,
+                tail(&self.dir.join(format!("{}.out", p.identity)), 20)
+            );
+        }
+        Ok(())
+    }
+
+    fn log(&self, idx: usize) -> String {
+        std::fs::read_to_string(&self.provisioners[idx].log).unwrap_or_default()
+    }
+}
+
+struct Sim {
+    proc: Proc,
+    report: PathBuf,
+    log: PathBuf,
+}
+
+/// One node's record from the simulator's report.
+#[derive(Debug)]
+struct NodeRep {
+    provisioned: bool,
+    /// `(action, statuscode)` in arrival order; 255 means the node stayed silent.
+    actions: Vec<(String, u64)>,
+    received: Option<Value>,
+    problems: Vec<String>,
+}
+
+impl NodeRep {
+    fn saw(&self, action: &str) -> bool {
+        self.actions.iter().any(|(a, _)| a == action)
+    }
+    fn ok_count(&self, action: &str) -> usize {
+        self.actions
+            .iter()
+            .filter(|(a, c)| a == action && *c == 0)
+            .count()
+    }
+}
+
+impl Sim {
+    /// SIGTERM the simulator and read its report.
+    fn finish(mut self) -> Result<BTreeMap<String, NodeRep>> {
+        // SIGTERM again every second: one sent while the simulator is between two waits can be
+        // missed.
+        let start = Instant::now();
+        while self.proc.running() && start.elapsed() < Duration::from_secs(20) {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.proc.pid().to_string())
+                .status();
+            let tick = Instant::now();
+            while self.proc.running() && tick.elapsed() < Duration::from_secs(1) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.proc.terminate(Duration::from_secs(5));
+        let text = std::fs::read(&self.report).with_context(|| {
+            format!(
+                "no simulator report {}: {}",
+                self.report.display(),
+                tail(&self.log, 5)
+            )
+        })?;
+        let v: Vec<Value> = serde_json::from_slice(&text).context("simulator report")?;
+        let mut out = BTreeMap::new();
+        for n in v {
+            let id = n["identity"].as_str().unwrap_or_default().to_string();
+            let actions = n["actions"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|x| {
+                            (
+                                x["action"].as_str().unwrap_or_default().to_string(),
+                                x["statuscode"].as_u64().unwrap_or(255),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.insert(
+                id,
+                NodeRep {
+                    provisioned: n["provisioned"].as_bool().unwrap_or(false),
+                    actions,
+                    received: n.get("received").filter(|r| !r.is_null()).cloned(),
+                    problems: n["problems"]
+                        .as_array()
+                        .map(|p| {
+                            p.iter()
+                                .filter_map(|s| s.as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                },
+            );
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small utilities.
+
+fn identities(prefix: &str, nodes: usize) -> Vec<String> {
+    let width = nodes.max(1).to_string().len();
+    (1..=nodes)
+        .map(|i| format!("{prefix}-{i:0width$}.{DOMAIN}"))
+        .collect()
+}
+
+/// The simulator's choice of affected nodes: FNV-1a of `<salt>:<identity>` modulo 1000 below
+/// `share * 1000` (crates/fleet-sim/src/config.rs).
+fn affected(salt: &str, identity: &str, share: f64) -> bool {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in salt
+        .bytes()
+        .chain(std::iter::once(b':'))
+        .chain(identity.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    ((h % 1000) as f64) < (share.clamp(0.0, 1.0) * 1000.0).round()
+}
+
+fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        if f()? {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn read_from(path: &Path, offset: u64) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    use std::io::Seek;
+    let _ = f.seek(std::io::SeekFrom::Start(offset));
+    let mut s = String::new();
+    let _ = f.read_to_string(&mut s);
+    s
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+fn scrape_all(port: u16) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+/// The sum of every sample of metric `name` (all label sets).
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A labelled sample of `name` whose labels contain `label` (e.g. `action="inventory"`).
+fn metric_with(metrics: &str, name: &str, label: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') && r.contains(label))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Log lines at WARN or ERROR naming `identity`.
+fn problem_lines<'a>(log: &'a str, identity: &str) -> Vec<&'a str> {
+    log.lines()
+        .filter(|l| (l.contains(" ERROR ") || l.contains(" WARN ")) && l.contains(identity))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Node faults: one fleet with the fault, then the same fleet without it.
+
+struct NodeFault<'a> {
+    mode: Mode,
+    nodes: usize,
+    /// Simulator flags carrying the fault.
+    flags: Vec<String>,
+    /// Which nodes the fault hits.
+    hit: &'a dyn Fn(&str) -> bool,
+    /// Actions an affected node must never see after its failed check.
+    never: &'a [&'a str],
+    /// Words (any one, case-insensitive) that an error line naming the node must contain.
+    words: &'a [&'a str],
+    /// A labelled error counter that must have counted the failures, e.g.
+    /// `("choria_provisioner_rpc_errors", "inventory")`.
+    counter: Option<(&'a str, &'a str)>,
+    /// How long the faulty fleet may take to settle.
+    settle: Duration,
+    setup: Setup<'a>,
+}
+
+fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
+    let mut run = setup(env, name, f.setup)?;
+    run.mode = f.mode;
+    let p = run.start_provisioner("provisioner")?;
+    let ids = identities("n", f.nodes);
+    let hit: Vec<&String> = ids.iter().filter(|i| (f.hit)(i)).collect();
+    ensure!(
+        !hit.is_empty(),
+        "the fault selects no node of {} (choose another share)",
+        f.nodes
+    );
+    let good = f.nodes - hit.len();
+
+    // Phase 1: the faulty fleet.
+    let sim = run.start_sim("fault", "n", f.nodes, &f.flags)?;
+    let t1 = wait_for("the faulty fleet to settle", f.settle, || {
+        run.alive(p)?;
+        let m = scrape_all(run.provisioners[p].port);
+        let done = metric_sum(&m, "choria_provisioner_provisioned");
+        let errs = metric_sum(&m, "choria_provisioner_provision_errors");
+        let busy = metric_sum(&m, "choria_provisioner_busy_workers");
+        let queued = metric_sum(&m, "choria_provisioner_work_queue_entries");
+        Ok(done >= good as f64 && errs >= hit.len() as f64 && busy == 0.0 && queued == 0.0)
+    })?;
+    let metrics = scrape_all(run.provisioners[p].port);
+    let report = sim.finish()?;
+    let log = run.log(p);
+    for id in &ids {
+        let n = report
+            .get(id)
+            .with_context(|| format!("{id} missing from the report"))?;
+        if hit.contains(&id) {
+            ensure!(!n.provisioned, "{id} was hit by the fault but provisioned");
+            for a in f.never {
+                ensure!(
+                    !n.saw(a),
+                    "{id} failed a check but was sent {a}: {:?}",
+                    n.actions
+                );
+            }
+            ensure!(
+                n.received.is_none() || f.never.is_empty(),
+                "{id} failed a check but received a configuration"
+            );
+            let lines = problem_lines(&log, id);
+            ensure!(
+                lines.iter().any(|l| {
+                    let l = l.to_lowercase();
+                    f.words.iter().any(|w| l.contains(&w.to_lowercase()))
+                }),
+                "no error line names {id} with any of {:?}; lines: {lines:#?}",
+                f.words
+            );
+        } else {
+            ensure!(
+                n.provisioned,
+                "{id} was not hit by the fault but is not provisioned: {:?} {:?}",
+                n.actions,
+                n.problems
+            );
+        }
+    }
+    let errors = metric_sum(&metrics, "choria_provisioner_provision_errors");
+    ensure!(
+        errors >= hit.len() as f64,
+        "provision_errors {errors} < {} failed nodes",
+        hit.len()
+    );
+    let mut counted = String::new();
+    if let Some((metric, label)) = f.counter {
+        let v = metric_with(&metrics, metric, label);
+        ensure!(v >= 1.0, "{metric}{{{label}}} did not count the failures");
+        counted = format!(", {metric}{{{label}}}={v}");
+    }
+
+    // Phase 2: the fault clears; the restarted fleet announces itself with startup events.
+    let sim = run.start_sim("clear", "n", f.nodes, &[])?;
+    let t2 = wait_for(
+        "the failed nodes to be provisioned after the fault cleared",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= f.nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    for id in &hit {
+        let n = report
+            .get(*id)
+            .with_context(|| format!("{id} missing from the second report"))?;
+        ensure!(
+            n.provisioned,
+            "{id} not provisioned after the fault cleared: {:?} {:?}",
+            n.actions,
+            n.problems
+        );
+    }
+    run.stop_all()?;
+    Ok(format!(
+        "{} of {} nodes failed ({errors} provision errors{counted}), none configured; {good} provisioned in {:.1}s; the {} recovered {:.1}s after restart events",
+        hit.len(),
+        f.nodes,
+        t1.as_secs_f64(),
+        hit.len(),
+        t2.as_secs_f64()
+    ))
+}
+
+fn node_slow(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Plain,
+            nodes: 20,
+            flags: vec!["--fault-slow".into(), "0.2:6s".into()],
+            hit: &|id| affected("slow", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["timeout", "timed out", "no reply", "no response"],
+            counter: Some(("choria_provisioner_rpc_errors", "inventory")),
+            settle: Duration::from_secs(120),
+            setup: Setup::default(),
+        },
+    )
+}
+
+fn node_silent(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Plain,
+            nodes: 20,
+            flags: vec!["--fault-drop".into(), "0.2".into()],
+            hit: &|id| affected("drop", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["timeout", "timed out", "no reply", "no response"],
+            counter: Some(("choria_provisioner_rpc_errors", "jwt")),
+            settle: Duration::from_secs(120),
+            setup: Setup::default(),
+        },
+    )
+}
+
+fn node_wrong_identity(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Plain,
+            nodes: 20,
+            flags: vec!["--fault-wrong-identity".into(), "0.2".into()],
+            hit: &|id| affected("wrong-identity", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["identity", "sender", "timeout", "timed out", "no reply"],
+            counter: None,
+            settle: Duration::from_secs(120),
+            setup: Setup::default(),
+        },
+    )
+}
+
+fn node_bad_nonce(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Ed25519,
+            nodes: 20,
+            flags: vec!["--fault-bad-nonce".into(), "0.2".into()],
+            hit: &|id| affected("bad-nonce", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["nonce"],
+            counter: None,
+            settle: Duration::from_secs(60),
+            setup: Setup {
+                mode: Mode::Ed25519,
+                ..Setup::default()
+            },
+        },
+    )
+}
+
+fn node_bad_csr(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Pki,
+            nodes: 20,
+            flags: vec!["--fault-bad-csr".into(), "0.2".into()],
+            hit: &|id| affected("bad-csr", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["common name", "csr"],
+            counter: None,
+            settle: Duration::from_secs(60),
+            setup: Setup {
+                mode: Mode::Pki,
+                ..Setup::default()
+            },
+        },
+    )
+}
+
+fn node_configure_fails(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Plain,
+            nodes: 20,
+            flags: vec!["--fault-fail-action".into(), "configure:0.2".into()],
+            hit: &|id| affected("fail-action", id, 0.2),
+            never: &["restart"],
+            words: &["configure"],
+            counter: Some(("choria_provisioner_rpc_errors", "configure")),
+            settle: Duration::from_secs(90),
+            setup: Setup::default(),
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lying provisioning JWTs: served by every node, so every node must be refused.
+
+fn b64url(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        let chars = c.len() + 1;
+        for i in 0..chars {
+            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn prov_claims(run: &Run, nbf: i64, exp: i64) -> String {
+    serde_json::json!({
+        "cht": run.files.token, "chs": false, "chu": run.url, "chpd": true,
+        "extensions": null, "ou": "choria", "purpose": "choria_provisioning",
+        "iss": "Choria Tokens Package", "sub": "choria_provisioning",
+        "exp": exp, "nbf": nbf, "iat": nbf, "jti": "faults"
+    })
+    .to_string()
+}
+
+/// Sign `header.claims` with the run's ed25519 seed through openssl.
+fn eddsa_sign(run: &Run, signing_input: &str) -> Result<String> {
+    let seed_hex = std::fs::read_to_string(&run.files.signer_seed)?;
+    let seed = hex_decode(seed_hex.trim()).context("signer seed is not hex")?;
+    ensure!(seed.len() == 32, "signer seed is not 32 bytes");
+    // PKCS#8 wrapping of an ed25519 seed.
+    let mut der = hex_decode("302e020100300506032b657004220420").unwrap_or_default();
+    der.extend_from_slice(&seed);
+    let key = run.dir.join("forge-key.der");
+    std::fs::write(&key, der)?;
+    let input = run.dir.join("forge-input");
+    std::fs::write(&input, signing_input)?;
+    let out = Command::new("openssl")
+        .args(["pkeyutl", "-sign", "-rawin", "-keyform", "DER", "-inkey"])
+        .arg(&key)
+        .arg("-in")
+        .arg(&input)
+        .output()
+        .context("openssl is needed to forge JWTs")?;
+    ensure!(
+        out.status.success(),
+        "openssl pkeyutl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(b64url(&out.stdout))
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn hmac_sha256(key: &str, data: &str, dir: &Path) -> Result<String> {
+    let input = dir.join("forge-hmac-input");
+    std::fs::write(&input, data)?;
+    let out = Command::new("openssl")
+        .args(["dgst", "-sha256", "-binary", "-hmac", key])
+        .arg(&input)
+        .output()?;
+    ensure!(out.status.success(), "openssl dgst failed");
+    Ok(b64url(&out.stdout))
+}
+
+enum Forge {
+    WrongKey,
+    Expired,
+    NotYetValid,
+    AlgNone,
+    Hs256,
+}
+
+fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<String> {
+    let mut run = setup(env, name, Setup::default())?;
+    let p = run.start_provisioner("provisioner")?;
+    let now = unix_now();
+    let flags: Vec<String> = match forge {
+        Forge::WrongKey => {
+            let other = run.dir.join("other-signer");
+            std::fs::create_dir_all(&other)?;
+            let st = Command::new(run.bins.join("choria-demo-helper"))
+                .arg("init-signer")
+                .arg(&other)
+                .stdout(Stdio::null())
+                .status()?;
+            ensure!(st.success(), "init-signer failed");
+            vec![
+                "--provisioning-signer".into(),
+                other.join("signer.seed").display().to_string(),
+            ]
+        }
+        _ => {
+            let (alg, nbf, exp) = match forge {
+                Forge::Expired => ("EdDSA", now - 7200, now - 3600),
+                Forge::NotYetValid => ("EdDSA", now + 86_400, now + 2 * 86_400),
+                Forge::AlgNone => ("none", now, now + 3600),
+                _ => ("HS256", now, now + 3600),
+            };
+            let head = b64url(format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#).as_bytes());
+            let body = b64url(prov_claims(&run, nbf, exp).as_bytes());
+            let input = format!("{head}.{body}");
+            let sig = match alg {
+                "EdDSA" => eddsa_sign(&run, &input)?,
+                "none" => String::new(),
+                _ => hmac_sha256(&run.files.signer_pub, &input, &run.dir)?,
+            };
+            let file = run.dir.join("forged.jwt");
+            std::fs::write(&file, format!("{input}.{sig}"))?;
+            vec!["--provisioning-jwt".into(), file.display().to_string()]
+        }
+    };
+    let nodes = 10;
+    let sim = run.start_sim("fault", "n", nodes, &flags)?;
+    let t1 = wait_for("every node to be refused", Duration::from_secs(60), || {
+        run.alive(p)?;
+        Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    let provisioned = run.metric(p, "choria_provisioner_provisioned");
+    let report = sim.finish()?;
+    ensure!(
+        provisioned == 0.0,
+        "{provisioned} nodes provisioned with a forged JWT"
+    );
+    let log = run.log(p);
+    for (id, n) in &report {
+        ensure!(!n.provisioned, "{id} provisioned with a forged JWT");
+        for a in ["gen25519", "gencsr", "configure", "restart"] {
+            ensure!(
+                !n.saw(a),
+                "{id} was sent {a} after its JWT failed: {:?}",
+                n.actions
+            );
+        }
+        let lines = problem_lines(&log, id);
+        ensure!(
+            lines.iter().any(|l| {
+                let l = l.to_lowercase();
+                words.iter().any(|w| l.contains(w))
+            }),
+            "no error line names {id} with any of {words:?}; lines: {lines:#?}"
+        );
+    }
+    let sim = run.start_sim("clear", "n", nodes, &[])?;
+    let t2 = wait_for(
+        "the fleet to be provisioned with a genuine JWT",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    ensure!(
+        report.values().all(|n| n.provisioned),
+        "not every node provisioned with the genuine JWT"
+    );
+    run.stop_all()?;
+    Ok(format!(
+        "all {nodes} refused in {:.1}s, nothing configured; provisioned {:.1}s after restarting with a genuine JWT",
+        t1.as_secs_f64(),
+        t2.as_secs_f64()
+    ))
+}
+
+fn jwt_wrong_key(env: &Env, name: &str) -> Result<String> {
+    jwt_fault(env, name, Forge::WrongKey, &["signature", "jwt"])
+}
+fn jwt_expired(env: &Env, name: &str) -> Result<String> {
+    jwt_fault(env, name, Forge::Expired, &["expired"])
+}
+fn jwt_not_yet_valid(env: &Env, name: &str) -> Result<String> {
+    jwt_fault(
+        env,
+        name,
+        Forge::NotYetValid,
+        &["not yet valid", "not valid yet"],
+    )
+}
+fn jwt_alg_none(env: &Env, name: &str) -> Result<String> {
+    jwt_fault(env, name, Forge::AlgNone, &["none", "algorithm"])
+}
+fn jwt_hs256(env: &Env, name: &str) -> Result<String> {
+    jwt_fault(env, name, Forge::Hs256, &["hs256", "algorithm"])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two provisioners without election on one fleet: the node's provisioning lock keeps each node
+// to one of them.
+
+fn lock_held(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(env, name, Setup::default())?;
+    let a = run.start_provisioner("provisioner")?;
+    let b = run.start_provisioner("provisioner-b")?;
+    let nodes = 30;
+    let sim = run.start_sim("race", "n", nodes, &[])?;
+    let t = wait_for(
+        "the fleet to be provisioned",
+        Duration::from_secs(120),
+        || {
+            run.alive(a)?;
+            run.alive(b)?;
+            let done = run.metric(a, "choria_provisioner_provisioned")
+                + run.metric(b, "choria_provisioner_provisioned");
+            Ok(done >= nodes as f64)
+        },
+    )?;
+    let held = run.metric(a, "choria_provisioner_lock_held")
+        + run.metric(b, "choria_provisioner_lock_held");
+    let report = sim.finish()?;
+    let mut twice = 0;
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.actions);
+        if n.ok_count("configure") > 1 {
+            twice += 1;
+        }
+    }
+    ensure!(
+        twice == 0,
+        "{twice} nodes were configured by both provisioners"
+    );
+    let lock_lines = run.log(a).matches("provisioning lock held").count()
+        + run.log(b).matches("provisioning lock held").count();
+    ensure!(
+        held as usize >= lock_lines.min(1),
+        "lock_held counter {held} but {lock_lines} log lines"
+    );
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes provisioned in {:.1}s, each configured once; {held} lock refusals counted and logged",
+        t.as_secs_f64()
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helper faults: a script that misbehaves until a `fixed` file appears, then runs the demo
+// helper.
+
+fn helper_script(env: &Env, name: &str, body: &str) -> Result<(PathBuf, PathBuf)> {
+    let dir = env.base.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let fixed = dir.join("fixed");
+    let script = dir.join("helper.sh");
+    let demo = env.bins.join("choria-demo-helper").display().to_string();
+    let body = body
+        .replace("@DEMO@", &demo)
+        .replace("@DIR@", &dir.display().to_string());
+    let text = format!(
+        "#!/bin/sh\n# Misbehaves until {fixed} exists, then behaves.\nif [ -e '{fixed}' ]; then exec '{demo}' \"$@\"; fi\n{body}\n",
+        fixed = fixed.display(),
+    );
+    std::fs::write(&script, text)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok((script, fixed))
+}
+
+/// A misbehaviour shipped in `xtask/faults/helpers/` (`@DEMO@` is the working helper, `@DIR@`
+/// the scenario's directory).
+fn shipped(name: &str) -> Result<String> {
+    let p = root().join("xtask/faults/helpers").join(name);
+    std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))
+}
+
+fn helper_fault(
+    env: &Env,
+    name: &str,
+    script: &str,
+    extra_yaml: &str,
+    sim_flags: &[String],
+    words: &[&str],
+    after: impl FnOnce(&Run) -> Result<String>,
+) -> Result<String> {
+    let body = shipped(script)?;
+    let (helper, fixed) = helper_script(env, name, &body)?;
+    let helper_s = helper.display().to_string();
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            helper: Some(&helper_s),
+            extra_yaml,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 6;
+    let sim = run.start_sim("fault", "n", nodes, sim_flags)?;
+    let t1 = wait_for(
+        "every node to fail in the helper",
+        Duration::from_secs(90),
+        || {
+            run.alive(p)?;
+            let m = scrape_all(run.provisioners[p].port);
+            Ok(
+                metric_sum(&m, "choria_provisioner_provision_errors") >= nodes as f64
+                    && metric_sum(&m, "choria_provisioner_busy_workers") == 0.0,
+            )
+        },
+    )?;
+    let metrics = scrape_all(run.provisioners[p].port);
+    let report = sim.finish()?;
+    let log = run.log(p);
+    for (id, n) in &report {
+        ensure!(
+            !n.provisioned,
+            "{id} provisioned although the helper failed"
+        );
+        ensure!(
+            !n.saw("configure") && !n.saw("restart"),
+            "{id} was configured although the helper failed: {:?}",
+            n.actions
+        );
+        let lines = problem_lines(&log, id);
+        ensure!(
+            lines.iter().any(|l| {
+                let l = l.to_lowercase();
+                words.iter().any(|w| l.contains(w))
+            }),
+            "no error line names {id} with any of {words:?}; lines: {lines:#?}"
+        );
+    }
+    let helper_errors = metric_sum(&metrics, "choria_provisioner_helper_errors");
+    let extra = after(&run)?;
+    std::fs::write(&fixed, "")?;
+    let sim = run.start_sim("clear", "n", nodes, sim_flags)?;
+    let t2 = wait_for(
+        "the fleet to be provisioned once the helper works",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    ensure!(
+        report.values().all(|n| n.provisioned),
+        "not every node provisioned once the helper works"
+    );
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes failed in {:.1}s, none configured, helper_errors={helper_errors}{extra}; provisioned {:.1}s after the helper was fixed",
+        t1.as_secs_f64(),
+        t2.as_secs_f64()
+    ))
+}
+
+fn helper_hang(env: &Env, name: &str) -> Result<String> {
+    let pids = env.base.join(name).join("children");
+    std::fs::create_dir_all(&pids)?;
+    helper_fault(
+        env,
+        name,
+        "hang.sh",
+        "",
+        &[],
+        &["did not finish", "timeout", "killed"],
+        |_| {
+            // Every child the helper left behind must be gone with it.
+            let mut seen = 0;
+            for e in std::fs::read_dir(&pids)? {
+                let pid = e?.file_name().to_string_lossy().to_string();
+                seen += 1;
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().next())
+                    .unwrap_or("");
+                ensure!(
+                    stat.is_empty() || state == "Z",
+                    "the helper's child {pid} is still running ({state})"
+                );
+            }
+            ensure!(seen > 0, "the hanging helper recorded no child");
+            Ok(format!(", {seen} orphaned children all killed"))
+        },
+    )
+}
+
+fn helper_exit(env: &Env, name: &str) -> Result<String> {
+    helper_fault(
+        env,
+        name,
+        "exit1.sh",
+        "",
+        &[],
+        &["exit", "status", "helper"],
+        |_| Ok(String::new()),
+    )
+}
+
+fn helper_silent(env: &Env, name: &str) -> Result<String> {
+    helper_fault(
+        env,
+        name,
+        "silent.sh",
+        "",
+        &[],
+        &["helper", "empty", "eof", "json"],
+        |_| Ok(String::new()),
+    )
+}
+
+fn helper_garbage(env: &Env, name: &str) -> Result<String> {
+    helper_fault(
+        env,
+        name,
+        "garbage.sh",
+        "",
+        &[],
+        &["json", "helper", "invalid"],
+        |_| Ok(String::new()),
+    )
+}
+
+fn helper_flood(env: &Env, name: &str) -> Result<String> {
+    helper_fault(
+        env,
+        name,
+        "flood.sh",
+        "",
+        &[],
+        &["more than", "output", "bytes"],
+        |run| {
+            // The provisioner must not have buffered the flood.
+            let pid = run.provisioners[0].proc.pid();
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let hwm = status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+                .unwrap_or(0);
+            ensure!(
+                hwm < 100 * 1024,
+                "provisioner peak RSS {hwm} KiB after the flood"
+            );
+            Ok(format!(", provisioner peak RSS {} MiB", hwm / 1024))
+        },
+    )
+}
+
+fn helper_bad_upgrade(env: &Env, name: &str) -> Result<String> {
+    helper_fault(
+        env,
+        name,
+        "bad-upgrade.sh",
+        // Continues the `features:` map the run files end with.
+        "  upgrades: true\nupgrades_repository: https://packages.example.net/choria\n",
+        &["--upgradable".into()],
+        &["upgrade", "version"],
+        |_| Ok(String::new()),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signing key faults (ed25519).
+
+fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Ed25519,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let key = run.files.signer_seed.clone();
+    let away = run.dir.join("signer.seed.away");
+    std::fs::rename(&key, &away)?;
+    let nodes = 10;
+    // The simulator signs provisioning JWTs with the same seed: give it the moved file.
+    let flags = vec![
+        "--provisioning-signer".to_string(),
+        away.display().to_string(),
+    ];
+    let sim = run.start_sim("fault", "n", nodes, &flags)?;
+    let t1 = wait_for(
+        "every node to fail without a signing key",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    let log = run.log(p);
+    for (id, n) in &report {
+        ensure!(
+            !n.provisioned && !n.saw("configure"),
+            "{id} configured without a signing key"
+        );
+        ensure!(
+            problem_lines(&log, id)
+                .iter()
+                .any(|l| l.contains("signer.seed")),
+            "no error line names {id} and the missing key file"
+        );
+    }
+    std::fs::rename(&away, &key)?;
+    let sim = run.start_sim("clear", "n", nodes, &[])?;
+    let t2 = wait_for(
+        "the fleet once the key is back",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    ensure!(
+        report.values().all(|n| n.provisioned),
+        "not every node provisioned once the key returned"
+    );
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes refused in {:.1}s with the file named, none configured; provisioned {:.1}s after the key returned",
+        t1.as_secs_f64(),
+        t2.as_secs_f64()
+    ))
+}
+
+fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Ed25519,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 10;
+    let sim = run.start_sim("before", "n", nodes, &[])?;
+    wait_for(
+        "the fleet with the first key",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let old = sim.finish()?;
+    ensure!(
+        old.values().all(|n| n.provisioned),
+        "first fleet not provisioned"
+    );
+    // Rotate: a new seed replaces the file in place; the nodes now trust only the new key.
+    let newdir = run.dir.join("rotated");
+    std::fs::create_dir_all(&newdir)?;
+    let out = Command::new(run.bins.join("choria-demo-helper"))
+        .arg("init-signer")
+        .arg(&newdir)
+        .output()?;
+    ensure!(out.status.success(), "init-signer failed");
+    let new_pub = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // The nodes' provisioning JWTs stay signed by the old key (jwt_verify_cert is unchanged);
+    // only the server JWT signing key rotates.
+    let prov_signer = run.dir.join("provisioning-signer.seed");
+    std::fs::copy(&run.files.signer_seed, &prov_signer)?;
+    std::fs::copy(newdir.join("signer.seed"), &run.files.signer_seed)?;
+    let flags = vec![
+        "--issuer-public".to_string(),
+        new_pub,
+        "--provisioning-signer".to_string(),
+        prov_signer.display().to_string(),
+    ];
+    let sim = run.start_sim("after", "m", nodes, &flags)?;
+    let t = wait_for(
+        "the fleet with the rotated key",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= 2.0 * nodes as f64)
+        },
+    )?;
+    let new = sim.finish()?;
+    for (id, n) in &new {
+        ensure!(
+            n.provisioned,
+            "{id} not provisioned after rotation (its JWT must verify with the new key): {:?}",
+            n.problems
+        );
+    }
+    run.stop_all()?;
+    Ok(format!(
+        "a second fleet trusting only the new key provisioned {:.1}s after the file was replaced, no restart",
+        t.as_secs_f64()
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Infrastructure.
+
+fn broker_restart(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(env, name, Setup::default())?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 40;
+    // Slow nodes keep the run going long enough to pull the broker away mid-run.
+    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
+    let sim = run.start_sim("run", "n", nodes, &flags)?;
+    wait_for(
+        "a few nodes to be provisioned",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= 5.0)
+        },
+    )?;
+    let before = run.metric(p, "choria_provisioner_provisioned");
+    run.nats.terminate(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(3));
+    run.alive(p)?;
+    let ready_down = run.metric(p, "choria_provisioner_provisioned");
+    run.nats = start_nats_on(&run.dir, run.nats_port)?;
+    let t = wait_for(
+        "the fleet to finish after the broker came back",
+        Duration::from_secs(150),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    ensure!(
+        report.values().all(|n| n.provisioned),
+        "not every node provisioned"
+    );
+    let log = run.log(p);
+    ensure!(
+        log.contains("(re)established") || log.to_lowercase().contains("reconnect"),
+        "the log does not record the reconnection"
+    );
+    run.stop_all()?;
+    let _ = ready_down;
+    Ok(format!(
+        "{before} provisioned before the restart; all {nodes} done {:.1}s after it (nodes interrupted mid-cycle come back through the next discovery, at most one 60 s interval)",
+        t.as_secs_f64()
+    ))
+}
+
+fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Ed25519,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 40;
+    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
+    let sim = run.start_sim("run", "n", nodes, &flags)?;
+    wait_for(
+        "a few nodes to be provisioned",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= 5.0)
+        },
+    )?;
+    let before = run.metric(p, "choria_provisioner_provisioned");
+    let _ = run.provisioners[p].proc.child.kill();
+    let _ = run.provisioners[p].proc.child.wait();
+    // The pid file and metrics port are free again; start the same provisioner.
+    let old = run.provisioners.remove(p);
+    drop(old);
+    let q = run.start_provisioner("provisioner")?;
+    let t = wait_for(
+        "the fleet to finish after the restart",
+        Duration::from_secs(120),
+        || {
+            run.alive(q)?;
+            Ok(run.metric(q, "choria_provisioner_provisioned") + before >= nodes as f64)
+        },
+    )?;
+    // Give nodes provisioned just before the kill time to report.
+    std::thread::sleep(Duration::from_secs(1));
+    let report = sim.finish()?;
+    let mut twice = 0;
+    for (id, n) in &report {
+        ensure!(
+            n.provisioned,
+            "{id} not provisioned (a usable, consistent configuration): {:?} {:?}",
+            n.actions,
+            n.problems
+        );
+        if n.ok_count("configure") > 1 {
+            twice += 1;
+        }
+    }
+    run.stop_all()?;
+    Ok(format!(
+        "{before} provisioned before SIGKILL; the restarted provisioner finished the other {} in {:.1}s; {twice} nodes configured twice, each ending with credentials matching its key",
+        nodes as f64 - before,
+        t.as_secs_f64()
+    ))
+}
+
+/// Create the election KV bucket's stream over a raw NATS connection (JetStream API).
+fn create_election_bucket(port: u16, ttl: Duration) -> Result<()> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let req = serde_json::json!({
+        "name": "KV_CHORIA_LEADER_ELECTION",
+        "subjects": ["$KV.CHORIA_LEADER_ELECTION.>"],
+        "retention": "limits",
+        "max_consumers": -1,
+        "max_msgs_per_subject": 1,
+        "max_msgs": -1,
+        "max_bytes": -1,
+        "max_age": ttl.as_nanos() as u64,
+        "max_msg_size": -1,
+        "storage": "file",
+        "discard": "new",
+        "num_replicas": 1,
+        "duplicate_window": 2_000_000_000u64,
+        "allow_rollup_hdrs": true,
+        "deny_delete": true,
+        "deny_purge": false,
+        "allow_direct": true,
+    })
+    .to_string();
+    write!(
+        s,
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":false}}\r\nSUB _INBOX.faults 1\r\nPUB $JS.API.STREAM.CREATE.KV_CHORIA_LEADER_ELECTION _INBOX.faults {}\r\n{req}\r\nPING\r\n",
+        req.len()
+    )?;
+    let mut got = String::new();
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if let Some(i) = got.find("MSG _INBOX.faults") {
+            if got[i..].matches("\r\n").count() >= 2 {
+                break;
+            }
+        }
+    }
+    ensure!(
+        got.contains("\"config\"") && !got.contains("\"error\""),
+        "creating the election bucket failed: {got}"
+    );
+    Ok(())
+}
+
+fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            leader_election: true,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 10;
+    let sim = run.start_sim("run", "n", nodes, &[])?;
+    let t = wait_for(
+        "repeated election errors in the log",
+        Duration::from_secs(40),
+        || {
+            run.alive(p)?;
+            let log = run.log(p);
+            Ok(log
+                .lines()
+                .filter(|l| l.contains(" ERROR ") && l.contains("leader election"))
+                .count()
+                >= 2)
+        },
+    )?;
+    ensure!(
+        run.metric(p, "choria_provisioner_provisioned") == 0.0,
+        "provisioned without an election"
+    );
+    ensure!(
+        run.metric(p, "choria_provisioner_paused") == 1.0,
+        "the provisioner is not reported paused"
+    );
+    let sample = run
+        .log(p)
+        .lines()
+        .find(|l| l.contains(" ERROR ") && l.contains("leader election"))
+        .map(|l| l.split_once(" ERROR ").map_or(l, |x| x.1).to_string())
+        .unwrap_or_default();
+    create_election_bucket(run.nats_port, Duration::from_secs(10))?;
+    let t2 = wait_for(
+        "the provisioner to win and provision once the bucket exists",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    ensure!(
+        report.values().all(|n| n.provisioned),
+        "not every node provisioned"
+    );
+    run.stop_all()?;
+    Ok(format!(
+        "two errors within {:.1}s, paused=1 (\"{sample}\"); after the bucket was created the fleet was provisioned in {:.1}s",
+        t.as_secs_f64(),
+        t2.as_secs_f64()
+    ))
+}
+
+fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            leader_election: true,
+            ..Setup::default()
+        },
+    )?;
+    create_election_bucket(run.nats_port, Duration::from_secs(10))?;
+    let a = run.start_provisioner("provisioner")?;
+    let b = run.start_provisioner("provisioner-b")?;
+    let leader = |run: &Run| -> Option<usize> {
+        [a, b].into_iter().find(|&i| {
+            let m = scrape_all(run.provisioners[i].port);
+            m.contains("choria_provisioner_paused")
+                && metric_sum(&m, "choria_provisioner_paused") == 0.0
+        })
+    };
+    wait_for("a leader", Duration::from_secs(60), || {
+        Ok(leader(&run).is_some())
+    })?;
+    let first = leader(&run).context("leader vanished")?;
+    let other = if first == a { b } else { a };
+    ensure!(
+        run.metric(other, "choria_provisioner_paused") == 1.0,
+        "both provisioners are active"
+    );
+    let nodes = 40;
+    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
+    let sim = run.start_sim("run", "n", nodes, &flags)?;
+    wait_for(
+        "the leader to provision a few nodes",
+        Duration::from_secs(60),
+        || {
+            run.alive(first)?;
+            Ok(run.metric(first, "choria_provisioner_provisioned") >= 5.0)
+        },
+    )?;
+    let before = run.metric(first, "choria_provisioner_provisioned");
+    let _ = run.provisioners[first].proc.child.kill();
+    let _ = run.provisioners[first].proc.child.wait();
+    let killed = Instant::now();
+    let took_over = wait_for("the standby to take over", Duration::from_secs(60), || {
+        run.alive(other)?;
+        Ok(run.metric(other, "choria_provisioner_paused") == 0.0)
+    })?;
+    let t = wait_for(
+        "the new leader to finish the fleet",
+        Duration::from_secs(120),
+        || {
+            run.alive(other)?;
+            Ok(run.metric(other, "choria_provisioner_provisioned") + before >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    for (id, n) in &report {
+        ensure!(
+            n.provisioned,
+            "{id} not provisioned: {:?} {:?}",
+            n.actions,
+            n.problems
+        );
+    }
+    ensure!(
+        run.log(other).contains("became the leader"),
+        "the new leader did not log its election"
+    );
+    let _ = killed;
+    run.stop_all()?;
+    Ok(format!(
+        "leader killed after {before} nodes; the standby led {:.1}s later and finished the fleet {:.1}s after the kill (nodes locked by the dead leader wait out the 120 s lock hold and the next discovery)",
+        took_over.as_secs_f64(),
+        t.as_secs_f64() + took_over.as_secs_f64()
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secrets: a full provisioning at debug level with every secret set to a unique marker.
+
+fn secrets(env: &Env, name: &str) -> Result<String> {
+    let dir = env.base.join(name);
+    let inputs = dir.join("helper-inputs");
+    std::fs::create_dir_all(&inputs)?;
+    // A key the helper supplies for every node (sent to the node encrypted).
+    let key = dir.join("helper-key.pem");
+    let st = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&key)
+        .stderr(Stdio::null())
+        .status()
+        .context("openssl is needed for the helper-supplied key")?;
+    ensure!(st.success(), "openssl genpkey failed");
+    let key_pem = std::fs::read_to_string(&key)?;
+    let key_marker = key_pem.lines().nth(2).context("short key PEM")?.to_string();
+    let helper = dir.join("helper.py");
+    std::fs::write(
+        &helper,
+        shipped("record-and-add-key.py")?
+            .replace(
+                "@DEMO@",
+                &env.bins.join("choria-demo-helper").display().to_string(),
+            )
+            .replace("@INPUTS@", &inputs.display().to_string())
+            .replace("@KEY@", &key.display().to_string()),
+    )?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let token = "tok-MARKER-3c9e1f27";
+    let broker_pw = "bpw-MARKER-8d41a0c5";
+    let node_pw = "npw-MARKER-62f0b9d3";
+    let helper_s = helper.display().to_string();
+    let extra = format!("broker_provisioning_password: {broker_pw}\n");
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Ed25519,
+            helper: Some(&helper_s),
+            extra_yaml: &extra,
+            ..Setup::default()
+        },
+    )?;
+    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?.replace(
+        &format!("token: {}", run.files.token),
+        &format!("token: {token}"),
+    );
+    std::fs::write(&run.files.provisioner_yaml, yaml)?;
+    run.files.token = token.to_string();
+    run.debug = true;
+    let seed = std::fs::read_to_string(&run.files.signer_seed)?
+        .trim()
+        .to_string();
+
+    // A genuine provisioning JWT carrying the nodes' broker credentials.
+    let now = unix_now();
+    let head = b64url(br#"{"alg":"EdDSA","typ":"JWT"}"#);
+    let claims = serde_json::json!({
+        "cht": token, "chs": false, "chu": run.url, "chpd": true,
+        "chusr": "nodes", "chpwd": node_pw,
+        "extensions": null, "ou": "choria", "purpose": "choria_provisioning",
+        "iss": "Choria Tokens Package", "sub": "choria_provisioning",
+        "exp": now + 3600, "nbf": now, "iat": now, "jti": "secrets"
+    });
+    let input = format!("{head}.{}", b64url(claims.to_string().as_bytes()));
+    let sig = eddsa_sign(&run, &input)?;
+    let prov_jwt = dir.join("provisioning.jwt");
+    std::fs::write(&prov_jwt, format!("{input}.{sig}"))?;
+
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 8;
+    let flags = vec![
+        "--provisioning-jwt".to_string(),
+        prov_jwt.display().to_string(),
+    ];
+    let sim = run.start_sim("run", "n", nodes, &flags)?;
+    wait_for("the fleet", Duration::from_secs(60), || {
+        run.alive(p)?;
+        Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+    })?;
+    let metrics = scrape_all(run.provisioners[p].port);
+    let report = sim.finish()?;
+    let mut server_sigs = Vec::new();
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.problems);
+        let r = n.received.as_ref().context("nothing received")?;
+        ensure!(
+            r["key_received"] == Value::Bool(true),
+            "{id} did not receive the helper's key"
+        );
+        let jwt = r["server_jwt"].as_str().unwrap_or_default();
+        server_sigs.push(jwt.rsplit('.').next().unwrap_or_default().to_string());
+    }
+    run.stop_all()?;
+    let check = Command::new(run.bins.join("choria-provisioner"))
+        .arg("check")
+        .arg("--config")
+        .arg(&run.files.provisioner_yaml)
+        .arg("--choria-config")
+        .arg(&run.files.choria_cfg)
+        .output()?;
+    let check_out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let mut markers: Vec<(&str, String)> = vec![
+        ("token", token.to_string()),
+        ("broker password", broker_pw.to_string()),
+        ("node broker password", node_pw.to_string()),
+        ("signing key seed", seed.clone()),
+        ("helper-supplied key", key_marker),
+        ("provisioning JWT", sig),
+    ];
+    for s in &server_sigs {
+        markers.push(("server JWT", s.clone()));
+    }
+    let places = [
+        (
+            "the log",
+            std::fs::read_to_string(dir.join("provisioner.log"))?,
+        ),
+        (
+            "stdout/stderr",
+            std::fs::read_to_string(dir.join("provisioner.out"))?,
+        ),
+        ("/metrics", metrics),
+        ("check", check_out),
+    ];
+    for (what, text) in &places {
+        for (m, v) in &markers {
+            ensure!(!text.contains(v.as_str()), "the {m} appears in {what}");
+        }
+    }
+    // The helper receives the token and the nodes' broker password inside the provisioning
+    // claims (`jwt.cht`, `jwt.chpwd`, the Go contract) and nothing else secret.
+    let mut seen = 0;
+    for e in std::fs::read_dir(&inputs)? {
+        let text = std::fs::read_to_string(e?.path())?;
+        let mut v: Value = serde_json::from_str(&text).context("helper input")?;
+        ensure!(
+            v["jwt"]["cht"] == token,
+            "the helper did not get the token in jwt.cht"
+        );
+        v["jwt"]["cht"] = Value::Null;
+        v["jwt"]["chpwd"] = Value::Null;
+        let rest = v.to_string();
+        for (m, val) in &markers {
+            ensure!(
+                !rest.contains(val.as_str()),
+                "the {m} appears in the helper input"
+            );
+        }
+        seen += 1;
+    }
+    ensure!(seen >= nodes, "only {seen} helper inputs recorded");
+
+    // A key file readable by others is reported by `check`.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            &run.files.signer_seed,
+            std::fs::Permissions::from_mode(0o644),
+        )?;
+    }
+    let check = Command::new(run.bins.join("choria-provisioner"))
+        .arg("check")
+        .arg("--config")
+        .arg(&run.files.provisioner_yaml)
+        .arg("--choria-config")
+        .arg(&run.files.choria_cfg)
+        .output()?;
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    ensure!(
+        out.contains("readable by group or others"),
+        "check does not warn about a world-readable signing key: {out}"
+    );
+    Ok(format!(
+        "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check and {seen} helper inputs (token and node password only inside jwt claims); check warns on a 0644 key",
+        markers.len()
+    ))
 }

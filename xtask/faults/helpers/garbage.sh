@@ -1,0 +1,3 @@
+# Print something that is not JSON.
+cat >/dev/null
+printf 'this is {not json at all\n'
