@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# Records the helper input, runs the working helper, and adds a private key to its reply so
-# the provisioner has a helper-supplied key to encrypt for the node.
+# Records the helper input, runs the working helper, and adds a private key with its certificate
+# to the reply so the provisioner has a helper-supplied key to encrypt for the node.
 import json, os, subprocess, sys
 
 data = sys.stdin.buffer.read()
@@ -13,4 +13,8 @@ if out.returncode != 0:
 reply = json.loads(out.stdout)
 with open("@KEY@") as f:
     reply["key"] = f.read()
+with open("@CERT@") as f:
+    reply["certificate"] = f.read()
+    reply["ca"] = reply["certificate"]
+reply["ssldir"] = "/etc/choria/ssl"
 print(json.dumps(reply))
