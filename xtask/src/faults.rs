@@ -59,7 +59,11 @@ pub fn main(args: &[String]) -> Result<()> {
     let base = root().join("target/faults");
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
-    let env = Env { bins, base };
+    let env = Env {
+        bins,
+        base,
+        release,
+    };
     let started = Instant::now();
     let chosen: Vec<&Scenario> = all
         .iter()
@@ -131,6 +135,7 @@ pub fn main(args: &[String]) -> Result<()> {
 struct Env {
     bins: PathBuf,
     base: PathBuf,
+    release: bool,
 }
 
 struct Scenario {
@@ -282,6 +287,12 @@ fn scenarios() -> Vec<Scenario> {
             long: false,
         },
         Scenario {
+            name: "load",
+            about: "10,000 nodes (2,000 without --release): half found by discovery while the other half announce at once",
+            run: load,
+            long: false,
+        },
+        Scenario {
             name: "election-bucket-missing",
             about: "leader election on without the bucket, then the bucket is created",
             run: election_bucket_missing,
@@ -321,6 +332,7 @@ struct Prov {
 
 struct Setup<'a> {
     mode: Mode,
+    workers: usize,
     helper: Option<&'a str>,
     extra_yaml: &'a str,
     leader_election: bool,
@@ -330,6 +342,7 @@ impl Default for Setup<'_> {
     fn default() -> Self {
         Setup {
             mode: Mode::Plain,
+            workers: 8,
             helper: None,
             extra_yaml: "",
             leader_election: false,
@@ -352,7 +365,7 @@ fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
         &env.bins,
         &ProvisionerOptions {
             mode: s.mode,
-            workers: 8,
+            workers: s.workers,
             helper: &helper,
             broker: &url,
             identity: "provisioner",
@@ -2126,5 +2139,82 @@ fn secrets(env: &Env, name: &str) -> Result<String> {
     Ok(format!(
         "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check and {seen} helper inputs (token and node password only inside jwt claims); check warns on a 0644 key",
         markers.len()
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load: discovery and a burst of startup events at the same time.
+
+fn load(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            workers: 64,
+            ..Setup::default()
+        },
+    )?;
+    // 10,000 nodes with release builds; a debug provisioner manages about 2,500 a minute on a
+    // busy 2-core machine, so the default run keeps to 2,000.
+    let half = if env.release { 5000 } else { 1000 };
+    // Already waiting, silent: only discovery finds these.
+    let quiet = run.start_sim(
+        "discovered",
+        "d",
+        half,
+        &[
+            "--startup-rate".into(),
+            "0".into(),
+            "--exit-when-done".into(),
+        ],
+    )?;
+    std::thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
+    let p = run.start_provisioner("provisioner")?;
+    // These arrive all at once through startup events while the first discovery runs.
+    let loud = run.start_sim(
+        "events",
+        "e",
+        half,
+        &[
+            "--startup-rate".into(),
+            "20000".into(),
+            "--exit-when-done".into(),
+        ],
+    )?;
+    let t = wait_for(
+        "the whole fleet to be provisioned",
+        Duration::from_secs(300),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= (2 * half) as f64)
+        },
+    )?;
+    let metrics = scrape_all(run.provisioners[p].port);
+    let discovered = metric_sum(&metrics, "choria_provisioner_discovered");
+    let evented = metric_sum(&metrics, "choria_provisioner_event_discovered");
+    let errors = metric_sum(&metrics, "choria_provisioner_provision_errors");
+    let mut twice = 0;
+    for sim in [quiet, loud] {
+        for (id, n) in sim.finish()? {
+            ensure!(n.provisioned, "{id} not provisioned: {:?}", n.actions);
+            if n.ok_count("configure") > 1 {
+                twice += 1;
+            }
+        }
+    }
+    ensure!(twice == 0, "{twice} nodes configured twice");
+    let full = run
+        .log(p)
+        .lines()
+        .filter(|l| l.contains("work queue failed"))
+        .count();
+    run.stop_all()?;
+    let wall = started.elapsed().max(t);
+    Ok(format!(
+        "{} nodes provisioned {:.1}s after start ({:.0}/min, debug build unless --release), {discovered} queued by discovery, {evented} by events, {errors} errors, {full} queue-full warnings, each node configured once",
+        2 * half,
+        wall.as_secs_f64(),
+        (2 * half) as f64 / wall.as_secs_f64() * 60.0
     ))
 }
