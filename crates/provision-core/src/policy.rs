@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use der::{Decode, DecodePem, Encode};
+use der::{Decode, Encode};
 use helper_protocol::{ProvisioningClaims, ServerClaims, StandardClaims};
 use regex::Regex;
 use rsa::pkcs8::DecodePublicKey;
@@ -253,8 +253,7 @@ pub fn validate_csr(
     if csr_pem.trim().is_empty() {
         return Err(PolicyError::NoCsr);
     }
-    let req =
-        CertReq::from_pem(csr_pem.trim()).map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    let req = csr_from_pem(csr_pem.trim())?;
     verify_csr_signature(&req)?;
     let names = csr_names(&req)?;
     if names.common_name != identity {
@@ -272,6 +271,19 @@ pub fn validate_csr(
         }
     }
     Ok(names)
+}
+
+/// Decodes the PEM armour first and the DER from a slice: `der`'s streaming PEM reader loops
+/// forever on DER that ends inside a header, and a node chooses these bytes.
+fn csr_from_pem(text: &str) -> Result<CertReq, PolicyError> {
+    let (label, der) =
+        der::pem::decode_vec(text.as_bytes()).map_err(|e| PolicyError::CsrParse(e.to_string()))?;
+    if label != "CERTIFICATE REQUEST" {
+        return Err(PolicyError::CsrParse(format!(
+            "PEM type label {label:?} is not CERTIFICATE REQUEST"
+        )));
+    }
+    CertReq::from_der(&der).map_err(|e| PolicyError::CsrParse(e.to_string()))
 }
 
 fn verify_csr_signature(req: &CertReq) -> Result<(), PolicyError> {

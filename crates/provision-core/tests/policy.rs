@@ -615,3 +615,19 @@ fn nonce_signature_checks() {
     assert!(verify_nonce_signature("abc123", &pk[..62], &sig).is_err());
     assert!(verify_nonce_signature("abc123", &pk, &sig[..100]).is_err());
 }
+
+/// A CSR whose DER ends inside its first header (here the single byte 0x01) made the PEM reader
+/// of the `der` crate loop forever, pinning a worker at full CPU; found by the `csr` fuzz target.
+#[test]
+fn truncated_csr_is_refused_promptly() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let pem = "-----BEGIN CERTIFICATE REQUEST-----\nAQ==\n-----END CERTIFICATE REQUEST-----\n";
+        let _ = tx.send(validate_csr(pem, ID, &deny()).map_err(|e| e.to_string()));
+    });
+    let res = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("validate_csr did not return within 10 s");
+    let err = res.unwrap_err();
+    assert!(err.starts_with("could not parse CSR"), "{err}");
+}
