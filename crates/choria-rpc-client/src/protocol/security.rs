@@ -243,6 +243,17 @@ pub enum RequestSecurity {
     },
 }
 
+/// Decodes the PEM armour first and the DER from a slice: `der`'s streaming PEM reader loops
+/// forever on DER that ends inside a header, and the sender chooses these bytes.
+fn certificate_from_pem(text: &str) -> Result<x509_cert::Certificate, String> {
+    use der::Decode as _;
+    let (label, der) = der::pem::decode_vec(text.as_bytes()).map_err(|e| e.to_string())?;
+    if label != "CERTIFICATE" {
+        return Err(format!("PEM type label {label:?} is not CERTIFICATE"));
+    }
+    x509_cert::Certificate::from_der(&der).map_err(|e| e.to_string())
+}
+
 /// Verify a parsed request's signature (see the module documentation for the limits).
 pub fn verify_request(req: &Request) -> Result<(), ProtocolError> {
     let fail =
@@ -252,7 +263,7 @@ pub fn verify_request(req: &Request) -> Result<(), ProtocolError> {
             if signature == "insecure" || pubcert == "insecure" {
                 return Err(fail("request is not signed"));
             }
-            let cert = x509_cert::Certificate::from_pem(pubcert.as_bytes())
+            let cert = certificate_from_pem(pubcert)
                 .map_err(|e| fail(&format!("invalid certificate: {e}")))?;
             let spki = cert
                 .tbs_certificate

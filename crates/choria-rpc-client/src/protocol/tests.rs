@@ -156,6 +156,26 @@ fn tampered_signed_request_does_not_verify() {
     assert!(bad.verify().is_err());
 }
 
+/// A certificate whose DER ends inside its first header made `der`'s streaming PEM reader loop
+/// forever (the same flaw the CSR fuzz target found in the provisioner's CSR check).
+#[test]
+fn truncated_request_certificate_is_refused_promptly() {
+    let req = ServerRequest::parse(&fixture("v1_transport_request_x509.json")).unwrap();
+    let mut bad = req.clone();
+    if let RequestSecurity::V1 { pubcert, .. } = &mut bad.security {
+        *pubcert = "-----BEGIN CERTIFICATE-----\nAQ==\n-----END CERTIFICATE-----\n".into();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(bad.verify().map_err(|e| e.to_string()));
+    });
+    let res = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("verify did not return within 10 s");
+    let err = res.unwrap_err();
+    assert!(err.contains("invalid certificate"), "{err}");
+}
+
 #[test]
 fn replies_match_golden_bytes() {
     let v1 = build_reply_raw(
