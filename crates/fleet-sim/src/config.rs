@@ -48,6 +48,12 @@ pub enum FaultKind {
     BadCsr,
     /// A given `choria_provision` action aborts.
     FailAction,
+    /// RPC replies carry a body that is not JSON.
+    Garbage,
+    /// Every RPC reply is sent twice.
+    Duplicate,
+    /// RPC replies are padded past the client's 1 MiB reply limit.
+    Oversize,
 }
 
 impl FaultKind {
@@ -60,6 +66,9 @@ impl FaultKind {
             FaultKind::WrongIdentity => "wrong-identity",
             FaultKind::BadCsr => "bad-csr",
             FaultKind::FailAction => "fail-action",
+            FaultKind::Garbage => "garbage",
+            FaultKind::Duplicate => "duplicate",
+            FaultKind::Oversize => "oversize",
         }
     }
 }
@@ -104,6 +113,12 @@ pub struct Faults {
     pub bad_csr: f64,
     /// Actions that abort on a share of nodes.
     pub fail_action: Vec<(String, f64)>,
+    /// Share of nodes whose RPC replies are not JSON.
+    pub garbage: f64,
+    /// Share of nodes sending every RPC reply twice.
+    pub duplicate: f64,
+    /// Share of nodes whose RPC replies exceed 1 MiB.
+    pub oversize: f64,
 }
 
 impl Faults {
@@ -130,6 +145,38 @@ impl Faults {
             .map(|(_, d)| d)
     }
 
+    /// The body a node really sends for an RPC reply `body` (discovery replies are never
+    /// touched, so misbehaving nodes are still found).
+    pub fn reply_body(&self, identity: &str, agent: &str, body: Vec<u8>) -> Vec<u8> {
+        if agent == "discovery" {
+            return body;
+        }
+        if is_affected(FaultKind::Garbage, identity, self.garbage) {
+            return b"{\"statuscode\": 0, \"data\": {this is not json".to_vec();
+        }
+        if is_affected(FaultKind::Oversize, identity, self.oversize) {
+            // A well-formed reply whose data alone is larger than the limit.
+            let padding = "x".repeat(OVERSIZE_PADDING);
+            return serde_json::to_vec(&serde_json::json!({
+                "statuscode": 0,
+                "statusmsg": "OK",
+                "data": {"padding": padding},
+                "action": "",
+            }))
+            .unwrap_or(body);
+        }
+        body
+    }
+
+    /// How many copies of each RPC reply a node sends.
+    pub fn reply_copies(&self, identity: &str, agent: &str) -> usize {
+        if agent != "discovery" && is_affected(FaultKind::Duplicate, identity, self.duplicate) {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Whether `action` should abort on this node.
     pub fn fails(&self, identity: &str, action: &str) -> bool {
         self.fail_action
@@ -137,6 +184,10 @@ impl Faults {
             .any(|(a, share)| a == action && is_affected(FaultKind::FailAction, identity, *share))
     }
 }
+
+/// Bytes of padding in an oversized reply: past the provisioner's 1 MiB reply limit once
+/// wrapped, yet within a broker `max_payload` of 4 MB.
+pub const OVERSIZE_PADDING: usize = 1024 * 1024 + 1024;
 
 /// A share: a number between 0 and 1.
 pub fn parse_share(s: &str) -> Result<f64, String> {
@@ -307,6 +358,37 @@ mod tests {
         );
         assert!(!ids.iter().any(|i| is_affected(FaultKind::Drop, i, 0.0)));
         assert!(ids.iter().all(|i| is_affected(FaultKind::Drop, i, 1.0)));
+    }
+
+    #[test]
+    fn reply_faults_change_rpc_replies_only() {
+        let f = Faults {
+            garbage: 1.0,
+            ..Faults::default()
+        };
+        let body = br#"{"statuscode":0}"#.to_vec();
+        assert!(serde_json::from_slice::<serde_json::Value>(&f.reply_body(
+            "n1",
+            "rpcutil",
+            body.clone()
+        ))
+        .is_err());
+        assert_eq!(f.reply_body("n1", "discovery", body.clone()), body);
+        let f = Faults {
+            oversize: 1.0,
+            duplicate: 1.0,
+            ..Faults::default()
+        };
+        let big = f.reply_body("n1", "choria_provision", body.clone());
+        assert!(big.len() > 1024 * 1024);
+        assert!(serde_json::from_slice::<serde_json::Value>(&big).is_ok());
+        assert_eq!(f.reply_copies("n1", "choria_provision"), 2);
+        assert_eq!(f.reply_copies("n1", "discovery"), 1);
+        assert_eq!(Faults::default().reply_copies("n1", "rpcutil"), 1);
+        assert_eq!(
+            Faults::default().reply_body("n1", "rpcutil", body.clone()),
+            body
+        );
     }
 
     #[test]

@@ -640,6 +640,8 @@ impl Inner {
         out: Outcome,
     ) {
         if let Some(body) = out.reply {
+            let body = self.cfg.faults.reply_body(identity, &req.agent, body);
+            let copies = self.cfg.faults.reply_copies(identity, &req.agent);
             let sender = if out.wrong_identity {
                 format!("wrong-{identity}")
             } else {
@@ -663,7 +665,12 @@ impl Inner {
                                 }
                             });
                         }
-                        None => self.publish(subject, bytes).await,
+                        None => {
+                            for _ in 1..copies {
+                                self.publish(subject.clone(), bytes.clone()).await;
+                            }
+                            self.publish(subject, bytes).await
+                        }
                     }
                 }
                 Err(e) => tracing::warn!("{identity}: cannot build reply to {}: {e}", req.agent),
@@ -815,5 +822,8 @@ pub fn node_has_fault(cfg: &FleetConfig, kind: FaultKind, identity: &str) -> boo
             .fail_action
             .iter()
             .any(|(_, s)| is_affected(kind, identity, *s)),
+        FaultKind::Garbage => is_affected(kind, identity, f.garbage),
+        FaultKind::Duplicate => is_affected(kind, identity, f.duplicate),
+        FaultKind::Oversize => is_affected(kind, identity, f.oversize),
     }
 }

@@ -120,6 +120,15 @@ struct Cli {
     /// ACTION:SHARE — that action aborts on that share of nodes (repeatable).
     #[arg(long, value_parser = Faults::parse_fail_action)]
     fault_fail_action: Vec<(String, f64)>,
+    /// SHARE — nodes whose RPC replies are not JSON.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_garbage: f64,
+    /// SHARE — nodes sending every RPC reply twice.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_duplicate: f64,
+    /// SHARE — nodes whose RPC replies exceed 1 MiB (needs a broker max_payload above that).
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_oversize: f64,
 }
 
 fn parse_protocol(s: &str) -> Result<ProtocolVersion, String> {
@@ -182,6 +191,9 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
         wrong_identity: cli.fault_wrong_identity,
         bad_csr: cli.fault_bad_csr,
         fail_action: cli.fault_fail_action.clone(),
+        garbage: cli.fault_garbage,
+        duplicate: cli.fault_duplicate,
+        oversize: cli.fault_oversize,
     };
     Ok(cfg)
 }
@@ -229,6 +241,12 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     let deadline = cli.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut progress = tokio::time::interval(cli.progress.max(Duration::from_millis(100)));
     progress.tick().await;
+    // Created once: a signal arriving between two iterations of the loop below would be lost by
+    // a stream created afresh in each of them.
+    let term = terminated();
+    tokio::pin!(term);
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
     let done = loop {
         if cli.exit_when_done && fleet.provisioned() >= n {
             break true;
@@ -240,8 +258,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             }
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break fleet.provisioned() >= n,
-            _ = terminated() => break fleet.provisioned() >= n,
+            _ = &mut interrupt => break fleet.provisioned() >= n,
+            _ = &mut term => break fleet.provisioned() >= n,
             _ = timeout => {
                 let all = fleet.provisioned() >= n;
                 if !all {

@@ -864,3 +864,57 @@ async fn ed25519_nodes_need_a_server_jwt_for_their_own_key() {
     );
     fleet.shutdown().await;
 }
+
+#[tokio::test]
+async fn garbage_and_duplicate_replies_hit_rpcs_but_not_discovery() {
+    let nats = NatsServer::start();
+    let mut cfg = common::config(&nats.url(), 20);
+    cfg.faults.garbage = 0.3;
+    cfg.faults.duplicate = 0.3;
+    let fleet = Fleet::start(cfg).await.unwrap();
+    let client = Client::v1(&nats.url(), "prov").await;
+    let ids = fleet.identities();
+    // Every node is still discovered, once.
+    assert_eq!(client.discover(40, 3 * SEC).await.len(), 20);
+    let body =
+        choria_rpc_client::mcorpc::encode_request("rpcutil", "inventory", &json!({})).unwrap();
+    let ask = |id: &str| {
+        let filter = Filter::with_identity(id);
+        let body = body.clone();
+        let id = id.to_string();
+        let client = &client;
+        async move {
+            client
+                .request(Some(&id), "rpcutil", &body, &filter, 2, 2 * SEC)
+                .await
+        }
+    };
+    let garbage = ids
+        .iter()
+        .find(|i| {
+            is_affected(FaultKind::Garbage, i, 0.3) && !is_affected(FaultKind::Duplicate, i, 0.3)
+        })
+        .unwrap();
+    let r = ask(garbage).await;
+    assert_eq!(r.len(), 1);
+    assert!(serde_json::from_slice::<serde_json::Value>(&r[0].body).is_err());
+    let dup = ids
+        .iter()
+        .find(|i| {
+            is_affected(FaultKind::Duplicate, i, 0.3) && !is_affected(FaultKind::Garbage, i, 0.3)
+        })
+        .unwrap();
+    let r = ask(dup).await;
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0].body, r[1].body);
+    let fine = ids
+        .iter()
+        .find(|i| {
+            !is_affected(FaultKind::Duplicate, i, 0.3) && !is_affected(FaultKind::Garbage, i, 0.3)
+        })
+        .unwrap();
+    let r = ask(fine).await;
+    assert_eq!(r.len(), 1);
+    assert!(serde_json::from_slice::<serde_json::Value>(&r[0].body).is_ok());
+    fleet.shutdown().await;
+}
