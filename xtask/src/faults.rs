@@ -173,6 +173,24 @@ fn scenarios() -> Vec<Scenario> {
             long: true,
         },
         Scenario {
+            name: "node-garbage",
+            about: "a fifth of the nodes answer RPCs with a body that is not JSON",
+            run: node_garbage,
+            long: false,
+        },
+        Scenario {
+            name: "node-oversize",
+            about: "a fifth of the nodes answer RPCs with replies over the 1 MiB limit",
+            run: node_oversize,
+            long: true,
+        },
+        Scenario {
+            name: "node-duplicate",
+            about: "a third of the nodes send every RPC reply twice",
+            run: node_duplicate,
+            long: false,
+        },
+        Scenario {
             name: "node-bad-nonce",
             about: "ed25519: a fifth of the nodes sign something other than the nonce",
             run: node_bad_nonce,
@@ -779,6 +797,8 @@ struct NodeFault<'a> {
     /// A labelled error counter that must have counted the failures, e.g.
     /// `("choria_provisioner_rpc_errors", "inventory")`.
     counter: Option<(&'a str, &'a str)>,
+    /// A line the log must contain somewhere (e.g. a warning without the node's name).
+    log_has: Option<&'a str>,
     /// How long the faulty fleet may take to settle.
     settle: Duration,
     setup: Setup<'a>,
@@ -852,6 +872,9 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
         "provision_errors {errors} < {} failed nodes",
         hit.len()
     );
+    if let Some(want) = f.log_has {
+        ensure!(log.contains(want), "the log has no line with {want:?}");
+    }
     let mut counted = String::new();
     if let Some((metric, label)) = f.counter {
         let v = metric_with(&metrics, metric, label);
@@ -913,6 +936,7 @@ fn node_slow(env: &Env, name: &str) -> Result<String> {
             never: &["configure", "restart"],
             words: &["timeout", "timed out", "no reply", "no response"],
             counter: Some(("choria_provisioner_rpc_errors", "inventory")),
+            log_has: None,
             settle: Duration::from_secs(120),
             setup: Setup::default(),
         },
@@ -931,6 +955,7 @@ fn node_silent(env: &Env, name: &str) -> Result<String> {
             never: &["configure", "restart"],
             words: &["timeout", "timed out", "no reply", "no response"],
             counter: Some(("choria_provisioner_rpc_errors", "jwt")),
+            log_has: None,
             settle: Duration::from_secs(120),
             setup: Setup::default(),
         },
@@ -949,10 +974,93 @@ fn node_wrong_identity(env: &Env, name: &str) -> Result<String> {
             never: &["configure", "restart"],
             words: &["identity", "sender", "timeout", "timed out", "no reply"],
             counter: None,
+            log_has: None,
             settle: Duration::from_secs(120),
             setup: Setup::default(),
         },
     )
+}
+
+fn node_garbage(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Plain,
+            nodes: 20,
+            flags: vec!["--fault-garbage".into(), "0.2".into()],
+            hit: &|id| affected("garbage", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["bad reply", "invalid", "json", "decode", "parse"],
+            counter: Some(("choria_provisioner_rpc_errors", "jwt")),
+            log_has: None,
+            settle: Duration::from_secs(60),
+            setup: Setup::default(),
+        },
+    )
+}
+
+fn node_oversize(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Plain,
+            nodes: 20,
+            flags: vec!["--fault-oversize".into(), "0.2".into()],
+            hit: &|id| affected("oversize", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["timeout"],
+            counter: Some(("choria_provisioner_rpc_errors", "jwt")),
+            log_has: Some("dropping oversized reply"),
+            settle: Duration::from_secs(120),
+            setup: Setup::default(),
+        },
+    )
+}
+
+/// Duplicated replies must change nothing: every node provisioned once, no error.
+fn node_duplicate(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(env, name, Setup::default())?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 20;
+    let ids = identities("n", nodes);
+    let dup = ids
+        .iter()
+        .filter(|i| affected("duplicate", i, 0.34))
+        .count();
+    ensure!(dup > 0, "the fault selects no node");
+    let sim = run.start_sim(
+        "dup",
+        "n",
+        nodes,
+        &["--fault-duplicate".into(), "0.34".into()],
+    )?;
+    let t = wait_for("the fleet", Duration::from_secs(60), || {
+        run.alive(p)?;
+        Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    let metrics = scrape_all(run.provisioners[p].port);
+    let report = sim.finish()?;
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.actions);
+        for a in ["jwt", "configure", "restart"] {
+            ensure!(
+                n.ok_count(a) == 1,
+                "{id} was sent {a} {} times",
+                n.ok_count(a)
+            );
+        }
+    }
+    let errors = metric_sum(&metrics, "choria_provisioner_provision_errors")
+        + metric_sum(&metrics, "choria_provisioner_rpc_errors");
+    ensure!(errors == 0.0, "{errors} errors with duplicated replies");
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes ({dup} sending every reply twice) provisioned in {:.1}s, each action once, no error",
+        t.as_secs_f64()
+    ))
 }
 
 fn node_bad_nonce(env: &Env, name: &str) -> Result<String> {
@@ -967,6 +1075,7 @@ fn node_bad_nonce(env: &Env, name: &str) -> Result<String> {
             never: &["configure", "restart"],
             words: &["nonce"],
             counter: None,
+            log_has: None,
             settle: Duration::from_secs(60),
             setup: Setup {
                 mode: Mode::Ed25519,
@@ -988,6 +1097,7 @@ fn node_bad_csr(env: &Env, name: &str) -> Result<String> {
             never: &["configure", "restart"],
             words: &["common name", "csr"],
             counter: None,
+            log_has: None,
             settle: Duration::from_secs(60),
             setup: Setup {
                 mode: Mode::Pki,
@@ -1009,6 +1119,7 @@ fn node_configure_fails(env: &Env, name: &str) -> Result<String> {
             never: &["restart"],
             words: &["configure"],
             counter: Some(("choria_provisioner_rpc_errors", "configure")),
+            log_has: None,
             settle: Duration::from_secs(90),
             setup: Setup::default(),
         },
