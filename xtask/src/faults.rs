@@ -203,6 +203,18 @@ fn scenarios() -> Vec<Scenario> {
             long: false,
         },
         Scenario {
+            name: "node-bad-csr-signature",
+            about: "pki: a fifth of the nodes send a CSR whose signature does not verify",
+            run: node_bad_csr_signature,
+            long: false,
+        },
+        Scenario {
+            name: "node-denied-name",
+            about: "pki: nodes named to match cert_deny_list are refused",
+            run: node_denied_name,
+            long: false,
+        },
+        Scenario {
             name: "node-configure-fails",
             about: "a fifth of the nodes abort configure",
             run: node_configure_fails,
@@ -534,7 +546,7 @@ impl Run {
         let mut cmd = Command::new(self.bins.join("choria-fleet-sim"));
         cmd.args(["--broker", &self.url, "--nodes", &nodes.to_string()])
             .args(["--mode", self.mode.name(), "--token", &self.files.token])
-            .args(["--identity-prefix", prefix, "--domain", DOMAIN])
+            .args(["--identity-prefix", prefix])
             .args(["--restart-delay", "0s", "--progress", "5s"])
             .arg("--report")
             .arg(&report);
@@ -544,6 +556,9 @@ impl Run {
         {
             cmd.arg("--provisioning-signer")
                 .arg(&self.files.signer_seed);
+        }
+        if !args.iter().any(|a| a == "--domain") {
+            cmd.args(["--domain", DOMAIN]);
         }
         if self.mode == Mode::Pki {
             // Pre-made RSA keys: nodes answer gencsr from the first startup event.
@@ -1111,6 +1126,74 @@ fn node_bad_csr(env: &Env, name: &str) -> Result<String> {
             },
         },
     )
+}
+
+fn node_bad_csr_signature(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Pki,
+            nodes: 20,
+            flags: vec!["--fault-bad-csr-signature".into(), "0.2".into()],
+            hit: &|id| affected("bad-csr-signature", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["signature"],
+            counter: None,
+            log_has: None,
+            settle: Duration::from_secs(60),
+            setup: Setup {
+                mode: Mode::Pki,
+                ..Setup::default()
+            },
+        },
+    )
+}
+
+/// Nodes whose own name matches the deny list: refused for good, nothing configured.
+fn node_denied_name(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Pki,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 6;
+    let sim = run.start_sim(
+        "denied",
+        "n",
+        nodes,
+        &["--domain".into(), "web.privileged.choria".into()],
+    )?;
+    let t = wait_for("every node to be refused", Duration::from_secs(60), || {
+        run.alive(p)?;
+        Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    let provisioned = run.metric(p, "choria_provisioner_provisioned");
+    let report = sim.finish()?;
+    ensure!(provisioned == 0.0, "{provisioned} denied nodes provisioned");
+    let log = run.log(p);
+    for (id, n) in &report {
+        ensure!(
+            !n.provisioned && !n.saw("configure"),
+            "{id} matches the deny list but was configured"
+        );
+        ensure!(
+            problem_lines(&log, id)
+                .iter()
+                .any(|l| l.contains("privileged")),
+            "no error line names {id} and the deny pattern"
+        );
+    }
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes named *.web.privileged.choria refused in {:.1}s, none configured (no recovery: the name itself is denied)",
+        t.as_secs_f64()
+    ))
 }
 
 fn node_configure_fails(env: &Env, name: &str) -> Result<String> {

@@ -48,6 +48,8 @@ pub enum FaultKind {
     BadCsr,
     /// A given `choria_provision` action aborts.
     FailAction,
+    /// `gencsr` produces a CSR whose signature does not verify.
+    BadCsrSignature,
     /// RPC replies carry a body that is not JSON.
     Garbage,
     /// Every RPC reply is sent twice.
@@ -66,6 +68,7 @@ impl FaultKind {
             FaultKind::WrongIdentity => "wrong-identity",
             FaultKind::BadCsr => "bad-csr",
             FaultKind::FailAction => "fail-action",
+            FaultKind::BadCsrSignature => "bad-csr-signature",
             FaultKind::Garbage => "garbage",
             FaultKind::Duplicate => "duplicate",
             FaultKind::Oversize => "oversize",
@@ -113,6 +116,8 @@ pub struct Faults {
     pub bad_csr: f64,
     /// Actions that abort on a share of nodes.
     pub fail_action: Vec<(String, f64)>,
+    /// Share of nodes making CSRs with a broken signature.
+    pub bad_csr_signature: f64,
     /// Share of nodes whose RPC replies are not JSON.
     pub garbage: f64,
     /// Share of nodes sending every RPC reply twice.

@@ -504,6 +504,15 @@ impl PoolKey {
     }
 }
 
+/// The same PEM document with the last byte of its DER flipped: for a CSR or certificate that
+/// is the end of the signature, so the document still parses but no longer verifies.
+pub fn break_pem_signature(pem_text: &str) -> Option<String> {
+    let (label, mut der) = der::pem::decode_vec(pem_text.as_bytes()).ok()?;
+    let last = der.last_mut()?;
+    *last ^= 0x01;
+    der::pem::encode_string(label, der::pem::LineEnding::LF, &der).ok()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -557,6 +566,35 @@ mod csr_tests {
     use super::*;
 
     /// The CSR verifies under its own key and carries the subject in Go's RDN order.
+    #[test]
+    fn a_broken_csr_signature_parses_but_does_not_verify() {
+        use der::Decode as _;
+        use rsa::signature::Verifier as _;
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/rsa-pool.pem"
+        ))
+        .unwrap();
+        let keys = PoolKey::from_pem_many(&text).unwrap();
+        let good = keys[0].csr("n1.example.net", "", "", "", "").unwrap();
+        let bad = break_pem_signature(&good).unwrap();
+        let verifies = |pem_text: &str| {
+            let (_, der) = der::pem::decode_vec(pem_text.as_bytes()).unwrap();
+            let req = x509_cert::request::CertReq::from_der(&der).unwrap();
+            let info = der::Encode::to_der(&req.info).unwrap();
+            let spki = der::Encode::to_der(&req.info.public_key).unwrap();
+            let key =
+                <rsa::RsaPublicKey as rsa::pkcs8::DecodePublicKey>::from_public_key_der(&spki)
+                    .unwrap();
+            let sig = rsa::pkcs1v15::Signature::try_from(req.signature.raw_bytes()).unwrap();
+            rsa::pkcs1v15::VerifyingKey::<sha2::Sha256>::new(key)
+                .verify(&info, &sig)
+                .is_ok()
+        };
+        assert!(verifies(&good));
+        assert!(!verifies(&bad));
+    }
+
     #[test]
     fn csr_is_self_signed_with_the_pool_key() {
         use der::Decode as _;

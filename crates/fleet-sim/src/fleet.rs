@@ -822,6 +822,7 @@ pub fn node_has_fault(cfg: &FleetConfig, kind: FaultKind, identity: &str) -> boo
             .fail_action
             .iter()
             .any(|(_, s)| is_affected(kind, identity, *s)),
+        FaultKind::BadCsrSignature => is_affected(kind, identity, f.bad_csr_signature),
         FaultKind::Garbage => is_affected(kind, identity, f.garbage),
         FaultKind::Duplicate => is_affected(kind, identity, f.duplicate),
         FaultKind::Oversize => is_affected(kind, identity, f.oversize),

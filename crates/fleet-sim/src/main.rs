@@ -120,6 +120,9 @@ struct Cli {
     /// ACTION:SHARE — that action aborts on that share of nodes (repeatable).
     #[arg(long, value_parser = Faults::parse_fail_action)]
     fault_fail_action: Vec<(String, f64)>,
+    /// SHARE — nodes making CSRs whose signature does not verify.
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_bad_csr_signature: f64,
     /// SHARE — nodes whose RPC replies are not JSON.
     #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
     fault_garbage: f64,
@@ -191,6 +194,7 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
         wrong_identity: cli.fault_wrong_identity,
         bad_csr: cli.fault_bad_csr,
         fail_action: cli.fault_fail_action.clone(),
+        bad_csr_signature: cli.fault_bad_csr_signature,
         garbage: cli.fault_garbage,
         duplicate: cli.fault_duplicate,
         oversize: cli.fault_oversize,

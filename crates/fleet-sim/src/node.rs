@@ -648,6 +648,15 @@ impl Node {
         }
         match key.csr(&cn, args.str(2), args.str(3), args.str(4), args.str(5)) {
             Ok(csr) => {
+                let csr = if is_affected(
+                    FaultKind::BadCsrSignature,
+                    identity,
+                    env.faults.bad_csr_signature,
+                ) {
+                    crypto::break_pem_signature(&csr).unwrap_or(csr)
+                } else {
+                    csr
+                };
                 self.csr_cn = Some(cn.into_boxed_str());
                 ok(
                     "gencsr",
