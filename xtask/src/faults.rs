@@ -2336,8 +2336,19 @@ fn secrets(env: &Env, name: &str) -> Result<String> {
         out.contains("readable by group or others"),
         "check does not warn about a world-readable signing key: {out}"
     );
+    // And so does the daemon at start-up.
+    let p = run.start_provisioner("provisioner")?;
+    let warned = run
+        .log(p)
+        .lines()
+        .any(|l| l.contains(" WARN ") && l.contains("signer.seed is readable by group or others"));
+    run.stop_all()?;
+    ensure!(
+        warned,
+        "the daemon does not warn at start-up about a world-readable signing key"
+    );
     Ok(format!(
-        "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check and {seen} helper inputs (token and node password only inside jwt claims); check warns on a 0644 key",
+        "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check and {seen} helper inputs (token and node password only inside jwt claims); check and start-up warn on a 0644 key",
         markers.len()
     ))
 }
