@@ -48,9 +48,18 @@ fn map(identity: &str, action: Action, e: WireError) -> RpcError {
     let kind = match e.kind() {
         WireKind::Timeout => RpcErrorKind::Timeout,
         WireKind::ProvisioningLocked => RpcErrorKind::LockHeld,
-        WireKind::BadReply => RpcErrorKind::BadReply(e.to_string()),
+        // The core's error names the node and the action itself: keep only the cause here.
+        WireKind::BadReply => RpcErrorKind::BadReply(match &e {
+            WireError::BadReply { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        }),
         WireKind::NotConnected | WireKind::Closed | WireKind::Transport | WireKind::Encode => {
-            RpcErrorKind::Transport(e.to_string())
+            RpcErrorKind::Transport(match &e {
+                WireError::Transport { reason, .. } => reason.clone(),
+                WireError::NotConnected { .. } => "not connected to the broker".to_string(),
+                WireError::Closed { .. } => "rpc client closed".to_string(),
+                other => other.to_string(),
+            })
         }
         WireKind::Aborted
         | WireKind::UnknownAction
