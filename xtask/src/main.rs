@@ -19,11 +19,14 @@ commands:
   demo          a local broker, simulated fleet and provisioner, with live progress
                 [--nodes N] [--mode plain|pki|ed25519]
   bench         provisioning throughput and cost (release builds), optionally beside the Go provisioner
-                --nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go]
+                --nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--go-bin PATH] [--timeout S]
+                | --waiting N
   dist          release packages: tarball, RPM and Debian package
   docs          check the documentation
-  test          install what the tests need (nats-server), then fmt check, clippy and every test
+  test          install what the tests need (nats-server, the go-choria peer), then fmt check,
+                clippy and every test
   faults        the fault-injection suite: lying nodes, failing helpers, broker and leader loss
+                [--list] [--release] [SCENARIO ...]
   interop       our provisioner against real go-choria servers [plain|pki|ed25519|key ...]
   peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
   nats-server   install nats-server under target/tools/bin and print its path

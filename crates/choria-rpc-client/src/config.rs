@@ -191,7 +191,8 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
             "w" => 604_800.0,
             _ => return None,
         };
-        total += Duration::try_from_secs_f64(n * secs).ok()?;
+        // A sum too large for a Duration is an invalid value, not a panic.
+        total = total.checked_add(Duration::try_from_secs_f64(n * secs).ok()?)?;
     }
     Some(total)
 }
