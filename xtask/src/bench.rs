@@ -133,30 +133,14 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
         },
     )?;
     let sim_log = dir.join("fleet-sim.log");
-    let mut sim_cmd = Command::new(bins.join("choria-fleet-sim"));
-    sim_cmd
-        .args([
-            "--broker",
-            &url,
-            "--nodes",
-            &args.nodes.to_string(),
-            "--mode",
-            args.mode.name(),
-        ])
-        .args(["--token", &files.token, "--identity-prefix", "bench"])
-        .arg("--provisioning-signer")
-        .arg(&files.signer_seed)
-        .args([
-            "--exit-when-done",
-            "--timeout",
-            &format!("{}s", args.timeout.as_secs()),
-        ])
-        .args(["--restart-delay", "0s"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&sim_log)?);
-    if args.mode == Mode::Ed25519 {
-        sim_cmd.args(["--issuer-public", &files.signer_pub]);
-    }
+    let mut sim_cmd = files.fleet_sim(bins, &url, args.nodes, args.mode, "bench", &sim_log)?;
+    sim_cmd.args([
+        "--exit-when-done",
+        "--timeout",
+        &format!("{}s", args.timeout.as_secs()),
+        "--restart-delay",
+        "0s",
+    ]);
     let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
     // Let the fleet come up and announce itself before the clock starts.
     std::thread::sleep(Duration::from_secs(2));
@@ -168,16 +152,13 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
     let started = Instant::now();
     let mut prov = Proc::spawn(
         "provisioner",
-        Command::new(&program)
+        files
+            .helper_env(&mut Command::new(&program), &url)
             .arg("run")
             .arg("--config")
             .arg(&files.provisioner_yaml)
             .arg("--choria-config")
             .arg(&files.choria_cfg)
-            .env("CHORIA_BROKERS", &url)
-            .env("CHORIA_CA_CERT", &files.ca_cert)
-            .env("CHORIA_CA_KEY", &files.ca_key)
-            .env("CHORIA_ISSUER", &files.signer_pub)
             .stdout(out.try_clone()?)
             .stderr(out),
     )?;

@@ -1,7 +1,7 @@
 //! `cargo xtask demo`: a local broker, a simulated fleet and the provisioner with the demo
 //! helper, with live progress and a summary.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -62,31 +62,12 @@ pub fn main(args: &[String]) -> Result<()> {
 
     let report = dir.join("fleet-report.json");
     let sim_log = dir.join("fleet-sim.log");
-    let mut sim_cmd = Command::new(bins.join("choria-fleet-sim"));
-    sim_cmd
-        .args([
-            "--broker",
-            &url,
-            "--nodes",
-            &args.nodes.to_string(),
-            "--mode",
-            args.mode.name(),
-        ])
-        .args(["--token", &files.token, "--identity-prefix", "demo-node"])
-        .arg("--provisioning-signer")
-        .arg(&files.signer_seed)
-        .arg("--report")
-        .arg(&report)
-        .args([
-            "--exit-when-done",
-            "--timeout",
-            &format!("{}s", args.timeout.as_secs()),
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&sim_log)?);
-    if args.mode == Mode::Ed25519 {
-        sim_cmd.args(["--issuer-public", &files.signer_pub]);
-    }
+    let mut sim_cmd = files.fleet_sim(&bins, &url, args.nodes, args.mode, "demo-node", &sim_log)?;
+    sim_cmd.arg("--report").arg(&report).args([
+        "--exit-when-done",
+        "--timeout",
+        &format!("{}s", args.timeout.as_secs()),
+    ]);
     let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
     eprintln!(
         "demo: {} simulated servers in provisioning mode ({})",
@@ -98,17 +79,14 @@ pub fn main(args: &[String]) -> Result<()> {
     let prov_out = std::fs::File::create(dir.join("provisioner.out"))?;
     let mut prov = Proc::spawn(
         "choria-provisioner",
-        Command::new(bins.join("choria-provisioner"))
+        files
+            .helper_env(&mut Command::new(bins.join("choria-provisioner")), &url)
             .arg("--config")
             .arg(&files.provisioner_yaml)
             .arg("--choria-config")
             .arg(&files.choria_cfg)
             .arg("--pid")
             .arg(dir.join("provisioner.pid"))
-            .env("CHORIA_BROKERS", &url)
-            .env("CHORIA_CA_CERT", &files.ca_cert)
-            .env("CHORIA_CA_KEY", &files.ca_key)
-            .env("CHORIA_ISSUER", &files.signer_pub)
             .stdout(prov_out.try_clone()?)
             .stderr(prov_out),
     )?;

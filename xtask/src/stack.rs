@@ -274,3 +274,46 @@ pub fn scrape(port: u16, metric: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+impl RunFiles {
+    /// The fleet simulator's command for this run: broker, size, mode, token, identity prefix,
+    /// the provisioning-JWT signer and, in ed25519 mode, the issuer key server JWTs are checked
+    /// against; its progress goes to `log`. Callers add the run's own switches.
+    pub fn fleet_sim(
+        &self,
+        bins: &Path,
+        url: &str,
+        nodes: usize,
+        mode: Mode,
+        prefix: &str,
+        log: &Path,
+    ) -> Result<Command> {
+        let mut cmd = Command::new(bins.join("choria-fleet-sim"));
+        cmd.args([
+            "--broker",
+            url,
+            "--nodes",
+            &nodes.to_string(),
+            "--mode",
+            mode.name(),
+        ])
+        .args(["--token", &self.token, "--identity-prefix", prefix])
+        .arg("--provisioning-signer")
+        .arg(&self.signer_seed)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?);
+        if mode == Mode::Ed25519 {
+            cmd.args(["--issuer-public", &self.signer_pub]);
+        }
+        Ok(cmd)
+    }
+
+    /// The environment the demo helper reads (brokers, CA, issuer), set on the provisioner so
+    /// its helper inherits it.
+    pub fn helper_env<'c>(&self, cmd: &'c mut Command, url: &str) -> &'c mut Command {
+        cmd.env("CHORIA_BROKERS", url)
+            .env("CHORIA_CA_CERT", &self.ca_cert)
+            .env("CHORIA_CA_KEY", &self.ca_key)
+            .env("CHORIA_ISSUER", &self.signer_pub)
+    }
+}
