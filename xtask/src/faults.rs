@@ -209,6 +209,12 @@ fn scenarios() -> Vec<Scenario> {
             long: false,
         },
         Scenario {
+            name: "node-denied-san",
+            about: "pki: a fifth of the nodes add a DNS name matching cert_deny_list to their CSR",
+            run: node_denied_san,
+            long: false,
+        },
+        Scenario {
             name: "node-denied-name",
             about: "pki: nodes named to match cert_deny_list are refused",
             run: node_denied_name,
@@ -311,6 +317,12 @@ fn scenarios() -> Vec<Scenario> {
             long: false,
         },
         Scenario {
+            name: "signing-token-rotated",
+            about: "ed25519 chain issuer: jwt_signing_token removed, then replaced by another issuer's while running",
+            run: signing_token_rotated,
+            long: false,
+        },
+        Scenario {
             name: "broker-restart",
             about: "nats-server restarted while the fleet is being provisioned",
             run: broker_restart,
@@ -327,6 +339,12 @@ fn scenarios() -> Vec<Scenario> {
             about: "10,000 nodes (2,000 without --release): half found by discovery while the other half announce at once",
             run: load,
             long: false,
+        },
+        Scenario {
+            name: "queue-full",
+            about: "a burst of startup events overflows a 10-entry work queue; the dropped nodes come back with the next discovery",
+            run: queue_full,
+            long: true,
         },
         Scenario {
             name: "election-bucket-missing",
@@ -1150,6 +1168,29 @@ fn node_bad_csr_signature(env: &Env, name: &str) -> Result<String> {
     )
 }
 
+/// Nodes whose CSR carries a DNS name (not the common name) matching the deny list.
+fn node_denied_san(env: &Env, name: &str) -> Result<String> {
+    node_fault(
+        env,
+        name,
+        NodeFault {
+            mode: Mode::Pki,
+            nodes: 20,
+            flags: vec!["--fault-denied-san".into(), "0.2".into()],
+            hit: &|id| affected("denied-san", id, 0.2),
+            never: &["configure", "restart"],
+            words: &["privileged.choria"],
+            counter: None,
+            log_has: None,
+            settle: Duration::from_secs(60),
+            setup: Setup {
+                mode: Mode::Pki,
+                ..Setup::default()
+            },
+        },
+    )
+}
+
 /// Nodes whose own name matches the deny list: refused for good, nothing configured.
 fn node_denied_name(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(
@@ -1252,16 +1293,26 @@ fn prov_claims(run: &Run, nbf: i64, exp: i64) -> String {
 
 /// Sign `header.claims` with the run's ed25519 seed through openssl.
 fn eddsa_sign(run: &Run, signing_input: &str) -> Result<String> {
-    let seed_hex = std::fs::read_to_string(&run.files.signer_seed)?;
+    Ok(b64url(&eddsa_raw(
+        &run.files.signer_seed,
+        &run.dir,
+        signing_input,
+    )?))
+}
+
+/// An ed25519 signature of `data` by the hex seed in `seed_file` (with openssl, so the xtask
+/// needs no crypto crate).
+fn eddsa_raw(seed_file: &Path, dir: &Path, data: &str) -> Result<Vec<u8>> {
+    let seed_hex = std::fs::read_to_string(seed_file)?;
     let seed = hex_decode(seed_hex.trim()).context("signer seed is not hex")?;
     ensure!(seed.len() == 32, "signer seed is not 32 bytes");
     // PKCS#8 wrapping of an ed25519 seed.
     let mut der = hex_decode("302e020100300506032b657004220420").unwrap_or_default();
     der.extend_from_slice(&seed);
-    let key = run.dir.join("forge-key.der");
+    let key = dir.join("forge-key.der");
     std::fs::write(&key, der)?;
-    let input = run.dir.join("forge-input");
-    std::fs::write(&input, signing_input)?;
+    let input = dir.join("forge-input");
+    std::fs::write(&input, data)?;
     let out = Command::new("openssl")
         .args(["pkeyutl", "-sign", "-rawin", "-keyform", "DER", "-inkey"])
         .arg(&key)
@@ -1274,7 +1325,7 @@ fn eddsa_sign(run: &Run, signing_input: &str) -> Result<String> {
         "openssl pkeyutl: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(b64url(&out.stdout))
+    Ok(out.stdout)
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
@@ -1823,6 +1874,161 @@ fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
     Ok(format!(
         "a second fleet trusting only the new key provisioned {:.1}s after the file was replaced, no restart",
         t.as_secs_f64()
+    ))
+}
+
+/// A chain issuer for an Organization Issuer network: a new ed25519 signer in `dir`
+/// (`signer.seed`, `signer.pub`) and its client JWT `provisioner.jwt`, issued by the org issuer
+/// whose seed is `org_seed`, with the trust chain signature over `<jti>.<public key>` that
+/// servers check.
+fn make_chain_issuer(run: &Run, org_seed: &Path, dir: &Path, jti: &str) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let out = Command::new(run.bins.join("choria-demo-helper"))
+        .arg("init-signer")
+        .arg(dir)
+        .output()?;
+    ensure!(out.status.success(), "init-signer failed");
+    let chain_pub = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let org_pub = &run.files.signer_pub;
+    let tcs = eddsa_raw(org_seed, dir, &format!("{jti}.{chain_pub}"))?
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let claims = serde_json::json!({
+        "callerid": "up=provisioner",
+        "purpose": "choria_client_id",
+        "public_key": chain_pub,
+        "tcs": tcs,
+        "iss": format!("I-{org_pub}"),
+        "jti": jti,
+        "iat": now,
+        "nbf": now,
+        "exp": now + 3600,
+    });
+    let input = format!(
+        "{}.{}",
+        b64url(br#"{"alg":"EdDSA","typ":"JWT"}"#),
+        b64url(claims.to_string().as_bytes())
+    );
+    let sig = b64url(&eddsa_raw(org_seed, dir, &input)?);
+    std::fs::write(dir.join("provisioner.jwt"), format!("{input}.{sig}"))?;
+    Ok(())
+}
+
+/// Every node of `report` provisioned with a server JWT issued through the chain issuer `jti`.
+fn check_chain_jwts(report: &BTreeMap<String, NodeRep>, jti: &str) -> Result<()> {
+    for (id, n) in report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.problems);
+        let r = n.received.as_ref().context("nothing received")?;
+        let iss = r["server_jwt_claims"]["iss"].as_str().unwrap_or_default();
+        ensure!(
+            iss.starts_with(&format!("C-{jti}.")),
+            "{id}: server JWT issuer {iss:?}, expected the chain issuer {jti}"
+        );
+        ensure!(
+            r["server_jwt_trust"] == "chain",
+            "{id}: server JWT not verified through the chain: {}",
+            r["server_jwt_trust"]
+        );
+    }
+    Ok(())
+}
+
+fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Ed25519,
+            ..Setup::default()
+        },
+    )?;
+    // The run's signer is the Organization Issuer the nodes trust; the provisioner signs with a
+    // chain issuer of its own, as in a real Organization Issuer network.
+    let org_seed = run.dir.join("org-issuer.seed");
+    std::fs::copy(&run.files.signer_seed, &org_seed)?;
+    let chain = run.dir.join("chain");
+    make_chain_issuer(&run, &org_seed, &chain, "chainone")?;
+    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?;
+    let key_line = format!("jwt_signing_key: {}\n", run.files.signer_seed.display());
+    ensure!(
+        yaml.contains(&key_line),
+        "no {key_line:?} in the provisioner YAML"
+    );
+    std::fs::write(
+        &run.files.provisioner_yaml,
+        yaml.replace(
+            &key_line,
+            &format!(
+                "jwt_signing_key: {}\njwt_signing_token: {}\n",
+                chain.join("signer.seed").display(),
+                chain.join("provisioner.jwt").display()
+            ),
+        ),
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 10;
+    let sim = run.start_sim("first", "a", nodes, &[])?;
+    wait_for(
+        "the fleet with the first chain issuer",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    check_chain_jwts(&sim.finish()?, "chainone")?;
+
+    // The token file disappears: every node fails with the file named, nothing configured.
+    let token = chain.join("provisioner.jwt");
+    std::fs::remove_file(&token)?;
+    let sim = run.start_sim("removed", "b", nodes, &[])?;
+    let t1 = wait_for(
+        "every node to fail without the signing token",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    let log = run.log(p);
+    for (id, n) in &report {
+        ensure!(
+            !n.provisioned && !n.saw("configure"),
+            "{id} configured without a signing token"
+        );
+        ensure!(
+            problem_lines(&log, id)
+                .iter()
+                .any(|l| l.contains("provisioner.jwt")),
+            "no error line names {id} and the missing token file"
+        );
+    }
+
+    // Another chain issuer's seed and token replace the files: used from the next node on.
+    let next = run.dir.join("chain-two");
+    make_chain_issuer(&run, &org_seed, &next, "chaintwo")?;
+    std::fs::copy(next.join("signer.seed"), chain.join("signer.seed"))?;
+    std::fs::copy(next.join("provisioner.jwt"), &token)?;
+    let sim = run.start_sim("rotated", "b", nodes, &[])?;
+    let t2 = wait_for(
+        "the fleet with the second chain issuer",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= 2.0 * nodes as f64)
+        },
+    )?;
+    check_chain_jwts(&sim.finish()?, "chaintwo")?;
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes issued through chain issuer one; with the token removed {nodes} refused in {:.1}s naming the file, none configured; after rotation to chain issuer two {nodes} provisioned {:.1}s later with JWTs through it, no restart",
+        t1.as_secs_f64(),
+        t2.as_secs_f64()
     ))
 }
 
@@ -2427,6 +2633,96 @@ fn load(env: &Env, name: &str) -> Result<String> {
         2 * half,
         wall.as_secs_f64(),
         (2 * half) as f64 / wall.as_secs_f64() * 60.0
+    ))
+}
+
+/// A burst of startup events larger than the work queue: the overflow is dropped with a warning
+/// naming each node and queued again by the next discovery; nothing is lost.
+fn queue_full(env: &Env, name: &str) -> Result<String> {
+    const CAPACITY: usize = 10;
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            workers: 2,
+            extra_yaml: "work_queue_size: 10\n",
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 20;
+    // Slow replies keep both workers busy while the burst arrives; the first discovery ran
+    // before the fleet existed, so only events and the next discovery can find it.
+    let flags = vec![
+        "--fault-slow".to_string(),
+        "1:150ms".to_string(),
+        "--startup-rate".to_string(),
+        "20000".to_string(),
+    ];
+    let started = Instant::now();
+    let sim = run.start_sim("burst", "n", nodes, &flags)?;
+    let mut max_queue = 0.0f64;
+    let t = wait_for(
+        "the whole fleet, overflow included",
+        Duration::from_secs(150),
+        || {
+            run.alive(p)?;
+            let m = scrape_all(run.provisioners[p].port);
+            max_queue = max_queue.max(metric_sum(&m, "choria_provisioner_work_queue_entries"));
+            Ok(metric_sum(&m, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let metrics = scrape_all(run.provisioners[p].port);
+    let report = sim.finish()?;
+    let log = run.log(p);
+    let dropped: std::collections::BTreeSet<String> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("work queue failed"))
+        .filter_map(|l| {
+            l.split("adding ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .map(str::to_string)
+        })
+        .collect();
+    ensure!(
+        !dropped.is_empty(),
+        "the burst never filled the queue (no 'work queue failed' warning)"
+    );
+    ensure!(
+        log.contains(&format!("with {CAPACITY} / {CAPACITY} entries")),
+        "the warning does not give the queue's size"
+    );
+    ensure!(
+        max_queue <= CAPACITY as f64,
+        "work_queue_entries reached {max_queue} with a capacity of {CAPACITY}"
+    );
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} lost: {:?} {:?}", n.actions, n.problems);
+        ensure!(
+            n.ok_count("configure") == 1,
+            "{id} configured {} times",
+            n.ok_count("configure")
+        );
+    }
+    for id in &dropped {
+        ensure!(
+            report.contains_key(id),
+            "warning names {id}, not a node of the fleet"
+        );
+    }
+    let rediscovered = metric_sum(&metrics, "choria_provisioner_discovered");
+    ensure!(
+        rediscovered >= dropped.len() as f64,
+        "{} nodes dropped but only {rediscovered} queued by discovery",
+        dropped.len()
+    );
+    let cycles = metric_sum(&metrics, "choria_provisioner_discover_cycles");
+    run.stop_all()?;
+    Ok(format!(
+        "{} of {nodes} nodes dropped from a full {CAPACITY}-entry queue with a warning each (the gauge never passed {max_queue}); all {nodes} provisioned once, {:.1}s after the burst, the dropped ones queued again by discovery (cycle {cycles})",
+        dropped.len(),
+        t.max(started.elapsed()).as_secs_f64()
     ))
 }
 

@@ -109,7 +109,7 @@ fn plan(cfg: &Config) -> String {
     format!(
         "provisioner configuration {}\n  \
          features: jwt {} pki {} ed25519 {} upgrades {}\n  \
-         workers: {}\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
+         workers: {} (queue {})\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
          leader election: {}\n  monitoring: {}\n  site: {}\n",
         cfg.file.display(),
         on(f.jwt),
@@ -117,6 +117,7 @@ fn plan(cfg: &Config) -> String {
         on(f.ed25519),
         on(f.upgrades),
         cfg.workers,
+        cfg.work_queue_size,
         human(cfg.interval),
         cfg.helper,
         cfg.lifecycle_component,

@@ -189,6 +189,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         Role::Active
     });
     let workers = config.workers;
+    let queue_size = config.work_queue_size;
     let provisioner = Provisioner::new(
         Arc::clone(&config),
         pause.clone(),
@@ -196,7 +197,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         helper,
         Arc::clone(&metrics),
     );
-    let fleet = Fleet::new(provisioner);
+    let fleet = Fleet::with_capacity(provisioner, queue_size);
     let discover_now = Arc::new(Notify::new());
 
     let work_stop = CancellationToken::new();

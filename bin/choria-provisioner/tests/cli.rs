@@ -157,7 +157,7 @@ fn good_setup(dir: &Path) -> (String, String) {
         dir,
         "good.yaml",
         &format!(
-            "helper: {}\ntoken: x\nworkers: 7\ninterval: 5m\nchoria_insecure: true\nsite: lab\n\
+            "helper: {}\ntoken: x\nworkers: 7\nwork_queue_size: 900\ninterval: 5m\nchoria_insecure: true\nsite: lab\n\
              jwt_verify_cert: {}\nfeatures:\n  jwt: true\n",
             example_helper("helper-plain.py"),
             signer.public_hex
@@ -180,7 +180,7 @@ fn check_on_a_good_setup_prints_the_plan() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     for want in [
         "features: jwt on pki off ed25519 off upgrades off",
-        "workers: 7",
+        "workers: 7 (queue 900)",
         "interval: 5m",
         "security: file",
         "helper-plain.py",

@@ -56,6 +56,9 @@ pub enum FaultKind {
     Duplicate,
     /// RPC replies are padded past the client's 1 MiB reply limit.
     Oversize,
+    /// `gencsr` adds a DNS subject alternative name under `privileged.choria`, which the
+    /// default `cert_deny_list` refuses.
+    DeniedSan,
 }
 
 impl FaultKind {
@@ -72,6 +75,7 @@ impl FaultKind {
             FaultKind::Garbage => "garbage",
             FaultKind::Duplicate => "duplicate",
             FaultKind::Oversize => "oversize",
+            FaultKind::DeniedSan => "denied-san",
         }
     }
 }
@@ -124,6 +128,8 @@ pub struct Faults {
     pub duplicate: f64,
     /// Share of nodes whose RPC replies exceed 1 MiB.
     pub oversize: f64,
+    /// Share of nodes whose CSRs carry a DNS name under `privileged.choria`.
+    pub denied_san: f64,
 }
 
 impl Faults {

@@ -454,7 +454,8 @@ impl PoolKey {
     }
 
     /// A PEM CSR signed SHA256-with-RSA whose subject is C, L, O, OU (when non-empty) and CN,
-    /// in the order Go's `pkix.Name` writes them.
+    /// in the order Go's `pkix.Name` writes them, with `dns_names` as a subject alternative
+    /// name extension when there are any.
     pub fn csr(
         &self,
         cn: &str,
@@ -462,6 +463,7 @@ impl PoolKey {
         l: &str,
         o: &str,
         ou: &str,
+        dns_names: &[String],
     ) -> Result<String, CryptoError> {
         let mut rdns = Vec::new();
         for (oid, value) in [
@@ -492,8 +494,21 @@ impl PoolKey {
                 SetOfVec::try_from(vec![atv]).map_err(|e| CryptoError::Signing(e.to_string()))?;
             rdns.push(RelativeDistinguishedName(set));
         }
-        let builder = x509_cert::builder::RequestBuilder::new(RdnSequence(rdns), &self.signing)
+        let mut builder = x509_cert::builder::RequestBuilder::new(RdnSequence(rdns), &self.signing)
             .map_err(|e| CryptoError::Signing(e.to_string()))?;
+        if !dns_names.is_empty() {
+            let names = dns_names
+                .iter()
+                .map(|n| {
+                    der::asn1::Ia5String::new(n)
+                        .map(x509_cert::ext::pkix::name::GeneralName::DnsName)
+                        .map_err(|e| CryptoError::Signing(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            builder
+                .add_extension(&x509_cert::ext::pkix::SubjectAltName(names))
+                .map_err(|e| CryptoError::Signing(e.to_string()))?;
+        }
         let req = builder
             .build::<rsa::pkcs1v15::Signature>()
             .map_err(|e| CryptoError::Signing(e.to_string()))?;
@@ -576,7 +591,7 @@ mod csr_tests {
         ))
         .unwrap();
         let keys = PoolKey::from_pem_many(&text).unwrap();
-        let good = keys[0].csr("n1.example.net", "", "", "", "").unwrap();
+        let good = keys[0].csr("n1.example.net", "", "", "", "", &[]).unwrap();
         let bad = break_pem_signature(&good).unwrap();
         let verifies = |pem_text: &str| {
             let (_, der) = der::pem::decode_vec(pem_text.as_bytes()).unwrap();
@@ -606,7 +621,9 @@ mod csr_tests {
         .unwrap();
         let keys = PoolKey::from_pem_many(&text).unwrap();
         assert_eq!(keys.len(), 2);
-        let pem_text = keys[0].csr("n1.example.net", "NL", "", "Org", "").unwrap();
+        let pem_text = keys[0]
+            .csr("n1.example.net", "NL", "", "Org", "", &[])
+            .unwrap();
         let block = pem::parse(&pem_text).unwrap();
         let req = x509_cert::request::CertReq::from_der(block.contents()).unwrap();
         assert_eq!(req.info.subject.to_string(), "CN=n1.example.net,O=Org,C=NL");
@@ -621,5 +638,48 @@ mod csr_tests {
         assert!(keys[0]
             .public_pem
             .starts_with("-----BEGIN PUBLIC KEY-----\n"));
+    }
+
+    #[test]
+    fn csr_carries_the_dns_names_asked_for_and_still_verifies() {
+        use der::Decode as _;
+        use rsa::signature::Verifier as _;
+        use x509_cert::ext::pkix::name::GeneralName;
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/rsa-pool.pem"
+        ))
+        .unwrap();
+        let keys = PoolKey::from_pem_many(&text).unwrap();
+        let names = vec!["n1.privileged.choria".to_string(), "n1.web".to_string()];
+        let pem_text = keys[0]
+            .csr("n1.example.net", "", "", "", "", &names)
+            .unwrap();
+        let block = pem::parse(&pem_text).unwrap();
+        let req = x509_cert::request::CertReq::from_der(block.contents()).unwrap();
+        let info = req.info.to_der().unwrap();
+        let key = rsa::RsaPublicKey::from_public_key_der(&keys[0].spki_der).unwrap();
+        let sig = rsa::pkcs1v15::Signature::try_from(req.signature.raw_bytes()).unwrap();
+        rsa::pkcs1v15::VerifyingKey::<Sha256>::new(key)
+            .verify(&info, &sig)
+            .unwrap();
+        // One extensionRequest attribute holding one subjectAltName extension.
+        let attr = req.info.attributes.iter().next().unwrap();
+        assert_eq!(attr.oid.to_string(), "1.2.840.113549.1.9.14");
+        let exts: x509_cert::ext::Extensions =
+            attr.values.iter().next().unwrap().decode_as().unwrap();
+        assert_eq!(exts.len(), 1);
+        assert_eq!(exts[0].extn_id.to_string(), "2.5.29.17");
+        let san =
+            x509_cert::ext::pkix::SubjectAltName::from_der(exts[0].extn_value.as_bytes()).unwrap();
+        let got: Vec<String> = san
+            .0
+            .iter()
+            .map(|g| match g {
+                GeneralName::DnsName(n) => n.to_string(),
+                other => panic!("unexpected name {other:?}"),
+            })
+            .collect();
+        assert_eq!(got, names);
     }
 }

@@ -826,5 +826,6 @@ pub fn node_has_fault(cfg: &FleetConfig, kind: FaultKind, identity: &str) -> boo
         FaultKind::Garbage => is_affected(kind, identity, f.garbage),
         FaultKind::Duplicate => is_affected(kind, identity, f.duplicate),
         FaultKind::Oversize => is_affected(kind, identity, f.oversize),
+        FaultKind::DeniedSan => is_affected(kind, identity, f.denied_san),
     }
 }

@@ -132,6 +132,10 @@ struct Cli {
     /// SHARE — nodes whose RPC replies exceed 1 MiB (needs a broker max_payload above that).
     #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
     fault_oversize: f64,
+    /// SHARE — nodes whose CSRs add a DNS name `<first label>.privileged.choria` (refused by
+    /// the default cert_deny_list).
+    #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
+    fault_denied_san: f64,
 }
 
 fn parse_protocol(s: &str) -> Result<ProtocolVersion, String> {
@@ -198,6 +202,7 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
         garbage: cli.fault_garbage,
         duplicate: cli.fault_duplicate,
         oversize: cli.fault_oversize,
+        denied_san: cli.fault_denied_san,
     };
     Ok(cfg)
 }

@@ -646,7 +646,19 @@ impl Node {
         if is_affected(FaultKind::BadCsr, identity, env.faults.bad_csr) {
             cn = format!("bogus-{cn}");
         }
-        match key.csr(&cn, args.str(2), args.str(3), args.str(4), args.str(5)) {
+        let mut dns_names = Vec::new();
+        if is_affected(FaultKind::DeniedSan, identity, env.faults.denied_san) {
+            let label = identity.split('.').next().unwrap_or(identity);
+            dns_names.push(format!("{label}.privileged.choria"));
+        }
+        match key.csr(
+            &cn,
+            args.str(2),
+            args.str(3),
+            args.str(4),
+            args.str(5),
+            &dns_names,
+        ) {
             Ok(csr) => {
                 let csr = if is_affected(
                     FaultKind::BadCsrSignature,

@@ -24,7 +24,11 @@ pub const DEFAULT_CERT_DENY_LIST: [&str; 4] = [
 /// The default validity of issued server JWTs (one year of 365 days).
 pub const DEFAULT_SERVER_JWT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The shortest discovery interval accepted.
+/// The work queue's default capacity (`work_queue_size`). The Go provisioner stops at 50,000;
+/// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
+/// themselves at once still fits in a bounded queue.
+pub const DEFAULT_WORK_QUEUE_SIZE: usize = 250_000;
+/// The shortest discovery interval accepted (as the Go provisioner).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Optional features (the `features` map).
@@ -45,6 +49,9 @@ pub struct Features {
 pub struct Config {
     /// Concurrent provisioning workers (the CPU count when configured as 0).
     pub workers: usize,
+    /// How many nodes may wait in the work queue (`work_queue_size`, not a Go key); a node
+    /// found while it is full is dropped with a warning and found again by a later discovery.
+    pub work_queue_size: usize,
     /// The discovery interval.
     pub interval: Duration,
     /// `logfile` as written; empty means the binary's default (standard output).
@@ -223,6 +230,8 @@ struct RawConfig {
     #[serde(deserialize_with = "nullable")]
     workers: u32,
     #[serde(deserialize_with = "nullable")]
+    work_queue_size: u32,
+    #[serde(deserialize_with = "nullable")]
     interval: Option<String>,
     #[serde(deserialize_with = "nullable")]
     logfile: String,
@@ -266,8 +275,9 @@ struct RawConfig {
     features: RawFeatures,
 }
 
-const KNOWN_KEYS: [&str; 22] = [
+const KNOWN_KEYS: [&str; 23] = [
     "workers",
+    "work_queue_size",
     "interval",
     "logfile",
     "loglevel",
@@ -465,8 +475,13 @@ impl Config {
         } else {
             interval
         };
+        let work_queue_size = match raw.work_queue_size {
+            0 => DEFAULT_WORK_QUEUE_SIZE,
+            n => n as usize,
+        };
         let config = Config {
             workers,
+            work_queue_size,
             interval,
             logfile: raw.logfile,
             loglevel: raw.loglevel,
@@ -723,9 +738,29 @@ mod tests {
         assert_eq!(c.server_jwt_validity, Duration::from_secs(365 * 86400));
         assert_eq!(c.features, Features::default());
         assert_eq!(c.monitor_port, 0);
+        assert_eq!(c.work_queue_size, DEFAULT_WORK_QUEUE_SIZE);
         assert!(!c.leader_election && !c.choria_insecure && !c.upgrades_optional);
         assert_eq!(c.logfile, "");
         assert_eq!(c.file, PathBuf::from("/etc/choria/provisioner.yaml"));
+    }
+
+    #[test]
+    fn work_queue_size_is_read_and_zero_or_null_means_the_default() {
+        let l = load("work_queue_size: 12\n").unwrap();
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+        assert_eq!(l.config.work_queue_size, 12);
+        assert_eq!(
+            load("work_queue_size: 0\n").unwrap().config.work_queue_size,
+            DEFAULT_WORK_QUEUE_SIZE
+        );
+        assert_eq!(
+            load("work_queue_size:\n").unwrap().config.work_queue_size,
+            DEFAULT_WORK_QUEUE_SIZE
+        );
+        assert!(matches!(
+            load("work_queue_size: -1\n"),
+            Err(ConfigError::Syntax { .. })
+        ));
     }
 
     #[test]

@@ -15,10 +15,8 @@ use tracing::{error, info, warn};
 use crate::provision::{Host, Outcome, Provisioner};
 use crate::rpc::{Clock, Helper, NodeRpc, Observer};
 
-/// The work queue's capacity. The Go provisioner stops at 50,000; a waiting node costs about a
-/// kilobyte here, so a fleet of a quarter of a million nodes announcing itself at once still fits
-/// in a bounded queue of a few hundred megabytes.
-pub const DEFAULT_QUEUE_CAPACITY: usize = 250_000;
+/// The work queue's default capacity ([`crate::config::DEFAULT_WORK_QUEUE_SIZE`]).
+pub const DEFAULT_QUEUE_CAPACITY: usize = crate::config::DEFAULT_WORK_QUEUE_SIZE;
 /// How long a provisioned or shut-down node stays known.
 pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
 /// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
