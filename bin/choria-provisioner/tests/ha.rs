@@ -194,7 +194,7 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
     prov.wait_ready().await;
     assert!(wait_until(Duration::from_secs(40), || is_leader(&prov)).await);
 
-    let fleet = env.fleet(env.fleet_config(12, Mode::Plain)).await;
+    let fleet = env.fleet(env.fleet_config(30, Mode::Plain)).await;
     assert!(
         prov.wait_metric("provisioned", 2.0, Duration::from_secs(60))
             .await
@@ -220,7 +220,9 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     // At most the node whose restart was already under way when the key was lost.
     assert!(prov.m("provisioned") <= stood_down_at + 1.0);
-    assert!(fleet.provisioned() < 12);
+    // Thirty nodes at about 0.4 s each keep the fleet unfinished however slowly the key loss is
+    // noticed on a loaded machine.
+    assert!(fleet.provisioned() < 30);
 
     // The intruder's key expires with the bucket's TTL; the provisioner wins again, discovers
     // at once and finishes the fleet.
@@ -230,7 +232,7 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
         prov.output()
     );
     assert!(
-        fleet.wait_provisioned(12, Duration::from_secs(90)).await,
+        fleet.wait_provisioned(30, Duration::from_secs(90)).await,
         "{}",
         prov.output()
     );

@@ -466,7 +466,9 @@ async fn timeouts_are_honoured_and_leave_nothing_behind() {
         let took = start.elapsed();
         assert_eq!(err.kind(), RpcErrorKind::Timeout);
         assert!(
-            took >= t && took < t + Duration::from_millis(100),
+            // The upper bound leaves room for a loaded CI machine; a timer that is not
+            // honoured at all would take the whole test's time.
+            took >= t && took < t + Duration::from_millis(400),
             "timeout {t:?} took {took:?}"
         );
     }
@@ -510,7 +512,8 @@ async fn broker_going_away_gives_an_error_not_a_hang() {
             ),
             "{err}"
         );
-        assert!(start.elapsed() < Duration::from_millis(1200));
+        // The request's own one-second timeout bounds it, with room for a loaded machine.
+        assert!(start.elapsed() < Duration::from_millis(2500));
     }
     let found = rpc.discover_provisionable().await;
     assert!(found.map(|f| f.is_empty()).unwrap_or(true));
