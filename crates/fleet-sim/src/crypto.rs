@@ -105,8 +105,7 @@ impl JwtVerifier {
     pub fn from_public_data(data: &str) -> Result<Self, CryptoError> {
         let text = data.trim();
         if text.starts_with("-----BEGIN CERTIFICATE") {
-            use der::DecodePem as _;
-            let cert = x509_cert::Certificate::from_pem(text.as_bytes())
+            let cert = certificate_from_pem(text)
                 .map_err(|e| CryptoError::Unsupported(format!("certificate: {e}")))?;
             let spki = cert
                 .tbs_certificate
@@ -519,6 +518,18 @@ impl PoolKey {
     }
 }
 
+/// A PEM certificate, decoded armour first and DER second: `der`'s streaming PEM reader can
+/// loop forever on DER that ends inside a header, and certificates reach the simulator from
+/// the provisioner and its helper.
+pub fn certificate_from_pem(text: &str) -> Result<x509_cert::Certificate, String> {
+    use der::Decode as _;
+    let (label, der) = der::pem::decode_vec(text.trim().as_bytes()).map_err(|e| e.to_string())?;
+    if label != "CERTIFICATE" {
+        return Err(format!("PEM type label {label:?} is not CERTIFICATE"));
+    }
+    x509_cert::Certificate::from_der(&der).map_err(|e| e.to_string())
+}
+
 /// The same PEM document with the last byte of its DER flipped: for a CSR or certificate that
 /// is the end of the signature, so the document still parses but no longer verifies.
 pub fn break_pem_signature(pem_text: &str) -> Option<String> {
@@ -638,6 +649,27 @@ mod csr_tests {
         assert!(keys[0]
             .public_pem
             .starts_with("-----BEGIN PUBLIC KEY-----\n"));
+    }
+
+    #[test]
+    fn a_truncated_certificate_is_an_error_not_a_hang() {
+        // DER that stops inside its first header, the input that once made der's streaming PEM
+        // reader spin; run on a thread so a regression fails instead of hanging the suite.
+        let truncated =
+            der::pem::encode_string("CERTIFICATE", der::pem::LineEnding::LF, &[0x30, 0x82])
+                .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(certificate_from_pem(&truncated).is_err());
+        });
+        let refused = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("certificate_from_pem did not return");
+        assert!(refused);
+        assert!(certificate_from_pem(
+            "-----BEGIN PUBLIC KEY-----\nAA==\n-----END PUBLIC KEY-----\n"
+        )
+        .is_err());
     }
 
     #[test]

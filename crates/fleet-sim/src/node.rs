@@ -1094,8 +1094,8 @@ impl Node {
 }
 
 fn cert_spki(cert_pem: &str) -> Option<Vec<u8>> {
-    use der::{DecodePem as _, Encode as _};
-    let cert = x509_cert::Certificate::from_pem(cert_pem.as_bytes()).ok()?;
+    use der::Encode as _;
+    let cert = crypto::certificate_from_pem(cert_pem).ok()?;
     cert.tbs_certificate.subject_public_key_info.to_der().ok()
 }
 
