@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use der::{DecodePem, EncodePem};
+use der::{Decode, EncodePem};
 use rsa::pkcs1v15::SigningKey;
 use rsa::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
 use rsa::RsaPrivateKey;
@@ -156,10 +156,21 @@ fn helper() -> Result<(), String> {
     Ok(())
 }
 
+/// The DER inside a PEM block with the given label. The armour is decoded first: der's
+/// streaming PEM reader spins on DER that ends inside a header.
+fn pem_der(text: &str, want: &str) -> Result<Vec<u8>, String> {
+    let (label, der) =
+        der::pem::decode_vec(text.trim().as_bytes()).map_err(|e| format!("invalid {want}: {e}"))?;
+    if label != want {
+        return Err(format!("expected a {want}, found {label:?}"));
+    }
+    Ok(der)
+}
+
 fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Result<String, String> {
-    let req = CertReq::from_pem(csr_pem.as_bytes())
+    let req = CertReq::from_der(&pem_der(csr_pem, "CERTIFICATE REQUEST")?)
         .map_err(|e| format!("invalid CSR for {identity}: {e}"))?;
-    let ca = Certificate::from_pem(ca_pem.as_bytes())
+    let ca = Certificate::from_der(&pem_der(ca_pem, "CERTIFICATE")?)
         .map_err(|e| format!("invalid CA certificate: {e}"))?;
     let key = RsaPrivateKey::from_pkcs8_pem(key_pem)
         .or_else(|_| {

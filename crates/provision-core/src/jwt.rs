@@ -64,7 +64,15 @@ impl VerifyingKey {
     pub fn from_public_data(data: &[u8]) -> Result<Self, JwtError> {
         if data.starts_with(b"-----BEGIN CERTIFICATE") {
             let text = std::str::from_utf8(data).map_err(|_| JwtError::Key("not UTF-8".into()))?;
-            let cert = <x509_cert::Certificate as der::DecodePem>::from_pem(text)
+            // Armour first, DER second: der's streaming PEM reader spins on truncated DER.
+            let (label, der) = der::pem::decode_vec(text.trim().as_bytes())
+                .map_err(|e| JwtError::Key(format!("could not parse certificate: {e}")))?;
+            if label != "CERTIFICATE" {
+                return Err(JwtError::Key(format!(
+                    "could not parse certificate: PEM type label {label:?}"
+                )));
+            }
+            let cert = <x509_cert::Certificate as der::Decode>::from_der(&der)
                 .map_err(|e| JwtError::Key(format!("could not parse certificate: {e}")))?;
             let spki = der::Encode::to_der(&cert.tbs_certificate.subject_public_key_info)
                 .map_err(|e| JwtError::Key(e.to_string()))?;

@@ -631,3 +631,23 @@ fn truncated_csr_is_refused_promptly() {
     let err = res.unwrap_err();
     assert!(err.starts_with("could not parse CSR"), "{err}");
 }
+
+#[test]
+fn truncated_verification_certificate_is_refused_promptly() {
+    // `jwt_verify_cert` is an operator's file; a damaged one must be an error at start-up, not
+    // a start-up that never finishes.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let pem = b"-----BEGIN CERTIFICATE-----\nAQ==\n-----END CERTIFICATE-----\n";
+        let _ = tx.send(
+            VerifyingKey::from_public_data(pem)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        );
+    });
+    let res = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("from_public_data did not return within 10 s");
+    let err = res.unwrap_err();
+    assert!(err.contains("could not parse certificate"), "{err}");
+}

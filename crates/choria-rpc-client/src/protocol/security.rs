@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD};
 use base64::Engine as _;
-use der::{DecodePem as _, Encode as _};
+use der::Encode as _;
 use ed25519_dalek::{Signer as _, Verifier as _};
 use rsa::pkcs1::DecodeRsaPrivateKey as _;
 use rsa::pkcs8::{DecodePrivateKey as _, DecodePublicKey as _};
@@ -140,8 +140,7 @@ impl Security {
         key: &Path,
     ) -> Result<Self, SecurityError> {
         let cert_pem = read(cert)?;
-        x509_cert::Certificate::from_pem(cert_pem.as_bytes())
-            .map_err(|e| invalid("certificate", cert, e))?;
+        certificate_from_pem(&cert_pem).map_err(|e| invalid("certificate", cert, e))?;
         let key_pem = read(key)?;
         Self::x509_from_pem(caller_id, cert_pem, &key_pem).map_err(|e| invalid("rsa key", key, e))
     }
@@ -244,10 +243,11 @@ pub enum RequestSecurity {
 }
 
 /// Decodes the PEM armour first and the DER from a slice: `der`'s streaming PEM reader loops
-/// forever on DER that ends inside a header, and the sender chooses these bytes.
+/// forever on DER that ends inside a header, and the sender (or a damaged file) chooses these
+/// bytes.
 fn certificate_from_pem(text: &str) -> Result<x509_cert::Certificate, String> {
     use der::Decode as _;
-    let (label, der) = der::pem::decode_vec(text.as_bytes()).map_err(|e| e.to_string())?;
+    let (label, der) = der::pem::decode_vec(text.trim().as_bytes()).map_err(|e| e.to_string())?;
     if label != "CERTIFICATE" {
         return Err(format!("PEM type label {label:?} is not CERTIFICATE"));
     }

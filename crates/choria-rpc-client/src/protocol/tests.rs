@@ -177,6 +177,33 @@ fn truncated_request_certificate_is_refused_promptly() {
 }
 
 #[test]
+fn truncated_certificate_file_is_refused_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(
+        &cert,
+        "-----BEGIN CERTIFICATE-----\nAQ==\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    std::fs::write(&key, "unused").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (c, k) = (cert.clone(), key.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(
+            Security::x509_from_files("choria=p.mcollective", &c, &k)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        );
+    });
+    let res = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("x509_from_files did not return within 10 s");
+    let err = res.unwrap_err();
+    assert!(err.contains("cert.pem"), "{err}");
+}
+
+#[test]
 fn replies_match_golden_bytes() {
     let v1 = build_reply_raw(
         ProtocolVersion::V1,
