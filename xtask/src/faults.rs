@@ -317,6 +317,12 @@ fn scenarios() -> Vec<Scenario> {
             long: false,
         },
         Scenario {
+            name: "verify-cert-damaged",
+            about: "the jwt_verify_cert file is replaced by a truncated certificate while running, then restored",
+            run: verify_cert_damaged,
+            long: false,
+        },
+        Scenario {
             name: "signing-token-rotated",
             about: "ed25519 chain issuer: jwt_signing_token removed, then replaced by another issuer's while running",
             run: signing_token_rotated,
@@ -1874,6 +1880,72 @@ fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
     Ok(format!(
         "a second fleet trusting only the new key provisioned {:.1}s after the file was replaced, no restart",
         t.as_secs_f64()
+    ))
+}
+
+/// `jwt_verify_cert` names a file that is damaged while running: a certificate whose DER ends
+/// inside its first header (which once made the PEM reader spin, pinning every worker).
+fn verify_cert_damaged(env: &Env, name: &str) -> Result<String> {
+    let mut run = setup(env, name, Setup::default())?;
+    let file = run.dir.join("verify.pub");
+    std::fs::write(&file, &run.files.signer_pub)?;
+    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?;
+    let line = format!("jwt_verify_cert: {}\n", run.files.signer_pub);
+    ensure!(yaml.contains(&line), "no {line:?} in the provisioner YAML");
+    std::fs::write(
+        &run.files.provisioner_yaml,
+        yaml.replace(&line, &format!("jwt_verify_cert: {}\n", file.display())),
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+    std::fs::write(
+        &file,
+        "-----BEGIN CERTIFICATE-----\nAQ==\n-----END CERTIFICATE-----\n",
+    )?;
+    let nodes = 10;
+    let sim = run.start_sim("fault", "n", nodes, &[])?;
+    let t1 = wait_for(
+        "every node to fail on the damaged certificate",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
+        },
+    )?;
+    let busy = run.metric(p, "choria_provisioner_busy_workers");
+    let report = sim.finish()?;
+    let log = run.log(p);
+    for (id, n) in &report {
+        ensure!(
+            !n.provisioned && !n.saw("configure"),
+            "{id} configured while its JWT could not be checked"
+        );
+        ensure!(
+            problem_lines(&log, id)
+                .iter()
+                .any(|l| l.contains("certificate")),
+            "no error line names {id} and the certificate"
+        );
+    }
+    std::fs::write(&file, &run.files.signer_pub)?;
+    let sim = run.start_sim("clear", "n", nodes, &[])?;
+    let t2 = wait_for(
+        "the fleet once the file is repaired",
+        Duration::from_secs(60),
+        || {
+            run.alive(p)?;
+            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
+        },
+    )?;
+    let report = sim.finish()?;
+    ensure!(
+        report.values().all(|n| n.provisioned),
+        "not every node provisioned once the file was repaired"
+    );
+    run.stop_all()?;
+    Ok(format!(
+        "{nodes} nodes refused in {:.1}s naming the certificate, none configured, {busy} workers busy after; provisioned {:.1}s after the file was repaired, no restart",
+        t1.as_secs_f64(),
+        t2.as_secs_f64()
     ))
 }
 
