@@ -88,29 +88,6 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-fn scrape_all(port: u16) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
-    body
-}
-
-fn sum_of(metrics: &str, prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(prefix) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Run one contender (`go_bin` None = ours) against a fresh fleet.
 fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Result<Figures> {
     let dir = root().join("target/bench").join(label);
@@ -153,12 +130,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
     let mut prov = Proc::spawn(
         "provisioner",
         files
-            .helper_env(&mut Command::new(&program), &url)
-            .arg("run")
-            .arg("--config")
-            .arg(&files.provisioner_yaml)
-            .arg("--choria-config")
-            .arg(&files.choria_cfg)
+            .helper_env(&mut files.provisioner_command(&program), &url)
             .stdout(out.try_clone()?)
             .stderr(out),
     )?;
@@ -184,7 +156,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
         }
     };
     let wall = started.elapsed();
-    let metrics = scrape_all(files.monitor_port);
+    let metrics = stack::scrape_all(files.monitor_port);
     prov.terminate(Duration::from_secs(10));
     let sim_line = std::fs::read_to_string(&sim_log)
         .unwrap_or_default()
@@ -202,8 +174,8 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
     if !status.success() {
         eprintln!("bench: {label}: fleet not complete: {sim_line}");
     }
-    let helper_s = sum_of(&metrics, "choria_provisioner_helper_time_sum");
-    let rpc_s = sum_of(&metrics, "choria_provisioner_rpc_time_sum");
+    let helper_s = stack::metric_sum(&metrics, "choria_provisioner_helper_time_sum");
+    let rpc_s = stack::metric_sum(&metrics, "choria_provisioner_rpc_time_sum");
     let f = Figures {
         wall,
         per_min: provisioned as f64 / wall.as_secs_f64() * 60.0,
@@ -214,7 +186,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
         } else {
             0.0
         },
-        failures: sum_of(&metrics, "choria_provisioner_provision_errors"),
+        failures: stack::metric_sum(&metrics, "choria_provisioner_provision_errors"),
         provisioned,
     };
     eprintln!(
@@ -322,11 +294,8 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     let out = std::fs::File::create(dir.join("provisioner.out"))?;
     let mut prov = Proc::spawn(
         "provisioner",
-        Command::new(bins.join("choria-provisioner"))
-            .arg("--config")
-            .arg(&files.provisioner_yaml)
-            .arg("--choria-config")
-            .arg(&files.choria_cfg)
+        files
+            .provisioner_command(&bins.join("choria-provisioner"))
             .stdout(out.try_clone()?)
             .stderr(out),
     )?;
@@ -359,8 +328,10 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
         if !prov.running() || !sim.running() {
             bail!("a process exited during the probe; see {}", dir.display());
         }
-        let now =
-            stack::scrape(files.monitor_port, "choria_provisioner_waiting_nodes").unwrap_or(0.0);
+        let now = stack::metric_sum(
+            &stack::scrape_all(files.monitor_port),
+            "choria_provisioner_waiting_nodes",
+        );
         if now > held {
             held = now;
             last_change = Instant::now();

@@ -736,6 +736,21 @@ DIR = "{dir}"
 ISSUER = "{issuer}"
 node = json.load(sys.stdin)
 identity = node["identity"]
+
+
+def sign(tmp):
+    """Sign tmp/req.csr with the test CA for this identity; return the certificate PEM."""
+    with open(os.path.join(tmp, "ext"), "w") as f:
+        f.write("extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = DNS:%s\n" % identity)
+    subprocess.run(["openssl", "x509", "-req", "-in", os.path.join(tmp, "req.csr"),
+                    "-CA", DIR + "/pki/ca.pem", "-CAkey", DIR + "/pki/ca-key.pem",
+                    "-CAserial", DIR + "/pki/ca.srl", "-CAcreateserial", "-days", "30",
+                    "-sha256", "-extfile", os.path.join(tmp, "ext"),
+                    "-out", os.path.join(tmp, "cert.pem")],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(tmp, "cert.pem")) as f:
+        return f.read()
+
 reply = {{"defer": False, "msg": "configured by the test helper", "certificate": "", "ca": "",
           "ssldir": "", "key": "", "configuration": {{}}, "server_claims": {{}}}}
 conf = {{
@@ -759,16 +774,7 @@ elif csr:
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "req.csr"), "w") as f:
             f.write(csr["csr"])
-        with open(os.path.join(tmp, "ext"), "w") as f:
-            f.write("extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = DNS:%s\n" % identity)
-        subprocess.run(["openssl", "x509", "-req", "-in", os.path.join(tmp, "req.csr"),
-                        "-CA", DIR + "/pki/ca.pem", "-CAkey", DIR + "/pki/ca-key.pem",
-                        "-CAserial", DIR + "/pki/ca.srl", "-CAcreateserial", "-days", "30",
-                        "-sha256", "-extfile", os.path.join(tmp, "ext"),
-                        "-out", os.path.join(tmp, "cert.pem")],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(os.path.join(tmp, "cert.pem")) as f:
-            reply["certificate"] = f.read()
+        reply["certificate"] = sign(tmp)
     with open(DIR + "/pki/ca.pem") as f:
         reply["ca"] = f.read()
     reply["ssldir"] = ssldir
@@ -787,16 +793,7 @@ elif os.environ.get("HELPER_SUPPLY_KEY"):
         subprocess.run(["openssl", "req", "-new", "-key", key, "-subj", "/CN=" + identity,
                         "-out", os.path.join(tmp, "req.csr")],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(os.path.join(tmp, "ext"), "w") as f:
-            f.write("extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = DNS:%s\n" % identity)
-        subprocess.run(["openssl", "x509", "-req", "-in", os.path.join(tmp, "req.csr"),
-                        "-CA", DIR + "/pki/ca.pem", "-CAkey", DIR + "/pki/ca-key.pem",
-                        "-CAserial", DIR + "/pki/ca.srl", "-CAcreateserial", "-days", "30",
-                        "-sha256", "-extfile", os.path.join(tmp, "ext"),
-                        "-out", os.path.join(tmp, "cert.pem")],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(os.path.join(tmp, "cert.pem")) as f:
-            reply["certificate"] = f.read()
+        reply["certificate"] = sign(tmp)
     with open(key) as f:
         reply["key"] = f.read()
     with open(DIR + "/pki/ca.pem") as f:

@@ -1,7 +1,6 @@
 //! `cargo xtask demo`: a local broker, a simulated fleet and the provisioner with the demo
 //! helper, with live progress and a summary.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -80,11 +79,10 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut prov = Proc::spawn(
         "choria-provisioner",
         files
-            .helper_env(&mut Command::new(bins.join("choria-provisioner")), &url)
-            .arg("--config")
-            .arg(&files.provisioner_yaml)
-            .arg("--choria-config")
-            .arg(&files.choria_cfg)
+            .helper_env(
+                &mut files.provisioner_command(&bins.join("choria-provisioner")),
+                &url,
+            )
             .arg("--pid")
             .arg(dir.join("provisioner.pid"))
             .stdout(prov_out.try_clone()?)
@@ -103,13 +101,11 @@ pub fn main(args: &[String]) -> Result<()> {
             let log = std::fs::read_to_string(dir.join("provisioner.out")).unwrap_or_default();
             bail!("the provisioner exited early:\n{log}");
         }
-        let done =
-            stack::scrape(files.monitor_port, "choria_provisioner_provisioned").unwrap_or(0.0);
+        let metrics = stack::scrape_all(files.monitor_port);
+        let done = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
         if done != last {
-            let errors = stack::scrape(files.monitor_port, "choria_provisioner_provision_errors")
-                .unwrap_or(0.0);
-            let busy =
-                stack::scrape(files.monitor_port, "choria_provisioner_busy_workers").unwrap_or(0.0);
+            let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
+            let busy = stack::metric_sum(&metrics, "choria_provisioner_busy_workers");
             eprintln!(
                 "demo: [{:>5.1}s] provisioned {done}/{} errors {errors} busy workers {busy}",
                 started.elapsed().as_secs_f64(),
@@ -119,10 +115,9 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     };
     let elapsed = started.elapsed();
-    let provisioned =
-        stack::scrape(files.monitor_port, "choria_provisioner_provisioned").unwrap_or(0.0);
-    let errors =
-        stack::scrape(files.monitor_port, "choria_provisioner_provision_errors").unwrap_or(0.0);
+    let metrics = stack::scrape_all(files.monitor_port);
+    let provisioned = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
+    let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
     let sim_line = std::fs::read_to_string(&sim_log)
         .unwrap_or_default()
         .lines()

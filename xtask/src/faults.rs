@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
-use crate::stack::{self, Mode, Proc, ProvisionerOptions, RunFiles};
+use crate::stack::{self, metric_sum, scrape_all, Mode, Proc, ProvisionerOptions, RunFiles};
 use crate::tools::root;
 
 const DOMAIN: &str = "fleet.example.net";
@@ -398,6 +398,15 @@ struct Setup<'a> {
     leader_election: bool,
 }
 
+impl Setup<'_> {
+    fn in_mode(mode: Mode) -> Self {
+        Setup {
+            mode,
+            ..Setup::default()
+        }
+    }
+}
+
 impl Default for Setup<'_> {
     fn default() -> Self {
         Setup {
@@ -414,7 +423,7 @@ fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
     let dir = env.base.join(name);
     std::fs::create_dir_all(&dir)?;
     let nats_port = stack::free_port()?;
-    let nats = start_nats_on(&dir, nats_port)?;
+    let nats = stack::start_nats_on(&dir, nats_port)?;
     let url = format!("nats://127.0.0.1:{nats_port}");
     let helper = s
         .helper
@@ -444,33 +453,6 @@ fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
         debug: false,
         provisioners: Vec::new(),
     })
-}
-
-/// nats-server with JetStream on a chosen port, so a restart keeps the address.
-fn start_nats_on(dir: &Path, port: u16) -> Result<Proc> {
-    let bin = crate::tools::ensure_nats_server()?;
-    let conf = dir.join("nats.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: 127.0.0.1:{port}\nmax_payload: 4MB\njetstream {{\n  store_dir: \"{}\"\n}}\n",
-            dir.join("jetstream").display()
-        ),
-    )?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("nats-server.log"))?;
-    let proc = Proc::spawn(
-        "nats-server",
-        Command::new(bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log),
-    )?;
-    stack::wait_port(port, Duration::from_secs(15)).context("nats-server did not start")?;
-    Ok(proc)
 }
 
 impl Run {
@@ -556,6 +538,22 @@ impl Run {
             );
         }
         Ok(())
+    }
+
+    /// Wait until metric `name` of provisioner `idx` reaches `at_least`, failing as soon as the
+    /// provisioner exits.
+    fn wait_metric(
+        &mut self,
+        idx: usize,
+        what: &str,
+        name: &str,
+        at_least: f64,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        wait_for(what, timeout, || {
+            self.alive(idx)?;
+            Ok(self.metric(idx, name) >= at_least)
+        })
     }
 
     fn metric(&self, idx: usize, name: &str) -> f64 {
@@ -780,32 +778,6 @@ fn tail(path: &Path, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
-fn scrape_all(port: u16) -> String {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut body = String::new();
-    let _ = s.read_to_string(&mut body);
-    body
-}
-
-/// The sum of every sample of metric `name` (all label sets).
-fn metric_sum(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A labelled sample of `name` whose labels contain `label` (e.g. `action="inventory"`).
 fn metric_with(metrics: &str, name: &str, label: &str) -> f64 {
     metrics
@@ -828,13 +800,43 @@ fn problem_lines<'a>(log: &'a str, identity: &str) -> Vec<&'a str> {
 // ---------------------------------------------------------------------------------------------
 // Node faults: one fleet with the fault, then the same fleet without it.
 
+/// `node` was refused: not provisioned, never sent any of `never`, and an error line of `log`
+/// names it with one of `words` (case-insensitive). `why` says what failed, for the message.
+fn ensure_refused(
+    id: &str,
+    node: &NodeRep,
+    log: &str,
+    never: &[&str],
+    words: &[&str],
+    why: &str,
+) -> Result<()> {
+    ensure!(!node.provisioned, "{id} provisioned although {why}");
+    for a in never {
+        ensure!(
+            !node.saw(a),
+            "{id} was sent {a} although {why}: {:?}",
+            node.actions
+        );
+    }
+    let lines = problem_lines(log, id);
+    ensure!(
+        lines.iter().any(|l| {
+            let l = l.to_lowercase();
+            words.iter().any(|w| l.contains(&w.to_lowercase()))
+        }),
+        "no error line names {id} with any of {words:?}; lines: {lines:#?}"
+    );
+    Ok(())
+}
+
+/// The share of the fleet a node fault hits.
+const SHARE: f64 = 0.2;
+
 struct NodeFault<'a> {
-    mode: Mode,
-    nodes: usize,
-    /// Simulator flags carrying the fault.
-    flags: Vec<String>,
-    /// Which nodes the fault hits.
-    hit: &'a dyn Fn(&str) -> bool,
+    /// The simulator's fault switch `--fault-<switch>`; also the salt that picks the nodes.
+    switch: &'a str,
+    /// The switch's value: the share, unless the switch takes more (`0.2:6s`).
+    value: String,
     /// Actions an affected node must never see after its failed check.
     never: &'a [&'a str],
     /// Words (any one, case-insensitive) that an error line naming the node must contain.
@@ -849,21 +851,53 @@ struct NodeFault<'a> {
     setup: Setup<'a>,
 }
 
+impl<'a> NodeFault<'a> {
+    /// `--fault-<switch> 0.2` on 20 plain nodes: the hit ones are never configured or
+    /// restarted and an error line names each with one of `words`, within 60 s.
+    fn new(switch: &'a str, words: &'a [&'a str]) -> Self {
+        NodeFault {
+            switch,
+            value: SHARE.to_string(),
+            never: &["configure", "restart"],
+            words,
+            counter: None,
+            log_has: None,
+            settle: Duration::from_secs(60),
+            setup: Setup::default(),
+        }
+    }
+
+    fn in_mode(self, mode: Mode) -> Self {
+        NodeFault {
+            setup: Setup { mode, ..self.setup },
+            ..self
+        }
+    }
+}
+
 fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
+    const NODES: usize = 20;
     let mut run = setup(env, name, f.setup)?;
-    run.mode = f.mode;
     let p = run.start_provisioner("provisioner")?;
-    let ids = identities("n", f.nodes);
-    let hit: Vec<&String> = ids.iter().filter(|i| (f.hit)(i)).collect();
+    let ids = identities("n", NODES);
+    let hit: Vec<&String> = ids
+        .iter()
+        .filter(|i| affected(f.switch, i, SHARE))
+        .collect();
     ensure!(
         !hit.is_empty(),
         "the fault selects no node of {} (choose another share)",
-        f.nodes
+        NODES
     );
-    let good = f.nodes - hit.len();
+    let good = NODES - hit.len();
 
     // Phase 1: the faulty fleet.
-    let sim = run.start_sim("fault", "n", f.nodes, &f.flags)?;
+    let sim = run.start_sim(
+        "fault",
+        "n",
+        NODES,
+        &[format!("--fault-{}", f.switch), f.value],
+    )?;
     let t1 = wait_for("the faulty fleet to settle", f.settle, || {
         run.alive(p)?;
         let m = scrape_all(run.provisioners[p].port);
@@ -881,26 +915,10 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
             .get(id)
             .with_context(|| format!("{id} missing from the report"))?;
         if hit.contains(&id) {
-            ensure!(!n.provisioned, "{id} was hit by the fault but provisioned");
-            for a in f.never {
-                ensure!(
-                    !n.saw(a),
-                    "{id} failed a check but was sent {a}: {:?}",
-                    n.actions
-                );
-            }
+            ensure_refused(id, n, &log, f.never, f.words, "it failed a check")?;
             ensure!(
                 n.received.is_none() || f.never.is_empty(),
                 "{id} failed a check but received a configuration"
-            );
-            let lines = problem_lines(&log, id);
-            ensure!(
-                lines.iter().any(|l| {
-                    let l = l.to_lowercase();
-                    f.words.iter().any(|w| l.contains(&w.to_lowercase()))
-                }),
-                "no error line names {id} with any of {:?}; lines: {lines:#?}",
-                f.words
             );
         } else {
             ensure!(
@@ -933,7 +951,7 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
     let log_start = std::fs::metadata(&run.provisioners[p].log)
         .map(|m| m.len())
         .unwrap_or(0);
-    let sim = run.start_sim("clear", "n", f.nodes, &[])?;
+    let sim = run.start_sim("clear", "n", NODES, &[])?;
     let t2 = wait_for(
         "the failed nodes to be provisioned after the fault cleared",
         Duration::from_secs(60),
@@ -962,7 +980,7 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
     Ok(format!(
         "{} of {} nodes failed ({errors} provision errors{counted}), none configured; {good} provisioned in {:.1}s; the {} recovered {:.1}s after restart events",
         hit.len(),
-        f.nodes,
+        NODES,
         t1.as_secs_f64(),
         hit.len(),
         t2.as_secs_f64()
@@ -970,77 +988,52 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
 }
 
 fn node_slow(env: &Env, name: &str) -> Result<String> {
+    let words = &["timeout", "timed out", "no reply", "no response"];
     node_fault(
         env,
         name,
         NodeFault {
-            mode: Mode::Plain,
-            nodes: 20,
-            flags: vec!["--fault-slow".into(), "0.2:6s".into()],
-            hit: &|id| affected("slow", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["timeout", "timed out", "no reply", "no response"],
+            value: format!("{SHARE}:6s"),
             counter: Some(("choria_provisioner_rpc_errors", "inventory")),
-            log_has: None,
             settle: Duration::from_secs(120),
-            setup: Setup::default(),
+            ..NodeFault::new("slow", words)
         },
     )
 }
 
 fn node_silent(env: &Env, name: &str) -> Result<String> {
+    let words = &["timeout", "timed out", "no reply", "no response"];
     node_fault(
         env,
         name,
         NodeFault {
-            mode: Mode::Plain,
-            nodes: 20,
-            flags: vec!["--fault-drop".into(), "0.2".into()],
-            hit: &|id| affected("drop", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["timeout", "timed out", "no reply", "no response"],
             counter: Some(("choria_provisioner_rpc_errors", "jwt")),
-            log_has: None,
             settle: Duration::from_secs(120),
-            setup: Setup::default(),
+            ..NodeFault::new("drop", words)
         },
     )
 }
 
 fn node_wrong_identity(env: &Env, name: &str) -> Result<String> {
+    let words = &["identity", "sender", "timeout", "timed out", "no reply"];
     node_fault(
         env,
         name,
         NodeFault {
-            mode: Mode::Plain,
-            nodes: 20,
-            flags: vec!["--fault-wrong-identity".into(), "0.2".into()],
-            hit: &|id| affected("wrong-identity", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["identity", "sender", "timeout", "timed out", "no reply"],
-            counter: None,
-            log_has: None,
             settle: Duration::from_secs(120),
-            setup: Setup::default(),
+            ..NodeFault::new("wrong-identity", words)
         },
     )
 }
 
 fn node_garbage(env: &Env, name: &str) -> Result<String> {
+    let words = &["bad reply", "invalid", "json", "decode", "parse"];
     node_fault(
         env,
         name,
         NodeFault {
-            mode: Mode::Plain,
-            nodes: 20,
-            flags: vec!["--fault-garbage".into(), "0.2".into()],
-            hit: &|id| affected("garbage", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["bad reply", "invalid", "json", "decode", "parse"],
             counter: Some(("choria_provisioner_rpc_errors", "jwt")),
-            log_has: None,
-            settle: Duration::from_secs(60),
-            setup: Setup::default(),
+            ..NodeFault::new("garbage", words)
         },
     )
 }
@@ -1050,16 +1043,10 @@ fn node_oversize(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         NodeFault {
-            mode: Mode::Plain,
-            nodes: 20,
-            flags: vec!["--fault-oversize".into(), "0.2".into()],
-            hit: &|id| affected("oversize", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["timeout"],
             counter: Some(("choria_provisioner_rpc_errors", "jwt")),
             log_has: Some("dropping oversized reply"),
             settle: Duration::from_secs(120),
-            setup: Setup::default(),
+            ..NodeFault::new("oversize", &["timeout"])
         },
     )
 }
@@ -1081,10 +1068,13 @@ fn node_duplicate(env: &Env, name: &str) -> Result<String> {
         nodes,
         &["--fault-duplicate".into(), "0.34".into()],
     )?;
-    let t = wait_for("the fleet", Duration::from_secs(60), || {
-        run.alive(p)?;
-        Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-    })?;
+    let t = run.wait_metric(
+        p,
+        "the fleet",
+        "choria_provisioner_provisioned",
+        nodes as f64,
+        Duration::from_secs(60),
+    )?;
     std::thread::sleep(Duration::from_secs(1));
     let metrics = scrape_all(run.provisioners[p].port);
     let report = sim.finish()?;
@@ -1112,21 +1102,7 @@ fn node_bad_nonce(env: &Env, name: &str) -> Result<String> {
     node_fault(
         env,
         name,
-        NodeFault {
-            mode: Mode::Ed25519,
-            nodes: 20,
-            flags: vec!["--fault-bad-nonce".into(), "0.2".into()],
-            hit: &|id| affected("bad-nonce", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["nonce"],
-            counter: None,
-            log_has: None,
-            settle: Duration::from_secs(60),
-            setup: Setup {
-                mode: Mode::Ed25519,
-                ..Setup::default()
-            },
-        },
+        NodeFault::new("bad-nonce", &["nonce"]).in_mode(Mode::Ed25519),
     )
 }
 
@@ -1134,21 +1110,7 @@ fn node_bad_csr(env: &Env, name: &str) -> Result<String> {
     node_fault(
         env,
         name,
-        NodeFault {
-            mode: Mode::Pki,
-            nodes: 20,
-            flags: vec!["--fault-bad-csr".into(), "0.2".into()],
-            hit: &|id| affected("bad-csr", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["common name", "csr"],
-            counter: None,
-            log_has: None,
-            settle: Duration::from_secs(60),
-            setup: Setup {
-                mode: Mode::Pki,
-                ..Setup::default()
-            },
-        },
+        NodeFault::new("bad-csr", &["common name", "csr"]).in_mode(Mode::Pki),
     )
 }
 
@@ -1156,21 +1118,7 @@ fn node_bad_csr_signature(env: &Env, name: &str) -> Result<String> {
     node_fault(
         env,
         name,
-        NodeFault {
-            mode: Mode::Pki,
-            nodes: 20,
-            flags: vec!["--fault-bad-csr-signature".into(), "0.2".into()],
-            hit: &|id| affected("bad-csr-signature", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["signature"],
-            counter: None,
-            log_has: None,
-            settle: Duration::from_secs(60),
-            setup: Setup {
-                mode: Mode::Pki,
-                ..Setup::default()
-            },
-        },
+        NodeFault::new("bad-csr-signature", &["signature"]).in_mode(Mode::Pki),
     )
 }
 
@@ -1179,34 +1127,13 @@ fn node_denied_san(env: &Env, name: &str) -> Result<String> {
     node_fault(
         env,
         name,
-        NodeFault {
-            mode: Mode::Pki,
-            nodes: 20,
-            flags: vec!["--fault-denied-san".into(), "0.2".into()],
-            hit: &|id| affected("denied-san", id, 0.2),
-            never: &["configure", "restart"],
-            words: &["privileged.choria"],
-            counter: None,
-            log_has: None,
-            settle: Duration::from_secs(60),
-            setup: Setup {
-                mode: Mode::Pki,
-                ..Setup::default()
-            },
-        },
+        NodeFault::new("denied-san", &["privileged.choria"]).in_mode(Mode::Pki),
     )
 }
 
 /// Nodes whose own name matches the deny list: refused for good, nothing configured.
 fn node_denied_name(env: &Env, name: &str) -> Result<String> {
-    let mut run = setup(
-        env,
-        name,
-        Setup {
-            mode: Mode::Pki,
-            ..Setup::default()
-        },
-    )?;
+    let mut run = setup(env, name, Setup::in_mode(Mode::Pki))?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 6;
     let sim = run.start_sim(
@@ -1215,26 +1142,27 @@ fn node_denied_name(env: &Env, name: &str) -> Result<String> {
         nodes,
         &["--domain".into(), "web.privileged.choria".into()],
     )?;
-    let t = wait_for("every node to be refused", Duration::from_secs(60), || {
-        run.alive(p)?;
-        Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
-    })?;
+    let t = run.wait_metric(
+        p,
+        "every node to be refused",
+        "choria_provisioner_provision_errors",
+        nodes as f64,
+        Duration::from_secs(60),
+    )?;
     std::thread::sleep(Duration::from_secs(1));
     let provisioned = run.metric(p, "choria_provisioner_provisioned");
     let report = sim.finish()?;
     ensure!(provisioned == 0.0, "{provisioned} denied nodes provisioned");
     let log = run.log(p);
     for (id, n) in &report {
-        ensure!(
-            !n.provisioned && !n.saw("configure"),
-            "{id} matches the deny list but was configured"
-        );
-        ensure!(
-            problem_lines(&log, id)
-                .iter()
-                .any(|l| l.contains("privileged")),
-            "no error line names {id} and the deny pattern"
-        );
+        ensure_refused(
+            id,
+            n,
+            &log,
+            &["configure"],
+            &["privileged"],
+            "it matches the deny list",
+        )?;
     }
     run.stop_all()?;
     Ok(format!(
@@ -1248,16 +1176,11 @@ fn node_configure_fails(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         NodeFault {
-            mode: Mode::Plain,
-            nodes: 20,
-            flags: vec!["--fault-fail-action".into(), "configure:0.2".into()],
-            hit: &|id| affected("fail-action", id, 0.2),
+            value: format!("configure:{SHARE}"),
             never: &["restart"],
-            words: &["configure"],
             counter: Some(("choria_provisioner_rpc_errors", "configure")),
-            log_has: None,
             settle: Duration::from_secs(90),
-            setup: Setup::default(),
+            ..NodeFault::new("fail-action", &["configure"])
         },
     )
 }
@@ -1367,13 +1290,7 @@ fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<Stri
     let flags: Vec<String> = match forge {
         Forge::WrongKey => {
             let other = run.dir.join("other-signer");
-            std::fs::create_dir_all(&other)?;
-            let st = Command::new(run.bins.join("choria-demo-helper"))
-                .arg("init-signer")
-                .arg(&other)
-                .stdout(Stdio::null())
-                .status()?;
-            ensure!(st.success(), "init-signer failed");
+            stack::init_signer(&run.bins, &other)?;
             vec![
                 "--provisioning-signer".into(),
                 other.join("signer.seed").display().to_string(),
@@ -1401,10 +1318,13 @@ fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<Stri
     };
     let nodes = 10;
     let sim = run.start_sim("fault", "n", nodes, &flags)?;
-    let t1 = wait_for("every node to be refused", Duration::from_secs(60), || {
-        run.alive(p)?;
-        Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
-    })?;
+    let t1 = run.wait_metric(
+        p,
+        "every node to be refused",
+        "choria_provisioner_provision_errors",
+        nodes as f64,
+        Duration::from_secs(60),
+    )?;
     std::thread::sleep(Duration::from_secs(1));
     let provisioned = run.metric(p, "choria_provisioner_provisioned");
     let report = sim.finish()?;
@@ -1414,31 +1334,16 @@ fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<Stri
     );
     let log = run.log(p);
     for (id, n) in &report {
-        ensure!(!n.provisioned, "{id} provisioned with a forged JWT");
-        for a in ["gen25519", "gencsr", "configure", "restart"] {
-            ensure!(
-                !n.saw(a),
-                "{id} was sent {a} after its JWT failed: {:?}",
-                n.actions
-            );
-        }
-        let lines = problem_lines(&log, id);
-        ensure!(
-            lines.iter().any(|l| {
-                let l = l.to_lowercase();
-                words.iter().any(|w| l.contains(w))
-            }),
-            "no error line names {id} with any of {words:?}; lines: {lines:#?}"
-        );
+        let never = ["gen25519", "gencsr", "configure", "restart"];
+        ensure_refused(id, n, &log, &never, words, "its JWT was forged")?;
     }
     let sim = run.start_sim("clear", "n", nodes, &[])?;
-    let t2 = wait_for(
+    let t2 = run.wait_metric(
+        p,
         "the fleet to be provisioned with a genuine JWT",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     ensure!(
@@ -1595,35 +1500,19 @@ fn helper_fault(
     let report = sim.finish()?;
     let log = run.log(p);
     for (id, n) in &report {
-        ensure!(
-            !n.provisioned,
-            "{id} provisioned although the helper failed"
-        );
-        ensure!(
-            !n.saw("configure") && !n.saw("restart"),
-            "{id} was configured although the helper failed: {:?}",
-            n.actions
-        );
-        let lines = problem_lines(&log, id);
-        ensure!(
-            lines.iter().any(|l| {
-                let l = l.to_lowercase();
-                words.iter().any(|w| l.contains(w))
-            }),
-            "no error line names {id} with any of {words:?}; lines: {lines:#?}"
-        );
+        let never = ["configure", "restart"];
+        ensure_refused(id, n, &log, &never, words, "the helper failed")?;
     }
     let helper_errors = metric_sum(&metrics, "choria_provisioner_helper_errors");
     let extra = after(&run)?;
     std::fs::write(&fixed, "")?;
     let sim = run.start_sim("clear", "n", nodes, sim_flags)?;
-    let t2 = wait_for(
+    let t2 = run.wait_metric(
+        p,
         "the fleet to be provisioned once the helper works",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     ensure!(
@@ -1750,14 +1639,7 @@ fn helper_bad_upgrade(env: &Env, name: &str) -> Result<String> {
 // Signing key faults (ed25519).
 
 fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
-    let mut run = setup(
-        env,
-        name,
-        Setup {
-            mode: Mode::Ed25519,
-            ..Setup::default()
-        },
-    )?;
+    let mut run = setup(env, name, Setup::in_mode(Mode::Ed25519))?;
     let p = run.start_provisioner("provisioner")?;
     let key = run.files.signer_seed.clone();
     let away = run.dir.join("signer.seed.away");
@@ -1769,37 +1651,33 @@ fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
         away.display().to_string(),
     ];
     let sim = run.start_sim("fault", "n", nodes, &flags)?;
-    let t1 = wait_for(
+    let t1 = run.wait_metric(
+        p,
         "every node to fail without a signing key",
+        "choria_provisioner_provision_errors",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     let log = run.log(p);
     for (id, n) in &report {
-        ensure!(
-            !n.provisioned && !n.saw("configure"),
-            "{id} configured without a signing key"
-        );
-        ensure!(
-            problem_lines(&log, id)
-                .iter()
-                .any(|l| l.contains("signer.seed")),
-            "no error line names {id} and the missing key file"
-        );
+        ensure_refused(
+            id,
+            n,
+            &log,
+            &["configure"],
+            &["signer.seed"],
+            "the signing key is missing",
+        )?;
     }
     std::fs::rename(&away, &key)?;
     let sim = run.start_sim("clear", "n", nodes, &[])?;
-    let t2 = wait_for(
+    let t2 = run.wait_metric(
+        p,
         "the fleet once the key is back",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     ensure!(
@@ -1815,24 +1693,16 @@ fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
 }
 
 fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
-    let mut run = setup(
-        env,
-        name,
-        Setup {
-            mode: Mode::Ed25519,
-            ..Setup::default()
-        },
-    )?;
+    let mut run = setup(env, name, Setup::in_mode(Mode::Ed25519))?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 10;
     let sim = run.start_sim("before", "n", nodes, &[])?;
-    wait_for(
+    run.wait_metric(
+        p,
         "the fleet with the first key",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let old = sim.finish()?;
     ensure!(
@@ -1841,13 +1711,7 @@ fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
     );
     // Rotate: a new seed replaces the file in place; the nodes now trust only the new key.
     let newdir = run.dir.join("rotated");
-    std::fs::create_dir_all(&newdir)?;
-    let out = Command::new(run.bins.join("choria-demo-helper"))
-        .arg("init-signer")
-        .arg(&newdir)
-        .output()?;
-    ensure!(out.status.success(), "init-signer failed");
-    let new_pub = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let new_pub = stack::init_signer(&run.bins, &newdir)?;
     // The nodes' provisioning JWTs stay signed by the old key (jwt_verify_cert is unchanged);
     // only the server JWT signing key rotates.
     let prov_signer = run.dir.join("provisioning-signer.seed");
@@ -1860,13 +1724,12 @@ fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
         prov_signer.display().to_string(),
     ];
     let sim = run.start_sim("after", "m", nodes, &flags)?;
-    let t = wait_for(
+    let t = run.wait_metric(
+        p,
         "the fleet with the rotated key",
+        "choria_provisioner_provisioned",
+        2.0 * nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= 2.0 * nodes as f64)
-        },
     )?;
     let new = sim.finish()?;
     for (id, n) in &new {
@@ -1903,38 +1766,34 @@ fn verify_cert_damaged(env: &Env, name: &str) -> Result<String> {
     )?;
     let nodes = 10;
     let sim = run.start_sim("fault", "n", nodes, &[])?;
-    let t1 = wait_for(
+    let t1 = run.wait_metric(
+        p,
         "every node to fail on the damaged certificate",
+        "choria_provisioner_provision_errors",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
-        },
     )?;
     let busy = run.metric(p, "choria_provisioner_busy_workers");
     let report = sim.finish()?;
     let log = run.log(p);
     for (id, n) in &report {
-        ensure!(
-            !n.provisioned && !n.saw("configure"),
-            "{id} configured while its JWT could not be checked"
-        );
-        ensure!(
-            problem_lines(&log, id)
-                .iter()
-                .any(|l| l.contains("certificate")),
-            "no error line names {id} and the certificate"
-        );
+        ensure_refused(
+            id,
+            n,
+            &log,
+            &["configure"],
+            &["certificate"],
+            "its JWT could not be checked",
+        )?;
     }
     std::fs::write(&file, &run.files.signer_pub)?;
     let sim = run.start_sim("clear", "n", nodes, &[])?;
-    let t2 = wait_for(
+    let t2 = run.wait_metric(
+        p,
         "the fleet once the file is repaired",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     ensure!(
@@ -1954,13 +1813,7 @@ fn verify_cert_damaged(env: &Env, name: &str) -> Result<String> {
 /// whose seed is `org_seed`, with the trust chain signature over `<jti>.<public key>` that
 /// servers check.
 fn make_chain_issuer(run: &Run, org_seed: &Path, dir: &Path, jti: &str) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let out = Command::new(run.bins.join("choria-demo-helper"))
-        .arg("init-signer")
-        .arg(dir)
-        .output()?;
-    ensure!(out.status.success(), "init-signer failed");
-    let chain_pub = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let chain_pub = stack::init_signer(&run.bins, dir)?;
     let org_pub = &run.files.signer_pub;
     let tcs = eddsa_raw(org_seed, dir, &format!("{jti}.{chain_pub}"))?
         .iter()
@@ -2010,14 +1863,7 @@ fn check_chain_jwts(report: &BTreeMap<String, NodeRep>, jti: &str) -> Result<()>
 }
 
 fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
-    let mut run = setup(
-        env,
-        name,
-        Setup {
-            mode: Mode::Ed25519,
-            ..Setup::default()
-        },
-    )?;
+    let mut run = setup(env, name, Setup::in_mode(Mode::Ed25519))?;
     // The run's signer is the Organization Issuer the nodes trust; the provisioner signs with a
     // chain issuer of its own, as in a real Organization Issuer network.
     let org_seed = run.dir.join("org-issuer.seed");
@@ -2044,13 +1890,12 @@ fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let nodes = 10;
     let sim = run.start_sim("first", "a", nodes, &[])?;
-    wait_for(
+    run.wait_metric(
+        p,
         "the fleet with the first chain issuer",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     check_chain_jwts(&sim.finish()?, "chainone")?;
 
@@ -2058,27 +1903,24 @@ fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     let token = chain.join("provisioner.jwt");
     std::fs::remove_file(&token)?;
     let sim = run.start_sim("removed", "b", nodes, &[])?;
-    let t1 = wait_for(
+    let t1 = run.wait_metric(
+        p,
         "every node to fail without the signing token",
+        "choria_provisioner_provision_errors",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provision_errors") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     let log = run.log(p);
     for (id, n) in &report {
-        ensure!(
-            !n.provisioned && !n.saw("configure"),
-            "{id} configured without a signing token"
-        );
-        ensure!(
-            problem_lines(&log, id)
-                .iter()
-                .any(|l| l.contains("provisioner.jwt")),
-            "no error line names {id} and the missing token file"
-        );
+        ensure_refused(
+            id,
+            n,
+            &log,
+            &["configure"],
+            &["provisioner.jwt"],
+            "the signing token is missing",
+        )?;
     }
 
     // Another chain issuer's seed and token replace the files: used from the next node on.
@@ -2087,13 +1929,12 @@ fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     std::fs::copy(next.join("signer.seed"), chain.join("signer.seed"))?;
     std::fs::copy(next.join("provisioner.jwt"), &token)?;
     let sim = run.start_sim("rotated", "b", nodes, &[])?;
-    let t2 = wait_for(
+    let t2 = run.wait_metric(
+        p,
         "the fleet with the second chain issuer",
+        "choria_provisioner_provisioned",
+        2.0 * nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= 2.0 * nodes as f64)
-        },
     )?;
     check_chain_jwts(&sim.finish()?, "chaintwo")?;
     run.stop_all()?;
@@ -2114,27 +1955,25 @@ fn broker_restart(env: &Env, name: &str) -> Result<String> {
     // Slow nodes keep the run going long enough to pull the broker away mid-run.
     let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
     let sim = run.start_sim("run", "n", nodes, &flags)?;
-    wait_for(
+    run.wait_metric(
+        p,
         "a few nodes to be provisioned",
+        "choria_provisioner_provisioned",
+        5.0,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= 5.0)
-        },
     )?;
     let before = run.metric(p, "choria_provisioner_provisioned");
     run.nats.terminate(Duration::from_secs(5));
     std::thread::sleep(Duration::from_secs(3));
     run.alive(p)?;
     let ready_down = run.metric(p, "choria_provisioner_provisioned");
-    run.nats = start_nats_on(&run.dir, run.nats_port)?;
-    let t = wait_for(
+    run.nats = stack::start_nats_on(&run.dir, run.nats_port)?;
+    let t = run.wait_metric(
+        p,
         "the fleet to finish after the broker came back",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(150),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     ensure!(
@@ -2155,25 +1994,17 @@ fn broker_restart(env: &Env, name: &str) -> Result<String> {
 }
 
 fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
-    let mut run = setup(
-        env,
-        name,
-        Setup {
-            mode: Mode::Ed25519,
-            ..Setup::default()
-        },
-    )?;
+    let mut run = setup(env, name, Setup::in_mode(Mode::Ed25519))?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 40;
     let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
     let sim = run.start_sim("run", "n", nodes, &flags)?;
-    wait_for(
+    run.wait_metric(
+        p,
         "a few nodes to be provisioned",
+        "choria_provisioner_provisioned",
+        5.0,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= 5.0)
-        },
     )?;
     let before = run.metric(p, "choria_provisioner_provisioned");
     let _ = run.provisioners[p].proc.child.kill();
@@ -2182,13 +2013,12 @@ fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
     let old = run.provisioners.remove(p);
     drop(old);
     let q = run.start_provisioner("provisioner")?;
-    let t = wait_for(
+    let t = run.wait_metric(
+        q,
         "the fleet to finish after the restart",
+        "choria_provisioner_provisioned",
+        nodes as f64 - before,
         Duration::from_secs(120),
-        || {
-            run.alive(q)?;
-            Ok(run.metric(q, "choria_provisioner_provisioned") + before >= nodes as f64)
-        },
     )?;
     // Give nodes provisioned just before the kill time to report.
     std::thread::sleep(Duration::from_secs(1));
@@ -2304,13 +2134,12 @@ fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
         .map(|l| l.split_once(" ERROR ").map_or(l, |x| x.1).to_string())
         .unwrap_or_default();
     create_election_bucket(run.nats_port, Duration::from_secs(10))?;
-    let t2 = wait_for(
+    let t2 = run.wait_metric(
+        p,
         "the provisioner to win and provision once the bucket exists",
+        "choria_provisioner_provisioned",
+        nodes as f64,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     ensure!(
@@ -2356,13 +2185,12 @@ fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
     let nodes = 40;
     let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
     let sim = run.start_sim("run", "n", nodes, &flags)?;
-    wait_for(
+    run.wait_metric(
+        first,
         "the leader to provision a few nodes",
+        "choria_provisioner_provisioned",
+        5.0,
         Duration::from_secs(60),
-        || {
-            run.alive(first)?;
-            Ok(run.metric(first, "choria_provisioner_provisioned") >= 5.0)
-        },
     )?;
     let before = run.metric(first, "choria_provisioner_provisioned");
     let _ = run.provisioners[first].proc.child.kill();
@@ -2374,13 +2202,12 @@ fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
     })?;
     // Nodes the dead leader was working on stay locked to it (go-choria's 2 minute lock); the
     // new leader leaves them alone for its 120 s lock hold and finds them again by discovery.
-    let t = wait_for(
+    let t = run.wait_metric(
+        other,
         "the new leader to finish the fleet",
+        "choria_provisioner_provisioned",
+        nodes as f64 - before,
         Duration::from_secs(260),
-        || {
-            run.alive(other)?;
-            Ok(run.metric(other, "choria_provisioner_provisioned") + before >= nodes as f64)
-        },
     )?;
     let report = sim.finish()?;
     for (id, n) in &report {
@@ -2503,10 +2330,13 @@ fn secrets(env: &Env, name: &str) -> Result<String> {
         prov_jwt.display().to_string(),
     ];
     let sim = run.start_sim("run", "n", nodes, &flags)?;
-    wait_for("the fleet", Duration::from_secs(60), || {
-        run.alive(p)?;
-        Ok(run.metric(p, "choria_provisioner_provisioned") >= nodes as f64)
-    })?;
+    run.wait_metric(
+        p,
+        "the fleet",
+        "choria_provisioner_provisioned",
+        nodes as f64,
+        Duration::from_secs(60),
+    )?;
     let metrics = scrape_all(run.provisioners[p].port);
     let report = sim.finish()?;
     let mut server_sigs = Vec::new();
@@ -2671,13 +2501,12 @@ fn load(env: &Env, name: &str) -> Result<String> {
             "--exit-when-done".into(),
         ],
     )?;
-    let t = wait_for(
+    let t = run.wait_metric(
+        p,
         "the whole fleet to be provisioned",
+        "choria_provisioner_provisioned",
+        (2 * half) as f64,
         Duration::from_secs(300),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= (2 * half) as f64)
-        },
     )?;
     let metrics = scrape_all(run.provisioners[p].port);
     let discovered = metric_sum(&metrics, "choria_provisioner_discovered");
@@ -2815,13 +2644,12 @@ fn fleet_restart(env: &Env, name: &str) -> Result<String> {
     let nodes = 30;
     let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
     let sim = run.start_sim("first", "n", nodes, &flags)?;
-    wait_for(
+    run.wait_metric(
+        p,
         "a few nodes to be provisioned",
+        "choria_provisioner_provisioned",
+        5.0,
         Duration::from_secs(60),
-        || {
-            run.alive(p)?;
-            Ok(run.metric(p, "choria_provisioner_provisioned") >= 5.0)
-        },
     )?;
     // Every node dies at once, mid-cycle for the busy ones, without a report.
     let mut sim = sim;

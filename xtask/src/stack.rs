@@ -74,8 +74,15 @@ pub fn free_port() -> Result<u16> {
 
 /// Start nats-server with JetStream in `dir`, waiting until it accepts connections.
 pub fn start_nats(dir: &Path) -> Result<(Proc, String)> {
-    let bin = tools::ensure_nats_server()?;
     let port = free_port()?;
+    let proc = start_nats_on(dir, port)?;
+    Ok((proc, format!("nats://127.0.0.1:{port}")))
+}
+
+/// nats-server with JetStream in `dir` on a chosen port, so a restart keeps the address; its
+/// log is appended to across restarts.
+pub fn start_nats_on(dir: &Path, port: u16) -> Result<Proc> {
+    let bin = tools::ensure_nats_server()?;
     let conf = dir.join("nats.conf");
     std::fs::write(
         &conf,
@@ -84,7 +91,10 @@ pub fn start_nats(dir: &Path) -> Result<(Proc, String)> {
             dir.join("jetstream").display()
         ),
     )?;
-    let log = std::fs::File::create(dir.join("nats-server.log"))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("nats-server.log"))?;
     let proc = Proc::spawn(
         "nats-server",
         Command::new(bin)
@@ -94,7 +104,7 @@ pub fn start_nats(dir: &Path) -> Result<(Proc, String)> {
             .stderr(log),
     )?;
     wait_port(port, Duration::from_secs(15)).context("nats-server did not start")?;
-    Ok((proc, format!("nats://127.0.0.1:{port}")))
+    Ok(proc)
 }
 
 /// Wait until something listens on `port`.
@@ -180,11 +190,11 @@ pub struct ProvisionerOptions<'a> {
     pub extra_yaml: &'a str,
 }
 
-/// Write the signer, CA and both configuration files for a run into `dir`.
-pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -> Result<RunFiles> {
+/// A new ed25519 signer in `dir` (`signer.seed`, `signer.pub`, made by the demo helper); returns
+/// its public key in hex.
+pub fn init_signer(bins: &Path, dir: &Path) -> Result<String> {
     std::fs::create_dir_all(dir)?;
-    let helper_bin = bins.join("choria-demo-helper");
-    let out = Command::new(&helper_bin)
+    let out = Command::new(bins.join("choria-demo-helper"))
         .arg("init-signer")
         .arg(dir)
         .output()
@@ -195,7 +205,14 @@ pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let signer_pub = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Write the signer, CA and both configuration files for a run into `dir`.
+pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -> Result<RunFiles> {
+    std::fs::create_dir_all(dir)?;
+    let helper_bin = bins.join("choria-demo-helper");
+    let signer_pub = init_signer(bins, dir)?;
     run(Command::new(&helper_bin)
         .arg("init-ca")
         .arg(dir)
@@ -257,22 +274,32 @@ pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -
     })
 }
 
-/// Fetch `/metrics` and return the value of an unlabelled-but-`site` sample, if present.
-pub fn scrape(port: u16, metric: &str) -> Option<f64> {
+/// The provisioner's `/metrics` page on loopback `port` (empty when it cannot be reached).
+pub fn scrape_all(port: u16) -> String {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
         s,
         "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    );
     let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find(|l| l.starts_with(metric) && l[metric.len()..].starts_with('{'))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+/// The sum of every sample of metric `name` (all label sets) in a scrape.
+pub fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 impl RunFiles {
@@ -306,6 +333,18 @@ impl RunFiles {
             cmd.args(["--issuer-public", &self.signer_pub]);
         }
         Ok(cmd)
+    }
+
+    /// `program run --config <yaml> --choria-config <cfg>` for this run (the provisioner, or a
+    /// compatible one given by path).
+    pub fn provisioner_command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&self.provisioner_yaml)
+            .arg("--choria-config")
+            .arg(&self.choria_cfg);
+        cmd
     }
 
     /// The environment the demo helper reads (brokers, CA, issuer), set on the provisioner so

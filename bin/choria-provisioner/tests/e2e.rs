@@ -422,12 +422,7 @@ async fn failing_helper_is_counted_and_retried(behaviour: &str) {
     env.announce(&fleet.identities()).await;
     assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
     assert_eq!(prov.m("helper_errors"), 5.0);
-    // The fleet counts a node when its restart arrives, the provisioner when the reply does.
-    assert!(
-        prov.wait_metric("provisioned", 5.0, Duration::from_secs(10))
-            .await
-    );
-    assert_eq!(prov.m("provisioned"), 5.0);
+    prov.assert_provisioned(5.0).await;
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
 }
@@ -499,12 +494,7 @@ async fn nodes_announced_by_startup_events_are_taken_without_discovery() {
     assert_eq!(prov.m("event_discovered"), 20.0);
     assert_eq!(prov.m("discovered"), 0.0);
     assert_eq!(prov.m("discover_cycles"), 1.0);
-    // The fleet counts a node when its restart arrives, the provisioner when the reply does.
-    assert!(
-        prov.wait_metric("provisioned", 20.0, Duration::from_secs(10))
-            .await
-    );
-    assert_eq!(prov.m("provisioned"), 20.0);
+    prov.assert_provisioned(20.0).await;
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
 }
@@ -723,12 +713,7 @@ async fn a_larger_fleet_found_by_discovery_and_events_at_once() {
         "200 nodes provisioned in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    // The fleet counts a node when its restart arrives, the provisioner when the reply does.
-    assert!(
-        prov.wait_metric("provisioned", 200.0, Duration::from_secs(10))
-            .await
-    );
-    assert_eq!(prov.m("provisioned"), 200.0);
+    prov.assert_provisioned(200.0).await;
     assert_eq!(prov.rpc_count("choria_provision#configure"), 200.0);
     assert_eq!(prov.m("discovered") + prov.m("event_discovered"), 200.0);
     assert!(prov.m("event_discovered") >= 100.0);

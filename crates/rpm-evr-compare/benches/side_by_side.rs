@@ -2,28 +2,16 @@
 #![allow(clippy::unwrap_used)] // a benchmark with bad inputs should stop at once
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rpm_evr_compare::BENCH_PAIRS;
+use rpm_evr_compare::{ParsedPairs, BENCH_PAIRS};
 use std::hint::black_box;
 use std::time::Duration;
 
 fn parsed_cmp(c: &mut Criterion) {
-    let ours: Vec<_> = BENCH_PAIRS
-        .iter()
-        .map(|(a, b)| {
-            (
-                rpm_evr::Version::parse(a).unwrap(),
-                rpm_evr::Version::parse(b).unwrap(),
-            )
-        })
-        .collect();
-    let rv: Vec<_> = BENCH_PAIRS
-        .iter()
-        .map(|(a, b)| (rpm_version::Evr::parse(a), rpm_version::Evr::parse(b)))
-        .collect();
-    let rc: Vec<_> = BENCH_PAIRS
-        .iter()
-        .map(|(a, b)| (rpm::Evr::parse(a), rpm::Evr::parse(b)))
-        .collect();
+    let ParsedPairs {
+        ours,
+        rpm_version: rv,
+        rpm_crate: rc,
+    } = ParsedPairs::new();
 
     let mut group = c.benchmark_group("cmp parsed");
     group.throughput(Throughput::Elements(BENCH_PAIRS.len() as u64));

@@ -4,7 +4,7 @@
 //! `cargo run --release -p rpm-evr-compare --example throughput`
 #![allow(clippy::unwrap_used)] // bad benchmark inputs should stop the run at once
 
-use rpm_evr_compare::BENCH_PAIRS;
+use rpm_evr_compare::{ParsedPairs, BENCH_PAIRS};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -28,23 +28,11 @@ fn round(f: &mut dyn FnMut()) -> f64 {
 }
 
 fn main() {
-    let ours: Vec<_> = BENCH_PAIRS
-        .iter()
-        .map(|(a, b)| {
-            (
-                rpm_evr::Version::parse(a).unwrap(),
-                rpm_evr::Version::parse(b).unwrap(),
-            )
-        })
-        .collect();
-    let rv: Vec<_> = BENCH_PAIRS
-        .iter()
-        .map(|(a, b)| (rpm_version::Evr::parse(a), rpm_version::Evr::parse(b)))
-        .collect();
-    let rc: Vec<_> = BENCH_PAIRS
-        .iter()
-        .map(|(a, b)| (rpm::Evr::parse(a), rpm::Evr::parse(b)))
-        .collect();
+    let ParsedPairs {
+        ours,
+        rpm_version: rv,
+        rpm_crate: rc,
+    } = ParsedPairs::new();
 
     let mut cases: Vec<Measurement> = vec![
         (

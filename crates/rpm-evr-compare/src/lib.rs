@@ -142,6 +142,48 @@ pub fn load_cases() -> Result<Vec<Case>, LoadError> {
     Ok(cases)
 }
 
+/// [`BENCH_PAIRS`] parsed once by each implementation, for the "compare parsed" measurements.
+pub struct ParsedPairs {
+    /// rpm-evr's.
+    pub ours: Vec<(rpm_evr::Version, rpm_evr::Version)>,
+    /// rpm-version's.
+    pub rpm_version: Vec<(rpm_version::Evr<'static>, rpm_version::Evr<'static>)>,
+    /// The rpm crate's.
+    pub rpm_crate: Vec<(rpm::Evr<'static>, rpm::Evr<'static>)>,
+}
+
+impl ParsedPairs {
+    /// Parses every pair; the pairs are fixed valid versions.
+    #[allow(clippy::unwrap_used)]
+    pub fn new() -> Self {
+        ParsedPairs {
+            ours: BENCH_PAIRS
+                .iter()
+                .map(|(a, b)| {
+                    (
+                        rpm_evr::Version::parse(a).unwrap(),
+                        rpm_evr::Version::parse(b).unwrap(),
+                    )
+                })
+                .collect(),
+            rpm_version: BENCH_PAIRS
+                .iter()
+                .map(|(a, b)| (rpm_version::Evr::parse(a), rpm_version::Evr::parse(b)))
+                .collect(),
+            rpm_crate: BENCH_PAIRS
+                .iter()
+                .map(|(a, b)| (rpm::Evr::parse(a), rpm::Evr::parse(b)))
+                .collect(),
+        }
+    }
+}
+
+impl Default for ParsedPairs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Realistic EVR pairs used by the benchmark: what a fleet reports, with the usual near misses.
 pub const BENCH_PAIRS: &[(&str, &str)] = &[
     ("1:2.4.1-3.el9", "1:2.4.10-1.el9"),

@@ -145,3 +145,21 @@ impl Drop for NatsServer {
         self.stop();
     }
 }
+
+/// Runs `f` on a thread of its own and returns its result, panicking with `what` if it has not
+/// returned within `timeout`: a test for "refused promptly" fails instead of hanging the suite
+/// (a function that spins is left running until the test process exits).
+pub fn returns_within<T: Send + 'static>(
+    what: &str,
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not return within {timeout:?}"),
+    }
+}

@@ -445,6 +445,19 @@ impl Prov {
         }
     }
 
+    /// Asserts the provisioner counted exactly `n` nodes provisioned. The simulated fleet counts
+    /// a node when its restart arrives, the provisioner when the reply does, so the metric may
+    /// trail the fleet's count by a moment: it is waited for first.
+    pub async fn assert_provisioned(&self, n: f64) {
+        assert!(
+            self.wait_metric("provisioned", n, Duration::from_secs(10))
+                .await,
+            "provisioned {} of {n}",
+            self.m("provisioned")
+        );
+        assert_eq!(self.m("provisioned"), n);
+    }
+
     /// Send a signal by name (`TERM`, `INT`, `KILL`).
     pub fn signal(&self, sig: &str) {
         let st = Command::new("kill")
