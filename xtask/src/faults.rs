@@ -569,7 +569,7 @@ impl Run {
         cmd.args(["--broker", &self.url, "--nodes", &nodes.to_string()])
             .args(["--mode", self.mode.name(), "--token", &self.files.token])
             .args(["--identity-prefix", prefix])
-            .args(["--restart-delay", "0s", "--progress", "5s"])
+            .args(["--restart-delay", "0s", "--progress", "1s"])
             .arg("--report")
             .arg(&report);
         if !args
@@ -627,6 +627,24 @@ impl Run {
     fn log(&self, idx: usize) -> String {
         std::fs::read_to_string(&self.provisioners[idx].log).unwrap_or_default()
     }
+
+    /// Wait until the simulator counts `nodes` nodes provisioned, failing as soon as provisioner
+    /// `idx` exits. After a broker restart or a provisioner's death the fleet is the one to ask:
+    /// a node that was restarted while its reply was lost is provisioned although no provisioner
+    /// counted it (its restart ends as an RPC timeout).
+    fn wait_fleet(
+        &mut self,
+        idx: usize,
+        sim: &Sim,
+        what: &str,
+        nodes: usize,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        wait_for(what, timeout, || {
+            self.alive(idx)?;
+            Ok(sim.provisioned() >= nodes)
+        })
+    }
 }
 
 struct Sim {
@@ -658,6 +676,16 @@ impl NodeRep {
 }
 
 impl Sim {
+    /// How many nodes the simulator counts as provisioned, from its latest progress line
+    /// (`fleet-sim: 35s 40/40 provisioned, ...`, one a second).
+    fn provisioned(&self) -> usize {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .rev()
+            .find_map(progress_provisioned)
+            .unwrap_or(0)
+    }
+
     /// SIGTERM the simulator and read its report.
     fn finish(mut self) -> Result<BTreeMap<String, NodeRep>> {
         // SIGTERM again every second: one sent while the simulator is between two waits can be
@@ -742,6 +770,15 @@ fn affected(salt: &str, identity: &str, share: f64) -> bool {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     ((h % 1000) as f64) < (share.clamp(0.0, 1.0) * 1000.0).round()
+}
+
+/// The provisioned count of one simulator progress line, `None` for any other line.
+fn progress_provisioned(line: &str) -> Option<usize> {
+    let mut words = line.strip_prefix("fleet-sim: ")?.split_whitespace();
+    words.next()?.strip_suffix('s')?;
+    let (done, _) = words.next()?.split_once('/')?;
+    (words.next()? == "provisioned,").then_some(())?;
+    done.parse().ok()
 }
 
 fn wait_for(
@@ -1966,15 +2003,20 @@ fn broker_restart(env: &Env, name: &str) -> Result<String> {
     run.nats.terminate(Duration::from_secs(5));
     std::thread::sleep(Duration::from_secs(3));
     run.alive(p)?;
-    let ready_down = run.metric(p, "choria_provisioner_provisioned");
+    let during = run.metric(p, "choria_provisioner_provisioned");
     run.nats = stack::start_nats_on(&run.dir, run.nats_port)?;
-    let t = run.wait_metric(
+    let t = run.wait_fleet(
         p,
+        &sim,
         "the fleet to finish after the broker came back",
-        "choria_provisioner_provisioned",
-        nodes as f64,
+        nodes,
         Duration::from_secs(150),
     )?;
+    let counted = run.metric(p, "choria_provisioner_provisioned");
+    ensure!(
+        counted > during,
+        "the provisioner provisioned nothing after the broker came back ({counted})"
+    );
     let report = sim.finish()?;
     ensure!(
         report.values().all(|n| n.provisioned),
@@ -1986,9 +2028,8 @@ fn broker_restart(env: &Env, name: &str) -> Result<String> {
         "the log does not record the reconnection"
     );
     run.stop_all()?;
-    let _ = ready_down;
     Ok(format!(
-        "{before} provisioned before the restart; all {nodes} done {:.1}s after it (nodes interrupted mid-cycle come back through the next discovery, at most one 60 s interval)",
+        "{before} provisioned before the restart; all {nodes} done {:.1}s after it, {counted} counted by the provisioner (a node restarted while its reply was lost is provisioned but ends as a restart timeout; nodes interrupted mid-cycle come back through the next discovery, at most one 60 s interval)",
         t.as_secs_f64()
     ))
 }
@@ -2013,15 +2054,18 @@ fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
     let old = run.provisioners.remove(p);
     drop(old);
     let q = run.start_provisioner("provisioner")?;
-    let t = run.wait_metric(
+    let t = run.wait_fleet(
         q,
+        &sim,
         "the fleet to finish after the restart",
-        "choria_provisioner_provisioned",
-        nodes as f64 - before,
+        nodes,
         Duration::from_secs(120),
     )?;
-    // Give nodes provisioned just before the kill time to report.
-    std::thread::sleep(Duration::from_secs(1));
+    let counted = run.metric(q, "choria_provisioner_provisioned");
+    ensure!(
+        counted > 0.0,
+        "the restarted provisioner provisioned nothing"
+    );
     let report = sim.finish()?;
     let mut twice = 0;
     for (id, n) in &report {
@@ -2037,8 +2081,7 @@ fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
     }
     run.stop_all()?;
     Ok(format!(
-        "{before} provisioned before SIGKILL; the restarted provisioner finished the other {} in {:.1}s; {twice} nodes configured twice, each ending with credentials matching its key",
-        nodes as f64 - before,
+        "{before} provisioned before SIGKILL; the restarted provisioner finished the fleet in {:.1}s, {counted} nodes counted by it; {twice} nodes configured twice, each ending with credentials matching its key",
         t.as_secs_f64()
     ))
 }
@@ -2202,13 +2245,15 @@ fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
     })?;
     // Nodes the dead leader was working on stay locked to it (go-choria's 2 minute lock); the
     // new leader leaves them alone for its 120 s lock hold and finds them again by discovery.
-    let t = run.wait_metric(
+    let t = run.wait_fleet(
         other,
+        &sim,
         "the new leader to finish the fleet",
-        "choria_provisioner_provisioned",
-        nodes as f64 - before,
+        nodes,
         Duration::from_secs(260),
     )?;
+    let counted = run.metric(other, "choria_provisioner_provisioned");
+    ensure!(counted > 0.0, "the new leader provisioned nothing");
     let report = sim.finish()?;
     for (id, n) in &report {
         ensure!(
@@ -2225,7 +2270,7 @@ fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
     let _ = killed;
     run.stop_all()?;
     Ok(format!(
-        "leader killed after {before} nodes; the standby led {:.1}s later and finished the fleet {:.1}s after the kill (nodes locked by the dead leader wait out the 120 s lock hold and the next discovery)",
+        "leader killed after {before} nodes; the standby led {:.1}s later and finished the fleet {:.1}s after the kill, {counted} nodes counted by it (nodes locked by the dead leader wait out the 120 s lock hold and the next discovery)",
         took_over.as_secs_f64(),
         t.as_secs_f64() + took_over.as_secs_f64()
     ))
@@ -2696,4 +2741,28 @@ fn fleet_restart(env: &Env, name: &str) -> Result<String> {
         rest.len(),
         t.as_secs_f64()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_provisioned;
+
+    #[test]
+    fn the_provisioned_count_is_read_from_progress_lines_only() {
+        let line = "fleet-sim: 35s 32/40 provisioned, 33 configured, 0 broken, 0 shut down, 141 requests, 133 replies (0 discovery), 0 ignored, 137 events";
+        assert_eq!(progress_provisioned(line), Some(32));
+        assert_eq!(
+            progress_provisioned("fleet-sim: 40 nodes up on nats://127.0.0.1:41927 (Plain, V1)"),
+            None
+        );
+        assert_eq!(
+            progress_provisioned("fleet-sim: 40/40 nodes provisioned"),
+            None
+        );
+        assert_eq!(
+            progress_provisioned("fleet-sim: 5s x/40 provisioned, 0 configured"),
+            None
+        );
+        assert_eq!(progress_provisioned("something else"), None);
+    }
 }
