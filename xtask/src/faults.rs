@@ -628,6 +628,32 @@ impl Run {
         std::fs::read_to_string(&self.provisioners[idx].log).unwrap_or_default()
     }
 
+    /// The second phase of a scenario whose fault has cleared: start a clean fleet of `nodes`
+    /// (`sim_flags` added), wait for provisioner `idx` to count every one, and insist that the
+    /// simulator saw each provisioned. `when` ends both messages ("once the key is back").
+    fn provision_clear_fleet(
+        &mut self,
+        idx: usize,
+        nodes: usize,
+        sim_flags: &[String],
+        when: &str,
+    ) -> Result<Duration> {
+        let sim = self.start_sim("clear", "n", nodes, sim_flags)?;
+        let t = self.wait_metric(
+            idx,
+            &format!("the fleet to be provisioned {when}"),
+            "choria_provisioner_provisioned",
+            nodes as f64,
+            Duration::from_secs(60),
+        )?;
+        let report = sim.finish()?;
+        ensure!(
+            report.values().all(|n| n.provisioned),
+            "not every node provisioned {when}"
+        );
+        Ok(t)
+    }
+
     /// Wait until the simulator counts `nodes` nodes provisioned, failing as soon as provisioner
     /// `idx` exits. After a broker restart or a provisioner's death the fleet is the one to ask:
     /// a node that was restarted while its reply was lost is provisioned although no provisioner
@@ -1374,19 +1400,7 @@ fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<Stri
         let never = ["gen25519", "gencsr", "configure", "restart"];
         ensure_refused(id, n, &log, &never, words, "its JWT was forged")?;
     }
-    let sim = run.start_sim("clear", "n", nodes, &[])?;
-    let t2 = run.wait_metric(
-        p,
-        "the fleet to be provisioned with a genuine JWT",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
-    let report = sim.finish()?;
-    ensure!(
-        report.values().all(|n| n.provisioned),
-        "not every node provisioned with the genuine JWT"
-    );
+    let t2 = run.provision_clear_fleet(p, nodes, &[], "with a genuine JWT")?;
     run.stop_all()?;
     Ok(format!(
         "all {nodes} refused in {:.1}s, nothing configured; provisioned {:.1}s after restarting with a genuine JWT",
@@ -1543,19 +1557,7 @@ fn helper_fault(
     let helper_errors = metric_sum(&metrics, "choria_provisioner_helper_errors");
     let extra = after(&run)?;
     std::fs::write(&fixed, "")?;
-    let sim = run.start_sim("clear", "n", nodes, sim_flags)?;
-    let t2 = run.wait_metric(
-        p,
-        "the fleet to be provisioned once the helper works",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
-    let report = sim.finish()?;
-    ensure!(
-        report.values().all(|n| n.provisioned),
-        "not every node provisioned once the helper works"
-    );
+    let t2 = run.provision_clear_fleet(p, nodes, sim_flags, "once the helper works")?;
     run.stop_all()?;
     Ok(format!(
         "{nodes} nodes failed in {:.1}s, none configured, helper_errors={helper_errors}{extra}; provisioned {:.1}s after the helper was fixed",
@@ -1708,19 +1710,7 @@ fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
         )?;
     }
     std::fs::rename(&away, &key)?;
-    let sim = run.start_sim("clear", "n", nodes, &[])?;
-    let t2 = run.wait_metric(
-        p,
-        "the fleet once the key is back",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
-    let report = sim.finish()?;
-    ensure!(
-        report.values().all(|n| n.provisioned),
-        "not every node provisioned once the key returned"
-    );
+    let t2 = run.provision_clear_fleet(p, nodes, &[], "once the key is back")?;
     run.stop_all()?;
     Ok(format!(
         "{nodes} nodes refused in {:.1}s with the file named, none configured; provisioned {:.1}s after the key returned",
@@ -1824,19 +1814,7 @@ fn verify_cert_damaged(env: &Env, name: &str) -> Result<String> {
         )?;
     }
     std::fs::write(&file, &run.files.signer_pub)?;
-    let sim = run.start_sim("clear", "n", nodes, &[])?;
-    let t2 = run.wait_metric(
-        p,
-        "the fleet once the file is repaired",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
-    let report = sim.finish()?;
-    ensure!(
-        report.values().all(|n| n.provisioned),
-        "not every node provisioned once the file was repaired"
-    );
+    let t2 = run.provision_clear_fleet(p, nodes, &[], "once the file is repaired")?;
     run.stop_all()?;
     Ok(format!(
         "{nodes} nodes refused in {:.1}s naming the certificate, none configured, {busy} workers busy after; provisioned {:.1}s after the file was repaired, no restart",
