@@ -8,6 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use tokio::sync::watch;
 
+use regex::Regex;
+
+use crate::identity::IdentityRule;
 use crate::policy::DenyList;
 
 /// The lifecycle component a provisioning-mode server announces itself with.
@@ -92,6 +95,18 @@ pub struct Config {
     pub upgrades_optional: bool,
     /// Optional features.
     pub features: Features,
+    /// `identity_pattern` as written (not a Go key); empty means the built-in grammar.
+    pub identity_pattern: String,
+    /// The rule every node identity is held to before anything is done for it.
+    pub identity_rule: IdentityRule,
+    /// `csr_extra_dns_names` as written (not a Go key): a regular expression for DNS names a
+    /// CSR may carry besides the identity; empty means none.
+    pub csr_extra_dns_names: String,
+    /// The compiled, anchored form of `csr_extra_dns_names`.
+    pub csr_extra_dns_rule: Option<Regex>,
+    /// `monitor_address` (not a Go key): the address the monitor listener binds; empty means
+    /// every interface, IPv4 and IPv6, as Go's `:port`.
+    pub monitor_address: String,
     /// The file this was loaded from.
     pub file: PathBuf,
 }
@@ -166,6 +181,25 @@ pub enum ConfigError {
     /// Both `pki` and `ed25519` features are on.
     #[error("can only enable one of the pki or ed25519 features")]
     PkiAndEd25519,
+    /// `identity_pattern` is not a valid regular expression.
+    #[error("invalid identity_pattern {pattern:?}: {reason}")]
+    IdentityPattern {
+        /// The entry.
+        pattern: String,
+        /// The regular expression compiler's message.
+        reason: String,
+    },
+    /// `csr_extra_dns_names` is not a valid regular expression.
+    #[error("invalid csr_extra_dns_names pattern {pattern:?}: {reason}")]
+    CsrNamePattern {
+        /// The entry.
+        pattern: String,
+        /// The regular expression compiler's message.
+        reason: String,
+    },
+    /// `monitor_address` is not an IP address.
+    #[error("invalid monitor_address {0:?}: it must be an IPv4 or IPv6 address, for example 127.0.0.1 or ::1")]
+    MonitorAddress(String),
     /// A `cert_deny_list` entry is not a valid regular expression.
     #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
     DenyPattern {
@@ -273,9 +307,18 @@ struct RawConfig {
     upgrades_optional: bool,
     #[serde(deserialize_with = "nullable")]
     features: RawFeatures,
+    #[serde(deserialize_with = "nullable")]
+    identity_pattern: String,
+    #[serde(deserialize_with = "nullable")]
+    csr_extra_dns_names: String,
+    #[serde(deserialize_with = "nullable")]
+    monitor_address: String,
 }
 
-const KNOWN_KEYS: [&str; 23] = [
+const KNOWN_KEYS: [&str; 26] = [
+    "identity_pattern",
+    "csr_extra_dns_names",
+    "monitor_address",
     "workers",
     "work_queue_size",
     "interval",
@@ -475,6 +518,35 @@ impl Config {
         } else {
             interval
         };
+        let identity_rule =
+            IdentityRule::with_pattern(&raw.identity_pattern).unwrap_or_else(|reason| {
+                errors.push(ConfigError::IdentityPattern {
+                    pattern: raw.identity_pattern.clone(),
+                    reason,
+                });
+                IdentityRule::builtin()
+            });
+        let csr_extra_dns_rule = if raw.csr_extra_dns_names.is_empty() {
+            None
+        } else {
+            match regex::RegexBuilder::new(&format!("^(?:{})$", raw.csr_extra_dns_names))
+                .size_limit(1 << 20)
+                .build()
+            {
+                Ok(re) => Some(re),
+                Err(e) => {
+                    errors.push(ConfigError::CsrNamePattern {
+                        pattern: raw.csr_extra_dns_names.clone(),
+                        reason: e.to_string(),
+                    });
+                    None
+                }
+            }
+        };
+        let monitor_address = raw.monitor_address.trim().to_string();
+        if !monitor_address.is_empty() && monitor_address.parse::<std::net::IpAddr>().is_err() {
+            errors.push(ConfigError::MonitorAddress(monitor_address.clone()));
+        }
         let work_queue_size = match raw.work_queue_size {
             0 => DEFAULT_WORK_QUEUE_SIZE,
             n => n as usize,
@@ -502,6 +574,11 @@ impl Config {
             upgrades_repository: raw.upgrades_repository,
             upgrades_optional: raw.upgrades_optional,
             features,
+            identity_pattern: raw.identity_pattern,
+            identity_rule,
+            csr_extra_dns_names: raw.csr_extra_dns_names,
+            csr_extra_dns_rule,
+            monitor_address,
             file: path.to_path_buf(),
         };
         (config, errors)

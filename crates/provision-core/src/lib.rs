@@ -68,6 +68,7 @@
 #![deny(missing_docs)]
 pub mod config;
 pub mod fleet;
+pub mod identity;
 pub mod jwt;
 pub mod keyenc;
 pub mod policy;
@@ -77,5 +78,6 @@ pub mod rpc;
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, PauseState};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
+pub use identity::{IdentityError, IdentityRule};
 pub use provision::{Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner};
 pub use rpc::{Clock, Helper, NodeRpc, NoopObserver, Observer, SystemClock};
