@@ -363,14 +363,12 @@ async fn listen<R, H, O, C>(
         };
         if pause.paused() {
             debug!(
-                "ignoring startup event of {} while paused",
-                ev.event.identity
+                "ignoring startup event of \"{}\" while paused",
+                provision_core::identity::escaped(&ev.event.identity)
             );
             continue;
         }
-        if ev.event.identity.is_empty() {
-            continue;
-        }
+        // The identity is checked by the work queue: an invalid one is counted and refused.
         fleet.add(&ev.event.identity, Source::Event);
     }
 }

@@ -1,7 +1,8 @@
 //! The provisioner's Prometheus metrics, named, typed and labelled exactly as the Go provisioner
 //! exports them, and the HTTP endpoints that serve them.
 //!
-//! The fifteen metrics of the Go provisioner (plus `choria_provisioner_lock_held`) live in one
+//! The fifteen metrics of the Go provisioner (plus `choria_provisioner_lock_held` and
+//! `choria_provisioner_invalid_identities`) live in one
 //! [`Metrics`] value (no global registry) made of atomics, so the
 //! hot path never takes a lock except to look up a new `rpc` label once. [`encode`](Metrics::encode)
 //! writes the Prometheus text exposition format; [`serve`] answers `/metrics`, `/healthz` and
@@ -140,6 +141,9 @@ pub struct Metrics {
     pub helper_shutdown_requests: Counter,
     /// `choria_provisioner_lock_held`: nodes left to another provisioner (not in the Go set).
     pub lock_held: Counter,
+    /// `choria_provisioner_invalid_identities`: announced or discovered node identities refused
+    /// before anything was done for them (not in the Go set).
+    pub invalid_identities: Counter,
     rpc: RwLock<BTreeMap<String, Arc<RpcStats>>>,
     connected: AtomicBool,
     role: AtomicU8,
@@ -185,6 +189,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "choria_provisioner_helper_time",
         "summary",
         "How long it took to run the helper",
+    ),
+    (
+        "choria_provisioner_invalid_identities",
+        "counter",
+        "How many node identities were refused as invalid before anything was done for them",
     ),
     (
         "choria_provisioner_lock_held",
@@ -247,6 +256,7 @@ impl Metrics {
             helper_errors: Counter::default(),
             helper_shutdown_requests: Counter::default(),
             lock_held: Counter::default(),
+            invalid_identities: Counter::default(),
             rpc: RwLock::new(BTreeMap::new()),
             connected: AtomicBool::new(false),
             role: AtomicU8::new(Role::Active as u8),
@@ -346,6 +356,9 @@ impl Metrics {
                     );
                 }
                 "choria_provisioner_lock_held" => plain(self.lock_held.get().to_string(), &mut out),
+                "choria_provisioner_invalid_identities" => {
+                    plain(self.invalid_identities.get().to_string(), &mut out)
+                }
                 "choria_provisioner_paused" => plain(self.paused.get().to_string(), &mut out),
                 "choria_provisioner_provision_errors" => {
                     plain(self.provision_errors.get().to_string(), &mut out)
@@ -435,6 +448,9 @@ impl provision_core::Observer for Metrics {
     fn provision_error(&self) {
         self.provision_errors.inc();
     }
+    fn invalid_identity(&self) {
+        self.invalid_identities.inc();
+    }
     fn lock_held(&self) {
         self.lock_held.inc();
     }
@@ -493,8 +509,9 @@ mod tests {
         ));
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
-        // The fifteen metrics of the Go provisioner, plus the lock-held counter.
-        assert_eq!(HELP.len(), 16);
+        // The fifteen metrics of the Go provisioner, plus the lock-held and invalid-identity
+        // counters.
+        assert_eq!(HELP.len(), 17);
     }
 
     #[test]

@@ -356,6 +356,15 @@ where
 }
 
 impl Config {
+    /// What a node's CSR is held to under this configuration.
+    pub fn csr_policy(&self) -> crate::policy::CsrPolicy<'_> {
+        crate::policy::CsrPolicy {
+            deny: &self.deny_list,
+            identity_rule: &self.identity_rule,
+            extra_dns: self.csr_extra_dns_rule.as_ref(),
+        }
+    }
+
     /// Reads and validates `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
         let path = path.as_ref();

@@ -1,6 +1,13 @@
 //! The work queue and host table (the Go `hosts` package): nodes come in from discovery and
 //! startup events, wait in a bounded queue, are provisioned by a pool of workers, and are held
 //! for a while after success so their restart does not queue them again.
+//!
+//! Anyone holding a provisioning JWT can publish startup events, so the queue keeps two lanes:
+//! nodes found by discovery, and nodes that only announced themselves. The event lane may hold
+//! at most half the queue and keep at most half the workers busy, and workers take from the two
+//! lanes in turn, so a flood of bogus startup events can slow other announced nodes but never
+//! starve the nodes discovery found. An announced node that discovery also finds moves to the
+//! discovery lane. Every identity is checked ([`crate::identity`]) before it is queued.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,8 +17,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info};
 
+use crate::identity::{escaped, IdentityError, LogSummary};
 use crate::provision::{Host, Outcome, Provisioner};
 use crate::rpc::{Clock, Helper, NodeRpc, Observer};
 
@@ -31,6 +39,16 @@ pub enum Source {
     Event,
 }
 
+impl Source {
+    /// How the source is named in log lines.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Source::Discovery => "discovery",
+            Source::Event => "a startup event",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Queued,
@@ -43,17 +61,55 @@ struct Entry {
     added: Instant,
     generation: u64,
     state: State,
+    lane: Source,
 }
 
 #[derive(Default)]
 struct Table {
     hosts: HashMap<Arc<str>, Entry>,
-    queue: VecDeque<(Arc<str>, u64)>,
+    /// Nodes found by discovery (or found by it after announcing themselves).
+    discovered: VecDeque<(Arc<str>, u64)>,
+    /// Nodes only known from a startup event.
+    announced: VecDeque<(Arc<str>, u64)>,
     next_generation: u64,
+    /// Workers busy with a node from the event lane.
+    event_busy: usize,
+    /// The event lane's turn comes next.
+    event_turn: bool,
+}
+
+impl Table {
+    fn lane(&mut self, source: Source) -> &mut VecDeque<(Arc<str>, u64)> {
+        match source {
+            Source::Discovery => &mut self.discovered,
+            Source::Event => &mut self.announced,
+        }
+    }
+
+    fn queued(&self) -> usize {
+        self.discovered.len() + self.announced.len()
+    }
+
+    /// Drops queue entries left behind by replaced or removed nodes.
+    fn compact(&mut self) {
+        let Table {
+            hosts,
+            discovered,
+            announced,
+            ..
+        } = self;
+        for q in [discovered, announced] {
+            q.retain(|(id, g)| {
+                hosts
+                    .get(id)
+                    .is_some_and(|e| e.generation == *g && e.state == State::Queued)
+            });
+        }
+    }
 }
 
 /// What [`Fleet::add`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddResult {
     /// Queued for provisioning.
     Queued,
@@ -61,6 +117,8 @@ pub enum AddResult {
     Known,
     /// The queue is full; the node was dropped and will be found by a later discovery.
     QueueFull,
+    /// The identity is not valid; nothing is done for it.
+    Refused(IdentityError),
 }
 
 /// The host table, the work queue and the workers that drain it.
@@ -70,6 +128,11 @@ pub struct Fleet<R, H, O, C> {
     wake: Notify,
     capacity: usize,
     busy: AtomicUsize,
+    /// How many workers may be busy with announced-only nodes at once (half of them).
+    event_workers: AtomicUsize,
+    refusals: LogSummary,
+    full: LogSummary,
+    unanswered: LogSummary,
 }
 
 impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
@@ -86,6 +149,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             wake: Notify::new(),
             capacity,
             busy: AtomicUsize::new(0),
+            event_workers: AtomicUsize::new(1),
+            refusals: LogSummary::new("node identities refused"),
+            full: LogSummary::new("nodes dropped from a full work queue"),
+            unanswered: LogSummary::new("announced nodes that never answered"),
         })
     }
 
@@ -102,63 +169,101 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
 
     fn report(&self, t: &Table) {
         let o = self.provisioner.observer();
-        o.work_queue_entries(t.queue.len());
+        o.work_queue_entries(t.queued());
         o.waiting_nodes(t.hosts.len());
     }
 
-    /// Queues `identity` unless it is already known. A node queued more than one interval ago
-    /// and still waiting is replaced by the new entry (the old queue entry becomes stale); a
-    /// node being provisioned or held after success is never queued twice.
+    /// Queues `identity` unless it is already known or not a valid identity. A node queued more
+    /// than one interval ago and still waiting is replaced by the new entry (the old queue entry
+    /// becomes stale); a node being provisioned or held after success is never queued twice. An
+    /// announced node still waiting that discovery now finds moves to the discovery lane.
+    ///
+    /// An invalid identity is refused (counted by [`Observer::invalid_identity`], logged escaped
+    /// in a bounded summary) and never queued.
     pub fn add(&self, identity: &str, source: Source) -> AddResult {
+        if let Err(why) = self.provisioner.config().identity_rule.check(identity) {
+            self.provisioner.observer().invalid_identity();
+            self.refusals.record(|| {
+                format!(
+                    "refusing node identity \"{}\" from {}: {why}",
+                    escaped(identity),
+                    source.label()
+                )
+            });
+            return AddResult::Refused(why);
+        }
         let now = Instant::now();
         let interval = self.provisioner.config().interval;
         let mut t = self.lock();
+        let mut promote = false;
         if let Some(e) = t.hosts.get(identity) {
             let known = match e.state {
                 State::Working => true,
                 State::Held(until) => until > now,
                 State::Queued => now.duration_since(e.added) < interval,
             };
-            if known {
+            promote =
+                e.state == State::Queued && e.lane == Source::Event && source == Source::Discovery;
+            if known && !promote {
                 return AddResult::Known;
             }
         }
-        if t.queue.len() >= self.capacity {
-            // Entries left behind by replaced or removed nodes are dropped before giving up.
-            let Table { hosts, queue, .. } = &mut *t;
-            queue.retain(|(id, g)| {
-                hosts
-                    .get(id)
-                    .is_some_and(|e| e.generation == *g && e.state == State::Queued)
-            });
-            if t.queue.len() >= self.capacity {
-                warn!(
-                    "adding {identity} to the work queue failed with {} / {} entries",
-                    t.queue.len(),
-                    self.capacity
-                );
+        let lane_cap = match source {
+            Source::Discovery => self.capacity,
+            Source::Event => (self.capacity / 2).max(1),
+        };
+        if !promote && (t.queued() >= self.capacity || t.lane(source).len() >= lane_cap) {
+            t.compact();
+            if t.queued() >= self.capacity || t.lane(source).len() >= lane_cap {
+                let (queued, capacity) = (t.queued(), self.capacity);
                 self.report(&t);
+                drop(t);
+                self.full.record(|| {
+                    format!(
+                        "adding {identity} to the work queue failed with {queued} / {capacity} entries"
+                    )
+                });
                 return AddResult::QueueFull;
             }
         }
         t.next_generation += 1;
         let generation = t.next_generation;
         let key: Arc<str> = Arc::from(identity);
+        // A promoted node keeps the time it was first announced (staleness counts from then).
+        let added = match t.hosts.get(identity) {
+            Some(e) if promote => e.added,
+            _ => now,
+        };
         t.hosts.insert(
             key.clone(),
             Entry {
-                added: now,
+                added,
                 generation,
                 state: State::Queued,
+                lane: source,
             },
         );
-        t.queue.push_back((key, generation));
-        info!(
-            "adding {identity} to the work queue with {} entries",
-            t.queue.len()
-        );
+        t.lane(source).push_back((key, generation));
+        let queued = t.queued();
         self.report(&t);
         drop(t);
+        if promote {
+            debug!(
+                "{identity} was announced and is now discovered, moving it to the discovery lane"
+            );
+            self.wake.notify_one();
+            return AddResult::Known;
+        }
+        // Announced-only nodes are logged at debug: anyone with a provisioning JWT can announce
+        // thousands of them.
+        match source {
+            Source::Discovery => {
+                info!("adding {identity} to the work queue with {queued} entries")
+            }
+            Source::Event => {
+                debug!("adding {identity} to the work queue with {queued} entries")
+            }
+        }
         let o = self.provisioner.observer();
         match source {
             Source::Discovery => o.discovered(),
@@ -179,9 +284,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     pub fn clear(&self) {
         let mut t = self.lock();
         t.hosts.clear();
-        t.queue.clear();
+        t.discovered.clear();
+        t.announced.clear();
         t.hosts.shrink_to(1024);
-        t.queue.shrink_to(1024);
+        t.discovered.shrink_to(1024);
+        t.announced.shrink_to(1024);
         self.report(&t);
     }
 
@@ -190,9 +297,9 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         self.lock().hosts.len()
     }
 
-    /// Entries in the work queue.
+    /// Entries in the work queue (both lanes).
     pub fn queued(&self) -> usize {
-        self.lock().queue.len()
+        self.lock().queued()
     }
 
     /// Whether `identity` is in the host table.
@@ -201,25 +308,46 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     }
 
     /// Takes the next current entry off the queue, marking it as being worked on; stale
-    /// entries (replaced or removed nodes) are skipped.
+    /// entries (replaced or removed nodes) are skipped. The lanes take turns; the event lane is
+    /// skipped while half the workers are busy with announced-only nodes.
     fn next(&self) -> Option<Host> {
         let mut t = self.lock();
-        while let Some((id, generation)) = t.queue.pop_front() {
-            if let Some(e) = t.hosts.get_mut(&id) {
-                if e.generation == generation && e.state == State::Queued {
-                    e.state = State::Working;
-                    let added = e.added;
-                    self.report(&t);
-                    return Some(Host::new(id, added));
+        let event_workers = self.event_workers.load(Ordering::Relaxed);
+        let order = if t.event_turn {
+            [Source::Event, Source::Discovery]
+        } else {
+            [Source::Discovery, Source::Event]
+        };
+        t.event_turn = !t.event_turn;
+        for lane in order {
+            if lane == Source::Event && t.event_busy >= event_workers {
+                continue;
+            }
+            while let Some((id, generation)) = t.lane(lane).pop_front() {
+                let Some(e) = t.hosts.get_mut(&id) else {
+                    continue;
+                };
+                if e.generation != generation || e.state != State::Queued {
+                    continue;
                 }
+                e.state = State::Working;
+                let added = e.added;
+                if lane == Source::Event {
+                    t.event_busy += 1;
+                }
+                self.report(&t);
+                return Some(Host::new(id, added).found_by(lane));
             }
         }
         self.report(&t);
         None
     }
 
-    fn finish(&self, identity: &str, hold: Option<Duration>) {
+    fn finish(&self, identity: &str, source: Source, hold: Option<Duration>) {
         let mut t = self.lock();
+        if source == Source::Event {
+            t.event_busy = t.event_busy.saturating_sub(1);
+        }
         match hold {
             Some(d) => {
                 if let Some(e) = t.hosts.get_mut(identity) {
@@ -237,7 +365,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 }
             }
         }
+        let more_events = source == Source::Event && !t.announced.is_empty();
         self.report(&t);
+        drop(t);
+        if more_events {
+            // A worker may have skipped the event lane while it was at its share.
+            self.wake.notify_one();
+        }
     }
 
     /// Drops held entries whose time is up.
@@ -247,6 +381,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         t.hosts
             .retain(|_, e| !matches!(e.state, State::Held(until) if until <= now));
         self.report(&t);
+        drop(t);
+        self.refusals.flush();
+        self.full.flush();
+        self.unanswered.flush();
     }
 
     async fn work_one(&self, mut host: Host) {
@@ -255,6 +393,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         let res = self.provisioner.provision(&mut host).await;
         o.busy_workers(self.busy.fetch_sub(1, Ordering::Relaxed).saturating_sub(1));
         let id = host.identity();
+        let source = host.source();
         let hold = match res {
             Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
                 o.provisioned();
@@ -271,19 +410,28 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving the node to it");
                 Some(LOCK_HOLD)
             }
+            Err(e) if e.kind.is_unanswered_first_contact() && source == Source::Event => {
+                // Anyone can announce nodes that do not exist: these are summarised, not
+                // logged one by one. A real node is found again by discovery.
+                o.provision_error();
+                self.unanswered.record(|| e.to_string());
+                None
+            }
             Err(e) => {
                 o.provision_error();
                 error!("{e}");
                 None
             }
         };
-        self.finish(id, hold);
+        self.finish(id, source, hold);
     }
 
     /// Runs `workers` workers, the hold sweeper and the paused-gauge follower until `shutdown`
     /// is cancelled; in-flight
     /// cycles are abandoned at that point (the nodes are found again by a later discovery).
     pub async fn run(self: Arc<Self>, workers: usize, shutdown: CancellationToken) {
+        self.event_workers
+            .store((workers.max(1) / 2).max(1), Ordering::Relaxed);
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..workers.max(1) {
             let fleet = self.clone();

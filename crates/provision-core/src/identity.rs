@@ -178,67 +178,86 @@ impl fmt::Debug for Escaped<'_> {
     }
 }
 
-/// How often refused identities are summarised in the log.
-pub const REFUSAL_SUMMARY_EVERY: Duration = Duration::from_secs(10);
+/// How often a [`LogSummary`] writes a line.
+pub const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
-/// Refused identities are logged as a bounded summary, not one line each: the first refusal of
-/// a quiet period is logged at once with its reason, then one line per
-/// [`REFUSAL_SUMMARY_EVERY`] counts the rest and shows the latest example. A flood of bogus
-/// identities therefore costs a few log lines a minute.
-#[derive(Debug, Default)]
-pub struct RefusalLog {
-    inner: Mutex<RefusalState>,
+/// A log line that a flood could repeat thousands of times a second (a refused identity, a full
+/// queue, a node that never answered), written as a bounded summary instead: the first of a
+/// quiet period is logged at once, then at most one line per [`SUMMARY_EVERY`] counts the others
+/// and shows the latest. A flood of bogus nodes therefore costs a few log lines a minute.
+#[derive(Debug)]
+pub struct LogSummary {
+    what: &'static str,
+    inner: Mutex<SummaryState>,
 }
 
 #[derive(Debug, Default)]
-struct RefusalState {
+struct SummaryState {
     last_line: Option<Instant>,
     pending: u64,
     example: String,
 }
 
-impl RefusalLog {
-    /// Records one refused identity, logging now or leaving it to the next summary.
-    pub fn refused(&self, identity: &str, source: &str, why: &IdentityError) {
+impl LogSummary {
+    /// A summary whose lines count `what` (for example "refused node identities").
+    pub const fn new(what: &'static str) -> Self {
+        LogSummary {
+            what,
+            inner: Mutex::new(SummaryState {
+                last_line: None,
+                pending: 0,
+                example: String::new(),
+            }),
+        }
+    }
+
+    /// Logs `line` (at warn) now if no line was written for [`SUMMARY_EVERY`], otherwise counts
+    /// it and keeps it as the latest example for the next summary. `line` is only built when it
+    /// may be used and must already have escaped any node-supplied text (see [`escaped`]).
+    pub fn record(&self, line: impl FnOnce() -> String) {
         let now = Instant::now();
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let due = s
             .last_line
-            .is_none_or(|t| now.duration_since(t) >= REFUSAL_SUMMARY_EVERY);
+            .is_none_or(|t| now.duration_since(t) >= SUMMARY_EVERY);
         if due && s.pending == 0 {
             s.last_line = Some(now);
             drop(s);
-            tracing::warn!(
-                "refusing node identity \"{}\" from {source}: {why}",
-                escaped(identity)
-            );
+            tracing::warn!("{}", line());
             return;
         }
         s.pending += 1;
-        s.example = format!("\"{}\" from {source}: {why}", escaped(identity));
+        s.example = line();
         if due {
-            Self::emit(&mut s, now);
+            self.emit(&mut s, now);
         }
     }
 
-    /// Writes the summary line if one is due (called periodically so a burst's tail is logged).
+    /// Writes the summary line if one is due (called periodically, so a burst's tail is logged).
     pub fn flush(&self) {
         let now = Instant::now();
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let due = s
             .last_line
-            .is_none_or(|t| now.duration_since(t) >= REFUSAL_SUMMARY_EVERY);
+            .is_none_or(|t| now.duration_since(t) >= SUMMARY_EVERY);
         if due && s.pending > 0 {
-            Self::emit(&mut s, now);
+            self.emit(&mut s, now);
         }
     }
 
-    fn emit(s: &mut RefusalState, now: Instant) {
+    /// How many records wait for the next summary line.
+    pub fn pending(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).pending
+    }
+
+    fn emit(&self, s: &mut SummaryState, now: Instant) {
+        let secs = s
+            .last_line
+            .map_or(0, |t| now.duration_since(t).as_secs().max(1));
         tracing::warn!(
-            "refused {} invalid node identities in the last {}s, the latest {}",
+            "{} more {} in the last {secs}s, the latest: {}",
             s.pending,
-            s.last_line
-                .map_or(0, |t| now.duration_since(t).as_secs().max(1)),
+            self.what,
             s.example
         );
         s.pending = 0;
@@ -321,5 +340,21 @@ mod tests {
         let long = escaped(&"x".repeat(5000)).to_string();
         assert!(long.len() < LOG_TEXT_LIMIT + 30, "{}", long.len());
         assert!(long.ends_with("...(5000 bytes)"));
+    }
+
+    #[test]
+    fn a_summary_logs_the_first_line_and_counts_the_rest() {
+        let s = LogSummary::new("refused node identities");
+        let mut built = 0;
+        for _ in 0..10_000 {
+            s.record(|| {
+                built += 1;
+                "refusing x".to_string()
+            });
+        }
+        assert_eq!(s.pending(), 9_999, "only the first is written at once");
+        s.flush();
+        assert_eq!(s.pending(), 9_999, "no summary before the period is over");
+        assert!(built >= 9_999, "the examples are kept");
     }
 }

@@ -12,6 +12,7 @@ use rsa::{Pkcs1v15Sign, RsaPublicKey};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use x509_cert::request::{CertReq, ExtensionReq};
 
+use crate::identity::{escaped, IdentityError, IdentityRule};
 use crate::jwt::{self, JwtError, SigningKey, VerifyingKey};
 
 /// The purpose claim of provisioning tokens.
@@ -52,15 +53,43 @@ pub enum PolicyError {
     #[error("CSR signature is not valid: {0}")]
     CsrSignature(String),
     /// The CSR's common name is not the identity.
-    #[error("common name {cn} does not match identity {identity}")]
+    #[error("common name \"{}\" does not match identity {}", escaped(.cn), escaped(.identity))]
     CommonName {
         /// The CSR's common name.
         cn: String,
         /// The node identity.
         identity: String,
     },
+    /// The CSR has more than one common name.
+    #[error("the CSR has {0} common names, expected one")]
+    CommonNames(usize),
+    /// A CSR name is not a valid identity or DNS name.
+    #[error("name \"{}\" is not valid: {why}", escaped(.name))]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// Why.
+        why: IdentityError,
+    },
+    /// A DNS subject alternative name other than the identity that `csr_extra_dns_names` does
+    /// not allow.
+    #[error("subject alternative name DNS:{} is not the identity {} and csr_extra_dns_names does not allow it", escaped(.name), escaped(.identity))]
+    ExtraDnsName {
+        /// The name.
+        name: String,
+        /// The node identity.
+        identity: String,
+    },
+    /// A subject alternative name that is not a DNS name (IP, URI, email, other).
+    #[error("subject alternative name {kind}:{} is not allowed, only DNS names are", escaped(.value))]
+    SanKind {
+        /// The kind (IP, URI, email, ...).
+        kind: &'static str,
+        /// Its value as text.
+        value: String,
+    },
     /// A CSR name matches `cert_deny_list`.
-    #[error("{name} matches denied certificate pattern {pattern}")]
+    #[error("{} matches denied certificate pattern {pattern}", escaped(.name))]
     Denied {
         /// The name.
         name: String,
@@ -236,19 +265,50 @@ const OID_SHA512_RSA: der::asn1::ObjectIdentifier =
 /// The names found in a CSR.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsrNames {
-    /// The subject common name (the last one, as Go reads it).
+    /// The subject common name.
     pub common_name: String,
+    /// How many common names the subject holds (one is accepted).
+    pub common_names: usize,
     /// The DNS subject alternative names.
     pub dns_names: Vec<String>,
+    /// Every other subject alternative name, as (kind, value).
+    pub other_names: Vec<(&'static str, String)>,
+}
+
+/// What a node's CSR is held to: the deny list, the identity rule, and the DNS names allowed
+/// besides the identity.
+#[derive(Debug, Clone, Copy)]
+pub struct CsrPolicy<'a> {
+    /// `cert_deny_list`, matched against the common name and every DNS name.
+    pub deny: &'a DenyList,
+    /// The rule the common name (the identity) is held to.
+    pub identity_rule: &'a IdentityRule,
+    /// `csr_extra_dns_names` (anchored): DNS names allowed besides the identity.
+    pub extra_dns: Option<&'a Regex>,
+}
+
+impl<'a> CsrPolicy<'a> {
+    /// The built-in identity grammar, no extra names, and `deny`.
+    pub fn new(deny: &'a DenyList) -> Self {
+        static BUILTIN: std::sync::OnceLock<IdentityRule> = std::sync::OnceLock::new();
+        CsrPolicy {
+            deny,
+            identity_rule: BUILTIN.get_or_init(IdentityRule::builtin),
+            extra_dns: None,
+        }
+    }
 }
 
 /// Validates a node's CSR: it parses, its self-signature verifies with its own RSA key (so the
-/// node holds the key), its common name is `identity`, and neither the common name nor any DNS
-/// name matches `deny`.
+/// node holds the key), it has exactly one common name and that is `identity`, valid under the
+/// identity rule; every DNS subject alternative name is the identity or allowed by
+/// `csr_extra_dns_names` (and a valid DNS name); no other kind of name (IP, URI, email...) is
+/// present; and neither the common name nor any DNS name matches the deny list. A CA that copies
+/// the CSR's names can therefore only ever certify the node's own identity.
 pub fn validate_csr(
     csr_pem: &str,
     identity: &str,
-    deny: &DenyList,
+    policy: &CsrPolicy<'_>,
 ) -> Result<CsrNames, PolicyError> {
     if csr_pem.trim().is_empty() {
         return Err(PolicyError::NoCsr);
@@ -256,21 +316,66 @@ pub fn validate_csr(
     let req = csr_from_pem(csr_pem.trim())?;
     verify_csr_signature(&req)?;
     let names = csr_names(&req)?;
+    check_csr_names(&names, identity, policy)?;
+    Ok(names)
+}
+
+/// The name rules of [`validate_csr`] on names already read from a CSR.
+pub fn check_csr_names(
+    names: &CsrNames,
+    identity: &str,
+    policy: &CsrPolicy<'_>,
+) -> Result<(), PolicyError> {
+    if names.common_names > 1 {
+        return Err(PolicyError::CommonNames(names.common_names));
+    }
     if names.common_name != identity {
         return Err(PolicyError::CommonName {
-            cn: names.common_name,
+            cn: names.common_name.clone(),
             identity: identity.to_string(),
         });
     }
+    policy
+        .identity_rule
+        .check(&names.common_name)
+        .map_err(|why| PolicyError::InvalidName {
+            name: names.common_name.clone(),
+            why,
+        })?;
+    if let Some((kind, value)) = names.other_names.first() {
+        return Err(PolicyError::SanKind {
+            kind,
+            value: value.clone(),
+        });
+    }
+    static DNS: std::sync::OnceLock<IdentityRule> = std::sync::OnceLock::new();
+    let dns_rule = DNS.get_or_init(IdentityRule::builtin);
+    for name in &names.dns_names {
+        if name.eq_ignore_ascii_case(identity) {
+            continue;
+        }
+        dns_rule
+            .check(name)
+            .map_err(|why| PolicyError::InvalidName {
+                name: name.clone(),
+                why,
+            })?;
+        if !policy.extra_dns.is_some_and(|re| re.is_match(name)) {
+            return Err(PolicyError::ExtraDnsName {
+                name: name.clone(),
+                identity: identity.to_string(),
+            });
+        }
+    }
     for name in std::iter::once(&names.common_name).chain(names.dns_names.iter()) {
-        if let Some(pattern) = deny.matches(name) {
+        if let Some(pattern) = policy.deny.matches(name) {
             return Err(PolicyError::Denied {
                 name: name.clone(),
                 pattern: pattern.to_string(),
             });
         }
     }
-    Ok(names)
+    Ok(())
 }
 
 /// Decodes the PEM armour first and the DER from a slice: `der`'s streaming PEM reader loops
@@ -323,15 +428,18 @@ fn verify_csr_signature(req: &CertReq) -> Result<(), PolicyError> {
 
 fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
     let mut common_name = String::new();
+    let mut common_names = 0;
     for rdn in req.info.subject.0.iter() {
         for atv in rdn.0.iter() {
             if atv.oid == OID_CN {
+                common_names += 1;
                 common_name = any_string(&atv.value)
                     .ok_or_else(|| PolicyError::CsrParse("common name is not a string".into()))?;
             }
         }
     }
     let mut dns_names = Vec::new();
+    let mut other_names = Vec::new();
     for attr in req.info.attributes.iter() {
         if attr.oid != <ExtensionReq as der::oid::AssociatedOid>::OID {
             continue;
@@ -345,9 +453,27 @@ fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
                     .map_err(|e| {
                         PolicyError::CsrParse(format!("bad subject alternative names: {e}"))
                     })?;
+                use x509_cert::ext::pkix::name::GeneralName;
                 for gn in san.0 {
-                    if let x509_cert::ext::pkix::name::GeneralName::DnsName(n) = gn {
-                        dns_names.push(n.to_string());
+                    match gn {
+                        GeneralName::DnsName(n) => dns_names.push(n.to_string()),
+                        GeneralName::IpAddress(ip) => {
+                            other_names.push(("IP", hex::encode(ip.as_bytes())))
+                        }
+                        GeneralName::UniformResourceIdentifier(u) => {
+                            other_names.push(("URI", u.to_string()))
+                        }
+                        GeneralName::Rfc822Name(m) => other_names.push(("email", m.to_string())),
+                        GeneralName::DirectoryName(_) => {
+                            other_names.push(("DirName", String::new()))
+                        }
+                        GeneralName::OtherName(o) => {
+                            other_names.push(("otherName", o.type_id.to_string()))
+                        }
+                        GeneralName::RegisteredId(o) => other_names.push(("RID", o.to_string())),
+                        GeneralName::EdiPartyName(_) => {
+                            other_names.push(("ediPartyName", String::new()))
+                        }
                     }
                 }
             }
@@ -355,7 +481,9 @@ fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
     }
     Ok(CsrNames {
         common_name,
+        common_names,
         dns_names,
+        other_names,
     })
 }
 
@@ -383,6 +511,8 @@ pub struct ServerJwtRequest<'a> {
     pub identity: &'a str,
     /// The node's ed25519 public key, hex, from `gen25519`.
     pub public_key_hex: &'a str,
+    /// The rule the identity is held to: no token is signed for an invalid identity.
+    pub identity_rule: &'a IdentityRule,
     /// The helper's `configuration`, for `collectives` and `plugin.security.provider`.
     pub configuration: Option<&'a std::collections::BTreeMap<String, String>>,
     /// The helper's `server_claims`.
@@ -409,6 +539,12 @@ pub struct IssuedServerJwt {
 /// Builds and signs a server JWT with the Go provisioner's claims and defaults, adding the
 /// chain-issuer data of `signing_token` when one is configured.
 pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, PolicyError> {
+    req.identity_rule
+        .check(req.identity)
+        .map_err(|why| PolicyError::InvalidName {
+            name: req.identity.to_string(),
+            why,
+        })?;
     if req.public_key_hex.is_empty() {
         return Err(PolicyError::ServerJwt("no ed25519 public key set".into()));
     }

@@ -10,6 +10,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, PauseState};
+use crate::fleet::Source;
+use crate::identity::{escaped, IdentityError};
 use crate::jwt::VerifyingKey;
 use crate::keyenc::encrypt_private_key;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
@@ -63,6 +65,11 @@ impl Backoff {
     }
 }
 
+/// How long a node that has never answered gets for its first request, whatever the action's
+/// own timeout: a real server in provisioning mode answers in milliseconds, and an announced
+/// node that does not exist must not hold a worker for the action's full tries.
+pub const FIRST_CONTACT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a node's cycle ended without error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -87,6 +94,13 @@ pub enum Outcome {
 /// Why a node's cycle failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionErrorKind {
+    /// The identity is not valid (see [`crate::identity`]); nothing was sent to the node.
+    #[error("invalid identity: {0}")]
+    Identity(IdentityError),
+    /// A node that had never answered did not answer its first request: it is not tried again
+    /// (a real node is found again by discovery).
+    #[error("did not answer its first request: {0}")]
+    FirstContact(RpcError),
     /// The node waited too long in the queue.
     #[error("skipping node that has been waiting {0:?}")]
     Stale(Duration),
@@ -133,6 +147,14 @@ pub enum ProvisionErrorKind {
     LockHeld(Action),
 }
 
+impl ProvisionErrorKind {
+    /// Whether the node never answered at all (its first request timed out or nobody serves
+    /// its subject): typical of a bogus announcement.
+    pub fn is_unanswered_first_contact(&self) -> bool {
+        matches!(self, ProvisionErrorKind::FirstContact(_))
+    }
+}
+
 /// A node's failed cycle.
 #[derive(Debug, thiserror::Error)]
 #[error("could not provision {identity}: {kind}")]
@@ -149,6 +171,8 @@ pub struct ProvisionError {
 pub struct Host {
     identity: Arc<str>,
     discovered: Instant,
+    source: Source,
+    answered: bool,
     raw_jwt: String,
     server_ecdh_public: String,
     claims: Option<ProvisioningClaims>,
@@ -163,6 +187,8 @@ impl Host {
         Host {
             identity,
             discovered,
+            source: Source::Discovery,
+            answered: true,
             raw_jwt: String::new(),
             server_ecdh_public: String::new(),
             claims: None,
@@ -170,6 +196,20 @@ impl Host {
             inventory: None,
             csr: None,
         }
+    }
+
+    /// The same node, found by `source` (discovery unless said otherwise). A node found by
+    /// discovery has answered a ping; a node known only from a startup event has not answered
+    /// anything yet, so its first request gets one short try (see [`FIRST_CONTACT_TIMEOUT`]).
+    pub fn found_by(mut self, source: Source) -> Self {
+        self.source = source;
+        self.answered = source == Source::Discovery;
+        self
+    }
+
+    /// How the node was found.
+    pub fn source(&self) -> Source {
+        self.source
     }
 
     /// The node identity.
@@ -282,8 +322,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     }
 
     /// One action with its retries: stops on pause, on success, on a held lock, or after the
-    /// action's tries.
-    async fn call<T, F, Fut>(&self, action: Action, mut f: F) -> Result<T, ProvisionErrorKind>
+    /// action's tries. A node that has never `answered` gets one try of at most
+    /// [`FIRST_CONTACT_TIMEOUT`]: if nothing answers it the cycle ends at once. A first
+    /// lock-held reply is asked again once after the first backoff step before the node is left
+    /// to the other provisioner (one forged reply must not park a node for two minutes).
+    async fn call<T, F, Fut>(
+        &self,
+        action: Action,
+        identity: &str,
+        answered: &mut bool,
+        mut f: F,
+    ) -> Result<T, ProvisionErrorKind>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, RpcError>>,
@@ -291,26 +340,53 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let label = action.label();
         let tries = action.tries();
         let mut try_no = 1;
+        let mut lock_retried = false;
         loop {
             self.check_paused(label)?;
             let started = Instant::now();
-            let res = f().await;
+            let res = if *answered {
+                f().await
+            } else {
+                match tokio::time::timeout(FIRST_CONTACT_TIMEOUT, f()).await {
+                    Ok(r) => r,
+                    Err(_) => Err(RpcError::new(identity, action, RpcErrorKind::Timeout)),
+                }
+            };
             self.observer.rpc_time(label, started.elapsed());
-            match res {
-                Ok(v) => return Ok(v),
+            let delay = match res {
+                Ok(v) => {
+                    *answered = true;
+                    return Ok(v);
+                }
                 Err(e) if e.kind == RpcErrorKind::LockHeld => {
-                    return Err(ProvisionErrorKind::LockHeld(action))
+                    *answered = true;
+                    if lock_retried {
+                        return Err(ProvisionErrorKind::LockHeld(action));
+                    }
+                    lock_retried = true;
+                    let d = self.backoff.delay(1);
+                    debug!(identity = %e.identity, action = label, "provisioning lock held, asking again once in {d:?}");
+                    d
+                }
+                Err(e) if !*answered && e.kind.is_unanswered() => {
+                    self.observer.rpc_error(label);
+                    return Err(ProvisionErrorKind::FirstContact(e));
                 }
                 Err(e) => {
+                    if !matches!(e.kind, RpcErrorKind::Timeout) {
+                        *answered = true;
+                    }
                     debug!(identity = %e.identity, action = label, try_no, tries, "rpc failed: {e}");
                     if try_no >= tries {
                         self.observer.rpc_error(label);
                         return Err(ProvisionErrorKind::Rpc(e));
                     }
+                    let d = self.backoff.delay(try_no);
+                    try_no += 1;
+                    d
                 }
-            }
-            tokio::time::sleep(self.backoff.delay(try_no)).await;
-            try_no += 1;
+            };
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -344,12 +420,19 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
         let identity = host.identity.clone();
         let id: &str = &identity;
+        // Checked again here (the work queue checked it before queueing) so that nothing is
+        // sent, asked of the helper or signed for an invalid identity whoever built the host.
+        cfg.identity_rule
+            .check(id)
+            .map_err(ProvisionErrorKind::Identity)?;
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
 
         if cfg.features.jwt {
             if host.raw_jwt.is_empty() {
-                let r = self.call(Action::Jwt, || rpc.jwt(id, token)).await?;
+                let r = self
+                    .call(Action::Jwt, id, &mut host.answered, || rpc.jwt(id, token))
+                    .await?;
                 host.raw_jwt = r.jwt;
                 host.server_ecdh_public = r.ecdh_public;
             } else {
@@ -372,9 +455,15 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
 
         if cfg.features.ed25519 && host.ed25519.is_none() {
-            let nonce = uuid::Uuid::new_v4().simple().to_string();
-            let r = self
-                .call(Action::Gen25519, || rpc.gen25519(id, token, &nonce))
+            // A fresh nonce for every try: a reply to an earlier try cannot be replayed.
+            let (nonce, r) = self
+                .call(Action::Gen25519, id, &mut host.answered, || {
+                    let nonce = uuid::Uuid::new_v4().simple().to_string();
+                    async move {
+                        let r = rpc.gen25519(id, token, &nonce).await?;
+                        Ok((nonce, r))
+                    }
+                })
                 .await?;
             policy::verify_nonce_signature(&nonce, &r.public_key, &r.signature)
                 .map_err(ProvisionErrorKind::Ed25519)?;
@@ -382,15 +471,22 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
 
         if host.inventory.is_none() {
-            let inv = self.call(Action::Inventory, || rpc.inventory(id)).await?;
+            let inv = self
+                .call(Action::Inventory, id, &mut host.answered, || {
+                    rpc.inventory(id)
+                })
+                .await?;
             host.inventory = Some(inv);
         }
 
         if cfg.features.pki {
             let csr = self
-                .call(Action::Gencsr, || rpc.gencsr(id, token, id))
+                .call(Action::Gencsr, id, &mut host.answered, || {
+                    rpc.gencsr(id, token, id)
+                })
                 .await?;
-            policy::validate_csr(&csr.csr, id, &cfg.deny_list).map_err(ProvisionErrorKind::Csr)?;
+            policy::validate_csr(&csr.csr, id, &cfg.csr_policy())
+                .map_err(ProvisionErrorKind::Csr)?;
             host.csr = Some(csr);
         }
 
@@ -418,7 +514,9 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         };
 
         if reply.defer {
-            return Err(ProvisionErrorKind::Deferred(reply.msg));
+            return Err(ProvisionErrorKind::Deferred(
+                escaped(&reply.msg).to_string(),
+            ));
         }
         if reply.shutdown {
             if reply.msg.is_empty() {
@@ -429,22 +527,29 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             } else {
                 warn!(
                     identity = id,
-                    "shutting down node based on helper output: {}", reply.msg
+                    "shutting down node based on helper output: {}",
+                    escaped(&reply.msg)
                 );
             }
             match self
-                .call(Action::Shutdown, || rpc.shutdown(id, token))
+                .call(Action::Shutdown, id, &mut host.answered, || {
+                    rpc.shutdown(id, token)
+                })
                 .await
             {
                 Ok(m) => {
                     self.observer.helper_shutdown();
-                    info!(identity = id, "shutdown response: {}", m.message);
+                    info!(identity = id, "shutdown response: {}", escaped(&m.message));
                 }
                 // The Go provisioner only warns when the node refuses to shut down.
                 Err(ProvisionErrorKind::Rpc(RpcError {
                     kind: RpcErrorKind::Aborted { code, message },
                     ..
-                })) => warn!(identity = id, "could not shut down: {message} ({code})"),
+                })) => warn!(
+                    identity = id,
+                    "could not shut down: {} ({code})",
+                    escaped(&message)
+                ),
                 Err(e) => return Err(e),
             }
             return Ok(Outcome::ShutDown);
@@ -461,6 +566,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             let issued = policy::issue_server_jwt(&ServerJwtRequest {
                 identity: id,
                 public_key_hex: pk,
+                identity_rule: &cfg.identity_rule,
                 configuration: reply.configuration.as_ref(),
                 server_claims: reply.server_claims.as_ref(),
                 signing_key: &cfg.jwt_signing_key,
@@ -519,13 +625,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             server_jwt,
         };
         let m = self
-            .call(Action::Configure, || rpc.configure(id, &request))
+            .call(Action::Configure, id, &mut host.answered, || {
+                rpc.configure(id, &request)
+            })
             .await?;
-        info!(identity = id, "configure response: {}", m.message);
+        info!(identity = id, "configure response: {}", escaped(&m.message));
         let m = self
-            .call(Action::Restart, || rpc.restart(id, token, 1))
+            .call(Action::Restart, id, &mut host.answered, || {
+                rpc.restart(id, token, 1)
+            })
             .await?;
-        info!(identity = id, "restart response: {}", m.message);
+        info!(identity = id, "restart response: {}", escaped(&m.message));
         Ok(Outcome::Provisioned)
     }
 
@@ -533,7 +643,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     /// the requested version.
     async fn upgrade(
         &self,
-        host: &Host,
+        host: &mut Host,
         target: &str,
     ) -> Result<Option<Outcome>, ProvisionErrorKind> {
         let cfg = &*self.config;
@@ -556,11 +666,12 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             return Ok(None);
         }
         warn!(identity = %host.identity, "will attempt version update from {version} to {target}");
-        let id: &str = &host.identity;
+        let identity = host.identity.clone();
+        let id: &str = &identity;
         let repo = cfg.upgrades_repository.as_str();
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
-        self.call(Action::ReleaseUpdate, || {
+        self.call(Action::ReleaseUpdate, id, &mut host.answered, || {
             rpc.release_update(id, token, repo, target)
         })
         .await?;

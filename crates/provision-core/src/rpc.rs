@@ -73,6 +73,10 @@ pub enum RpcErrorKind {
     /// No reply within the request timeout.
     #[error("timeout")]
     Timeout,
+    /// The broker reported that nothing is subscribed to the node's subject: no server with
+    /// this identity is connected. Reported at once, without waiting for the timeout.
+    #[error("no server is subscribed for this node (no responders)")]
+    NoResponders,
     /// A number of replies other than exactly one.
     #[error("received {0} replies while expecting one")]
     ReplyCount(usize),
@@ -96,6 +100,11 @@ pub enum RpcErrorKind {
 }
 
 impl RpcErrorKind {
+    /// Whether nothing answered at all (no reply in time, or nobody serves the node's subject).
+    pub fn is_unanswered(&self) -> bool {
+        matches!(self, RpcErrorKind::Timeout | RpcErrorKind::NoResponders)
+    }
+
     /// Classifies a non-zero status reply, recognising the provisioning lock message.
     pub fn from_status(code: u8, message: &str) -> Self {
         if message.contains(LOCK_HELD_MESSAGE) {
@@ -281,6 +290,9 @@ pub trait Observer: Send + Sync + 'static {
     fn provision_error(&self) {}
     /// A node's lock is held by another provisioner; not an error.
     fn lock_held(&self) {}
+    /// A node identity was refused before anything was done for it
+    /// (`invalid_identities`, not in the Go set).
+    fn invalid_identity(&self) {}
     /// A node was queued by discovery (`discovered`).
     fn discovered(&self) {}
     /// A node was queued by a startup event (`event_discovered`).
@@ -324,6 +336,9 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn lock_held(&self) {
         (**self).lock_held()
+    }
+    fn invalid_identity(&self) {
+        (**self).invalid_identity()
     }
     fn discovered(&self) {
         (**self).discovered()

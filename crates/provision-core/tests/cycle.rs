@@ -175,6 +175,11 @@ async fn csr_with_wrong_name_or_denied_name_stops_before_the_helper() {
         (
             "n1.example.net",
             vec!["bad.mcollective"],
+            "is not the identity n1.example.net",
+        ),
+        (
+            "n1.mcollective",
+            vec![],
             "matches denied certificate pattern",
         ),
     ] {
@@ -187,10 +192,14 @@ async fn csr_with_wrong_name_or_denied_name_stops_before_the_helper() {
             &helper,
             &CountingObserver::default(),
         );
-        let err = p.provision(&mut host()).await.unwrap_err();
+        let mut h = if cn == "n1.mcollective" {
+            Host::new(cn.into(), tokio::time::Instant::now())
+        } else {
+            host()
+        };
+        let err = p.provision(&mut h).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Csr(_)), "{err}");
         assert!(err.to_string().contains(want), "{err}");
-        assert!(err.to_string().contains("n1.example.net"));
         assert_eq!(helper.runs(), 0);
         assert!(node.configured().is_none());
     }
@@ -267,7 +276,7 @@ async fn transient_failures_are_retried() {
 }
 
 #[tokio::test]
-async fn held_lock_leaves_the_node_alone_without_retrying() {
+async fn held_lock_is_asked_again_once_then_the_node_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     node.fail(
@@ -284,7 +293,7 @@ async fn held_lock_leaves_the_node_alone_without_retrying() {
             action: Action::Jwt
         }
     );
-    assert_eq!(node.calls(), vec![Action::Jwt]);
+    assert_eq!(node.calls(), vec![Action::Jwt, Action::Jwt]);
     assert!(obs.0.rpc_errors.lock().unwrap().is_empty());
 }
 
@@ -710,4 +719,77 @@ async fn rotated_verification_key_file_takes_effect_without_restart() {
     .unwrap();
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::Jwt(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_single_lock_held_reply_does_not_park_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FakeNode::new();
+    node.fail(
+        Action::Jwt,
+        RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
+        1,
+    );
+    let helper = FakeHelper::replying(good_reply());
+    let p = provisioner(
+        config(&ed_yaml(dir.path())),
+        &node,
+        &helper,
+        &CountingObserver::default(),
+    );
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
+    );
+    assert_eq!(node.count(Action::Jwt), 2);
+}
+
+#[tokio::test]
+async fn an_announced_node_that_never_answers_gets_one_try() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FakeNode::new();
+    node.fail(Action::Jwt, RpcErrorKind::Timeout, 100);
+    let helper = FakeHelper::replying(good_reply());
+    let obs = CountingObserver::default();
+    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let mut h = host().found_by(provision_core::Source::Event);
+    let err = p.provision(&mut h).await.unwrap_err();
+    assert!(err.kind.is_unanswered_first_contact(), "{err}");
+    assert_eq!(
+        node.count(Action::Jwt),
+        1,
+        "no retries for a node never heard from"
+    );
+    assert_eq!(helper.runs(), 0);
+    // Once it has answered, the Go retry counts apply again.
+    let node = FakeNode::new();
+    node.fail(Action::Inventory, RpcErrorKind::Timeout, 2);
+    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let mut h = host().found_by(provision_core::Source::Event);
+    assert_eq!(p.provision(&mut h).await.unwrap(), Outcome::Provisioned);
+    assert_eq!(node.count(Action::Inventory), 3);
+}
+
+#[tokio::test]
+async fn an_invalid_identity_is_never_sent_anything() {
+    for bad in [
+        ">",
+        "*",
+        "a\nb",
+        "evil.example.net,DNS:admin.privileged.mcollective,DNS:x",
+    ] {
+        let node = FakeNode::new();
+        let helper = FakeHelper::replying(good_reply());
+        let p = provisioner(
+            config("token: s3cret\n"),
+            &node,
+            &helper,
+            &CountingObserver::default(),
+        );
+        let mut h = Host::new(bad.into(), tokio::time::Instant::now());
+        let err = p.provision(&mut h).await.unwrap_err();
+        assert!(matches!(err.kind, ProvisionErrorKind::Identity(_)), "{err}");
+        assert!(node.calls().is_empty(), "{bad:?}");
+        assert_eq!(helper.runs(), 0);
+    }
 }

@@ -155,7 +155,7 @@ async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() 
     node.fail(
         Action::Configure,
         RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
-        1,
+        2,
     );
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
@@ -169,7 +169,8 @@ async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() 
     fleet.add("a", Source::Discovery);
     wait_for("lock", || obs.0.lock_held.load(Ordering::SeqCst) == 1).await;
     assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), 0);
-    assert_eq!(node.count(Action::Configure), 1);
+    // Asked once more before the node is left to the other provisioner.
+    assert_eq!(node.count(Action::Configure), 2);
     tokio::time::sleep(Duration::from_secs(100)).await;
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Known);
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -279,6 +280,131 @@ async fn paused_workers_leave_nodes_queued_until_resumed() {
     })
     .await;
     assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), 0);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_identities_are_refused_counted_and_never_queued() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    let long = "a".repeat(5000);
+    for bad in [
+        ">",
+        "*",
+        "n1.example.net\nINFO forged line",
+        "evil.example.net,DNS:admin.privileged.mcollective,DNS:x",
+        long.as_str(),
+        "",
+    ] {
+        assert!(
+            matches!(fleet.add(bad, Source::Event), AddResult::Refused(_)),
+            "{bad:?}"
+        );
+        assert!(matches!(
+            fleet.add(bad, Source::Discovery),
+            AddResult::Refused(_)
+        ));
+        assert!(!fleet.is_known(bad));
+    }
+    assert_eq!(fleet.queued(), 0);
+    assert_eq!(obs.0.invalid_identities.load(Ordering::SeqCst), 12);
+    assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 0);
+    assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 0);
+    // A site pattern replaces the grammar but not the floor.
+    let fleet = Fleet::new(provisioner(
+        config("identity_pattern: '[A-Z]+'\n"),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    assert_eq!(fleet.add("ABC", Source::Event), AddResult::Queued);
+    assert!(matches!(
+        fleet.add("abc", Source::Event),
+        AddResult::Refused(_)
+    ));
+    assert!(node.calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn announced_nodes_hold_half_the_queue_at_most() {
+    let node = FakeNode::new();
+    let fleet = Fleet::with_capacity(
+        provisioner(
+            config(""),
+            &node,
+            &FakeHelper::replying(good_reply()),
+            &CountingObserver::default(),
+        ),
+        4,
+    );
+    assert_eq!(fleet.add("e1", Source::Event), AddResult::Queued);
+    assert_eq!(fleet.add("e2", Source::Event), AddResult::Queued);
+    assert_eq!(fleet.add("e3", Source::Event), AddResult::QueueFull);
+    assert_eq!(fleet.add("d1", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("d2", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("d3", Source::Discovery), AddResult::QueueFull);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_bogus_announcements_does_not_starve_discovered_nodes() {
+    let node = FakeNode::new();
+    node.state.lock().unwrap().silent_prefix = Some("bogus".into());
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    for i in 0..500 {
+        assert_eq!(
+            fleet.add(&format!("bogus-{i}.example.net"), Source::Event),
+            AddResult::Queued
+        );
+    }
+    // A real node that announced itself behind the flood, then is found by discovery.
+    assert_eq!(
+        fleet.add("real-0.example.net", Source::Event),
+        AddResult::Queued
+    );
+    for i in 1..50 {
+        fleet.add(&format!("real-{i}.example.net"), Source::Discovery);
+    }
+    assert_eq!(
+        fleet.add("real-0.example.net", Source::Discovery),
+        AddResult::Known,
+        "moved to the discovery lane"
+    );
+    let stop = CancellationToken::new();
+    let started = tokio::time::Instant::now();
+    let run = tokio::spawn(fleet.clone().run(4, stop.clone()));
+    wait_for("the real fleet", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 50
+    })
+    .await;
+    let took = started.elapsed();
+    let bogus_tried = node.count(Action::Inventory) - 50;
+    // Half the workers chew through bogus nodes, each given one short try; the real ones go
+    // through the other half without waiting for the flood.
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert!(bogus_tried < 50, "{bogus_tried} bogus nodes tried first");
+    assert!(node.configured().is_some());
+    // Bogus nodes fail after one try of at most the first-contact timeout each.
+    tokio::time::sleep(provision_core::provision::FIRST_CONTACT_TIMEOUT * 3).await;
+    let failed = obs.0.provision_errors.load(Ordering::SeqCst);
+    assert!(failed >= 4, "{failed}");
+    assert_eq!(
+        node.count(Action::Inventory) - 50,
+        failed + 2,
+        "one try each, two in flight"
+    );
     stop.cancel();
     run.await.unwrap();
 }

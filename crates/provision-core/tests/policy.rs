@@ -29,6 +29,11 @@ fn rsa_signer() -> String {
     testdata("signer-rsa.pem").to_string_lossy().into_owned()
 }
 
+fn builtin_rule() -> &'static provision_core::IdentityRule {
+    static RULE: std::sync::OnceLock<provision_core::IdentityRule> = std::sync::OnceLock::new();
+    RULE.get_or_init(provision_core::IdentityRule::builtin)
+}
+
 fn request<'a>(
     cfg: Option<&'a BTreeMap<String, String>>,
     sc: Option<&'a ServerClaims>,
@@ -38,6 +43,7 @@ fn request<'a>(
     ServerJwtRequest {
         identity: ID,
         public_key_hex: pk,
+        identity_rule: builtin_rule(),
         configuration: cfg,
         server_claims: sc,
         signing_key: key,
@@ -299,6 +305,11 @@ fn signing_token_without_tcs_is_refused() {
 
 // --- validateCSR ---
 
+fn deny_static() -> &'static DenyList {
+    static DENY: std::sync::OnceLock<DenyList> = std::sync::OnceLock::new();
+    DENY.get_or_init(deny)
+}
+
 fn deny() -> DenyList {
     DenyList::new(&provision_core::config::DEFAULT_CERT_DENY_LIST).unwrap()
 }
@@ -306,7 +317,9 @@ fn deny() -> DenyList {
 #[test]
 fn csr_missing_is_refused() {
     assert_eq!(
-        validate_csr("", ID, &deny()).unwrap_err().to_string(),
+        validate_csr("", ID, &CsrPolicy::new(&deny()))
+            .unwrap_err()
+            .to_string(),
         "no CSR received"
     );
 }
@@ -315,8 +328,10 @@ fn csr_missing_is_refused() {
 fn csr_names_must_match_the_identity() {
     let csr = make_csr("notme.example.net", &[]);
     assert_eq!(
-        validate_csr(&csr, ID, &deny()).unwrap_err().to_string(),
-        "common name notme.example.net does not match identity ginkgo.example.net"
+        validate_csr(&csr, ID, &CsrPolicy::new(&deny()))
+            .unwrap_err()
+            .to_string(),
+        "common name \"notme.example.net\" does not match identity ginkgo.example.net"
     );
 }
 
@@ -329,7 +344,9 @@ fn csr_bad_common_names_are_denied() {
         "bob.privileged.mcollective",
     ] {
         let csr = make_csr(name, &[]);
-        let err = validate_csr(&csr, name, &deny()).unwrap_err().to_string();
+        let err = validate_csr(&csr, name, &CsrPolicy::new(&deny()))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with(&format!("{name} matches denied certificate pattern")),
             "{err}"
@@ -346,7 +363,12 @@ fn csr_bad_dns_names_are_denied() {
         "bob.privileged.mcollective",
     ] {
         let csr = make_csr(ID, &["something.something", name, "something.else"]);
-        let err = validate_csr(&csr, ID, &deny()).unwrap_err().to_string();
+        let any = regex::Regex::new("^.*$").unwrap();
+        let policy = CsrPolicy {
+            extra_dns: Some(&any),
+            ..CsrPolicy::new(deny_static())
+        };
+        let err = validate_csr(&csr, ID, &policy).unwrap_err().to_string();
         assert!(
             err.starts_with(&format!("{name} matches denied certificate pattern")),
             "{err}"
@@ -357,7 +379,12 @@ fn csr_bad_dns_names_are_denied() {
 #[test]
 fn csr_valid_names_pass() {
     let csr = make_csr(ID, &["something.something", "something.else"]);
-    let names = validate_csr(&csr, ID, &deny()).unwrap();
+    let extra = regex::Regex::new(r"^something\.[a-z]+$").unwrap();
+    let policy = CsrPolicy {
+        extra_dns: Some(&extra),
+        ..CsrPolicy::new(deny_static())
+    };
+    let names = validate_csr(&csr, ID, &policy).unwrap();
     assert_eq!(
         names.dns_names,
         vec![
@@ -371,7 +398,7 @@ fn csr_valid_names_pass() {
 fn csr_slash_delimited_patterns_are_regular_expressions() {
     let d = DenyList::new(&["/^ginkgo\\./"]).unwrap();
     let csr = make_csr(ID, &[]);
-    assert!(validate_csr(&csr, ID, &d)
+    assert!(validate_csr(&csr, ID, &CsrPolicy::new(&d))
         .unwrap_err()
         .to_string()
         .contains("denied"));
@@ -386,12 +413,12 @@ fn csr_with_a_broken_self_signature_is_refused() {
     // Claim a different subject under the original signature.
     req.info.subject = std::str::FromStr::from_str("CN=ginkgo.example.net,O=forged").unwrap();
     let forged = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", req.to_der().unwrap()));
-    let err = validate_csr(&forged, ID, &deny()).unwrap_err();
+    let err = validate_csr(&forged, ID, &CsrPolicy::new(&deny())).unwrap_err();
     assert!(matches!(err, PolicyError::CsrSignature(_)), "{err}");
     assert!(validate_csr(
         "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
         ID,
-        &deny()
+        &CsrPolicy::new(&deny())
     )
     .is_err());
 }
@@ -622,7 +649,7 @@ fn nonce_signature_checks() {
 fn truncated_csr_is_refused_promptly() {
     let res = test_support::returns_within("validate_csr", Duration::from_secs(10), || {
         let pem = "-----BEGIN CERTIFICATE REQUEST-----\nAQ==\n-----END CERTIFICATE REQUEST-----\n";
-        validate_csr(pem, ID, &deny()).map_err(|e| e.to_string())
+        validate_csr(pem, ID, &CsrPolicy::new(&deny())).map_err(|e| e.to_string())
     });
     let err = res.unwrap_err();
     assert!(err.starts_with("could not parse CSR"), "{err}");
@@ -640,4 +667,119 @@ fn truncated_verification_certificate_is_refused_promptly() {
     });
     let err = res.unwrap_err();
     assert!(err.contains("could not parse certificate"), "{err}");
+}
+
+// --- names bound to the identity ---
+
+fn san_dns(n: &str) -> x509_cert::ext::pkix::name::GeneralName {
+    x509_cert::ext::pkix::name::GeneralName::DnsName(der::asn1::Ia5String::new(n).unwrap())
+}
+
+#[test]
+fn csr_dns_names_other_than_the_identity_are_refused_by_default() {
+    let csr = make_csr(ID, &[ID, "victim.example.net"]);
+    let err = validate_csr(&csr, ID, &CsrPolicy::new(&deny())).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::ExtraDnsName { name, .. } if name == "victim.example.net"),
+        "{err}"
+    );
+    // The identity itself as a SAN (what go-choria's servers ask for) passes.
+    assert!(validate_csr(&make_csr(ID, &[ID]), ID, &CsrPolicy::new(&deny())).is_ok());
+}
+
+#[test]
+fn csr_ip_uri_and_email_names_are_refused() {
+    use x509_cert::ext::pkix::name::GeneralName;
+    let any = regex::Regex::new("^.*$").unwrap();
+    let policy = CsrPolicy {
+        extra_dns: Some(&any),
+        ..CsrPolicy::new(deny_static())
+    };
+    let cases: Vec<(GeneralName, &str)> = vec![
+        (
+            GeneralName::IpAddress(der::asn1::OctetString::new(vec![10, 0, 0, 1]).unwrap()),
+            "IP",
+        ),
+        (
+            GeneralName::UniformResourceIdentifier(
+                der::asn1::Ia5String::new("spiffe://example.net/admin").unwrap(),
+            ),
+            "URI",
+        ),
+        (
+            GeneralName::Rfc822Name(der::asn1::Ia5String::new("root@example.net").unwrap()),
+            "email",
+        ),
+    ];
+    for (san, want) in cases {
+        let csr = make_csr_with(&format!("CN={ID}"), vec![san_dns(ID), san]);
+        let err = validate_csr(&csr, ID, &policy).unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::SanKind { kind, .. } if *kind == want),
+            "{want}: {err}"
+        );
+    }
+}
+
+#[test]
+fn csr_for_a_privileged_san_smuggling_identity_is_refused() {
+    // The identity an attacker announces; the CSR's CN equals it, so the old CN == identity
+    // check passed and the default deny list (patterns ending in `$`) did not match.
+    let evil = "evil.example.net,DNS:admin.privileged.mcollective,DNS:x";
+    let csr = make_csr_with(
+        "CN=evil.example.net\\,DNS:admin.privileged.mcollective\\,DNS:x",
+        vec![],
+    );
+    let err = validate_csr(&csr, evil, &CsrPolicy::new(&deny())).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            PolicyError::InvalidName {
+                why: provision_core::IdentityError::ForbiddenChar(','),
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn csr_wildcard_and_wildcard_sans_are_refused_even_with_a_permissive_extra_pattern() {
+    let any = regex::Regex::new("^.*$").unwrap();
+    let policy = CsrPolicy {
+        extra_dns: Some(&any),
+        ..CsrPolicy::new(deny_static())
+    };
+    let csr = make_csr(ID, &["*.example.net"]);
+    let err = validate_csr(&csr, ID, &policy).unwrap_err();
+    assert!(matches!(&err, PolicyError::InvalidName { .. }), "{err}");
+    let csr = make_csr("*.example.net", &[]);
+    let err = validate_csr(&csr, "*.example.net", &policy).unwrap_err();
+    assert!(matches!(&err, PolicyError::InvalidName { .. }), "{err}");
+}
+
+#[test]
+fn csr_with_two_common_names_is_refused() {
+    let csr = make_csr_with(&format!("CN={ID},CN=victim.example.net"), vec![]);
+    let err = validate_csr(&csr, ID, &CsrPolicy::new(&deny())).unwrap_err();
+    assert!(matches!(&err, PolicyError::CommonNames(2)), "{err}");
+}
+
+#[test]
+fn no_server_jwt_is_signed_for_an_invalid_identity() {
+    let pk = node_pk();
+    let key = rsa_signer();
+    for bad in [">", "*", "a\nb", "evil.example.net,DNS:x"] {
+        let mut req = request(None, None, &key, &pk);
+        req.identity = bad;
+        let err = issue_server_jwt(&req).unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::InvalidName { .. }),
+            "{bad}: {err}"
+        );
+        assert!(
+            !err.to_string().contains('\n'),
+            "the message is escaped: {err}"
+        );
+    }
 }

@@ -85,6 +85,8 @@ pub struct NodeState {
     pub pause_on: Option<(Action, PauseState)>,
     /// After release_update the node comes back with this version.
     pub upgrade_to_version: bool,
+    /// Identities starting with this never answer anything (bogus announced nodes).
+    pub silent_prefix: Option<String>,
 }
 
 #[derive(Clone, Default)]
@@ -152,6 +154,15 @@ impl FakeNode {
 impl NodeRpc for FakeNode {
     async fn inventory(&self, id: &str) -> Result<Inventory, RpcError> {
         self.enter(id, Action::Inventory)?;
+        let silent = {
+            let s = self.state.lock().unwrap();
+            s.silent_prefix
+                .as_deref()
+                .is_some_and(|p| id.starts_with(p))
+        };
+        if silent {
+            std::future::pending::<()>().await;
+        }
         Ok(self.state.lock().unwrap().inventory.clone())
     }
 
@@ -305,6 +316,7 @@ pub struct Counts {
     pub lock_held: AtomicUsize,
     pub discovered: AtomicUsize,
     pub event_discovered: AtomicUsize,
+    pub invalid_identities: AtomicUsize,
     pub max_busy: AtomicUsize,
     pub paused: Mutex<Vec<bool>>,
 }
@@ -333,6 +345,9 @@ impl Observer for CountingObserver {
     }
     fn provision_error(&self) {
         self.0.provision_errors.fetch_add(1, Ordering::SeqCst);
+    }
+    fn invalid_identity(&self) {
+        self.0.invalid_identities.fetch_add(1, Ordering::SeqCst);
     }
     fn lock_held(&self) {
         self.0.lock_held.fetch_add(1, Ordering::SeqCst);
@@ -377,22 +392,28 @@ pub fn provisioner(
 
 /// A CSR signed by the node key in testdata.
 pub fn make_csr(cn: &str, dns: &[&str]) -> String {
+    use x509_cert::ext::pkix::name::GeneralName;
+    let names = dns
+        .iter()
+        .map(|d| GeneralName::DnsName(der::asn1::Ia5String::new(d).unwrap()))
+        .collect();
+    make_csr_with(&format!("CN={cn}"), names)
+}
+
+/// A CSR signed with the test node key, with `subject` in RFC 4514 form (escape a comma in a
+/// name as `\,`) and any subject alternative names.
+pub fn make_csr_with(subject: &str, sans: Vec<x509_cert::ext::pkix::name::GeneralName>) -> String {
     use rsa::pkcs1::DecodeRsaPrivateKey;
     use std::str::FromStr;
     use x509_cert::builder::{Builder, RequestBuilder};
-    use x509_cert::ext::pkix::name::GeneralName;
     use x509_cert::ext::pkix::SubjectAltName;
     let pem = std::fs::read_to_string(testdata("node-rsa.pem")).unwrap();
     let key = rsa::RsaPrivateKey::from_pkcs1_pem(&pem).unwrap();
     let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
-    let subject = x509_cert::name::Name::from_str(&format!("CN={cn}")).unwrap();
+    let subject = x509_cert::name::Name::from_str(subject).unwrap();
     let mut b = RequestBuilder::new(subject, &signer).unwrap();
-    if !dns.is_empty() {
-        let names = dns
-            .iter()
-            .map(|d| GeneralName::DnsName(der::asn1::Ia5String::new(d).unwrap()))
-            .collect();
-        b.add_extension(&SubjectAltName(names)).unwrap();
+    if !sans.is_empty() {
+        b.add_extension(&SubjectAltName(sans)).unwrap();
     }
     let req = b.build::<rsa::pkcs1v15::Signature>().unwrap();
     der::EncodePem::to_pem(&req, der::pem::LineEnding::LF).unwrap()
