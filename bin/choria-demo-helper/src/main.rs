@@ -6,6 +6,15 @@
 //! configuration for the server JWT the provisioner signs. `CHORIA_UPGRADE_TO` asks for an upgrade
 //! to that version; `CHORIA_DEFER` set to a substring defers every identity containing it.
 //!
+//! Everything in the input comes from the node, that is from anyone holding a provisioning JWT.
+//! Before anything else the identity is held to the provisioner's built-in grammar (labels of
+//! ASCII letters, digits, `-` and `_`, 1 to 63 bytes, separated by single dots, at most 253
+//! bytes) and Choria client names (`*.mcollective`, `*.choria`) are refused; the SSL and key
+//! directories must be absolute paths of plain characters; a CSR must carry exactly one common
+//! name, the identity. A refusal is a `defer` naming why. A certificate's only subject
+//! alternative name is the checked identity, added as data; the names a CSR asks for are not
+//! copied.
+//!
 //! `choria-demo-helper init-ca DIR` writes a test CA (`ca.pem`, `ca-key.pem`) into DIR;
 //! `choria-demo-helper init-signer DIR` writes an ed25519 signer (`signer.seed`, `signer.pub`, both
 //! 64 hex characters without a newline, as Choria's tools expect) into DIR.
@@ -63,10 +72,11 @@ fn helper() -> Result<(), String> {
         .read_to_string(&mut input)
         .map_err(|e| format!("cannot read stdin: {e}"))?;
     let node: Value = serde_json::from_str(&input).map_err(|e| format!("invalid input: {e}"))?;
-    let identity = node
-        .get("identity")
-        .and_then(Value::as_str)
-        .ok_or("input has no identity")?;
+    let identity = match node.get("identity").map(identity_problem) {
+        None => return defer("refused: the input has no identity"),
+        Some(Err(why)) => return defer(&format!("refused: {why}")),
+        Some(Ok(identity)) => identity,
+    };
 
     if let Some(pattern) = env("CHORIA_DEFER") {
         if identity.contains(&pattern) {
@@ -95,13 +105,13 @@ fn helper() -> Result<(), String> {
         .and_then(|c| c.get("csr"))
         .and_then(Value::as_str);
     if let Some(csr) = csr {
-        let ssldir = node
-            .get("csr")
-            .and_then(|c| c.get("ssldir"))
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .unwrap_or("/etc/choria/ssl")
-            .to_string();
+        let ssldir = match node.get("csr").and_then(|c| c.get("ssldir")) {
+            None | Some(Value::Null) => "/etc/choria/ssl",
+            Some(Value::String(s)) if s.is_empty() => "/etc/choria/ssl",
+            Some(Value::String(s)) if safe_path(s) => s,
+            Some(_) => return defer(&format!("refused: the SSL directory {PATH_RULE}")),
+        }
+        .to_string();
         let (ca_cert, ca_key) = match (env("CHORIA_CA_CERT"), env("CHORIA_CA_KEY")) {
             (Some(c), Some(k)) => (c, k),
             _ => {
@@ -112,7 +122,10 @@ fn helper() -> Result<(), String> {
             std::fs::read_to_string(&ca_cert).map_err(|e| format!("cannot read {ca_cert}: {e}"))?;
         let key_pem =
             std::fs::read_to_string(&ca_key).map_err(|e| format!("cannot read {ca_key}: {e}"))?;
-        let cert = sign_csr(csr, identity, &ca_pem, &key_pem)?;
+        let cert = match sign_csr(csr, identity, &ca_pem, &key_pem)? {
+            Signed::Certificate(cert) => cert,
+            Signed::Refused(why) => return defer(&format!("refused: {why}")),
+        };
         set("plugin.security.provider", "file");
         set(
             "plugin.security.file.certificate",
@@ -124,10 +137,11 @@ fn helper() -> Result<(), String> {
         reply.insert("ca".into(), Value::String(ca_pem));
         reply.insert("ssldir".into(), Value::String(ssldir));
     }
-    let directory = node
-        .get("ed25519_pubkey")
-        .and_then(|e| e.get("directory"))
-        .and_then(Value::as_str);
+    let directory = match node.get("ed25519_pubkey").and_then(|e| e.get("directory")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if safe_path(s) => Some(s.as_str()),
+        Some(_) => return defer(&format!("refused: the key directory {PATH_RULE}")),
+    };
     if let Some(dir) = directory {
         set("plugin.security.provider", "choria");
         set(
@@ -156,6 +170,114 @@ fn helper() -> Result<(), String> {
     Ok(())
 }
 
+/// Prints a `defer` reply naming why.
+fn defer(why: &str) -> Result<(), String> {
+    println!("{}", json!({"defer": true, "msg": why}));
+    Ok(())
+}
+
+/// The longest identity accepted (the longest DNS name).
+const MAX_IDENTITY_LEN: usize = 253;
+/// The longest label.
+const MAX_LABEL_LEN: usize = 63;
+/// The longest SSL or key directory accepted.
+const MAX_PATH_LEN: usize = 1024;
+/// What [`safe_path`] asks of a directory, for the refusal message.
+const PATH_RULE: &str = "is not an absolute path of letters, digits, '.', '_', '-' and '/'";
+
+/// The identity when it is a string of the provisioner's built-in grammar (labels of ASCII
+/// letters, digits, `-` and `_`, each 1 to 63 bytes, separated by single dots, at most 253 bytes)
+/// and not a Choria client name (`*.mcollective`, `*.choria`); else why not. Kept here rather
+/// than shared with the provisioner: the demo helper has no workspace dependencies.
+fn identity_problem(value: &Value) -> Result<&str, String> {
+    let Some(identity) = value.as_str() else {
+        return Err("the identity is not a string".into());
+    };
+    if identity.len() > MAX_IDENTITY_LEN {
+        return Err(format!(
+            "the identity is {} bytes long, the limit is {MAX_IDENTITY_LEN}",
+            identity.len()
+        ));
+    }
+    for label in identity.split('.') {
+        if label.is_empty() {
+            return Err(
+                "the identity is empty or has an empty label (a leading, trailing or doubled dot)"
+                    .into(),
+            );
+        }
+        if label.len() > MAX_LABEL_LEN {
+            return Err(format!(
+                "the identity has a label of {} bytes, the limit is {MAX_LABEL_LEN}",
+                label.len()
+            ));
+        }
+        if let Some(c) = label
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+        {
+            return Err(format!(
+                "the identity holds {c:?}; labels may hold letters, digits, '-' and '_'"
+            ));
+        }
+    }
+    let lower = identity.to_ascii_lowercase();
+    if lower.ends_with(".mcollective") || lower.ends_with(".choria") {
+        return Err("the identity is a Choria client name (*.mcollective, *.choria)".into());
+    }
+    Ok(identity)
+}
+
+/// An absolute path of ASCII letters, digits, `.`, `_`, `-` and `/`, without a `..` part, at
+/// most [`MAX_PATH_LEN`] bytes: a directory on the node that can go into its configuration.
+fn safe_path(path: &str) -> bool {
+    path.starts_with('/')
+        && path.len() <= MAX_PATH_LEN
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+        && !path.split('/').any(|part| part == "..")
+}
+
+/// The common names in a subject, as text; `None` for a common name that is not a string.
+fn common_names(subject: &Name) -> Vec<Option<String>> {
+    const CN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.4.3");
+    let mut out = Vec::new();
+    for rdn in subject.0.iter() {
+        for atv in rdn.0.iter() {
+            if atv.oid != CN {
+                continue;
+            }
+            let value = atv
+                .value
+                .decode_as::<der::asn1::Utf8StringRef<'_>>()
+                .map(|s| s.as_str().to_string())
+                .or_else(|_| {
+                    atv.value
+                        .decode_as::<der::asn1::PrintableStringRef<'_>>()
+                        .map(|s| s.as_str().to_string())
+                })
+                .or_else(|_| {
+                    atv.value
+                        .decode_as::<der::asn1::Ia5StringRef<'_>>()
+                        .map(|s| s.as_str().to_string())
+                })
+                .ok();
+            out.push(value);
+        }
+    }
+    out
+}
+
+/// What [`sign_csr`] made of a CSR.
+#[derive(Debug)]
+enum Signed {
+    /// The certificate, PEM.
+    Certificate(String),
+    /// Why the CSR is refused.
+    Refused(String),
+}
+
 /// The DER inside a PEM block with the given label. The armour is decoded first: der's
 /// streaming PEM reader spins on DER that ends inside a header.
 fn pem_der(text: &str, want: &str) -> Result<Vec<u8>, String> {
@@ -167,9 +289,16 @@ fn pem_der(text: &str, want: &str) -> Result<Vec<u8>, String> {
     Ok(der)
 }
 
-fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Result<String, String> {
+/// Signs the CSR of a checked identity: its subject must hold exactly one common name, the
+/// identity; the certificate's only subject alternative name is `DNS:<identity>`.
+fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Result<Signed, String> {
     let req = CertReq::from_der(&pem_der(csr_pem, "CERTIFICATE REQUEST")?)
         .map_err(|e| format!("invalid CSR for {identity}: {e}"))?;
+    if common_names(&req.info.subject) != [Some(identity.to_string())] {
+        return Ok(Signed::Refused(
+            "the CSR's subject does not hold exactly one common name, the identity".into(),
+        ));
+    }
     let ca = Certificate::from_der(&pem_der(ca_pem, "CERTIFICATE")?)
         .map_err(|e| format!("invalid CA certificate: {e}"))?;
     let key = RsaPrivateKey::from_pkcs8_pem(key_pem)
@@ -204,7 +333,9 @@ fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Resul
     let cert = builder
         .build::<rsa::pkcs1v15::Signature>()
         .map_err(|e| format!("cannot sign for {identity}: {e}"))?;
-    cert.to_pem(LineEnding::LF).map_err(|e| e.to_string())
+    cert.to_pem(LineEnding::LF)
+        .map(Signed::Certificate)
+        .map_err(|e| e.to_string())
 }
 
 fn init_ca(dir: &str) -> Result<(), String> {
@@ -262,4 +393,117 @@ fn write_private(path: &str, data: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("cannot write {path}: {e}"))?;
     f.write_all(data)
         .map_err(|e| format!("cannot write {path}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn check(identity: &str) -> Result<&str, String> {
+        identity_problem(&Value::String(identity.to_string()))
+            .map(|_| identity)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn names_of_the_grammar_are_accepted() {
+        let longest_label = "a".repeat(63);
+        let at_limit = [&"b".repeat(63)[..]; 3].join(".") + "." + &"c".repeat(61);
+        assert_eq!(at_limit.len(), 253);
+        for ok in [
+            "node1.example.net",
+            "slow-1",
+            "n_1.Example.NET",
+            "-x.y",
+            longest_label.as_str(),
+            at_limit.as_str(),
+        ] {
+            assert_eq!(check(ok), Ok(ok), "{ok:?}");
+        }
+        let e = check(&(at_limit.clone() + "c")).unwrap_err();
+        assert!(e.contains("254 bytes"), "{e}");
+    }
+
+    #[test]
+    fn hostile_identities_are_refused_with_the_reason() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "evil.example.net,DNS:admin.privileged.mcollective,DNS:x",
+                "holds ','",
+            ),
+            ("*.example.net", "holds '*'"),
+            (">", "holds '>'"),
+            ("node1.example.net\n", "holds '\\n'"),
+            ("node1.example.net\nfake log line", "holds '\\n'"),
+            ("", "empty"),
+            (".example.net", "empty label"),
+            ("example.net.", "empty label"),
+            ("a..b", "empty label"),
+            ("a b", "holds ' '"),
+            ("nöde.example.net", "holds 'ö'"),
+            ("a/../b", "holds '/'"),
+            ("admin.privileged.mcollective", "Choria client name"),
+            ("x.PRIVILEGED.choria", "Choria client name"),
+            ("web.choria", "Choria client name"),
+        ];
+        for (identity, why) in cases {
+            let e = check(identity).unwrap_err();
+            assert!(e.contains(why), "{identity:?}: {e}");
+        }
+        let e = check(&"a".repeat(5000)).unwrap_err();
+        assert!(e.contains("5000 bytes"), "{e}");
+        let e = check(&format!("{}.net", "a".repeat(64))).unwrap_err();
+        assert!(e.contains("label of 64 bytes"), "{e}");
+        for not_a_string in [json!(null), json!(7), json!(["a.b"]), json!({"a": "b"})] {
+            assert!(identity_problem(&not_a_string).is_err());
+        }
+    }
+
+    #[test]
+    fn directories_must_be_plain_absolute_paths() {
+        for ok in ["/etc/choria/ssl", "/tmp/.tmpAb3_x-1/ssl", "/"] {
+            assert!(safe_path(ok), "{ok:?}");
+        }
+        for bad in [
+            "etc/choria",
+            "",
+            "/etc/choria/../../root",
+            "/etc/choria\nplugin.security.provider = none",
+            "/etc/cho ria",
+            "C:\\ProgramData\\choria",
+            &format!("/{}", "a".repeat(1024)),
+        ] {
+            assert!(!safe_path(bad), "{bad:?}");
+        }
+    }
+
+    fn name(s: &str) -> Name {
+        Name::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn common_names_are_read_from_every_rdn() {
+        assert_eq!(
+            common_names(&name("CN=n1.example.net")),
+            [Some("n1.example.net".to_string())]
+        );
+        assert_eq!(
+            common_names(&name("CN=n1.example.net,O=Example,OU=web")),
+            [Some("n1.example.net".to_string())]
+        );
+        assert_eq!(
+            common_names(&name("O=Example")),
+            Vec::<Option<String>>::new()
+        );
+        assert_eq!(
+            common_names(&name("CN=a.example.net,CN=admin.privileged.mcollective")).len(),
+            2
+        );
+        assert_eq!(
+            common_names(&name("CN=a.example.net+O=x")),
+            [Some("a.example.net".to_string())]
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! Runs the built helper as the provisioner does: JSON on stdin, reply on stdout.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
@@ -103,4 +105,191 @@ fn pki_reply_carries_a_certificate_signed_by_the_ca() {
         "{}",
         String::from_utf8_lossy(&verify.stdout)
     );
+}
+
+/// The hostile identities every shipped helper must refuse.
+fn hostile_identities() -> Vec<String> {
+    vec![
+        "evil.example.net,DNS:admin.privileged.mcollective,DNS:x".into(),
+        "*.example.net".into(),
+        ">".into(),
+        "node1.example.net\nforged log line".into(),
+        "node1.example.net\n".into(),
+        "a".repeat(5000),
+        "admin.privileged.mcollective".into(),
+    ]
+}
+
+/// A test CA made by the helper itself, and a CSR made by openssl with `subject` and, when
+/// given, a `subjectAltName` extension asking for more names.
+fn ca_and_csr(d: &str, subject: &str, san: Option<&str>) -> String {
+    let st = Command::new(env!("CARGO_BIN_EXE_choria-demo-helper"))
+        .args(["init-ca", &format!("{d}/ca")])
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let mut req = Command::new("openssl");
+    req.args([
+        "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+    ])
+    .args([
+        "-keyout",
+        &format!("{d}/k.pem"),
+        "-out",
+        &format!("{d}/req.pem"),
+    ]);
+    if let Some(san) = san {
+        req.args(["-addext", &format!("subjectAltName={san}")]);
+    }
+    let ok = req.output().unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    std::fs::read_to_string(format!("{d}/req.pem")).unwrap()
+}
+
+/// Every file under `dir` with its length and modification time.
+fn snapshot(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            (m.len(), m.modified().unwrap()),
+        );
+    }
+    out
+}
+
+/// The subject alternative names of a PEM certificate, as openssl prints them.
+fn sans(d: &str, cert: &str) -> Vec<String> {
+    let file = format!("{d}/issued.pem");
+    std::fs::write(&file, cert).unwrap();
+    let o = Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in", &file])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .flat_map(|l| {
+            l.split(", ")
+                .map(|s| s.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn assert_refused(reply: &Value, what: &str, why: &str) {
+    assert_eq!(reply["defer"], true, "{what}: {reply}");
+    assert!(
+        reply["msg"].as_str().unwrap().contains(why),
+        "{what}: {}",
+        reply["msg"]
+    );
+    for field in ["certificate", "configuration", "server_claims", "ca"] {
+        assert!(reply.get(field).is_none(), "{what}: {field} in {reply}");
+    }
+}
+
+#[test]
+fn hostile_identities_are_deferred_in_every_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let csr = ca_and_csr(d, "/CN=node1.example.net", None);
+    let ca_dir = dir.path().join("ca");
+    let before = snapshot(&ca_dir);
+    let ca = format!("{d}/ca/ca.pem");
+    let key = format!("{d}/ca/ca-key.pem");
+    let envs = [("CHORIA_CA_CERT", ca.as_str()), ("CHORIA_CA_KEY", &key)];
+    for identity in hostile_identities() {
+        let plain = json!({"identity": identity, "csr": null, "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+        let pki = json!({"identity": identity, "csr": {"csr": csr, "public_key": "", "ssldir": "/etc/choria/ssl"},
+            "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+        let ed = json!({"identity": identity, "csr": null, "inventory": "{}", "jwt": null,
+            "ed25519_pubkey": {"public_key": "ab".repeat(32), "directory": "/etc/choria", "signature": ""}});
+        for (mode, input) in [("plain", plain), ("pki", pki), ("ed25519", ed)] {
+            let reply = run(&input, &envs);
+            assert_refused(
+                &reply,
+                &format!("{mode} {identity:?}"),
+                "refused: the identity",
+            );
+        }
+    }
+    for not_a_string in [json!(null), json!(42), json!(["node1.example.net"])] {
+        let input = json!({"identity": not_a_string, "csr": null, "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+        assert_refused(&run(&input, &[]), "identity {not_a_string}", "not a string");
+    }
+    let input = json!({"csr": null, "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+    assert_refused(&run(&input, &[]), "no identity", "no identity");
+    assert_eq!(
+        snapshot(&ca_dir),
+        before,
+        "something was written under the CA directory"
+    );
+}
+
+#[test]
+fn pki_certificate_names_the_identity_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // The CSR asks for a privileged name besides its own: it is not copied.
+    let csr = ca_and_csr(
+        d,
+        "/CN=n3.example.net/O=Example",
+        Some("DNS:admin.privileged.mcollective,DNS:n3.example.net,IP:10.0.0.1"),
+    );
+    let ca = format!("{d}/ca/ca.pem");
+    let key = format!("{d}/ca/ca-key.pem");
+    let envs = [("CHORIA_CA_CERT", ca.as_str()), ("CHORIA_CA_KEY", &key)];
+    let input = json!({"identity": "n3.example.net", "csr": {"csr": csr, "public_key": "", "ssldir": "/srv/ssl"},
+        "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+    let reply = run(&input, &envs);
+    let cert = reply["certificate"].as_str().unwrap();
+    assert_eq!(sans(d, cert), ["DNS:n3.example.net"]);
+
+    // A CSR whose common name is not the identity, or that holds two, is not signed.
+    for subject in [
+        "/CN=other.example.net",
+        "/CN=n3.example.net/CN=admin.privileged.mcollective",
+        "/O=Example",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let csr = ca_and_csr(d, subject, None);
+        let ca = format!("{d}/ca/ca.pem");
+        let key = format!("{d}/ca/ca-key.pem");
+        let envs = [("CHORIA_CA_CERT", ca.as_str()), ("CHORIA_CA_KEY", &key)];
+        let input = json!({"identity": "n3.example.net", "csr": {"csr": csr, "public_key": "", "ssldir": "/srv/ssl"},
+            "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+        assert_refused(&run(&input, &envs), subject, "common name");
+    }
+}
+
+#[test]
+fn hostile_directories_are_deferred() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let csr = ca_and_csr(d, "/CN=n4.example.net", None);
+    let ca = format!("{d}/ca/ca.pem");
+    let key = format!("{d}/ca/ca-key.pem");
+    let envs = [("CHORIA_CA_CERT", ca.as_str()), ("CHORIA_CA_KEY", &key)];
+    for bad in [
+        json!("/etc/choria/ssl\nplugin.security.provider = none"),
+        json!("relative/ssl"),
+        json!("/etc/choria/../../root"),
+        json!(["/etc/choria/ssl"]),
+    ] {
+        let pki = json!({"identity": "n4.example.net", "csr": {"csr": csr, "public_key": "", "ssldir": bad},
+            "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+        assert_refused(&run(&pki, &envs), &format!("ssldir {bad}"), "SSL directory");
+        let ed = json!({"identity": "n4.example.net", "csr": null, "inventory": "{}", "jwt": null,
+            "ed25519_pubkey": {"public_key": "ab".repeat(32), "directory": bad, "signature": ""}});
+        assert_refused(&run(&ed, &[]), &format!("directory {bad}"), "key directory");
+    }
 }
