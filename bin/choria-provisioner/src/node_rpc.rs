@@ -47,6 +47,7 @@ impl ChoriaNodeRpc {
 fn map(identity: &str, action: Action, e: WireError) -> RpcError {
     let kind = match e.kind() {
         WireKind::Timeout => RpcErrorKind::Timeout,
+        WireKind::NoResponders => RpcErrorKind::NoResponders,
         WireKind::ProvisioningLocked => RpcErrorKind::LockHeld,
         // The core's error names the node and the action itself: keep only the cause here.
         WireKind::BadReply => RpcErrorKind::BadReply(match &e {

@@ -5,6 +5,13 @@
 //! and are handed to the waiting request by request id. A reply is trusted only after its
 //! transport, hash, protocol strings, request id and (for directed requests) sender check out;
 //! anything else is dropped with a log line and counted in [`RpcStats`].
+//!
+//! A directed request is also published with its reply subject as the NATS reply subject (the
+//! Choria envelope carries it too, and Choria servers read only the envelope's). When nothing is
+//! subscribed to the node's subject, the broker answers at once on that subject with a
+//! no-responders status message (503, no payload), and the request fails with
+//! [`RpcError::NoResponders`] instead of waiting for its timeout. Broadcasts are published
+//! without one: many nodes answer them, and an empty collective is an empty discovery.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +39,8 @@ const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum RpcErrorKind {
     /// No valid reply before the timeout.
     Timeout,
+    /// The broker reported that nothing is subscribed to the node's subject.
+    NoResponders,
     /// The connection to the broker is down.
     NotConnected,
     /// The client was shut down or its reply subscription ended.
@@ -68,6 +77,15 @@ pub enum RpcError {
         action: String,
         /// The timeout that expired.
         timeout: Duration,
+    },
+    /// The broker answered the request with a no-responders status: nothing is subscribed to
+    /// the node's subject, so no server with that identity is connected.
+    #[error("{action} on {identity}: no responders (no server is subscribed to its subject)")]
+    NoResponders {
+        /// Target node.
+        identity: String,
+        /// `agent#action`.
+        action: String,
     },
     /// The broker connection is down.
     #[error("{action} on {identity}: not connected to the broker")]
@@ -148,6 +166,7 @@ impl RpcError {
     pub fn kind(&self) -> RpcErrorKind {
         match self {
             RpcError::Timeout { .. } => RpcErrorKind::Timeout,
+            RpcError::NoResponders { .. } => RpcErrorKind::NoResponders,
             RpcError::NotConnected { .. } => RpcErrorKind::NotConnected,
             RpcError::Closed { .. } => RpcErrorKind::Closed,
             RpcError::Encode { .. } | RpcError::EncodeData { .. } => RpcErrorKind::Encode,
@@ -226,6 +245,7 @@ struct Counters {
     requests: AtomicU64,
     replies: AtomicU64,
     timeouts: AtomicU64,
+    no_responders: AtomicU64,
     dropped_malformed: AtomicU64,
     dropped_wrong_request: AtomicU64,
     dropped_wrong_sender: AtomicU64,
@@ -242,6 +262,9 @@ pub struct RpcStats {
     pub replies: u64,
     /// Directed requests that timed out.
     pub timeouts: u64,
+    /// Directed requests the broker answered with a no-responders status (nothing subscribed
+    /// to the node's subject). Not a dropped reply.
+    pub no_responders: u64,
     /// Replies dropped because they did not parse, had a wrong protocol string or a bad hash.
     pub dropped_malformed: u64,
     /// Replies whose envelope request id did not match their subject.
@@ -264,10 +287,18 @@ impl RpcStats {
     }
 }
 
+/// What completes a directed request.
+enum Delivery {
+    /// The target's verified reply.
+    Reply(Reply),
+    /// The broker's no-responders status for the request's subject.
+    NoResponders,
+}
+
 enum Pending {
     Directed {
         target: String,
-        tx: oneshot::Sender<Reply>,
+        tx: oneshot::Sender<Delivery>,
     },
     Discovery {
         tx: mpsc::UnboundedSender<String>,
@@ -412,6 +443,7 @@ impl RpcClient {
             requests: g(&c.requests),
             replies: g(&c.replies),
             timeouts: g(&c.timeouts),
+            no_responders: g(&c.no_responders),
             dropped_malformed: g(&c.dropped_malformed),
             dropped_wrong_request: g(&c.dropped_wrong_request),
             dropped_wrong_sender: g(&c.dropped_wrong_sender),
@@ -455,9 +487,12 @@ impl RpcClient {
         })
     }
 
+    /// Publish `bytes` to `subject`, with `reply` as the NATS reply subject when given (the
+    /// broker then answers with a no-responders status if nothing is subscribed to `subject`).
     async fn publish(
         &self,
         subject: String,
+        reply: Option<String>,
         bytes: Bytes,
         identity: &str,
         action: impl FnOnce() -> String,
@@ -468,21 +503,23 @@ impl RpcClient {
                 action: action(),
             });
         }
-        self.inner
-            .nats
-            .publish(subject, bytes)
-            .await
-            .map_err(|e| RpcError::Transport {
-                identity: identity.to_string(),
-                action: action(),
-                reason: e.to_string(),
-            })?;
+        let nats = &self.inner.nats;
+        match reply {
+            Some(reply) => nats.publish_with_reply(subject, reply, bytes).await,
+            None => nats.publish(subject, bytes).await,
+        }
+        .map_err(|e| RpcError::Transport {
+            identity: identity.to_string(),
+            action: action(),
+            reason: e.to_string(),
+        })?;
         self.inner.counters.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Send `payload` (an RPC body) to `agent` on one node and wait up to `timeout` for that
-    /// node's verified reply.
+    /// node's verified reply. Fails at once with [`RpcError::NoResponders`] when the broker
+    /// reports that nothing is subscribed to the node's subject.
     pub async fn request(
         &self,
         identity: &str,
@@ -509,13 +546,18 @@ impl RpcClient {
         };
         self.publish(
             protocol::directed_subject(&self.inner.opts.collective, identity),
+            Some(reply_to),
             bytes,
             identity,
             || action_label(agent, payload),
         )
         .await?;
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(reply)) => Ok(reply),
+            Ok(Ok(Delivery::Reply(reply))) => Ok(reply),
+            Ok(Ok(Delivery::NoResponders)) => Err(RpcError::NoResponders {
+                identity: identity.to_string(),
+                action: action_label(agent, payload),
+            }),
             Ok(Err(_)) => Err(RpcError::Closed {
                 identity: identity.to_string(),
                 action: action_label(agent, payload),
@@ -594,8 +636,11 @@ impl RpcClient {
             map: &self.inner.pending,
             id,
         };
+        // No NATS reply subject: a broadcast has many responders, and a no-responders status
+        // would only end a discovery that finds nothing early.
         self.publish(
             protocol::broadcast_subject(&self.inner.opts.collective, "discovery"),
+            None,
             bytes,
             "*",
             || "discovery#ping".to_string(),
@@ -652,8 +697,14 @@ impl RpcClient {
                 action: label(),
                 source,
             })?;
-        self.publish(event.subject(), Bytes::from(body), &event.identity, label)
-            .await?;
+        self.publish(
+            event.subject(),
+            None,
+            Bytes::from(body),
+            &event.identity,
+            label,
+        )
+        .await?;
         self.inner
             .nats
             .flush()
@@ -773,6 +824,11 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
         count(&c.unexpected);
         return;
     };
+    if let Some(status) = msg.status {
+        // A status message from the broker, not a Choria reply: never parsed as one.
+        handle_status(inner, subject, subject_id, status, msg.payload.is_empty());
+        return;
+    }
     if msg.payload.len() > inner.opts.max_reply_size {
         count(&c.dropped_oversize);
         tracing::warn!(
@@ -832,7 +888,7 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
                 drop(pending);
                 count(&c.replies);
                 // The waiter may have timed out in the meantime; nothing to do then.
-                let _ = tx.send(reply);
+                let _ = tx.send(Delivery::Reply(reply));
             }
         }
         Some(Pending::Discovery { tx }) => {
@@ -846,4 +902,41 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
         }
         None => count(&c.unexpected),
     }
+}
+
+/// A broker status message on a reply subject. nats-server sends a no-responders status (503,
+/// no payload) to a directed request's NATS reply subject when nothing is subscribed to the
+/// node's subject: that completes the pending request at once. Any other status (or one for
+/// no pending directed request) is counted as unexpected.
+fn handle_status(
+    inner: &Inner,
+    subject: &str,
+    subject_id: &str,
+    status: async_nats::StatusCode,
+    empty: bool,
+) {
+    let c = &inner.counters;
+    if status == async_nats::StatusCode::NO_RESPONDERS && empty {
+        let mut pending = lock(&inner.pending);
+        if matches!(pending.get(subject_id), Some(Pending::Directed { .. })) {
+            if let Some(Pending::Directed { target, tx }) = pending.remove(subject_id) {
+                drop(pending);
+                c.no_responders.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    subject,
+                    identity = %target,
+                    "no responders: nothing is subscribed to the node's subject"
+                );
+                // The waiter may have timed out in the meantime; nothing to do then.
+                let _ = tx.send(Delivery::NoResponders);
+            }
+            return;
+        }
+    }
+    c.unexpected.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        subject,
+        status = %status,
+        "dropping a status message for no pending directed request"
+    );
 }

@@ -320,6 +320,9 @@ async fn discovery_with_no_responders_ends_at_the_timeout() {
         took >= Duration::from_millis(400) && took < Duration::from_millis(700),
         "{took:?}"
     );
+    // A broadcast carries no NATS reply subject, so the broker sends no no-responders status.
+    let s = rpc.stats();
+    assert_eq!((s.no_responders, s.unexpected), (0, 0));
 }
 
 fn v1_reply_with(req: &Request, reply_json: &[u8], hash_ok: bool) -> Bytes {
@@ -452,9 +455,184 @@ async fn malformed_replies_are_dropped_counted_and_time_out() {
     assert_eq!(after.replies, before.replies + 1);
 }
 
+/// Subscribe to exactly `provisioning.node.<identity>` and never answer: a node that is
+/// connected but silent. The subscription lives as long as the returned connection.
+async fn silent_node(server: &NatsServer, identity: &str) -> async_nats::Client {
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let sub = nc
+        .subscribe(format!("provisioning.node.{identity}"))
+        .await
+        .unwrap();
+    connection::round_trip(&nc, Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Keep the subscription open without reading it.
+    tokio::spawn(async move {
+        let _sub = sub;
+        std::future::pending::<()>().await;
+    });
+    nc
+}
+
+/// Serve `identity` on exactly `provisioning.node.<identity>` (as a go-choria server
+/// subscribes), answering with `handler`.
+async fn exact_responder(server: &NatsServer, identity: &str, handler: Handler) {
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let mut sub = nc
+        .subscribe(format!("provisioning.node.{identity}"))
+        .await
+        .unwrap();
+    connection::round_trip(&nc, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let node = identity.to_string();
+    tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let Ok(req) = ServerRequest::parse(&msg.payload) else {
+                continue;
+            };
+            // Like a go-choria server: the reply goes where the envelope says, whatever the
+            // NATS reply subject.
+            let Some(reply_to) = req.reply_to.clone() else {
+                continue;
+            };
+            for out in handler(&req, &node) {
+                nc.publish(reply_to.clone(), out).await.unwrap();
+            }
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_node_nobody_serves_fails_at_once_with_no_responders() {
+    let server = NatsServer::start();
+    exact_responder(&server, "node0.example.net", echo_agent(false)).await;
+    let _silent = silent_node(&server, "silent.example.net").await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let ping = br#"{"agent":"rpcutil","action":"ping","data":{}}"#;
+
+    // Nobody subscribes to the node's subject: the broker says so at once, long before the
+    // request's 22 s timeout.
+    for i in 0..5 {
+        let start = Instant::now();
+        let err = rpc
+            .call(
+                "nobody.example.net",
+                "choria_provision",
+                "jwt",
+                &serde_json::json!({"token": "t"}),
+                Duration::from_secs(22),
+            )
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(err.kind(), RpcErrorKind::NoResponders, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("nobody.example.net") && text.contains("choria_provision#jwt"),
+            "{text}"
+        );
+        // Loopback answers in a few milliseconds; the bound leaves room for a loaded machine
+        // and is two orders of magnitude below the timeout.
+        assert!(took < Duration::from_millis(200), "try {i} took {took:?}");
+    }
+    let s = rpc.stats();
+    assert_eq!(s.no_responders, 5);
+    assert_eq!(s.timeouts, 0);
+    assert_eq!(
+        s.dropped(),
+        0,
+        "a no-responders status is not a malformed reply"
+    );
+    assert_eq!(s.unexpected, 0);
+    assert_eq!(rpc.pending(), 0);
+
+    // A served node on the same client still answers.
+    let reply = rpc
+        .request("node0.example.net", "rpcutil", ping, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(reply.sender, "node0.example.net");
+
+    // A node that is subscribed but silent still runs into the timeout.
+    let t = Duration::from_millis(400);
+    let start = Instant::now();
+    let err = rpc
+        .request("silent.example.net", "rpcutil", ping, t)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert_eq!(err.kind(), RpcErrorKind::Timeout, "{err}");
+    assert!(took >= t, "{took:?}");
+
+    let s = rpc.stats();
+    assert_eq!((s.no_responders, s.timeouts, s.replies), (5, 1, 1));
+    assert_eq!(s.dropped() + s.unexpected, 0);
+    assert_eq!(rpc.pending(), 0);
+}
+
+#[tokio::test]
+async fn directed_requests_carry_the_reply_subject_and_broadcasts_do_not() {
+    let server = NatsServer::start();
+    let watcher = async_nats::connect(server.url()).await.unwrap();
+    let mut wire = watcher.subscribe("provisioning.node.>").await.unwrap();
+    let mut wire_broadcast = watcher.subscribe("provisioning.broadcast.>").await.unwrap();
+    connection::round_trip(&watcher, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    // The watcher's wildcard is interest in every node's subject: this one times out.
+    let err = rpc
+        .request(
+            "node0.example.net",
+            "rpcutil",
+            b"{}",
+            Duration::from_millis(100),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), RpcErrorKind::Timeout, "{err}");
+    let directed = wire.next().await.unwrap();
+    assert_eq!(
+        directed.subject.as_str(),
+        "provisioning.node.node0.example.net"
+    );
+    let req = ServerRequest::parse(&directed.payload).unwrap();
+    let in_envelope = req.reply_to.clone().unwrap();
+    assert!(in_envelope.ends_with(&req.id), "{in_envelope}");
+    assert_eq!(
+        directed.reply.as_ref().map(|r| r.as_str()),
+        Some(in_envelope.as_str()),
+        "the NATS reply subject is the envelope's reply-to"
+    );
+
+    let found = rpc
+        .discover(
+            &protocol::Filter::with_agent("choria_provision"),
+            Duration::from_millis(100),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(found.is_empty());
+    let broadcast = wire_broadcast.next().await.unwrap();
+    assert_eq!(
+        broadcast.subject.as_str(),
+        "provisioning.broadcast.agent.discovery"
+    );
+    assert!(broadcast.reply.is_none(), "{:?}", broadcast.reply);
+    assert!(ServerRequest::parse(&broadcast.payload)
+        .unwrap()
+        .reply_to
+        .is_some());
+}
+
 #[tokio::test]
 async fn timeouts_are_honoured_and_leave_nothing_behind() {
     let server = NatsServer::start();
+    // Subscribed but silent: with nobody subscribed the broker would answer no-responders.
+    let _silent = silent_node(&server, "nobody.example.net").await;
+    let _silent2 = silent_node(&server, "nobody").await;
     let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
     for ms in [50u64, 200, 400] {
         let t = Duration::from_millis(ms);
