@@ -4,7 +4,7 @@
 
 use base64::Engine as _;
 use libfuzzer_sys::fuzz_target;
-use provision_core::policy::{validate_csr, DenyList};
+use provision_core::policy::{validate_csr, CsrPolicy, DenyList};
 use std::sync::OnceLock;
 
 fn deny() -> &'static DenyList {
@@ -31,5 +31,5 @@ fuzz_target!(|data: &[u8]| {
         pem.push_str("-----END CERTIFICATE REQUEST-----\n");
         pem
     };
-    let _ = validate_csr(&pem, "node-1.example.net", deny());
+    let _ = validate_csr(&pem, "node-1.example.net", &CsrPolicy::new(deny()));
 });

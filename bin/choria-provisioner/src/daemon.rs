@@ -25,6 +25,9 @@ use crate::cli::{RunArgs, VERSION};
 use crate::logging;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
 
+/// The shortest time between two discoveries started early because announced nodes pile up.
+const EARLY_DISCOVERY_EVERY: Duration = Duration::from_secs(20);
+
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -159,10 +162,25 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
 
     let metrics = Metrics::new(config.site.clone());
     if config.monitor_port > 0 {
-        let addr = SocketAddr::from(([0, 0, 0, 0], config.monitor_port));
+        // An empty monitor_address is every interface, IPv4 and IPv6 (`[::]` dual-stack, or
+        // 0.0.0.0 on a host without IPv6), as Go's `:port`.
+        let ip: std::net::IpAddr = if config.monitor_address.is_empty() {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            config
+                .monitor_address
+                .parse()
+                .with_context(|| format!("invalid monitor_address {:?}", config.monitor_address))?
+        };
+        let addr = SocketAddr::new(ip, config.monitor_port);
         let bound =
             provisioner_metrics::serve(addr, Arc::clone(&metrics), shutdown.clone()).await?;
-        info!("serving /metrics, /healthz and /readyz on {bound}");
+        let scope = match bound.ip() {
+            std::net::IpAddr::V6(a) if a.is_unspecified() => " (every interface, IPv4 and IPv6)",
+            std::net::IpAddr::V4(a) if a.is_unspecified() => " (every interface, IPv4 only)",
+            _ => "",
+        };
+        info!("serving /metrics, /healthz and /readyz on {bound}{scope}");
     }
 
     let helper = HelperRunner::new(&config.helper).map_err(anyhow::Error::new)?;
@@ -209,6 +227,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         Arc::clone(&config),
         Arc::clone(&fleet),
         pause.clone(),
+        Arc::clone(&discover_now),
         shutdown.clone(),
     ));
     tasks.spawn(discover(
@@ -326,6 +345,7 @@ async fn listen<R, H, O, C>(
     config: Arc<Config>,
     fleet: Arc<Fleet<R, H, O, C>>,
     pause: PauseState,
+    discover_now: Arc<Notify>,
     shutdown: CancellationToken,
 ) where
     R: provision_core::NodeRpc,
@@ -333,6 +353,7 @@ async fn listen<R, H, O, C>(
     O: Observer,
     C: provision_core::Clock,
 {
+    let mut early_discovery: Option<tokio::time::Instant> = None;
     let mut sub = loop {
         match client
             .subscribe_lifecycle("startup", &config.lifecycle_component, None)
@@ -370,6 +391,20 @@ async fn listen<R, H, O, C>(
         }
         // The identity is checked by the work queue: an invalid one is counted and refused.
         fleet.add(&ev.event.identity, Source::Event);
+        // Announced nodes are waiting behind more than the workers can take at once (a burst of
+        // restarts, or someone announcing nodes that do not exist): discover now rather than at
+        // the next interval, so real nodes among them move to the discovery lane. At most once
+        // per EARLY_DISCOVERY_EVERY.
+        if fleet.announced_backlog() > config.workers
+            && early_discovery.is_none_or(|t| t.elapsed() >= EARLY_DISCOVERY_EVERY)
+        {
+            early_discovery = Some(tokio::time::Instant::now());
+            debug!(
+                "{} announced nodes are waiting, discovering now",
+                fleet.announced_backlog()
+            );
+            discover_now.notify_one();
+        }
     }
 }
 

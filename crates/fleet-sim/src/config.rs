@@ -276,6 +276,9 @@ pub struct FleetConfig {
     pub lock_window: Duration,
     /// Startup lifecycle events per second when the fleet comes up (0: none).
     pub startup_rate: u32,
+    /// Startup events for nodes that do not exist, published before the fleet's own (an
+    /// attacker holding a provisioning JWT announcing bogus nodes); see [`bogus_identity`].
+    pub bogus_events: usize,
     /// Publish lifecycle events in the Choria format instead of CloudEvents.
     pub legacy_lifecycle: bool,
     /// Concurrent reply tasks.
@@ -321,6 +324,7 @@ impl FleetConfig {
             restart_delay: Duration::from_secs(2),
             lock_window: Duration::from_secs(120),
             startup_rate: 2000,
+            bogus_events: 0,
             legacy_lifecycle: false,
             workers: 64,
             rsa_keys_pem: None,
@@ -425,5 +429,25 @@ mod tests {
         assert_eq!(ids[11], "n-12.d");
         c.domain = String::new();
         assert_eq!(c.identity_list()[2], "n-03");
+    }
+}
+
+/// The identity of bogus startup event `n`: nine in ten look like real node names
+/// (`bogus-<n>.<domain>`) and never answer; the tenth is one of the hostile forms a node
+/// identity must never take (a NATS wildcard, a name smuggling certificate names, a newline
+/// forging a log line, a wildcard name, 5,000 bytes, an empty label, a shell metacharacter).
+pub fn bogus_identity(n: usize, domain: &str) -> String {
+    if n % 10 != 9 {
+        return format!("bogus-{n}.{domain}");
+    }
+    match (n / 10) % 8 {
+        0 => ">".to_string(),
+        1 => "*".to_string(),
+        2 => format!("evil-{n}.{domain},DNS:admin.privileged.mcollective,DNS:x"),
+        3 => format!("evil-{n}.{domain}\nERROR forged log line"),
+        4 => format!("*.{domain}"),
+        5 => format!("{}.{domain}", "a".repeat(5000)),
+        6 => format!("evil-{n}..{domain}"),
+        _ => format!("evil-{n}.{domain};reboot"),
     }
 }

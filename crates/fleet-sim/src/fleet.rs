@@ -781,8 +781,29 @@ impl Inner {
         }
     }
 
-    /// Every node announces itself, `startup_rate` per second, as servers coming up would.
+    /// Every node announces itself, `startup_rate` per second, as servers coming up would;
+    /// first come `bogus_events` announcements of nodes that do not exist.
     async fn startup_events(self: Arc<Self>) {
+        for n in 0..self.cfg.bogus_events {
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            let id = crate::config::bogus_identity(n, &self.cfg.domain);
+            self.event(LifecycleEvent::startup(
+                &id,
+                "provision_mode_server",
+                &self.cfg.version,
+            ))
+            .await;
+            if n % 1000 == 999 {
+                // Let the broker keep up rather than dropping the connection as a slow one.
+                let _ = self.client.flush().await;
+            }
+        }
+        if self.cfg.bogus_events > 0 {
+            let _ = self.client.flush().await;
+            tracing::warn!("published {} bogus startup events", self.cfg.bogus_events);
+        }
         let rate = self.cfg.startup_rate;
         if rate == 0 {
             return;

@@ -69,6 +69,10 @@ struct Cli {
     /// Startup lifecycle events per second when the fleet starts (0: none).
     #[arg(long, default_value_t = 2000)]
     startup_rate: u32,
+    /// Publish this many startup events for nodes that do not exist before the fleet's own
+    /// (nine in ten named `bogus-<n>.<domain>`, the rest hostile identities).
+    #[arg(long, default_value_t = 0)]
+    bogus_events: usize,
     /// Publish lifecycle events in the Choria format instead of CloudEvents.
     #[arg(long)]
     legacy_lifecycle: bool,
@@ -178,6 +182,7 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
     cfg.restart_delay = cli.restart_delay;
     cfg.lock_window = cli.lock_window;
     cfg.startup_rate = cli.startup_rate;
+    cfg.bogus_events = cli.bogus_events;
     cfg.legacy_lifecycle = cli.legacy_lifecycle;
     cfg.workers = cli.workers;
     cfg.rsa_pool_size = cli.rsa_pool;

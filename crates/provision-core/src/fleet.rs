@@ -302,6 +302,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         self.lock().queued()
     }
 
+    /// Entries waiting in the event lane (nodes only known from startup events).
+    pub fn announced_backlog(&self) -> usize {
+        self.lock().announced.len()
+    }
+
     /// Whether `identity` is in the host table.
     pub fn is_known(&self, identity: &str) -> bool {
         self.lock().hosts.contains_key(identity)
