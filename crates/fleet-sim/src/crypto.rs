@@ -326,16 +326,20 @@ pub fn x25519_pair() -> ([u8; 32], [u8; 32]) {
     (secret.to_bytes(), public.to_bytes())
 }
 
-/// X25519 shared secret of our private key and the peer's hex public key.
+/// X25519 shared secret of our private key and the peer's hex public key. As go-choria's
+/// X25519 (Go's `crypto/ecdh`, whose wording the errors use), a key that is not 32 bytes and a
+/// low-order key (all-zero shared secret, not contributory) are refused.
 pub fn x25519_shared(private: &[u8; 32], peer_hex: &str) -> Result<[u8; 32], String> {
     let peer = hex::decode(peer_hex).map_err(|e| format!("encoding/hex: {e}"))?;
     let peer: [u8; 32] = peer
         .try_into()
-        .map_err(|_| "bad input point: low order point".to_string())?;
-    let secret = x25519_dalek::StaticSecret::from(*private);
-    Ok(secret
-        .diffie_hellman(&x25519_dalek::PublicKey::from(peer))
-        .to_bytes())
+        .map_err(|_| "crypto/ecdh: invalid public key".to_string())?;
+    let shared = x25519_dalek::StaticSecret::from(*private)
+        .diffie_hellman(&x25519_dalek::PublicKey::from(peer));
+    if !shared.was_contributory() {
+        return Err("crypto/ecdh: bad X25519 remote ECDH input: low order point".to_string());
+    }
+    Ok(shared.to_bytes())
 }
 
 /// Decrypt a legacy (RFC 1423) encrypted PEM block with `password`, as Go's
@@ -568,6 +572,44 @@ mod tests {
             hex::encode(shared),
             "53a4887b448755a3f0a0618b289eb2369ec4b2461d44890abdfa3084ef080c55"
         );
+    }
+
+    #[test]
+    fn low_order_and_malformed_peer_keys_are_refused() {
+        let private = [0x5a; 32];
+        // 0, 1, the two order-8 points, p - 1, p, p + 1, each also with the ignored top bit set.
+        let low_order = [
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            "0000000000000000000000000000000000000000000000000000000000000080",
+            "0100000000000000000000000000000000000000000000000000000000000000",
+            "0100000000000000000000000000000000000000000000000000000000000080",
+            "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800",
+            "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b880",
+            "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157",
+            "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f11d7",
+            "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+            "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+            "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+            "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+        ];
+        for point in low_order {
+            assert_eq!(
+                x25519_shared(&private, point).unwrap_err(),
+                "crypto/ecdh: bad X25519 remote ECDH input: low order point",
+                "{point}"
+            );
+        }
+        let good = "c25fab933b16b2a4589e2c2d297669b818c82881f2f9bfd08cb8fd298924a41b";
+        assert!(x25519_shared(&private, good).is_ok());
+        assert_eq!(
+            x25519_shared(&private, &good[..62]).unwrap_err(),
+            "crypto/ecdh: invalid public key"
+        );
+        assert!(x25519_shared(&private, "zz")
+            .unwrap_err()
+            .starts_with("encoding/hex: "));
     }
 
     #[test]

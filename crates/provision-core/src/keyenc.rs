@@ -1,6 +1,12 @@
 //! Encrypting a private key for a node: X25519 key agreement with the node's `ecdh_public`, then
 //! the legacy PEM encryption (AES-256-CBC, key from OpenSSL's `EVP_BytesToKey` with MD5) that
 //! go-choria decrypts. [`decrypt_private_key`] is the node's side, for tests and simulators.
+//!
+//! A peer public key is used only if it is exactly 32 bytes of hex and the key agreement is
+//! contributory: a low-order point (0, 1, the order-8 points, their non-canonical encodings...)
+//! gives an all-zero shared secret whatever our private key, so the private key would be
+//! encrypted under a public value. Such keys are refused with [`EcdhError`], as go-choria's
+//! X25519 refuses them.
 
 use aes::cipher::{block_padding::Pkcs7, BlockDecryptMut, BlockEncryptMut, KeyIvInit};
 use base64::engine::general_purpose::STANDARD;
@@ -27,18 +33,67 @@ pub fn ecdh_public(private: &[u8; 32]) -> [u8; 32] {
     x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(*private)).to_bytes()
 }
 
-/// The raw X25519 shared secret of `private` and `peer_public`.
+/// Why an X25519 peer public key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EcdhError {
+    /// The key is not hexadecimal.
+    #[error("invalid {what}: not hexadecimal")]
+    NotHex {
+        /// Which key (`server ecdh public key`...).
+        what: &'static str,
+    },
+    /// The key does not decode to exactly 32 bytes.
+    #[error("invalid {what}: {len} bytes, expected 32 (64 hex characters)")]
+    Length {
+        /// Which key.
+        what: &'static str,
+        /// The decoded length.
+        len: usize,
+    },
+    /// The key is a low-order point: the shared secret would be all zeros, a public value.
+    #[error("invalid {what}: a low-order X25519 point (the shared secret would be all zeros)")]
+    LowOrder {
+        /// Which key.
+        what: &'static str,
+    },
+}
+
+impl From<EcdhError> for PolicyError {
+    fn from(e: EcdhError) -> Self {
+        PolicyError::Key(e.to_string())
+    }
+}
+
+/// The raw X25519 shared secret of `private` and `peer_public`, with no check of the peer's
+/// key: all zeros for a low-order point. Use [`contributory_shared_secret`] for any key that
+/// came from elsewhere.
 pub fn ecdh_shared_secret(private: &[u8; 32], peer_public: &[u8; 32]) -> [u8; 32] {
     x25519_dalek::StaticSecret::from(*private)
         .diffie_hellman(&x25519_dalek::PublicKey::from(*peer_public))
         .to_bytes()
 }
 
-fn decode_hex32(what: &str, text: &str) -> Result<[u8; 32], PolicyError> {
-    hex::decode(text.trim())
-        .ok()
-        .and_then(|v| <[u8; 32]>::try_from(v).ok())
-        .ok_or_else(|| PolicyError::Key(format!("invalid {what}: expected 64 hex characters")))
+/// The X25519 shared secret of `private` and `peer_public` (`what` names the peer's key in the
+/// error), refused when the peer's key is a low-order point, i.e. when the exchange is not
+/// contributory.
+pub fn contributory_shared_secret(
+    what: &'static str,
+    private: &[u8; 32],
+    peer_public: &[u8; 32],
+) -> Result<[u8; 32], EcdhError> {
+    let shared = x25519_dalek::StaticSecret::from(*private)
+        .diffie_hellman(&x25519_dalek::PublicKey::from(*peer_public));
+    if !shared.was_contributory() {
+        return Err(EcdhError::LowOrder { what });
+    }
+    Ok(shared.to_bytes())
+}
+
+/// Decodes a peer's X25519 public key: exactly 64 hex characters, nothing around them.
+pub fn decode_ecdh_public(what: &'static str, text: &str) -> Result<[u8; 32], EcdhError> {
+    let bytes = hex::decode(text).map_err(|_| EcdhError::NotHex { what })?;
+    let len = bytes.len();
+    <[u8; 32]>::try_from(bytes).map_err(|_| EcdhError::Length { what, len })
 }
 
 /// `EVP_BytesToKey(AES-256, MD5, salt, password, count 1)`, key part only.
@@ -90,8 +145,9 @@ pub fn encrypt_private_key_with(
         ));
     }
     let block = pem::parse(key_pem).map_err(|_| PolicyError::Key("bad key received".into()))?;
-    let server_public = decode_hex32("server ecdh public key", server_ecdh_public)?;
-    let secret = ecdh_shared_secret(own_private, &server_public);
+    const WHAT: &str = "server ecdh public key";
+    let server_public = decode_ecdh_public(WHAT, server_ecdh_public)?;
+    let secret = contributory_shared_secret(WHAT, own_private, &server_public)?;
     let key = derive_key(&secret, &iv[..8]);
     let ct = Enc::new(&key.into(), iv.into()).encrypt_padded_vec_mut::<Pkcs7>(block.contents());
     let body = STANDARD.encode(ct);
@@ -117,8 +173,9 @@ pub fn decrypt_private_key(
     node_private: &[u8; 32],
     provisioner_ecdh_public: &str,
 ) -> Result<Vec<u8>, PolicyError> {
-    let provisioner_public = decode_hex32("provisioner ecdh public key", provisioner_ecdh_public)?;
-    let secret = ecdh_shared_secret(node_private, &provisioner_public);
+    const WHAT: &str = "provisioner ecdh public key";
+    let provisioner_public = decode_ecdh_public(WHAT, provisioner_ecdh_public)?;
+    let secret = contributory_shared_secret(WHAT, node_private, &provisioner_public)?;
     decrypt_legacy_pem(encrypted_pem, &secret)
 }
 
@@ -196,6 +253,101 @@ mod tests {
         assert_eq!(
             hex::encode(ecdh_shared_secret(&h32(PROV_PRIVATE), &h32(SERVER_PUBLIC))),
             SHARED
+        );
+    }
+
+    /// Every 32-byte encoding of a low-order u-coordinate as RFC 7748 reads it (top bit
+    /// ignored, value reduced mod p = 2^255 - 19): 0 (order 2), 1 (order 4), the two points of
+    /// order 8, p - 1 (order 4), p (= 0) and p + 1 (= 1), each also with the top bit set.
+    /// The test shows each one gives the all-zero secret for several private keys.
+    const LOW_ORDER: [&str; 14] = [
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        "0000000000000000000000000000000000000000000000000000000000000080",
+        "0100000000000000000000000000000000000000000000000000000000000000",
+        "0100000000000000000000000000000000000000000000000000000000000080",
+        "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800",
+        "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b880",
+        "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157",
+        "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f11d7",
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+        "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+        "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+    ];
+
+    fn node_key() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/node-rsa.pem");
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    #[test]
+    fn low_order_peer_keys_are_refused() {
+        let key = node_key();
+        for (i, point) in LOW_ORDER.iter().enumerate() {
+            // The raw function shows why: every private key gives the all-zero secret.
+            for own in [h32(PROV_PRIVATE), h32(SERVER_PRIVATE), [0x5a; 32]] {
+                assert_eq!(ecdh_shared_secret(&own, &h32(point)), [0u8; 32], "{i}");
+                assert_eq!(
+                    contributory_shared_secret("peer", &own, &h32(point)),
+                    Err(EcdhError::LowOrder { what: "peer" }),
+                    "{i}"
+                );
+            }
+            let err = encrypt_private_key(&key, point).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                "invalid server ecdh public key: a low-order X25519 point (the shared secret \
+                 would be all zeros)",
+                "{i}: {point}"
+            );
+            let err = decrypt_private_key("unused", &h32(SERVER_PRIVATE), point)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("provisioner ecdh public key") && err.contains("low-order"));
+        }
+        // An ordinary key on either side is accepted.
+        assert!(encrypt_private_key(&key, SERVER_PUBLIC).is_ok());
+        assert_eq!(
+            contributory_shared_secret("peer", &h32(SERVER_PRIVATE), &h32(PROV_PUBLIC)),
+            Ok(h32(SHARED))
+        );
+    }
+
+    #[test]
+    fn peer_keys_must_be_exactly_32_bytes_of_hex() {
+        let key = node_key();
+        let what = "server ecdh public key";
+        let cases = [
+            ("zz".repeat(32), EcdhError::NotHex { what }),
+            (format!(" {SERVER_PUBLIC}"), EcdhError::NotHex { what }),
+            (format!("{SERVER_PUBLIC}\n"), EcdhError::NotHex { what }),
+            (SERVER_PUBLIC[..63].to_string(), EcdhError::NotHex { what }),
+            (
+                SERVER_PUBLIC[..62].to_string(),
+                EcdhError::Length { what, len: 31 },
+            ),
+            (
+                format!("{SERVER_PUBLIC}00"),
+                EcdhError::Length { what, len: 33 },
+            ),
+            ("a".repeat(5000), EcdhError::Length { what, len: 2500 }),
+        ];
+        for (text, want) in cases {
+            assert_eq!(decode_ecdh_public(what, &text), Err(want.clone()));
+            assert_eq!(
+                encrypt_private_key(&key, &text).unwrap_err().to_string(),
+                want.to_string()
+            );
+        }
+        assert_eq!(
+            decode_ecdh_public(what, SERVER_PUBLIC),
+            Ok(h32(SERVER_PUBLIC))
+        );
+        assert_eq!(
+            decode_ecdh_public(what, &SERVER_PUBLIC.to_uppercase()),
+            Ok(h32(SERVER_PUBLIC))
         );
     }
 
