@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use choria_rpc_client::config::ChoriaConfig;
 use choria_rpc_client::lifecycle::EventFormat;
-use choria_rpc_client::rpc::RpcClient;
+use choria_rpc_client::rpc::{RpcClient, RpcErrorKind};
 
 /// A running `peers env`, stopped on drop.
 struct PeerEnv {
@@ -161,6 +161,21 @@ async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
     );
     assert_eq!(jwt.ecdh_public.len(), 64);
     assert!(jwt.ecdh_public.bytes().all(|b| b.is_ascii_hexdigit()));
+
+    // An identity no server has: the Choria broker answers our request with a no-responders
+    // status at once (the servers ignore the NATS reply subject and answer the envelope's).
+    let start = std::time::Instant::now();
+    let err = client
+        .provision_jwt("nobody.example.net", token, Duration::from_secs(22))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), RpcErrorKind::NoResponders, "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(client.stats().no_responders, 1);
 
     // A wrong token is refused with go-choria's message, as a typed aborted error.
     let err = client
