@@ -1,25 +1,37 @@
-//! The helper examples of the documentation run and answer what the helper contract allows:
-//! every fenced block of `docs/helper.md` and `docs/upgrades.md` that starts with `#!` is run
-//! with the documented input (decoded first as the provisioner's own `HelperInput`), and its
-//! output must decode as the provisioner's `HelperReply` with a configuration that leaves
-//! provisioning mode. Examples whose interpreter (jq, ruby) is missing are reported and skipped;
-//! the Python ones always run.
+//! The helper examples run and answer what the helper contract allows, and refuse what a hostile
+//! node can send.
+//!
+//! The examples are every fenced block of `docs/helper.md` and `docs/upgrades.md` that starts
+//! with `#!`, and every sample helper in `docs/examples/`. Each is run with the documented input
+//! (decoded first as the provisioner's own `HelperInput`), and its output must decode as the
+//! provisioner's `HelperReply` with a configuration that leaves provisioning mode. The shipped
+//! helpers (`docs/examples/` and `docs/helper.md`) are then run with hostile input: identities
+//! that smuggle certificate names, wildcards, NATS wildcards, newlines or 5 KB, inventories of the
+//! wrong shape, directories that are not plain paths. They must defer naming why, issue no
+//! certificate and write nothing under the CA directory; a certificate they do issue names the
+//! identity alone. Examples whose interpreter (jq, ruby) is missing are reported and skipped; the
+//! Python ones always run, and the x509 ones need openssl.
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::SystemTime;
 
 use provision_core::helper_protocol::{HelperInput, HelperReply};
+use provision_core::identity::IdentityRule;
+use serde_json::{json, Value};
 
-/// A directory removed when the test ends.
+/// A directory removed when the test ends, one per test (the tests run at once).
 struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new() -> Self {
-        let d = std::env::temp_dir().join(format!("docs-helpers-{}", std::process::id()));
+    fn new(test: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("docs-helpers-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         TempDir(d)
     }
@@ -67,161 +79,717 @@ fn has(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn run(script: &Path, input: &str) -> (bool, String, String) {
-    let mut child = Command::new(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// What an example expects in its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Pki,
+    Ed25519,
 }
 
-/// A CA and a CSR for the identity, made with openssl, for the x509 example.
-fn pki_material(dir: &Path, identity: &str) -> Option<String> {
-    if !has("openssl") {
-        return None;
+/// One helper example, written out as an executable script.
+struct Example {
+    /// Where it comes from, for messages.
+    name: String,
+    /// `sh`, `python` or `ruby`.
+    lang: String,
+    body: String,
+    mode: Mode,
+    /// Held to the hostile inputs: the shipped helpers (`docs/examples/`, `docs/helper.md`).
+    shipped: bool,
+    script: PathBuf,
+}
+
+impl Example {
+    /// The interpreter it needs, when that is missing.
+    fn missing(&self) -> Option<&'static str> {
+        let needs = match self.lang.as_str() {
+            "sh" => "jq",
+            "python" => "python3",
+            "ruby" => "ruby",
+            other => panic!(
+                "{}: helper example in an unexpected language {other}",
+                self.name
+            ),
+        };
+        (!has(needs)).then_some(needs)
     }
-    let ssl = |args: &[&str]| {
-        let o = Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .output()
+
+    /// Runs it with `input` and the site settings of the samples; (success, stdout, stderr).
+    fn run(&self, input: &Value, ca: &Path) -> (bool, String, String) {
+        let mut child = Command::new(&self.script)
+            .env("CHORIA_BROKERS", "nats://broker.example.net:4222")
+            .env("CHORIA_CA_CERT", ca.join("ca.pem"))
+            .env("CHORIA_CA_KEY", ca.join("ca-key.pem"))
+            .env("CHORIA_ISSUER", "ab".repeat(32))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
-        assert!(o.status.success(), "openssl {args:?} failed");
-    };
-    ssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=ca",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca.pem",
-    ]);
-    let cn = format!("/CN={identity}");
-    ssl(&[
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", &cn, "-keyout", "key.pem", "-out",
-        "req.pem",
-    ]);
-    Some(std::fs::read_to_string(dir.join("req.pem")).unwrap())
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Runs it and decodes the reply, which must come with exit code 0.
+    fn reply(&self, input: &Value, ca: &Path) -> (HelperReply, String) {
+        let (ok, stdout, stderr) = self.run(input, ca);
+        assert!(
+            ok,
+            "{} failed with identity {:?}: {stderr}",
+            self.name, input["identity"]
+        );
+        let reply = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{} answered {stdout:?}: {e}", self.name));
+        (reply, stdout)
+    }
 }
 
-#[test]
-fn the_documented_helpers_answer_within_the_contract() {
-    let dir = TempDir::new();
-    let helper_md = std::fs::read_to_string(root().join("docs/helper.md")).unwrap();
-    let upgrades_md = std::fs::read_to_string(root().join("docs/upgrades.md")).unwrap();
+fn lang_of_shebang(body: &str) -> String {
+    let first = body.lines().next().unwrap_or_default();
+    if first.contains("python") {
+        "python".into()
+    } else if first.contains("ruby") {
+        "ruby".into()
+    } else if first.ends_with("/sh") || first.ends_with("bash") {
+        "sh".into()
+    } else {
+        panic!("unexpected interpreter {first}")
+    }
+}
 
-    // The documented input is what the provisioner sends.
+/// Every helper example, written as scripts into `dir`; the x509 ones read their CA from `ca`.
+fn examples(dir: &Path, ca: &Path) -> Vec<Example> {
+    let mut found = Vec::new();
+    for (page, shipped) in [("helper.md", true), ("upgrades.md", false)] {
+        let text = std::fs::read_to_string(root().join("docs").join(page)).unwrap();
+        for (i, (lang, body)) in blocks(&text).into_iter().enumerate() {
+            if body.starts_with("#!") {
+                found.push((
+                    format!("the {lang} example {i} of {page}"),
+                    lang,
+                    body,
+                    shipped,
+                ));
+            }
+        }
+    }
+    let mut files: Vec<_> = std::fs::read_dir(root().join("docs/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for path in files {
+        let body = std::fs::read_to_string(&path).unwrap();
+        let name = format!(
+            "docs/examples/{}",
+            path.file_name().unwrap().to_string_lossy()
+        );
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert!(mode & 0o111 != 0, "{name} is not executable");
+        assert!(body.starts_with("#!"), "{name} has no #! line");
+        found.push((name, lang_of_shebang(&body), body, true));
+    }
+    found
+        .into_iter()
+        .enumerate()
+        .map(|(n, (name, lang, body, shipped))| {
+            // The x509 example of the documentation reads its CA from /etc/choria-provisioner/ca/.
+            let body = body.replace("/etc/choria-provisioner/ca/", &format!("{}/", ca.display()));
+            let mode = if body.contains("\"certificate\"") {
+                Mode::Pki
+            } else if body.contains("ed25519_pubkey") {
+                Mode::Ed25519
+            } else {
+                Mode::Plain
+            };
+            let script = dir.join(format!("helper-{n}"));
+            std::fs::write(&script, &body).unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+            Example {
+                name,
+                lang,
+                body,
+                mode,
+                shipped,
+                script,
+            }
+        })
+        .collect()
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> String {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A CA in `ca`, made with openssl; false when openssl is missing.
+fn make_ca(ca: &Path) -> bool {
+    if !has("openssl") {
+        return false;
+    }
+    std::fs::create_dir_all(ca).unwrap();
+    openssl(
+        ca,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=ca",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    true
+}
+
+/// A CSR for `subject` (with a `subjectAltName` request when `san` is given) made in `dir` with
+/// one key kept there; `None` when openssl refuses the subject (it limits a CN to 64 bytes).
+fn csr(dir: &Path, subject: &str, san: Option<&str>) -> Option<String> {
+    if !dir.join("key.pem").exists() {
+        openssl(
+            dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-out",
+                "key.pem",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ],
+        );
+    }
+    let mut args = vec![
+        "req", "-new", "-key", "key.pem", "-subj", subject, "-out", "req.pem",
+    ];
+    let ext = san.map(|s| format!("subjectAltName={s}"));
+    if let Some(ext) = &ext {
+        args.extend(["-addext", ext]);
+    }
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(&args)
+        .output()
+        .unwrap();
+    o.status
+        .success()
+        .then(|| std::fs::read_to_string(dir.join("req.pem")).unwrap())
+}
+
+/// The subject alternative names of a PEM certificate, as openssl prints them.
+fn sans(dir: &Path, cert: &str) -> Vec<String> {
+    std::fs::write(dir.join("issued.pem"), cert).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-noout",
+            "-ext",
+            "subjectAltName",
+            "-in",
+            "issued.pem",
+        ],
+    )
+    .lines()
+    .skip(1)
+    .flat_map(|l| {
+        l.split(',')
+            .map(|s| s.trim().to_string())
+            .collect::<Vec<_>>()
+    })
+    .filter(|s| !s.is_empty())
+    .collect()
+}
+
+/// Every file under `dir` with its length and modification time.
+fn snapshot(dir: &Path) -> BTreeMap<String, (u64, SystemTime)> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            (m.len(), m.modified().unwrap()),
+        );
+    }
+    out
+}
+
+/// The documented input, as the provisioner's `HelperInput` and as JSON.
+fn documented_input() -> (HelperInput, Value) {
+    let helper_md = std::fs::read_to_string(root().join("docs/helper.md")).unwrap();
     let (_, input_text) = blocks(&helper_md)
         .into_iter()
         .find(|(lang, body)| lang == "json" && body.contains("\"inventory\""))
         .expect("helper.md documents an input");
     let input: HelperInput = serde_json::from_str(&input_text).unwrap();
     assert_eq!(input.identity, "node1.example.net");
-    let inventory: serde_json::Value = serde_json::from_str(&input.inventory).unwrap();
+    let inventory: Value = serde_json::from_str(&input.inventory).unwrap();
     assert!(inventory.get("facts").is_some());
+    let value = serde_json::to_value(&input).unwrap();
+    (input, value)
+}
 
-    let csr = pki_material(dir.path(), &input.identity);
-    let mut ran_python = 0;
-    let mut n = 0;
-    for (lang, body) in blocks(&helper_md).into_iter().chain(blocks(&upgrades_md)) {
-        if !body.starts_with("#!") {
-            continue;
+/// The input for an example of `mode`, with `identity` and, for x509, `csr`.
+fn input_for(base: &Value, mode: Mode, identity: Value, csr: Option<&str>) -> Value {
+    let mut node = base.clone();
+    node["identity"] = identity;
+    match mode {
+        Mode::Plain => {}
+        Mode::Pki => {
+            node["csr"] =
+                json!({"csr": csr.unwrap(), "public_key": "", "ssldir": "/etc/choria/ssl"});
         }
-        n += 1;
-        let needs = match lang.as_str() {
-            "sh" => "jq",
-            "python" => "python3",
-            "ruby" => "ruby",
-            other => panic!("helper example in an unexpected language {other}"),
-        };
-        if !has(needs) {
-            println!("skipped the {lang} example {n}: {needs} is not installed");
-            continue;
-        }
-        // The x509 example reads its CA from /etc/choria-provisioner/ca/: use the test's own.
-        let body = body.replace(
-            "/etc/choria-provisioner/ca/",
-            &format!("{}/", dir.path().display()),
-        );
-        let mut node = input.clone();
-        if body.contains("node[\"csr\"]") && !body.contains("\"ed25519_pubkey\"") {
-            let Some(csr) = &csr else {
-                println!("skipped the x509 example: openssl is not installed");
-                continue;
-            };
-            node.csr = Some(
-                serde_json::from_value(serde_json::json!({
-                    "csr": csr, "public_key": "", "ssldir": "/etc/choria/ssl"
-                }))
-                .unwrap(),
-            );
-        }
-        if body.contains("ed25519_pubkey") {
-            node.ed25519_pubkey = Some(serde_json::from_value(serde_json::json!({
+        Mode::Ed25519 => {
+            node["ed25519_pubkey"] = json!({
                 "public_key": "ab".repeat(32), "directory": "/etc/choria", "signature": "cd".repeat(64)
-            })).unwrap());
+            });
         }
-        let script = dir.path().join(format!("helper-{n}"));
-        std::fs::write(&script, &body).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let (ok, stdout, stderr) = run(&script, &serde_json::to_string(&node).unwrap());
-        assert!(ok, "{lang} example {n} failed: {stderr}");
-        let reply: HelperReply = serde_json::from_str(&stdout)
-            .unwrap_or_else(|e| panic!("{lang} example {n} answered {stdout:?}: {e}"));
+    }
+    node
+}
+
+/// The identities a node holding a provisioning JWT can announce to get more than its due.
+fn hostile_identities() -> Vec<String> {
+    vec![
+        // A certificate extension that names a privileged client besides the node.
+        "evil.example.net,DNS:admin.privileged.mcollective,DNS:x".into(),
+        // A wildcard certificate; `endswith(".example.net")` passes it.
+        "*.example.net".into(),
+        // A NATS wildcard: a server JWT for `>` subscribes to every directed request.
+        ">".into(),
+        // A forged line in a log or a configuration file.
+        "node1.example.net\nplugin.security.provider = none".into(),
+        // A trailing newline: passes a check anchored with `$` in Python, jq or Ruby.
+        "node1.example.net\n".into(),
+        // Longer than any DNS name, and than a NATS control line.
+        format!("{}.example.net", "a".repeat(4988)),
+        "node1..example.net".into(),
+        "../../etc/passwd".into(),
+        String::new(),
+        // Names of the grammar that are Choria client names.
+        "admin.privileged.mcollective".into(),
+        "web.privileged.choria".into(),
+    ]
+}
+
+#[test]
+fn the_documented_helpers_answer_within_the_contract() {
+    let dir = TempDir::new("contract");
+    let ca = dir.path().join("ca");
+    let have_openssl = make_ca(&ca);
+    let (input, base) = documented_input();
+    // The CSR asks for a privileged name besides the identity: a certificate names the identity
+    // alone.
+    let csr = have_openssl
+        .then(|| {
+            csr(
+                dir.path(),
+                &format!("/CN={}", input.identity),
+                Some("DNS:admin.privileged.mcollective,DNS:node1.example.net,IP:10.0.0.1"),
+            )
+        })
+        .flatten();
+
+    let all = examples(dir.path(), &ca);
+    let mut ran_python = 0;
+    for ex in &all {
+        if let Some(needs) = ex.missing() {
+            println!("skipped {}: {needs} is not installed", ex.name);
+            continue;
+        }
+        if ex.mode == Mode::Pki && csr.is_none() {
+            println!("skipped {}: openssl is not installed", ex.name);
+            continue;
+        }
+        let node = input_for(&base, ex.mode, json!(input.identity), csr.as_deref());
+        let (reply, _) = ex.reply(&node, &ca);
         assert!(
             !reply.defer && !reply.shutdown,
-            "{lang} example {n} deferred: {}",
+            "{} deferred: {}",
+            ex.name,
             reply.msg
         );
         let config = reply.configuration.expect("a configuration");
-        assert_eq!(config.get("identity"), Some(&input.identity));
+        assert_eq!(config.get("identity"), Some(&input.identity), "{}", ex.name);
         assert_eq!(
             config
                 .get("plugin.choria.server.provision")
                 .map(String::as_str),
             Some("false"),
-            "{lang} example {n} would provision the server again after its restart"
+            "{} would provision the server again after its restart",
+            ex.name
         );
-        if node.csr.is_some() {
+        if ex.mode == Mode::Pki {
             assert!(reply.certificate.contains("BEGIN CERTIFICATE"));
             assert!(reply.ca.contains("BEGIN CERTIFICATE"));
-        }
-        if node.ed25519_pubkey.is_some() {
-            let claims = reply.server_claims.expect("server claims");
-            let exp = claims.standard.expires_at.expect("an expiry");
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs() as i64;
-            assert!(
-                exp > now + 3600,
-                "exp {exp} must be an absolute time in the future"
+            assert_eq!(
+                sans(dir.path(), &reply.certificate),
+                [format!("DNS:{}", input.identity)],
+                "{}: the certificate must name the identity alone",
+                ex.name
             );
+            let verified = openssl(
+                dir.path(),
+                &[
+                    "verify",
+                    "-CAfile",
+                    &ca.join("ca.pem").display().to_string(),
+                    "issued.pem",
+                ],
+            );
+            assert!(verified.contains("OK"), "{}: {verified}", ex.name);
         }
-        if lang == "python" {
+        if ex.mode == Mode::Ed25519 {
+            let claims = reply.server_claims.expect("server claims");
+            if ex.body.contains("\"exp\"") {
+                let exp = claims.standard.expires_at.expect("an expiry");
+                let now = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64;
+                assert!(
+                    exp > now + 3600,
+                    "exp {exp} must be an absolute time in the future"
+                );
+            }
+        }
+        if ex.lang == "python" {
             ran_python += 1;
         }
     }
-    assert!(n >= 5, "only {n} helper examples found");
-    assert!(ran_python >= 2, "the Python examples must run");
+    let shipped_files = all
+        .iter()
+        .filter(|e| e.name.starts_with("docs/examples/"))
+        .count();
+    assert!(shipped_files >= 4, "only {shipped_files} sample helpers");
+    assert!(all.len() >= 9, "only {} helper examples found", all.len());
+    assert!(ran_python >= 5, "the Python examples must run");
+}
+
+#[test]
+fn the_shipped_helpers_refuse_hostile_identities() {
+    let dir = TempDir::new("hostile");
+    let ca = dir.path().join("ca");
+    let have_openssl = make_ca(&ca);
+    let (_, base) = documented_input();
+    let good_csr = have_openssl
+        .then(|| csr(dir.path(), "/CN=node1.example.net", None))
+        .flatten();
+    let ca_before = have_openssl.then(|| snapshot(&ca));
+
+    let mut identities: Vec<Value> = hostile_identities().into_iter().map(Value::from).collect();
+    identities.extend([json!(null), json!(42), json!(["node1.example.net"])]);
+    let mut refused = 0;
+    for ex in examples(dir.path(), &ca).iter().filter(|e| e.shipped) {
+        if let Some(needs) = ex.missing() {
+            println!("skipped {}: {needs} is not installed", ex.name);
+            continue;
+        }
+        if ex.mode == Mode::Pki && good_csr.is_none() {
+            println!("skipped {}: openssl is not installed", ex.name);
+            continue;
+        }
+        for identity in &identities {
+            // The attack as sent: a CSR whose common name is the identity, where openssl can
+            // make one; else a good CSR, which must not matter.
+            let own_csr = match (ex.mode, identity.as_str()) {
+                (Mode::Pki, Some(id)) => csr(dir.path(), &format!("/CN={id}"), None),
+                _ => None,
+            };
+            let node = input_for(
+                &base,
+                ex.mode,
+                identity.clone(),
+                own_csr.as_deref().or(good_csr.as_deref()),
+            );
+            let (reply, stdout) = ex.reply(&node, &ca);
+            assert!(
+                reply.defer,
+                "{} did not defer identity {identity}: {stdout}",
+                ex.name
+            );
+            assert!(
+                reply.msg.starts_with("refused: "),
+                "{} deferred identity {identity} without saying why: {:?}",
+                ex.name,
+                reply.msg
+            );
+            assert!(
+                !stdout.contains("BEGIN CERTIFICATE") && reply.certificate.is_empty(),
+                "{} issued a certificate for {identity}",
+                ex.name
+            );
+            assert!(
+                reply.configuration.is_none() && reply.server_claims.is_none(),
+                "{} configured {identity}",
+                ex.name
+            );
+            refused += 1;
+        }
+    }
+    if let Some(before) = ca_before {
+        assert_eq!(
+            snapshot(&ca),
+            before,
+            "a helper wrote under the CA directory"
+        );
+    }
+    // At least the Python samples and the Python example of helper.md ran.
+    assert!(refused >= 4 * identities.len(), "only {refused} refusals");
+}
+
+#[test]
+fn the_shipped_helpers_use_the_provisioners_grammar() {
+    let dir = TempDir::new("grammar");
+    let ca = dir.path().join("ca");
+    let (_, base) = documented_input();
+    let rule = IdentityRule::builtin();
+    let label = |c: char, n: usize| c.to_string().repeat(n);
+    let in_domain = |name: String| format!("{name}.example.net");
+    // 253 bytes: 63 + 1 + 63 + 1 + 63 + 1 + 49 + 12 (".example.net").
+    let longest = format!(
+        "{}.{}.{}.{}.example.net",
+        label('a', 63),
+        label('b', 63),
+        label('c', 63),
+        label('d', 49)
+    );
+    let candidates = vec![
+        "node1.example.net".to_string(),
+        in_domain(label('a', 63)),
+        in_domain(label('a', 64)),
+        longest.clone(),
+        format!("a{longest}"),
+        "node_1.example.net".into(),
+        "-node.example.net".into(),
+        "Node1.Example.NET".into(),
+        "node1.example.net.".into(),
+        ".example.net".into(),
+        "nöde.example.net".into(),
+        "node 1.example.net".into(),
+        "node1.example.net\r".into(),
+        "node1\u{0}.example.net".into(),
+        "node1.exa:mple.net".into(),
+        "node1.example.net/x".into(),
+    ];
+    for ex in examples(dir.path(), &ca)
+        .iter()
+        .filter(|e| e.shipped && e.mode != Mode::Pki)
+    {
+        if let Some(needs) = ex.missing() {
+            println!("skipped {}: {needs} is not installed", ex.name);
+            continue;
+        }
+        // The Python example of helper.md serves example.net alone, in lower case.
+        let site_filter = ex.body.contains(r"example\.net");
+        for identity in &candidates {
+            let core_accepts = rule.check(identity).is_ok();
+            let node = input_for(&base, ex.mode, json!(identity), None);
+            let (reply, stdout) = ex.reply(&node, &ca);
+            if !core_accepts {
+                assert!(
+                    reply.defer,
+                    "{} accepted {identity:?}, which the provisioner refuses: {stdout}",
+                    ex.name
+                );
+            } else if !site_filter
+                || identity
+                    .bytes()
+                    .all(|b| !b.is_ascii_uppercase() && b != b'_')
+            {
+                assert!(
+                    !reply.defer,
+                    "{} refused {identity:?}, which the provisioner accepts: {}",
+                    ex.name, reply.msg
+                );
+            }
+        }
+    }
+    assert_eq!(longest.len(), 253);
+    assert!(rule.check(&longest).is_ok());
+    assert!(rule.check(&format!("a{longest}")).is_err());
+}
+
+#[test]
+fn the_shipped_helpers_survive_hostile_inventories_and_directories() {
+    let dir = TempDir::new("fields");
+    let ca = dir.path().join("ca");
+    let have_openssl = make_ca(&ca);
+    let (_, base) = documented_input();
+    let good_csr = have_openssl
+        .then(|| csr(dir.path(), "/CN=node1.example.net", None))
+        .flatten();
+    let web = json!({"facts": {"role": "web"}}).to_string();
+    let inventories = [
+        json!("[1]"),
+        json!("not json"),
+        json!(""),
+        json!(null),
+        json!(5),
+        json!({"facts": {"role": "web"}}),
+        json!("{\"facts\": \"web\"}"),
+        json!("{\"facts\": {\"role\": {\"web\": true}}}"),
+        json!("{\"facts\": {\"role\": [\"web\"]}}"),
+        json!(format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000))),
+    ];
+    let directories = [
+        json!("/etc/choria\nplugin.security.provider = none"),
+        json!("etc/choria"),
+        json!("/etc/choria/../../root"),
+        json!("/etc/cho ria"),
+        json!(["/etc/choria"]),
+        json!(7),
+    ];
+    for ex in examples(dir.path(), &ca).iter().filter(|e| e.shipped) {
+        if let Some(needs) = ex.missing() {
+            println!("skipped {}: {needs} is not installed", ex.name);
+            continue;
+        }
+        match ex.mode {
+            Mode::Plain if ex.body.contains("inventory") => {
+                // A fact is compared with a fixed value, or not used at all.
+                let mut node = input_for(&base, ex.mode, json!("node1.example.net"), None);
+                node["inventory"] = json!(web);
+                let (reply, _) = ex.reply(&node, &ca);
+                let config = reply.configuration.expect("a configuration");
+                assert!(config.contains_key("classesfile"), "{}", ex.name);
+                for inventory in &inventories {
+                    node["inventory"] = inventory.clone();
+                    let (reply, stdout) = ex.reply(&node, &ca);
+                    let config = reply.configuration.unwrap_or_else(|| {
+                        panic!("{}: inventory {inventory:.60}: {stdout}", ex.name)
+                    });
+                    assert!(
+                        !config.contains_key("classesfile"),
+                        "{}: inventory {inventory:.60}",
+                        ex.name
+                    );
+                }
+            }
+            Mode::Plain => {}
+            Mode::Pki | Mode::Ed25519 => {
+                let Some(csr) = &good_csr else {
+                    println!("skipped {}: openssl is not installed", ex.name);
+                    continue;
+                };
+                let before = snapshot(&ca);
+                for d in &directories {
+                    let mut node = input_for(&base, ex.mode, json!("node1.example.net"), Some(csr));
+                    if ex.mode == Mode::Pki {
+                        node["csr"]["ssldir"] = d.clone();
+                    } else {
+                        node["ed25519_pubkey"]["directory"] = d.clone();
+                    }
+                    let (reply, stdout) = ex.reply(&node, &ca);
+                    assert!(reply.defer, "{} accepted directory {d}: {stdout}", ex.name);
+                    assert!(reply.msg.starts_with("refused: "), "{}", ex.name);
+                    assert!(reply.certificate.is_empty(), "{}", ex.name);
+                }
+                assert_eq!(snapshot(&ca), before, "{} wrote under the CA", ex.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_x509_helpers_sign_only_a_csr_of_the_identity() {
+    let dir = TempDir::new("csr");
+    let ca = dir.path().join("ca");
+    if !make_ca(&ca) {
+        println!("skipped: openssl is not installed");
+        return;
+    }
+    let (_, base) = documented_input();
+    let before = snapshot(&ca);
+    let mismatched: Vec<(&str, String)> = [
+        "/CN=other.example.net",
+        "/CN=node1.example.net/CN=admin.privileged.mcollective",
+        "/O=Example",
+        "/CN=node1.example.net\\/CN=x",
+    ]
+    .into_iter()
+    .map(|s| (s, csr(dir.path(), s, None).unwrap()))
+    .collect();
+    let mut checked = 0;
+    for ex in examples(dir.path(), &ca)
+        .iter()
+        .filter(|e| e.shipped && e.mode == Mode::Pki)
+    {
+        if let Some(needs) = ex.missing() {
+            println!("skipped {}: {needs} is not installed", ex.name);
+            continue;
+        }
+        for (subject, csr) in &mismatched {
+            let node = input_for(&base, ex.mode, json!("node1.example.net"), Some(csr));
+            let (reply, stdout) = ex.reply(&node, &ca);
+            assert!(
+                reply.defer,
+                "{} signed a CSR for {subject}: {stdout}",
+                ex.name
+            );
+            assert!(
+                reply.msg.contains("common name"),
+                "{}: {}",
+                ex.name,
+                reply.msg
+            );
+            assert!(reply.certificate.is_empty());
+        }
+        // A CSR whose signature does not verify.
+        let good = csr(dir.path(), "/CN=node1.example.net", None).unwrap();
+        // One base64 character changed in the last full line, inside the signature.
+        let lines: Vec<&str> = good.lines().collect();
+        let target = lines.len() - 3;
+        assert_eq!(lines[target].len(), 64);
+        let mut line = lines[target].to_string();
+        let c = if &line[10..11] == "A" { "B" } else { "A" };
+        line.replace_range(10..11, c);
+        let mut changed = lines.clone();
+        changed[target] = &line;
+        let broken = changed.join("\n") + "\n";
+        assert_ne!(broken, good);
+        let node = input_for(&base, ex.mode, json!("node1.example.net"), Some(&broken));
+        let (ok, stdout, _) = ex.run(&node, &ca);
+        assert!(!stdout.contains("BEGIN CERTIFICATE"), "{}", ex.name);
+        if ok {
+            let reply: HelperReply = serde_json::from_str(&stdout).unwrap();
+            assert!(reply.defer, "{} signed a CSR that does not verify", ex.name);
+            assert!(reply.certificate.is_empty());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 1, "helper-pki.py must run");
+    assert_eq!(
+        snapshot(&ca),
+        before,
+        "a helper wrote under the CA directory"
+    );
 }
