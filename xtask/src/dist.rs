@@ -61,6 +61,11 @@ const LAYOUT: &[(&str, u32, bool)] = &[
         false,
     ),
     (
+        "usr/share/choria-provisioner/examples/helper-plain.sh",
+        0o755,
+        false,
+    ),
+    (
         "usr/share/choria-provisioner/grafana-dashboard.json",
         0o644,
         false,

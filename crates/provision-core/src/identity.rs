@@ -154,12 +154,10 @@ pub struct Escaped<'a>(&'a str, usize);
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use fmt::Write as _;
-        let mut shown = 0;
-        for c in self.0.chars() {
+        for (shown, c) in self.0.chars().enumerate() {
             if shown >= self.1 {
                 return write!(f, "...({} bytes)", self.0.len());
             }
-            shown += 1;
             if (' '..='~').contains(&c) && c != '\\' && c != '"' {
                 f.write_char(c)?;
             } else {
