@@ -354,6 +354,26 @@ impl FleetConfig {
     }
 }
 
+/// The identity of bogus startup event `n`: nine in ten look like real node names
+/// (`bogus-<n>.<domain>`) and never answer; the tenth is one of the hostile forms a node
+/// identity must never take (a NATS wildcard, a name smuggling certificate names, a newline
+/// forging a log line, a wildcard name, 5,000 bytes, an empty label, a shell metacharacter).
+pub fn bogus_identity(n: usize, domain: &str) -> String {
+    if n % 10 != 9 {
+        return format!("bogus-{n}.{domain}");
+    }
+    match (n / 10) % 8 {
+        0 => ">".to_string(),
+        1 => "*".to_string(),
+        2 => format!("evil-{n}.{domain},DNS:admin.privileged.mcollective,DNS:x"),
+        3 => format!("evil-{n}.{domain}\nERROR forged log line"),
+        4 => format!("*.{domain}"),
+        5 => format!("{}.{domain}", "a".repeat(5000)),
+        6 => format!("evil-{n}..{domain}"),
+        _ => format!("evil-{n}.{domain};reboot"),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -432,22 +452,3 @@ mod tests {
     }
 }
 
-/// The identity of bogus startup event `n`: nine in ten look like real node names
-/// (`bogus-<n>.<domain>`) and never answer; the tenth is one of the hostile forms a node
-/// identity must never take (a NATS wildcard, a name smuggling certificate names, a newline
-/// forging a log line, a wildcard name, 5,000 bytes, an empty label, a shell metacharacter).
-pub fn bogus_identity(n: usize, domain: &str) -> String {
-    if n % 10 != 9 {
-        return format!("bogus-{n}.{domain}");
-    }
-    match (n / 10) % 8 {
-        0 => ">".to_string(),
-        1 => "*".to_string(),
-        2 => format!("evil-{n}.{domain},DNS:admin.privileged.mcollective,DNS:x"),
-        3 => format!("evil-{n}.{domain}\nERROR forged log line"),
-        4 => format!("*.{domain}"),
-        5 => format!("{}.{domain}", "a".repeat(5000)),
-        6 => format!("evil-{n}..{domain}"),
-        _ => format!("evil-{n}.{domain};reboot"),
-    }
-}

@@ -356,6 +356,7 @@ fn csr_bad_common_names_are_denied() {
 
 #[test]
 fn csr_bad_dns_names_are_denied() {
+    let any = regex::Regex::new("^.*$").unwrap();
     for name in [
         "bob.choria",
         "bob.mcollective",
@@ -363,7 +364,6 @@ fn csr_bad_dns_names_are_denied() {
         "bob.privileged.mcollective",
     ] {
         let csr = make_csr(ID, &["something.something", name, "something.else"]);
-        let any = regex::Regex::new("^.*$").unwrap();
         let policy = CsrPolicy {
             extra_dns: Some(&any),
             ..CsrPolicy::new(deny_static())
