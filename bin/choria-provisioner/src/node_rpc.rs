@@ -45,35 +45,21 @@ impl ChoriaNodeRpc {
 
 /// Map the client's error to the core's, keeping the identity and action.
 fn map(identity: &str, action: Action, e: WireError) -> RpcError {
-    let kind = match e.kind() {
+    // The core's error names the node and the action itself: keep only the cause here.
+    let cause =
+        || std::error::Error::source(&e).map_or_else(|| e.kind.to_string(), ToString::to_string);
+    let kind = match &e.kind {
         WireKind::Timeout => RpcErrorKind::Timeout,
         WireKind::NoResponders => RpcErrorKind::NoResponders,
         WireKind::ProvisioningLocked => RpcErrorKind::LockHeld,
-        // The core's error names the node and the action itself: keep only the cause here.
-        WireKind::BadReply => RpcErrorKind::BadReply(match &e {
-            WireError::BadReply { reason, .. } => reason.clone(),
-            other => other.to_string(),
-        }),
-        WireKind::NotConnected | WireKind::Closed | WireKind::Transport | WireKind::Encode => {
-            RpcErrorKind::Transport(match &e {
-                WireError::Transport { reason, .. } => reason.clone(),
-                WireError::NotConnected { .. } => "not connected to the broker".to_string(),
-                WireError::Closed { .. } => "rpc client closed".to_string(),
-                other => other.to_string(),
-            })
+        WireKind::BadReply => RpcErrorKind::BadReply(cause()),
+        WireKind::Transport | WireKind::NotConnected | WireKind::Closed => {
+            RpcErrorKind::Transport(cause())
         }
-        WireKind::Aborted
-        | WireKind::UnknownAction
-        | WireKind::MissingData
-        | WireKind::InvalidData
-        | WireKind::UnknownError => match &e {
-            WireError::Status { code, message, .. } => {
-                RpcErrorKind::from_status(code.code(), message)
-            }
-            other => RpcErrorKind::Aborted {
-                code: 5,
-                message: other.to_string(),
-            },
+        WireKind::Encode => RpcErrorKind::Transport(e.to_string()),
+        WireKind::Status { code, message } => RpcErrorKind::Aborted {
+            code: code.code(),
+            message: message.clone(),
         },
     };
     RpcError::new(identity, action, kind)

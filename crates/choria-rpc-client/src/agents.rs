@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::rpc::{RpcClient, RpcError};
+use crate::rpc::{RpcClient, RpcError, RpcErrorKind};
 
 /// Agent name of the provisioning agent.
 pub const PROVISION_AGENT: &str = "choria_provision";
@@ -176,10 +176,13 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<(O, serde_json::Value), RpcError> {
         let data = self.call(identity, agent, action, input, timeout).await?;
-        let out = O::deserialize(&data).map_err(|e| RpcError::BadReply {
-            identity: identity.to_string(),
-            action: format!("{agent}#{action}"),
-            reason: e.to_string(),
+        let out = O::deserialize(&data).map_err(|e| {
+            RpcError::new(
+                identity,
+                format!("{agent}#{action}"),
+                RpcErrorKind::BadReply,
+            )
+            .with_source(e)
         })?;
         Ok((out, data))
     }

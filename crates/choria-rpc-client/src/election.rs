@@ -53,6 +53,7 @@
 //! ```
 
 pub mod backoff;
+mod choose;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -496,6 +497,12 @@ impl Election {
     /// Our identity (the value written to the key).
     pub fn identity(&self) -> &str {
         &self.inner.identity
+    }
+
+    /// The JetStream API prefix requests go to: `$JS.API`, [`PROVISIONING_API_PREFIX`] or
+    /// `$JS.<domain>.API`.
+    pub fn api_prefix(&self) -> &str {
+        &self.inner.api_prefix
     }
 
     /// The subject KV writes are published to, e.g.

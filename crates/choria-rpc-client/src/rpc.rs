@@ -10,7 +10,7 @@
 //! Choria envelope carries it too, and Choria servers read only the envelope's). When nothing is
 //! subscribed to the node's subject, the broker answers at once on that subject with a
 //! no-responders status message (503, no payload), and the request fails with
-//! [`RpcError::NoResponders`] instead of waiting for its timeout. Broadcasts are published
+//! [`RpcErrorKind::NoResponders`] instead of waiting for its timeout. Broadcasts are published
 //! without one: many nodes answer them, and an empty collective is an empty discovery.
 
 use std::collections::{HashMap, HashSet};
@@ -21,173 +21,140 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::lifecycle::{LifecycleEvent, ReceivedEvent};
 use crate::mcorpc::{RpcReply, StatusCode};
-use crate::protocol::{self, Filter, OutgoingRequest, ProtocolError, Reply, Security};
+use crate::protocol::{self, Filter, OutgoingRequest, Reply, Security};
 
-/// The `statusmsg` of `choria_provision` when another provisioner holds the node's lock.
+/// The `statusmsg` of `choria_provision` when another provisioner holds the node's lock. Only
+/// this client recognises it: a reply carrying it fails with
+/// [`RpcErrorKind::ProvisioningLocked`].
 pub const PROVISIONING_LOCK_MSG: &str = "Could not obtain provisioning lock";
 
 /// How long to wait for the broker to confirm a new subscription.
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often the connection state is looked at for [`RpcClient::connection_watch`].
+const CONNECTION_POLL: Duration = Duration::from_millis(500);
+
 /// What kind of failure an [`RpcError`] is, for callers that branch on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum RpcErrorKind {
     /// No valid reply before the timeout.
+    #[error("timeout")]
     Timeout,
-    /// The broker reported that nothing is subscribed to the node's subject.
+    /// The broker reported that nothing is subscribed to the node's subject, so no server with
+    /// that identity is connected.
+    #[error("no responders (no server is subscribed to its subject)")]
     NoResponders,
     /// The connection to the broker is down.
+    #[error("not connected to the broker")]
     NotConnected,
     /// The client was shut down or its reply subscription ended.
+    #[error("rpc client closed")]
     Closed,
-    /// The request could not be encoded or signed.
+    /// The request or its data could not be encoded or signed.
+    #[error("cannot encode request")]
     Encode,
-    /// Publishing or subscribing failed.
+    /// Publishing, flushing or subscribing failed.
+    #[error("transport error")]
     Transport,
-    /// The reply body is not a valid RPC reply.
+    /// The reply body is not a valid RPC reply or its data does not have the expected shape.
+    #[error("bad reply")]
     BadReply,
-    /// statuscode 1.
-    Aborted,
-    /// statuscode 1 with `Could not obtain provisioning lock`.
+    /// The node refused with [`PROVISIONING_LOCK_MSG`] (statuscode 1): another provisioner
+    /// holds its provisioning lock.
+    #[error("{:?}: {PROVISIONING_LOCK_MSG}", StatusCode::Aborted)]
     ProvisioningLocked,
-    /// statuscode 2.
-    UnknownAction,
-    /// statuscode 3.
-    MissingData,
-    /// statuscode 4.
-    InvalidData,
-    /// statuscode 5.
-    UnknownError,
-}
-
-/// An RPC failure naming the node and the action.
-#[derive(Debug, thiserror::Error)]
-pub enum RpcError {
-    /// No valid reply arrived in time.
-    #[error("{action} on {identity} timed out after {timeout:?}")]
-    Timeout {
-        /// Target node.
-        identity: String,
-        /// `agent#action` (or the agent).
-        action: String,
-        /// The timeout that expired.
-        timeout: Duration,
-    },
-    /// The broker answered the request with a no-responders status: nothing is subscribed to
-    /// the node's subject, so no server with that identity is connected.
-    #[error("{action} on {identity}: no responders (no server is subscribed to its subject)")]
-    NoResponders {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
-    },
-    /// The broker connection is down.
-    #[error("{action} on {identity}: not connected to the broker")]
-    NotConnected {
-        /// Target node (or `*` for broadcasts).
-        identity: String,
-        /// `agent#action`.
-        action: String,
-    },
-    /// The client's reply subscription has ended.
-    #[error("{action} on {identity}: rpc client closed")]
-    Closed {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
-    },
-    /// Encoding or signing the request failed.
-    #[error("{action} on {identity}: cannot encode request: {source}")]
-    Encode {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
-        /// The cause.
-        #[source]
-        source: ProtocolError,
-    },
-    /// Serialising the request data failed.
-    #[error("{action} on {identity}: cannot encode request data: {source}")]
-    EncodeData {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
-        /// The cause.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// Publishing or subscribing failed.
-    #[error("{action} on {identity}: transport error: {reason}")]
-    Transport {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
-        /// The client error.
-        reason: String,
-    },
-    /// The reply body is not an RPC reply or its data does not have the expected shape.
-    #[error("{action} on {identity}: bad reply: {reason}")]
-    BadReply {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The node answered with a non-zero statuscode.
-    #[error("{action} on {identity} failed with {code:?}: {message}")]
+    /// The node answered with another non-zero statuscode.
+    #[error("{code:?}: {message}")]
     Status {
-        /// Target node.
-        identity: String,
-        /// `agent#action`.
-        action: String,
         /// The statuscode.
         code: StatusCode,
         /// The statusmsg.
         message: String,
-        /// The reply data (some agents send data with a failure).
-        data: serde_json::Value,
     },
 }
 
-impl RpcError {
-    /// The kind of failure.
-    pub fn kind(&self) -> RpcErrorKind {
-        match self {
-            RpcError::Timeout { .. } => RpcErrorKind::Timeout,
-            RpcError::NoResponders { .. } => RpcErrorKind::NoResponders,
-            RpcError::NotConnected { .. } => RpcErrorKind::NotConnected,
-            RpcError::Closed { .. } => RpcErrorKind::Closed,
-            RpcError::Encode { .. } | RpcError::EncodeData { .. } => RpcErrorKind::Encode,
-            RpcError::Transport { .. } => RpcErrorKind::Transport,
-            RpcError::BadReply { .. } => RpcErrorKind::BadReply,
-            RpcError::Status { code, message, .. } => match code {
-                StatusCode::Aborted if message == PROVISIONING_LOCK_MSG => {
-                    RpcErrorKind::ProvisioningLocked
-                }
-                StatusCode::Aborted | StatusCode::Ok => RpcErrorKind::Aborted,
-                StatusCode::UnknownAction => RpcErrorKind::UnknownAction,
-                StatusCode::MissingData => RpcErrorKind::MissingData,
-                StatusCode::InvalidData => RpcErrorKind::InvalidData,
-                StatusCode::UnknownError => RpcErrorKind::UnknownError,
-            },
+impl RpcErrorKind {
+    /// The kind of a reply with a non-zero `code` and `message`: the provisioning lock
+    /// refusal (go-choria sends it with statuscode 1) or a plain status.
+    pub fn from_status(code: StatusCode, message: String) -> Self {
+        if message.contains(PROVISIONING_LOCK_MSG) {
+            RpcErrorKind::ProvisioningLocked
+        } else {
+            RpcErrorKind::Status { code, message }
         }
+    }
+}
+
+/// The cause kept in an [`RpcError`].
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An RPC failure: the node, the action, what kind of failure and the underlying cause.
+///
+/// Shown as `<action> on <identity> failed: <kind>`, followed by `: <cause>` when there is one
+/// (the cause is also [`std::error::Error::source`]), so a log line names the reason.
+#[derive(Debug)]
+pub struct RpcError {
+    /// Target node (`*` for broadcasts and subscriptions).
+    pub identity: String,
+    /// `agent#action` (or the agent, or what was subscribed or published).
+    pub action: String,
+    /// What went wrong.
+    pub kind: RpcErrorKind,
+    source: Option<Source>,
+}
+
+impl RpcError {
+    /// An error without an underlying cause.
+    pub fn new(identity: impl Into<String>, action: impl Into<String>, kind: RpcErrorKind) -> Self {
+        RpcError {
+            identity: identity.into(),
+            action: action.into(),
+            kind,
+            source: None,
+        }
+    }
+
+    /// The same error with `source` as its cause.
+    pub fn with_source(mut self, source: impl Into<Source>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> &RpcErrorKind {
+        &self.kind
     }
 
     /// True when another provisioner holds the node's provisioning lock.
     pub fn is_provisioning_locked(&self) -> bool {
-        self.kind() == RpcErrorKind::ProvisioningLocked
+        self.kind == RpcErrorKind::ProvisioningLocked
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} on {} failed: {}",
+            self.action, self.identity, self.kind
+        )?;
+        match &self.source {
+            Some(s) => write!(f, ": {s}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -315,11 +282,14 @@ struct Inner {
     pending: PendingMap,
     counters: Counters,
     dispatcher: tokio::task::JoinHandle<()>,
+    connected: watch::Sender<bool>,
+    connection_poll: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.dispatcher.abort();
+        self.connection_poll.abort();
     }
 }
 
@@ -379,24 +349,27 @@ impl RpcClient {
         opts: RpcOptions,
     ) -> Result<Self, RpcError> {
         let reply_prefix = protocol::reply_prefix(&opts.collective, security.caller_id());
-        let transport = |e: &dyn std::fmt::Display| RpcError::Transport {
-            identity: "*".into(),
-            action: "reply subscription".into(),
-            reason: e.to_string(),
+        let transport = |e: Source| {
+            RpcError::new("*", "reply subscription", RpcErrorKind::Transport).with_source(e)
         };
         let sub = nats
             .subscribe(format!("{reply_prefix}.>"))
             .await
-            .map_err(|e| transport(&e))?;
+            .map_err(|e| transport(e.into()))?;
         // The subscription must be registered on the server before the first request goes out.
         crate::connection::round_trip(&nats, ROUND_TRIP_TIMEOUT)
             .await
-            .map_err(|e| transport(&e))?;
+            .map_err(|e| transport(e.into()))?;
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let weak = weak.clone();
-            let dispatcher = tokio::spawn(async move {
-                dispatch(weak, sub).await;
+            let dispatcher = tokio::spawn({
+                let weak = weak.clone();
+                async move {
+                    dispatch(weak, sub).await;
+                }
             });
+            let (connected, _) = watch::channel(is_connected(&nats));
+            let connection_poll = tokio::spawn(poll_connection(weak));
             Inner {
                 nats,
                 security,
@@ -405,6 +378,8 @@ impl RpcClient {
                 pending: Mutex::new(HashMap::new()),
                 counters: Counters::default(),
                 dispatcher,
+                connected,
+                connection_poll,
             }
         });
         Ok(RpcClient { inner })
@@ -423,6 +398,17 @@ impl RpcClient {
     /// The underlying NATS client (for JetStream, leader election...).
     pub fn nats(&self) -> &async_nats::Client {
         &self.inner.nats
+    }
+
+    /// Whether the broker connection is up right now.
+    pub fn is_connected(&self) -> bool {
+        is_connected(&self.inner.nats)
+    }
+
+    /// A watcher of the broker connection: `true` while connected. It follows the connection
+    /// within half a second and changes only when the state does.
+    pub fn connection_watch(&self) -> watch::Receiver<bool> {
+        self.inner.connected.subscribe()
     }
 
     /// The options in use.
@@ -480,10 +466,9 @@ impl RpcClient {
             },
             SystemTime::now(),
         )
-        .map_err(|source| RpcError::Encode {
-            identity: identity.to_string(),
-            action: action_label(agent, payload),
-            source,
+        .map_err(|source| {
+            RpcError::new(identity, action_label(agent, payload), RpcErrorKind::Encode)
+                .with_source(source)
         })
     }
 
@@ -497,28 +482,25 @@ impl RpcClient {
         identity: &str,
         action: impl FnOnce() -> String,
     ) -> Result<(), RpcError> {
-        if self.inner.nats.connection_state() != async_nats::connection::State::Connected {
-            return Err(RpcError::NotConnected {
-                identity: identity.to_string(),
-                action: action(),
-            });
+        if !self.is_connected() {
+            return Err(RpcError::new(
+                identity,
+                action(),
+                RpcErrorKind::NotConnected,
+            ));
         }
         let nats = &self.inner.nats;
         match reply {
             Some(reply) => nats.publish_with_reply(subject, reply, bytes).await,
             None => nats.publish(subject, bytes).await,
         }
-        .map_err(|e| RpcError::Transport {
-            identity: identity.to_string(),
-            action: action(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| RpcError::new(identity, action(), RpcErrorKind::Transport).with_source(e))?;
         self.inner.counters.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Send `payload` (an RPC body) to `agent` on one node and wait up to `timeout` for that
-    /// node's verified reply. Fails at once with [`RpcError::NoResponders`] when the broker
+    /// node's verified reply. Fails at once with [`RpcErrorKind::NoResponders`] when the broker
     /// reports that nothing is subscribed to the node's subject.
     pub async fn request(
         &self,
@@ -552,25 +534,16 @@ impl RpcClient {
             || action_label(agent, payload),
         )
         .await?;
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Delivery::Reply(reply))) => Ok(reply),
-            Ok(Ok(Delivery::NoResponders)) => Err(RpcError::NoResponders {
-                identity: identity.to_string(),
-                action: action_label(agent, payload),
-            }),
-            Ok(Err(_)) => Err(RpcError::Closed {
-                identity: identity.to_string(),
-                action: action_label(agent, payload),
-            }),
+        let kind = match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Delivery::Reply(reply))) => return Ok(reply),
+            Ok(Ok(Delivery::NoResponders)) => RpcErrorKind::NoResponders,
+            Ok(Err(_)) => RpcErrorKind::Closed,
             Err(_) => {
                 self.inner.counters.timeouts.fetch_add(1, Ordering::Relaxed);
-                Err(RpcError::Timeout {
-                    identity: identity.to_string(),
-                    action: action_label(agent, payload),
-                    timeout,
-                })
+                RpcErrorKind::Timeout
             }
-        }
+        };
+        Err(RpcError::new(identity, action_label(agent, payload), kind))
     }
 
     /// Call `agent#action` on one node with `data`, returning the reply data on statuscode 0
@@ -584,27 +557,17 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<serde_json::Value, RpcError> {
         let label = || format!("{agent}#{action}");
-        let body = crate::mcorpc::encode_request(agent, action, data).map_err(|source| {
-            RpcError::EncodeData {
-                identity: identity.to_string(),
-                action: label(),
-                source,
-            }
-        })?;
+        let body = crate::mcorpc::encode_request(agent, action, data)
+            .map_err(|e| RpcError::new(identity, label(), RpcErrorKind::Encode).with_source(e))?;
         let reply = self.request(identity, agent, &body, timeout).await?;
-        let rpc = RpcReply::parse(&reply.body).map_err(|e| RpcError::BadReply {
-            identity: identity.to_string(),
-            action: label(),
-            reason: e.to_string(),
-        })?;
+        let rpc = RpcReply::parse(&reply.body)
+            .map_err(|e| RpcError::new(identity, label(), RpcErrorKind::BadReply).with_source(e))?;
         if rpc.statuscode != StatusCode::Ok {
-            return Err(RpcError::Status {
-                identity: identity.to_string(),
-                action: label(),
-                code: rpc.statuscode,
-                message: rpc.statusmsg,
-                data: rpc.data,
-            });
+            return Err(RpcError::new(
+                identity,
+                label(),
+                RpcErrorKind::from_status(rpc.statuscode, rpc.statusmsg),
+            ));
         }
         Ok(rpc.data)
     }
@@ -659,12 +622,7 @@ impl RpcClient {
                         deadline = (Instant::now() + w).min(hard_deadline);
                     }
                 }
-                Ok(None) => {
-                    return Err(RpcError::Closed {
-                        identity: "*".into(),
-                        action: "discovery#ping".into(),
-                    })
-                }
+                Ok(None) => return Err(RpcError::new("*", "discovery#ping", RpcErrorKind::Closed)),
                 Err(_) => break,
             }
         }
@@ -690,13 +648,9 @@ impl RpcClient {
     /// Publish a lifecycle event (Choria format) to its subject.
     pub async fn publish_event(&self, event: &LifecycleEvent) -> Result<(), RpcError> {
         let label = || format!("lifecycle {}", event.event_type());
-        let body = event
-            .to_choria_json()
-            .map_err(|source| RpcError::EncodeData {
-                identity: event.identity.clone(),
-                action: label(),
-                source,
-            })?;
+        let body = event.to_choria_json().map_err(|e| {
+            RpcError::new(&event.identity, label(), RpcErrorKind::Encode).with_source(e)
+        })?;
         self.publish(
             event.subject(),
             None,
@@ -705,15 +659,9 @@ impl RpcClient {
             label,
         )
         .await?;
-        self.inner
-            .nats
-            .flush()
-            .await
-            .map_err(|e| RpcError::Transport {
-                identity: event.identity.clone(),
-                action: label(),
-                reason: e.to_string(),
-            })
+        self.inner.nats.flush().await.map_err(|e| {
+            RpcError::new(&event.identity, label(), RpcErrorKind::Transport).with_source(e)
+        })
     }
 
     /// Publish this client's `startup` event with component `component` (the provisioner uses
@@ -741,18 +689,14 @@ impl RpcClient {
             }
             None => self.inner.nats.subscribe(subject.clone()).await,
         };
-        let sub = res.map_err(|e| RpcError::Transport {
-            identity: "*".into(),
-            action: format!("subscribe {subject}"),
-            reason: e.to_string(),
-        })?;
+        let transport = |e: Source| {
+            RpcError::new("*", format!("subscribe {subject}"), RpcErrorKind::Transport)
+                .with_source(e)
+        };
+        let sub = res.map_err(|e| transport(e.into()))?;
         crate::connection::round_trip(&self.inner.nats, ROUND_TRIP_TIMEOUT)
             .await
-            .map_err(|e| RpcError::Transport {
-                identity: "*".into(),
-                action: format!("subscribe {subject}"),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| transport(e.into()))?;
         Ok(LifecycleSubscription {
             sub,
             max_size: self.inner.opts.max_reply_size,
@@ -793,6 +737,25 @@ impl LifecycleSubscription {
     pub async fn unsubscribe(mut self) {
         // Unsubscribing a dead connection has nothing left to clean up.
         let _ = self.sub.unsubscribe().await;
+    }
+}
+
+fn is_connected(nats: &async_nats::Client) -> bool {
+    nats.connection_state() == async_nats::connection::State::Connected
+}
+
+/// Feeds [`RpcClient::connection_watch`] until the client is dropped (which aborts this task).
+async fn poll_connection(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(CONNECTION_POLL).await;
+        // Not upgradable only while the client is still being built.
+        let Some(inner) = inner.upgrade() else {
+            continue;
+        };
+        let up = is_connected(&inner.nats);
+        inner
+            .connected
+            .send_if_modified(|was| std::mem::replace(was, up) != up);
     }
 }
 

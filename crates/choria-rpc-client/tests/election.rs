@@ -543,3 +543,112 @@ async fn subjects_follow_the_api_prefix_or_domain() {
         "{err:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choose_takes_the_choria_streams_import_when_it_answers() {
+    let server = NatsServer::start_with_config(ACCOUNTS);
+    let never = CancellationToken::new();
+    // The bucket does not exist yet: the import answers (stream not found), so it is kept and a
+    // bucket created later is found through it.
+    let election = Election::choose(
+        connect_as(&server, "provisioner").await,
+        PROVISIONER_ELECTION,
+        "p1.example.net",
+        &backoff::FIVE_SEC,
+        &never,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(election.api_prefix(), PROVISIONING_API_PREFIX);
+    assert_eq!(
+        election.put_subject(),
+        "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"
+    );
+    let err = election.open().await.unwrap_err();
+    assert!(
+        matches!(err, ElectionError::BucketNotFound { .. }),
+        "{err:?}"
+    );
+    let admin = connect_as(&server, "choria").await;
+    make_bucket(
+        &jetstream::new(admin),
+        DEFAULT_BUCKET,
+        Duration::from_secs(5),
+    )
+    .await;
+    election.open().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choose_falls_back_to_the_accounts_own_jetstream() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let never = CancellationToken::new();
+    let election = Election::choose(
+        client,
+        PROVISIONER_ELECTION,
+        "p1.example.net",
+        &backoff::FIVE_SEC,
+        &never,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(election.api_prefix(), "$JS.API");
+    assert_eq!(
+        election.put_subject(),
+        "$KV.CHORIA_LEADER_ELECTION.provisioner"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choose_keeps_asking_while_no_jetstream_answers_until_cancelled() {
+    // An account with neither JetStream nor the import.
+    let server = NatsServer::start_with_config(
+        r#"accounts { lonely { users: [ { user: "lonely", password: "lonely" } ] } }"#,
+    );
+    let client = connect_as(&server, "lonely").await;
+    let cancel = CancellationToken::new();
+    let retry = backoff::Policy::from_static(&[20]);
+    let start = Instant::now();
+    let chosen = tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            Election::choose(
+                client,
+                PROVISIONER_ELECTION,
+                "p1.example.net",
+                &retry,
+                &cancel,
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!chosen.is_finished(), "chose an API that does not answer");
+    cancel.cancel();
+    let chosen = tokio::time::timeout(Duration::from_secs(5), chosen)
+        .await
+        .expect("choose did not stop when cancelled")
+        .unwrap()
+        .unwrap();
+    assert!(chosen.is_none());
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn choose_refuses_names_that_make_no_election() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let err = Election::choose(
+        client,
+        "not a key",
+        "p1.example.net",
+        &backoff::FIVE_SEC,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ElectionError::InvalidName { .. }), "{err:?}");
+}

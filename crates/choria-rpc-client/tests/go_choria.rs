@@ -169,7 +169,7 @@ async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
         .provision_jwt("nobody.example.net", token, Duration::from_secs(22))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), RpcErrorKind::NoResponders, "{err}");
+    assert_eq!(err.kind(), &RpcErrorKind::NoResponders, "{err}");
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "{:?}",

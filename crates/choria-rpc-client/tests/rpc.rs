@@ -230,17 +230,25 @@ async fn status_codes_map_to_typed_errors() {
     let server = NatsServer::start();
     responder(&server, nodes(1), echo_agent(false)).await;
     let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let status = |code, message: &str| RpcErrorKind::Status {
+        code,
+        message: message.to_string(),
+    };
     for (code, msg, kind) in [
-        (1, "nope", RpcErrorKind::Aborted),
+        (1, "nope", status(StatusCode::Aborted, "nope")),
         (
             1,
             "Could not obtain provisioning lock",
             RpcErrorKind::ProvisioningLocked,
         ),
-        (2, "Unknown action", RpcErrorKind::UnknownAction),
-        (3, "missing", RpcErrorKind::MissingData),
-        (4, "invalid", RpcErrorKind::InvalidData),
-        (5, "boom", RpcErrorKind::UnknownError),
+        (
+            2,
+            "Unknown action",
+            status(StatusCode::UnknownAction, "Unknown action"),
+        ),
+        (3, "missing", status(StatusCode::MissingData, "missing")),
+        (4, "invalid", status(StatusCode::InvalidData, "invalid")),
+        (5, "boom", status(StatusCode::UnknownError, "boom")),
     ] {
         let err = rpc
             .call(
@@ -252,7 +260,7 @@ async fn status_codes_map_to_typed_errors() {
             )
             .await
             .unwrap_err();
-        assert_eq!(err.kind(), kind, "{err}");
+        assert_eq!(err.kind(), &kind, "{err}");
         let text = err.to_string();
         assert!(
             text.contains("node0.example.net") && text.contains("choria_provision#jwt"),
@@ -435,7 +443,7 @@ async fn malformed_replies_are_dropped_counted_and_time_out() {
             )
             .await
             .unwrap_err();
-        assert_eq!(err.kind(), RpcErrorKind::Timeout, "{name}: {err}");
+        assert_eq!(err.kind(), &RpcErrorKind::Timeout, "{name}: {err}");
         assert_eq!(counter(&rpc.stats()), before + 1, "{name} not counted");
         assert_eq!(rpc.pending(), 0, "{name} left a pending entry");
     }
@@ -526,7 +534,7 @@ async fn a_node_nobody_serves_fails_at_once_with_no_responders() {
             .await
             .unwrap_err();
         let took = start.elapsed();
-        assert_eq!(err.kind(), RpcErrorKind::NoResponders, "{err}");
+        assert_eq!(err.kind(), &RpcErrorKind::NoResponders, "{err}");
         let text = err.to_string();
         assert!(
             text.contains("nobody.example.net") && text.contains("choria_provision#jwt"),
@@ -562,7 +570,7 @@ async fn a_node_nobody_serves_fails_at_once_with_no_responders() {
         .await
         .unwrap_err();
     let took = start.elapsed();
-    assert_eq!(err.kind(), RpcErrorKind::Timeout, "{err}");
+    assert_eq!(err.kind(), &RpcErrorKind::Timeout, "{err}");
     assert!(took >= t, "{took:?}");
 
     let s = rpc.stats();
@@ -591,7 +599,7 @@ async fn directed_requests_carry_the_reply_subject_and_broadcasts_do_not() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), RpcErrorKind::Timeout, "{err}");
+    assert_eq!(err.kind(), &RpcErrorKind::Timeout, "{err}");
     let directed = wire.next().await.unwrap();
     assert_eq!(
         directed.subject.as_str(),
@@ -642,7 +650,7 @@ async fn timeouts_are_honoured_and_leave_nothing_behind() {
             .await
             .unwrap_err();
         let took = start.elapsed();
-        assert_eq!(err.kind(), RpcErrorKind::Timeout);
+        assert_eq!(err.kind(), &RpcErrorKind::Timeout);
         assert!(
             // The upper bound leaves room for a loaded CI machine; a timer that is not
             // honoured at all would take the whole test's time.
@@ -695,6 +703,87 @@ async fn broker_going_away_gives_an_error_not_a_hang() {
     }
     let found = rpc.discover_provisionable().await;
     assert!(found.map(|f| f.is_empty()).unwrap_or(true));
+}
+
+#[tokio::test]
+async fn connection_watch_follows_the_broker() {
+    let mut server = NatsServer::start();
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let mut up = rpc.connection_watch();
+    assert!(rpc.is_connected() && *up.borrow_and_update());
+    let wait_for = |up: &mut tokio::sync::watch::Receiver<bool>, want: bool| {
+        let mut up = up.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), up.wait_for(|v| *v == want))
+                .await
+                .expect("the watch did not follow the connection")
+                .unwrap();
+        }
+    };
+    server.stop();
+    wait_for(&mut up, false).await;
+    assert!(!rpc.is_connected());
+    let err = rpc
+        .request(
+            "node0.example.net",
+            "rpcutil",
+            b"{}",
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), &RpcErrorKind::NotConnected, "{err}");
+    server.restart();
+    wait_for(&mut up, true).await;
+    assert!(rpc.is_connected());
+}
+
+#[tokio::test]
+async fn an_error_names_node_action_kind_and_cause() {
+    use std::error::Error as _;
+    let server = NatsServer::start();
+    responder(&server, nodes(1), echo_agent(false)).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let err = rpc
+        .call(
+            "node0.example.net",
+            "choria_provision",
+            "jwt",
+            &serde_json::json!({"fail": 1, "msg": "Could not obtain provisioning lock"}),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.identity, "node0.example.net");
+    assert_eq!(err.action, "choria_provision#jwt");
+    assert!(err.is_provisioning_locked());
+    assert!(err.source().is_none());
+    assert_eq!(
+        err.to_string(),
+        "choria_provision#jwt on node0.example.net failed: Aborted: Could not obtain provisioning lock"
+    );
+    // A reply whose data does not have the expected shape: the decoding error is the source.
+    let odd: Handler = Arc::new(|req, node| {
+        let body = RpcRequest::parse(&req.payload).unwrap();
+        let reply = RpcReply::ok(&body.action, serde_json::json!({"version": 30}));
+        vec![build_reply(req, node, &reply.to_vec().unwrap()).unwrap()]
+    });
+    responder(&server, vec!["odd.example.net".to_string()], odd).await;
+    let err = rpc
+        .inventory("odd.example.net", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), &RpcErrorKind::BadReply, "{err}");
+    assert_eq!(err.action, "rpcutil#inventory");
+    let cause = err
+        .source()
+        .expect("a bad reply keeps its cause")
+        .to_string();
+    assert!(!cause.is_empty());
+    assert_eq!(
+        err.to_string(),
+        format!("rpcutil#inventory on odd.example.net failed: bad reply: {cause}")
+    );
 }
 
 #[tokio::test]
