@@ -1,148 +1,150 @@
-//! Test harness shared by the workspace's integration tests.
+//! The harness of every process-level test in the workspace, and of `cargo xtask`'s local runs.
 //!
-//! [`NatsServer`] starts a real `nats-server` (JetStream on, store in a temporary directory) on a
-//! free loopback port and stops it when dropped. The binary is found, in order, through the
-//! `NATS_SERVER_BIN` environment variable, `target/tools/bin/nats-server` in the workspace (where
-//! `cargo xtask test` installs it), and `PATH`.
+//! - [`ports`]: free loopback ports and waiting for a listener.
+//! - [`process`]: [`ProcessGuard`], a child process stopped (optionally with its whole process
+//!   group) when dropped.
+//! - [`nats`]: a real `nats-server` ([`NatsServer`]) and a three-server JetStream cluster
+//!   ([`NatsCluster`]) on loopback.
+//! - [`metrics`]: the Prometheus text parser and a plain HTTP GET for `/metrics`.
+//! - [`provisioner`]: the provisioner's configuration files and the provisioner as a process.
+//! - [`stack`]: the binaries of a local run (built by cargo), the run's signer and CA made by the
+//!   demo helper, and the fleet simulator as a process.
+//! - [`go_env`]: the real go-choria broker and `choria server` processes in provisioning mode
+//!   (the peer `cargo xtask peers` builds into `target/peers/bin`).
+//!
+//! The `nats-server` binary is found, in order, through the `NATS_SERVER_BIN` environment
+//! variable, `target/tools/bin/nats-server` in the workspace (where `cargo xtask test` installs
+//! it), and `PATH`.
 #![deny(missing_docs)]
-#![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+pub mod go_env;
+pub mod metrics;
+pub mod nats;
+pub mod ports;
+pub mod process;
+pub mod provisioner;
+pub mod stack;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+pub use nats::{nats_server_bin, NatsCluster, NatsServer};
+pub use ports::free_port;
+pub use process::ProcessGuard;
+
+/// What failed while setting up or running a process-level test.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or process operation failed.
+    #[error("{what}: {err}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The operating system's error.
+        err: std::io::Error,
+    },
+    /// A process or a condition did not turn out as needed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The result of the harness's fallible operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attach a description to an I/O result.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|err| Error::Io { what: what(), err })
+    }
+}
+
+/// Write a file, naming it on failure.
+pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).ctx(|| format!("writing {}", path.display()))
+}
+
+/// Create a directory and its parents, naming it on failure.
+pub(crate) fn mkdir(path: &Path) -> Result<()> {
+    std::fs::create_dir_all(path).ctx(|| format!("creating {}", path.display()))
+}
 
 /// The workspace root, derived from this crate's manifest directory.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    here.canonicalize().unwrap_or(here)
 }
 
-/// Path of the `nats-server` binary the tests use.
-pub fn nats_server_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
-        return PathBuf::from(p);
-    }
-    let local = workspace_root().join("target/tools/bin/nats-server");
-    if local.exists() {
-        return local;
-    }
-    PathBuf::from("nats-server")
+/// How a run enrolls its nodes: the three modes of the provisioner, the simulator and the Go
+/// environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// x509 / protocol v1 without CSRs: the helper's configuration only.
+    #[default]
+    Plain,
+    /// As `Plain`, with CSRs signed by the helper (`features.pki`).
+    Pki,
+    /// Issuer-based protocol v2: ed25519 keys and server JWTs (`features.ed25519`).
+    Ed25519,
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+impl Mode {
+    /// Every mode, in order.
+    pub const ALL: [Mode; 3] = [Mode::Plain, Mode::Pki, Mode::Ed25519];
 
-/// A running nats-server, killed on drop.
-pub struct NatsServer {
-    child: Child,
-    port: u16,
-    store: tempfile::TempDir,
-    extra_config: String,
-}
-
-impl NatsServer {
-    /// Start a nats-server with JetStream on a free loopback port.
-    pub fn start() -> Self {
-        Self::start_with_config("")
-    }
-
-    /// Start a nats-server whose configuration file gets `extra` appended (accounts, TLS...).
-    pub fn start_with_config(extra: &str) -> Self {
-        let store = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let child = Self::spawn_child(port, &store, extra);
-        NatsServer {
-            child,
-            port,
-            store,
-            extra_config: extra.to_string(),
+    /// The name on command lines: `plain`, `pki` or `ed25519`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Pki => "pki",
+            Mode::Ed25519 => "ed25519",
         }
     }
 
-    fn spawn_child(port: u16, store: &tempfile::TempDir, extra_config: &str) -> Child {
-        let conf = store.path().join("nats.conf");
-        let body = format!(
-            "listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: \"{}\"\n}}\n{extra_config}\n",
-            store.path().join("js").display()
-        );
-        std::fs::write(&conf, body).unwrap();
-        let mut child = Command::new(nats_server_bin())
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start nats-server ({}): {e}; run `cargo xtask test` or set NATS_SERVER_BIN",
-                    nats_server_bin().display()
-                )
-            });
-        // Wait until the server says it is ready (or the port accepts connections).
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent && line.contains("Server is ready") {
-                    let _ = tx.send(());
-                    sent = true;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if rx.try_recv().is_ok() {
-                break;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("nats-server exited early: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not become ready on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+    /// The provisioner's `features` switched on in this mode.
+    pub fn features(self) -> &'static [&'static str] {
+        match self {
+            Mode::Plain => &["jwt"],
+            Mode::Pki => &["jwt", "pki"],
+            Mode::Ed25519 => &["jwt", "ed25519"],
         }
-        child
-    }
-
-    /// The port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `nats://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// Kill the server and start it again on the same port and store (a broker restart).
-    pub fn restart(&mut self) {
-        self.stop();
-        self.child = Self::spawn_child(self.port, &self.store, &self.extra_config);
-    }
-
-    /// Stop the server now.
-    pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.stop();
+impl std::str::FromStr for Mode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "plain" | "jwt" => Ok(Mode::Plain),
+            "pki" => Ok(Mode::Pki),
+            "ed25519" => Ok(Mode::Ed25519),
+            other => Err(Error::Failed(format!(
+                "unknown mode {other:?}: plain, pki or ed25519"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Poll `f` every `every` until it returns true or `timeout` passes; whether it did.
+pub fn wait_until(timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(every);
     }
 }
 

@@ -1,0 +1,158 @@
+//! [`ProcessGuard`]: a child process that is stopped when its guard drops, so an error or a
+//! failed assertion leaves nothing running.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{IoContext, Result};
+
+/// A running child process, stopped on drop: SIGTERM, then SIGKILL after the drop grace (3 s
+/// unless [`ProcessGuard::drop_grace`] says otherwise; zero kills at once). Started with
+/// [`ProcessGuard::spawn_group`] it leads a process group of its own and every signal goes to
+/// the whole group (its helpers and other children included).
+#[derive(Debug)]
+pub struct ProcessGuard {
+    name: String,
+    /// The process.
+    pub child: Child,
+    group: bool,
+    grace: Duration,
+    detached: bool,
+}
+
+impl ProcessGuard {
+    /// Spawn `cmd` in this process's group (a terminal's Ctrl-C reaches it too), naming it for
+    /// messages.
+    pub fn spawn(name: impl Into<String>, cmd: &mut Command) -> Result<Self> {
+        Self::start(name.into(), cmd, false)
+    }
+
+    /// Spawn `cmd` as the leader of a new process group; signals reach the whole group.
+    pub fn spawn_group(name: impl Into<String>, cmd: &mut Command) -> Result<Self> {
+        cmd.process_group(0);
+        Self::start(name.into(), cmd, true)
+    }
+
+    fn start(name: String, cmd: &mut Command, group: bool) -> Result<Self> {
+        let child = cmd
+            .spawn()
+            .ctx(|| format!("cannot start {name}: {cmd:?}"))?;
+        Ok(ProcessGuard {
+            name,
+            child,
+            group,
+            grace: Duration::from_secs(3),
+            detached: false,
+        })
+    }
+
+    /// How long a drop waits after SIGTERM before SIGKILL (zero: SIGKILL at once).
+    pub fn drop_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Its name in messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its exit status, when it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Send a signal by name (`TERM`, `INT`, `KILL`, `STOP`...) to the process, or to its group
+    /// when it leads one; whether `kill` accepted it.
+    pub fn signal(&self, sig: &str) -> bool {
+        signal(self.pid(), self.group, sig)
+    }
+
+    /// Wait up to `timeout` for it to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.exited() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Ask it to stop with SIGTERM and wait up to `grace` before killing it.
+    pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        if let Some(st) = self.exited() {
+            return Some(st);
+        }
+        if !grace.is_zero() {
+            self.signal("TERM");
+            if let Some(st) = self.wait_exit(grace) {
+                return Some(st);
+            }
+            eprintln!("{} did not stop within {grace:?}, killing it", self.name);
+        }
+        self.kill()
+    }
+
+    /// Kill it (and its group) now and reap it.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
+        if self.group {
+            self.signal("KILL");
+        }
+        let _ = self.child.kill();
+        self.child.wait().ok()
+    }
+
+    /// Leave the process running after the guard is gone; returns its pid.
+    pub fn detach(mut self) -> u32 {
+        self.detached = true;
+        self.pid()
+    }
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        if !self.detached {
+            let grace = self.grace;
+            self.terminate(grace);
+        }
+    }
+}
+
+/// Send `sig` to `pid`, or to the process group it leads when `group`; whether `kill` accepted.
+pub fn signal(pid: u32, group: bool, sig: &str) -> bool {
+    let target = if group {
+        format!("-{pid}")
+    } else {
+        pid.to_string()
+    };
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg("--")
+        .arg(target)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether a process is alive: it has a /proc entry that is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}

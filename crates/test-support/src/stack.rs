@@ -1,0 +1,187 @@
+//! A local provisioning run from the workspace's binaries: the binaries built by cargo, the
+//! run's signer and CA (made by `choria-demo-helper`), the provisioner's files, and the fleet
+//! simulator as a process. `cargo xtask demo` and `bench` and the fault suite run on it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::provisioner::ProvisionerConfig;
+use crate::{Error, IoContext, Mode, Result};
+
+/// Run `cmd`, failing with its name and standard error when it exits non-zero; its standard
+/// output.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().ctx(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        return Err(Error::Failed(format!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Build the provisioner, the fleet simulator and the demo helper (`release` for benchmarks)
+/// and return the directory holding them.
+pub fn build_binaries(release: bool) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(crate::workspace_root())
+        .args(["build", "--quiet"]);
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.args(["-p", "choria-provisioner", "-p", "choria-fleet-sim"])
+        .args(["-p", "choria-demo-helper"]);
+    let status = cmd.status().ctx(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        return Err(Error::Failed(format!("{cmd:?} failed: {status}")));
+    }
+    let profile = if release { "release" } else { "debug" };
+    Ok(crate::workspace_root().join("target").join(profile))
+}
+
+/// A new ed25519 signer in `dir` (`signer.seed`, `signer.pub`, made by the demo helper); returns
+/// its public key in hex.
+pub fn init_signer(bins: &Path, dir: &Path) -> Result<String> {
+    crate::mkdir(dir)?;
+    let out = run(Command::new(bins.join("choria-demo-helper"))
+        .arg("init-signer")
+        .arg(dir))?;
+    Ok(out.trim().to_string())
+}
+
+/// Options of a run's provisioner.
+pub struct ProvisionerOptions<'a> {
+    /// The enrollment mode (decides the features).
+    pub mode: Mode,
+    /// Workers.
+    pub workers: usize,
+    /// The helper command line.
+    pub helper: &'a str,
+    /// The broker URL.
+    pub broker: &'a str,
+    /// Identity; names the files.
+    pub identity: &'a str,
+    /// `leader_election`.
+    pub leader_election: bool,
+    /// More top-level YAML.
+    pub extra_yaml: &'a str,
+}
+
+/// The files of one run: signer, CA, configurations.
+pub struct RunFiles {
+    /// The ed25519 seed signing provisioning JWTs (and server JWTs in ed25519 mode).
+    pub signer_seed: PathBuf,
+    /// Its public key, hex.
+    pub signer_pub: String,
+    /// The CA certificate the demo helper signs CSRs with.
+    pub ca_cert: PathBuf,
+    /// Its key.
+    pub ca_key: PathBuf,
+    /// The provisioner's YAML.
+    pub provisioner_yaml: PathBuf,
+    /// The provisioner's Choria configuration.
+    pub choria_cfg: PathBuf,
+    /// The provisioner's monitoring port.
+    pub monitor_port: u16,
+    /// The provisioning token.
+    pub token: String,
+}
+
+/// Write the signer, CA and both configuration files for a run into `dir`.
+pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -> Result<RunFiles> {
+    crate::mkdir(dir)?;
+    let signer_pub = init_signer(bins, dir)?;
+    run(Command::new(bins.join("choria-demo-helper"))
+        .arg("init-ca")
+        .arg(dir)
+        .stdout(Stdio::null()))?;
+    let token = "s3cret-demo-token";
+    let mut cfg =
+        ProvisionerConfig::new(opts.identity, opts.broker, opts.helper, token, &signer_pub);
+    cfg.workers = opts.workers;
+    cfg.logfile = Some(dir.join(format!("{}.log", opts.identity)));
+    cfg.loglevel = "info".into();
+    cfg.site = "local".into();
+    cfg.leader_election = opts.leader_election;
+    cfg.features = opts.mode.features().iter().map(|f| f.to_string()).collect();
+    if opts.mode == Mode::Ed25519 {
+        cfg.jwt_signing_key = Some(dir.join("signer.seed"));
+    }
+    cfg.extra_yaml = format!(
+        "cert_deny_list:\n  - \"\\\\.privileged\\\\.choria$\"\n{}",
+        opts.extra_yaml
+    );
+    let (provisioner_yaml, choria_cfg) = cfg.write(dir)?;
+    Ok(RunFiles {
+        signer_seed: dir.join("signer.seed"),
+        signer_pub,
+        ca_cert: dir.join("ca.pem"),
+        ca_key: dir.join("ca-key.pem"),
+        provisioner_yaml,
+        choria_cfg,
+        monitor_port: cfg.monitor_port,
+        token: token.into(),
+    })
+}
+
+impl RunFiles {
+    /// The fleet simulator's command for this run: broker, size, mode, token, identity prefix,
+    /// the provisioning-JWT signer and, in ed25519 mode, the issuer key server JWTs are checked
+    /// against; its progress goes to `log`. Callers add the run's own switches.
+    pub fn fleet_sim(
+        &self,
+        bins: &Path,
+        url: &str,
+        nodes: usize,
+        mode: Mode,
+        prefix: &str,
+        log: &Path,
+    ) -> Result<Command> {
+        let log = std::fs::File::create(log).ctx(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(bins.join("choria-fleet-sim"));
+        cmd.args(["--broker", url, "--nodes", &nodes.to_string()])
+            .args(["--mode", mode.name()])
+            .args(["--token", &self.token, "--identity-prefix", prefix])
+            .arg("--provisioning-signer")
+            .arg(&self.signer_seed)
+            .stdout(Stdio::null())
+            .stderr(log);
+        if mode == Mode::Ed25519 {
+            cmd.args(["--issuer-public", &self.signer_pub]);
+        }
+        Ok(cmd)
+    }
+
+    /// `program run --config <yaml> --choria-config <cfg>` for this run (the provisioner, or a
+    /// compatible one given by path).
+    pub fn provisioner_command(&self, program: &Path) -> Command {
+        crate::provisioner::ProvisionerProcess::command(
+            program,
+            &["run".into()],
+            &self.provisioner_yaml,
+            &self.choria_cfg,
+        )
+    }
+
+    /// The environment the demo helper reads (brokers, CA, issuer), set on the provisioner so
+    /// its helper inherits it.
+    pub fn helper_env<'c>(&self, cmd: &'c mut Command, url: &str) -> &'c mut Command {
+        cmd.env("CHORIA_BROKERS", url)
+            .env("CHORIA_CA_CERT", &self.ca_cert)
+            .env("CHORIA_CA_KEY", &self.ca_key)
+            .env("CHORIA_ISSUER", &self.signer_pub)
+    }
+}
+
+/// The last `fleet-sim:` summary line of a simulator log.
+pub fn sim_summary(log: &Path) -> Option<String> {
+    std::fs::read_to_string(log)
+        .ok()?
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("fleet-sim:"))
+        .map(str::to_string)
+}
