@@ -1,10 +1,10 @@
 //! Against the real thing: a go-choria broker and go-choria servers in provisioning mode,
-//! started by `xtask peers env` (the Choria test peer built from go-choria by `cargo xtask test`).
-//! Our discovery finds them, our `rpcutil#inventory` and `choria_provision#jwt` requests get
-//! their real replies, and a real server's startup lifecycle event parses.
+//! started by test-support's Go environment (the Choria test peer built from go-choria by
+//! `cargo xtask test` or `cargo xtask peers`). Our discovery finds them, our `rpcutil#inventory`
+//! and `choria_provision#jwt` requests get their real replies, and a real server's startup
+//! lifecycle event parses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -12,75 +12,45 @@ use std::time::Duration;
 use choria_rpc_client::config::ChoriaConfig;
 use choria_rpc_client::lifecycle::EventFormat;
 use choria_rpc_client::rpc::{RpcClient, RpcErrorKind};
+use test_support::go_env::{self, EnvOptions, GoEnv};
+use test_support::Mode;
 
-/// A running `peers env`, stopped on drop.
+/// A running Go environment in a temporary directory, stopped on drop.
 struct PeerEnv {
-    dir: tempfile::TempDir,
-    facts: HashMap<String, String>,
-}
-
-fn xtask_bin() -> PathBuf {
-    let bin = test_support::workspace_root().join("target/debug/xtask");
-    assert!(
-        bin.exists(),
-        "{} is missing: run the tests through `cargo xtask test`, which builds it and the Choria peer",
-        bin.display()
-    );
-    bin
+    env: GoEnv,
+    _dir: tempfile::TempDir,
 }
 
 impl PeerEnv {
     fn start(servers: usize) -> Self {
+        let choria = go_env::require_choria_bin();
         let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(xtask_bin())
-            .args(["peers", "env", "--dir"])
-            .arg(dir.path())
-            .args(["--servers", &servers.to_string(), "--mode", "plain"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "peers env failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let facts = std::fs::read_to_string(dir.path().join("env.conf"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split_once(" = "))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        PeerEnv { dir, facts }
+        let opts = EnvOptions {
+            dir: dir.path().to_path_buf(),
+            servers,
+            mode: Mode::Plain,
+            wait: true,
+        };
+        let env = GoEnv::start(&choria, &opts)
+            .unwrap_or_else(|e| panic!("the go-choria environment did not start: {e}"));
+        PeerEnv { env, _dir: dir }
     }
 
     fn get(&self, k: &str) -> &str {
-        self.facts
+        self.env
             .get(k)
             .unwrap_or_else(|| panic!("env.conf has no {k}"))
     }
 
     fn servers(&self) -> Vec<String> {
-        self.get("servers").split(',').map(str::to_string).collect()
+        self.env.identities.clone()
     }
 
     /// The pid of a process the environment started, by name.
     fn pid_of(&self, name: &str) -> u32 {
-        std::fs::read_to_string(self.dir.path().join("pids"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split_once(' '))
-            .find(|(_, n)| *n == name)
-            .map(|(p, _)| p.parse().unwrap())
-            .unwrap_or_else(|| panic!("no process {name} in the pids file"))
-    }
-}
-
-impl Drop for PeerEnv {
-    fn drop(&mut self) {
-        let _ = Command::new(xtask_bin())
-            .args(["peers", "stop", "--dir"])
-            .arg(self.dir.path())
-            .output();
+        self.env
+            .pid_of(name)
+            .unwrap_or_else(|| panic!("no process {name} in the environment"))
     }
 }
 
