@@ -1,8 +1,30 @@
 //! The monitoring HTTP server: `/metrics`, `/healthz` and `/readyz`.
+//!
+//! The listener is exposed to whoever can reach the port, so it is bounded:
+//!
+//! - a client must send its whole request head within [`HEADER_READ_TIMEOUT`] of the connection
+//!   being ready for one (at connect, and again after every response on a kept-alive connection),
+//!   so a slowloris client or a silent connection is closed after 5 seconds;
+//! - a connection that has not started a request for [`IDLE_TIMEOUT`] is closed, whatever state
+//!   it is in (a client that stopped reading its response, a body that never ends), and no
+//!   connection lives longer than [`MAX_CONNECTION_AGE`] (it is closed gracefully, then dropped);
+//! - at most [`MAX_CONNECTIONS`] connections are open. A new connection over the cap closes the
+//!   oldest connection that is not being answered, so a flood of idle connections cannot keep a
+//!   scraper out; when every connection is being answered the new one is closed at once;
+//! - an `accept` error (out of file descriptors, say) is not retried in a spin: the loop sleeps
+//!   from 10 ms doubling to 1 s while the errors go on, and logs at most one line a second.
+//!
+//! An unspecified IPv6 address (`[::]`, what an empty `monitor_address` means) is bound with
+//! `IPV6_V6ONLY` off, so IPv4 and IPv6 clients both reach it as with Go's `:port`; a host without
+//! IPv6 gets `0.0.0.0` instead.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -11,11 +33,33 @@ use hyper::header::CONTENT_TYPE;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Metrics, Role};
+
+/// How long a client has to send a complete request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection that has not started a request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a connection is kept, however busy.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
+/// The most connections open at once, over every bound address.
+pub const MAX_CONNECTIONS: usize = 256;
+/// The first sleep after a failed `accept`.
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// The longest sleep between failing `accept`s.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// At most one log line per this interval for failing `accept`s.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(1);
+/// At most one log line per this interval for connections closed at the cap.
+const CAP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a new connection over the cap waits for the connection it displaced to be gone.
+const EVICT_WAIT: Duration = Duration::from_millis(250);
+/// The listen backlog.
+const BACKLOG: i32 = 1024;
 
 /// The monitoring server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -32,43 +76,350 @@ pub enum ServeError {
 
 /// Bind `addr` and serve the endpoints until `shutdown` is cancelled. Returns the bound address
 /// (useful with port 0) once listening; the server runs in a spawned task.
+///
+/// `[::]` (the unspecified IPv6 address) listens on every interface for IPv4 and IPv6 clients
+/// alike, or on `0.0.0.0` when the host has no IPv6; the address returned says which.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<SocketAddr, ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = serve_all(&[addr], metrics, shutdown).await?;
+    Ok(bound.first().copied().unwrap_or(addr))
+}
+
+/// [`serve`] on several addresses at once, sharing one connection cap. Either every address is
+/// bound or none is served; returns the bound addresses in the same order.
+pub async fn serve_all(
+    addrs: &[SocketAddr],
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<Vec<SocketAddr>, ServeError> {
+    let mut listeners = Vec::with_capacity(addrs.len());
+    for &addr in addrs {
+        listeners.push(bind(addr)?);
+    }
+    let shared = Arc::new(Shared {
+        metrics,
+        shutdown,
+        slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        open: Mutex::new(BTreeMap::new()),
+        next_id: AtomicU64::new(0),
+        displaced: Mutex::new(LogLimiter::new(CAP_LOG_INTERVAL)),
+    });
+    let mut bound = Vec::with_capacity(listeners.len());
+    for (listener, local) in listeners {
+        bound.push(local);
+        tokio::spawn(accept_loop(listener, local, Arc::clone(&shared)));
+    }
+    Ok(bound)
+}
+
+/// Binds one address; `[::]` dual-stack, falling back to `0.0.0.0` without IPv6.
+fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let dual_stack = matches!(addr, SocketAddr::V6(a) if a.ip().is_unspecified());
+    let listener = match listen(addr, dual_stack) {
+        Ok(l) => l,
+        // Without IPv6 the socket cannot be made or the address is not available; a port in
+        // use or not permitted would fail the same way on IPv4, so that is reported as it is.
+        Err(e)
+            if dual_stack
+                && !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::AddrInUse | std::io::ErrorKind::PermissionDenied
+                ) =>
+        {
+            let v4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), addr.port());
+            tracing::info!("monitoring: cannot listen on {addr} ({e}), using {v4} (IPv4 only)");
+            listen(v4, false).map_err(|source| ServeError::Bind { addr: v4, source })?
+        }
+        Err(source) => return Err(ServeError::Bind { addr, source }),
+    };
     let local = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                a = listener.accept() => a,
-            };
-            let (stream, _) = match accepted {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("monitoring accept failed: {e}");
-                    continue;
-                }
-            };
-            let metrics = Arc::clone(&metrics);
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| respond(req, Arc::clone(&metrics)));
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    r = conn => if let Err(e) = r { tracing::debug!("monitoring connection: {e}") },
-                }
-            });
+    Ok((listener, local))
+}
+
+fn listen(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if dual_stack {
+        socket.set_only_v6(false)?;
+    }
+    // As tokio's own bind: a restarted provisioner can bind while old connections linger.
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// What every accept loop and connection of one server shares.
+struct Shared {
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    /// One permit per open connection, held by its task until the socket is closed.
+    slots: Arc<Semaphore>,
+    /// The open connections by age (ids grow), to pick one to close at the cap.
+    open: Mutex<BTreeMap<u64, OpenConn>>,
+    next_id: AtomicU64,
+    displaced: Mutex<LogLimiter>,
+}
+
+struct OpenConn {
+    close: CancellationToken,
+    /// Requests being answered now.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Shared {
+    /// Closes the oldest connection that is not being answered; false when every one is.
+    fn displace_oldest_idle(&self) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let victim = open
+            .iter()
+            .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| open.remove(&id)) {
+            Some(c) => {
+                c.close.cancel();
+                true
+            }
+            None => false,
         }
-    });
-    Ok(local)
+    }
+
+    fn note_at_cap(&self, displaced: bool) {
+        let mut l = self.displaced.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = l.hit(Instant::now()) {
+            let what = if displaced {
+                "closed the oldest idle connection for a new one"
+            } else {
+                "refused a new connection, every open one being answered"
+            };
+            tracing::warn!(
+                "monitoring: at the limit of {MAX_CONNECTIONS} open connections, {what} \
+                 ({n} connection(s) closed at the limit since the last report); something is \
+                 holding connections open"
+            );
+        }
+    }
+
+    fn deregister(&self, id: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.remove(&id);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Shared>) {
+    let mut backoff = Backoff::new();
+    let mut errors = LogLimiter::new(ACCEPT_LOG_INTERVAL);
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => {
+                backoff.reset();
+                s
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                if let Some(n) = errors.hit(Instant::now()) {
+                    tracing::warn!(
+                        "monitoring: accepting a connection on {local} failed: {e} \
+                         ({n} failure(s) since the last report; retrying in {delay:?}, backing \
+                         off up to {ACCEPT_BACKOFF_MAX:?})"
+                    );
+                }
+                tokio::select! {
+                    _ = shared.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => continue,
+                }
+            }
+        };
+        let permit = match Arc::clone(&shared.slots).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let displaced = shared.displace_oldest_idle();
+                shared.note_at_cap(displaced);
+                let wait =
+                    tokio::time::timeout(EVICT_WAIT, Arc::clone(&shared.slots).acquire_owned());
+                let got = tokio::select! {
+                    _ = shared.shutdown.cancelled() => return,
+                    r = wait => r,
+                };
+                match got {
+                    Ok(Ok(p)) => p,
+                    // Still full (or closed): this connection is dropped, closing it.
+                    _ => continue,
+                }
+            }
+        };
+        tokio::spawn(connection(Arc::clone(&shared), stream, permit));
+    }
+}
+
+/// Removes a connection from the open table when its task ends.
+struct Registered<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.shared.deregister(self.id);
+    }
+}
+
+/// Counts a request as being answered while alive.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn new(n: &Arc<AtomicUsize>) -> Self {
+        n.fetch_add(1, Ordering::AcqRel);
+        Busy(Arc::clone(n))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn connection(shared: Arc<Shared>, stream: TcpStream, _permit: OwnedSemaphorePermit) {
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let close = CancellationToken::new();
+    let busy = Arc::new(AtomicUsize::new(0));
+    {
+        let mut open = shared.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.insert(
+            id,
+            OpenConn {
+                close: close.clone(),
+                busy: Arc::clone(&busy),
+            },
+        );
+    }
+    let _registered = Registered {
+        shared: &shared,
+        id,
+    };
+    let born = tokio::time::Instant::now();
+    // Milliseconds after `born` at which the latest request started.
+    let last_request = Arc::new(AtomicU64::new(0));
+    let svc = {
+        let metrics = Arc::clone(&shared.metrics);
+        let busy = Arc::clone(&busy);
+        let last_request = Arc::clone(&last_request);
+        service_fn(move |req| {
+            let guard = Busy::new(&busy);
+            let since = u64::try_from(born.elapsed().as_millis()).unwrap_or(u64::MAX);
+            last_request.store(since, Ordering::Release);
+            let metrics = Arc::clone(&metrics);
+            async move {
+                let r = respond(req, metrics).await;
+                drop(guard);
+                r
+            }
+        })
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), svc));
+    let mut closing_at: Option<tokio::time::Instant> = None;
+    loop {
+        let idle_at =
+            born + Duration::from_millis(last_request.load(Ordering::Acquire)) + IDLE_TIMEOUT;
+        let end_at = closing_at.unwrap_or(born + MAX_CONNECTION_AGE);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!("monitoring connection: {e}");
+                }
+                return;
+            }
+            _ = close.cancelled() => return,
+            _ = shared.shutdown.cancelled() => return,
+            _ = tokio::time::sleep_until(idle_at) => {
+                let started = Duration::from_millis(last_request.load(Ordering::Acquire));
+                if born + started + IDLE_TIMEOUT <= tokio::time::Instant::now() {
+                    tracing::debug!("monitoring connection: no request for {IDLE_TIMEOUT:?}, closed");
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(end_at) => {
+                if closing_at.is_some() {
+                    return;
+                }
+                // Finish the request in flight, if any, then close; dropped if that stalls.
+                conn.as_mut().graceful_shutdown();
+                closing_at = Some(tokio::time::Instant::now() + HEADER_READ_TIMEOUT);
+            }
+        }
+    }
+}
+
+/// The sleep schedule after consecutive failed `accept`s: [`ACCEPT_BACKOFF_MIN`] doubling up to
+/// [`ACCEPT_BACKOFF_MAX`], back to the start after a success.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff {
+            next: ACCEPT_BACKOFF_MIN,
+        }
+    }
+
+    /// The sleep before the next try.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(ACCEPT_BACKOFF_MAX);
+        d
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = ACCEPT_BACKOFF_MIN;
+    }
+}
+
+/// Lets one log line through per interval and counts the events in between.
+#[derive(Debug)]
+pub(crate) struct LogLimiter {
+    interval: Duration,
+    last: Option<Instant>,
+    pending: u64,
+}
+
+impl LogLimiter {
+    pub(crate) fn new(interval: Duration) -> Self {
+        LogLimiter {
+            interval,
+            last: None,
+            pending: 0,
+        }
+    }
+
+    /// Counts one event; `Some(n)` when a line may be logged now, `n` counting this event and
+    /// every one held back since the last line.
+    pub(crate) fn hit(&mut self, now: Instant) -> Option<u64> {
+        self.pending = self.pending.saturating_add(1);
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < self.interval => None,
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.pending))
+            }
+        }
+    }
 }
 
 async fn respond(
@@ -117,5 +468,42 @@ async fn respond(
             }
         }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_backoff_doubles_from_10ms_to_1s_and_restarts_after_a_success() {
+        let mut b = Backoff::new();
+        let ms: Vec<u128> = (0..10).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(ms, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(10));
+        // A minute of failures costs about seventy tries, not millions.
+        let mut b = Backoff::new();
+        let mut t = Duration::ZERO;
+        let mut tries = 0;
+        while t < Duration::from_secs(60) {
+            t += b.next_delay();
+            tries += 1;
+        }
+        assert!(tries < 70, "{tries} tries in a minute");
+    }
+
+    #[test]
+    fn log_limiter_lets_one_line_through_per_interval_and_counts_the_rest() {
+        let mut l = LogLimiter::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(l.hit(t0), Some(1));
+        for i in 1..=999u64 {
+            assert_eq!(l.hit(t0 + Duration::from_micros(i)), None);
+        }
+        assert_eq!(l.hit(t0 + Duration::from_millis(999)), None);
+        assert_eq!(l.hit(t0 + Duration::from_secs(1)), Some(1001));
+        assert_eq!(l.hit(t0 + Duration::from_millis(1500)), None);
+        assert_eq!(l.hit(t0 + Duration::from_secs(3)), Some(2));
     }
 }
