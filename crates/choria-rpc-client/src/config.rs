@@ -63,8 +63,8 @@ pub enum SecurityProvider {
 }
 
 /// The provisioner-side values applied over the Choria configuration, as the Go provisioner's
-/// `cmd/provisioner.go` does.
-#[derive(Debug, Clone, Default)]
+/// `cmd/provisioner.go` does. Its `Debug` redacts the password.
+#[derive(Clone, Default)]
 pub struct ProvisionerOverrides {
     /// `choria_insecure`: TLS off, requests unsigned, file provider.
     pub insecure: bool,
@@ -133,21 +133,119 @@ pub struct ChoriaConfig {
     pub raw: BTreeMap<String, String>,
 }
 
-impl std::fmt::Debug for ChoriaConfig {
-    // The NATS password must never reach a log line.
+impl std::fmt::Debug for ProvisionerOverrides {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ProvisionerOverrides {
+            insecure,
+            broker_provisioning_password,
+            loglevel,
+            logfile,
+            debug,
+        } = self;
+        f.debug_struct("ProvisionerOverrides")
+            .field("insecure", insecure)
+            .field(
+                "broker_provisioning_password",
+                &broker_provisioning_password.as_ref().map(|_| REDACTED),
+            )
+            .field("loglevel", loglevel)
+            .field("logfile", logfile)
+            .field("debug", debug)
+            .finish()
+    }
+}
+
+/// What a secret shows as in `Debug` output.
+const REDACTED: &str = "<redacted>";
+
+/// Whether the value of the configuration key `key` is a secret itself (a password, a token or
+/// a seed written inline) rather than a setting or a file name: its last dotted part names a
+/// password, secret, token, seed or JWT and does not end in `file`.
+fn secret_key(key: &str) -> bool {
+    let last = key.rsplit('.').next().unwrap_or(key).to_ascii_lowercase();
+    ["pass", "secret", "token", "seed", "jwt"]
+        .iter()
+        .any(|w| last.contains(w))
+        && !last.ends_with("file")
+}
+
+/// `raw` for `Debug`: every key, the values of secret keys redacted.
+struct RedactedRaw<'a>(&'a BTreeMap<String, String>);
+
+impl std::fmt::Debug for RedactedRaw<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| {
+                let v: &dyn std::fmt::Debug = if secret_key(k) && !v.is_empty() {
+                    &REDACTED
+                } else {
+                    v
+                };
+                (k, v)
+            }))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ChoriaConfig {
+    // The NATS password must never reach a log line: it is redacted, and so is every secret
+    // value in `raw`. Every field by name, so a field added later must be listed here (and
+    // judged secret or not) for this to compile.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ChoriaConfig {
+            path,
+            identity,
+            collectives,
+            main_collective,
+            middleware_hosts,
+            security_provider,
+            file_certificate,
+            file_key,
+            file_ca,
+            choria_token_file,
+            choria_seed_file,
+            choria_ca,
+            choria_certificate,
+            choria_key,
+            nats_user,
+            nats_pass,
+            nats_credentials,
+            ttl,
+            discovery_timeout,
+            connect_timeout,
+            loglevel,
+            logfile,
+            disable_tls,
+            insecure,
+            raw,
+        } = self;
         f.debug_struct("ChoriaConfig")
-            .field("path", &self.path)
-            .field("identity", &self.identity)
-            .field("collectives", &self.collectives)
-            .field("main_collective", &self.main_collective)
-            .field("middleware_hosts", &self.middleware_hosts)
-            .field("security_provider", &self.security_provider)
-            .field("nats_user", &self.nats_user)
-            .field("nats_pass", &self.nats_pass.as_ref().map(|_| "<redacted>"))
-            .field("disable_tls", &self.disable_tls)
-            .field("insecure", &self.insecure)
-            .finish_non_exhaustive()
+            .field("path", path)
+            .field("identity", identity)
+            .field("collectives", collectives)
+            .field("main_collective", main_collective)
+            .field("middleware_hosts", middleware_hosts)
+            .field("security_provider", security_provider)
+            .field("file_certificate", file_certificate)
+            .field("file_key", file_key)
+            .field("file_ca", file_ca)
+            .field("choria_token_file", choria_token_file)
+            .field("choria_seed_file", choria_seed_file)
+            .field("choria_ca", choria_ca)
+            .field("choria_certificate", choria_certificate)
+            .field("choria_key", choria_key)
+            .field("nats_user", nats_user)
+            .field("nats_pass", &nats_pass.as_ref().map(|_| REDACTED))
+            .field("nats_credentials", nats_credentials)
+            .field("ttl", ttl)
+            .field("discovery_timeout", discovery_timeout)
+            .field("connect_timeout", connect_timeout)
+            .field("loglevel", loglevel)
+            .field("logfile", logfile)
+            .field("disable_tls", disable_tls)
+            .field("insecure", insecure)
+            .field("raw", &RedactedRaw(raw))
+            .finish()
     }
 }
 
@@ -549,6 +647,50 @@ ttl = 120
             !format!("{c:?}").contains("a=b"),
             "password leaked into Debug"
         );
+    }
+
+    #[test]
+    fn debug_redacts_every_password_token_and_seed_and_shows_the_rest() {
+        let mut c = ChoriaConfig::parse_str(
+            "identity = prov.example.net\n\
+             plugin.nats.user = alice\n\
+             plugin.nats.pass = nats-5b0c3e-secret\n\
+             plugin.choria.network.system.password = sys-91f0aa-secret\n\
+             plugin.security.choria.token_file = /etc/p/signer.jwt\n\
+             plugin.security.choria.seed_file = /etc/p/signer.seed\n\
+             plugin.security.provisioning.token = tok-2d44e1-secret\n",
+        )
+        .unwrap();
+        let text = format!("{c:?}");
+        for secret in ["nats-5b0c3e", "sys-91f0aa", "tok-2d44e1"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        for shown in [
+            "prov.example.net",
+            "alice",
+            "/etc/p/signer.jwt",
+            "/etc/p/signer.seed",
+            "plugin.nats.pass",
+            "<redacted>",
+        ] {
+            assert!(text.contains(shown), "{shown} missing from {text}");
+        }
+        let o = ProvisionerOverrides {
+            broker_provisioning_password: Some("prov-6a7c1d-secret".into()),
+            loglevel: Some("warn".into()),
+            ..Default::default()
+        };
+        let text = format!("{o:?} {o:#?}");
+        assert!(!text.contains("prov-6a7c1d"), "{text}");
+        assert!(
+            text.contains("<redacted>") && text.contains("warn"),
+            "{text}"
+        );
+        // The override lands in nats_pass, which is redacted too.
+        c.apply_provisioner_overrides(&o);
+        let text = format!("{c:#?}");
+        assert!(!text.contains("prov-6a7c1d"), "{text}");
+        assert!(!text.contains("nats-5b0c3e"), "{text}");
     }
 
     #[test]

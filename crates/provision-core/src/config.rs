@@ -47,8 +47,9 @@ pub struct Features {
     pub upgrades: bool,
 }
 
-/// The validated configuration.
-#[derive(Debug, Clone)]
+/// The validated configuration. Its `Debug` shows `token` and `broker_provisioning_password`
+/// as `<redacted>`.
+#[derive(Clone)]
 pub struct Config {
     /// Concurrent provisioning workers (the CPU count when configured as 0).
     pub workers: usize,
@@ -109,6 +110,85 @@ pub struct Config {
     pub monitor_address: String,
     /// The file this was loaded from.
     pub file: PathBuf,
+}
+
+/// Shows a secret as `<redacted>` when set and `""` when empty, so a dump says whether it is set.
+fn redacted(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        ""
+    } else {
+        "<redacted>"
+    }
+}
+
+impl std::fmt::Debug for Config {
+    // Every field by name, so a field added later must be listed here (and judged secret or
+    // not) for this to compile.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Config {
+            workers,
+            work_queue_size,
+            interval,
+            logfile,
+            loglevel,
+            helper,
+            token,
+            lifecycle_component,
+            choria_insecure,
+            site,
+            monitor_port,
+            broker_provisioning_password,
+            cert_deny_list,
+            deny_list,
+            jwt_verify_cert,
+            jwt_signing_key,
+            jwt_signing_token,
+            server_jwt_validity,
+            leader_election,
+            upgrades_repository,
+            upgrades_optional,
+            features,
+            identity_pattern,
+            identity_rule,
+            csr_extra_dns_names,
+            csr_extra_dns_rule,
+            monitor_address,
+            file,
+        } = self;
+        f.debug_struct("Config")
+            .field("workers", workers)
+            .field("work_queue_size", work_queue_size)
+            .field("interval", interval)
+            .field("logfile", logfile)
+            .field("loglevel", loglevel)
+            .field("helper", helper)
+            .field("token", &redacted(token))
+            .field("lifecycle_component", lifecycle_component)
+            .field("choria_insecure", choria_insecure)
+            .field("site", site)
+            .field("monitor_port", monitor_port)
+            .field(
+                "broker_provisioning_password",
+                &redacted(broker_provisioning_password),
+            )
+            .field("cert_deny_list", cert_deny_list)
+            .field("deny_list", deny_list)
+            .field("jwt_verify_cert", jwt_verify_cert)
+            .field("jwt_signing_key", jwt_signing_key)
+            .field("jwt_signing_token", jwt_signing_token)
+            .field("server_jwt_validity", server_jwt_validity)
+            .field("leader_election", leader_election)
+            .field("upgrades_repository", upgrades_repository)
+            .field("upgrades_optional", upgrades_optional)
+            .field("features", features)
+            .field("identity_pattern", identity_pattern)
+            .field("identity_rule", identity_rule)
+            .field("csr_extra_dns_names", csr_extra_dns_names)
+            .field("csr_extra_dns_rule", csr_extra_dns_rule)
+            .field("monitor_address", monitor_address)
+            .field("file", file)
+            .finish()
+    }
 }
 
 /// A configuration problem that does not stop the provisioner; the binary logs these.
@@ -755,6 +835,43 @@ impl PauseState {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_redacts_the_token_and_the_broker_password_and_shows_the_rest() {
+        let loaded = Config::from_yaml(
+            "token: tok-8c1f2e-secret\nbroker_provisioning_password: pw-77d0a9-secret\n\
+             site: lon\nhelper: /usr/bin/helper\nmonitor_address: 127.0.0.1\n",
+            "/etc/choria/provisioner.yaml",
+        )
+        .unwrap();
+        let c = loaded.config;
+        for text in [
+            format!("{c:?}"),
+            format!("{c:#?}"),
+            format!("{:?}", Some(&c)),
+        ] {
+            assert!(!text.contains("tok-8c1f2e"), "token in {text}");
+            assert!(!text.contains("pw-77d0a9"), "password in {text}");
+            assert!(text.contains("token: \"<redacted>\""), "{text}");
+            assert!(
+                text.contains("broker_provisioning_password: \"<redacted>\""),
+                "{text}"
+            );
+            for shown in [
+                "\"lon\"",
+                "/usr/bin/helper",
+                "127.0.0.1",
+                "provision_mode_server",
+            ] {
+                assert!(text.contains(shown), "{shown} missing from {text}");
+            }
+        }
+        // An unset secret shows as empty, so a dump still says whether it is set.
+        let c = load("site: lon\n").unwrap().config;
+        let text = format!("{c:?}");
+        assert!(text.contains("token: \"\""), "{text}");
+        assert!(!text.contains("<redacted>"), "{text}");
+    }
 
     fn load(yaml: &str) -> Result<Loaded, ConfigError> {
         Config::from_yaml(yaml, "/etc/choria/provisioner.yaml")
