@@ -141,6 +141,34 @@ pub struct TlsSettings {
 }
 
 impl ConnectionSettings {
+    /// What [`connect`] refuses before trying the network: a broker URL that is not a NATS
+    /// address, or a credentials file.
+    pub fn validate(&self) -> Result<(), ConnectionError> {
+        self.server_addrs().map(|_| ())
+    }
+
+    fn server_addrs(&self) -> Result<Vec<ServerAddr>, ConnectionError> {
+        let addrs = self
+            .urls
+            .iter()
+            .map(|u| {
+                u.parse::<ServerAddr>()
+                    .map_err(|e| ConnectionError::InvalidUrl {
+                        url: u.clone(),
+                        reason: e.to_string(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        if let Some(path) = &self.credentials {
+            // Credentials files need nonce signing with nkeys, which this build does not
+            // include.
+            return Err(ConnectionError::CredentialsUnsupported {
+                path: path.display().to_string(),
+            });
+        }
+        Ok(addrs)
+    }
+
     /// Settings for a configuration: TLS from the file provider's (or choria provider's)
     /// files unless TLS is disabled, NATS user and password, name = identity.
     pub fn from_config(cfg: &ChoriaConfig) -> Result<Self, ConnectionError> {
@@ -198,23 +226,7 @@ pub fn reconnect_delay(attempt: usize) -> Duration {
 /// Open the shared connection. The initial connect fails with an error; once connected, the
 /// client reconnects forever, logging every disconnect and reconnect.
 pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client, ConnectionError> {
-    let addrs: Vec<ServerAddr> = settings
-        .urls
-        .iter()
-        .map(|u| {
-            u.parse::<ServerAddr>()
-                .map_err(|e| ConnectionError::InvalidUrl {
-                    url: u.clone(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect::<Result<_, _>>()?;
-    if let Some(path) = &settings.credentials {
-        // Credentials files need nonce signing with nkeys, which this build does not include.
-        return Err(ConnectionError::CredentialsUnsupported {
-            path: path.display().to_string(),
-        });
-    }
+    let addrs = settings.server_addrs()?;
     let mut opts = ConnectOptions::new();
     let name = settings.name.clone();
     opts = opts
@@ -302,5 +314,46 @@ pub async fn connect_with_retry(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn settings(urls: &[&str]) -> ConnectionSettings {
+        ConnectionSettings {
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            name: "p1".into(),
+            user_password: None,
+            token: None,
+            jwt_auth: None,
+            credentials: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(1),
+            inbox_prefix: "provisioning.reply".into(),
+        }
+    }
+
+    #[test]
+    fn validate_refuses_what_connect_would_before_the_network() {
+        settings(&["nats://broker.example.net:4222", "tls://b2:4222"])
+            .validate()
+            .unwrap();
+        let err = settings(&["nats://broker.example.net:notaport"])
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(err, ConnectionError::InvalidUrl { ref url, .. } if url.ends_with("notaport")),
+            "{err}"
+        );
+        let mut creds = settings(&["nats://b:4222"]);
+        creds.credentials = Some("/etc/p.creds".into());
+        let err = creds.validate().unwrap_err();
+        assert!(
+            matches!(err, ConnectionError::CredentialsUnsupported { .. }),
+            "{err}"
+        );
     }
 }
