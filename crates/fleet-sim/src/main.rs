@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use choria_fleet_sim::config::{parse_duration, parse_share, Faults};
-use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
+use choria_fleet_sim::crypto::JwtSigner;
 use choria_fleet_sim::{Fleet, FleetConfig, Mode, ProvisioningJwt};
 use choria_rpc_client::protocol::ProtocolVersion;
 use clap::Parser;
@@ -172,7 +172,7 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
     cfg.issuer_public = cli
         .issuer_public
         .as_deref()
-        .map(JwtVerifier::from_hex_or_file)
+        .map(choria_fleet_sim::crypto::verifier_from_hex_or_file)
         .transpose()
         .context("invalid --issuer-public")?;
     cfg.identity_prefix = cli.identity_prefix.clone();

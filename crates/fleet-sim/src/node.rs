@@ -665,7 +665,7 @@ impl Node {
                     identity,
                     env.faults.bad_csr_signature,
                 ) {
-                    crypto::break_pem_signature(&csr).unwrap_or(csr)
+                    choria_crypto::pem::break_signature(&csr).unwrap_or(csr)
                 } else {
                     csr
                 };
@@ -1095,7 +1095,7 @@ impl Node {
 
 fn cert_spki(cert_pem: &str) -> Option<Vec<u8>> {
     use der::Encode as _;
-    let cert = crypto::certificate_from_pem(cert_pem).ok()?;
+    let cert = choria_crypto::pem::certificate(cert_pem).ok()?;
     cert.tbs_certificate.subject_public_key_info.to_der().ok()
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aes::cipher::{block_padding::Pkcs7, BlockEncryptMut as _, KeyIvInit as _};
 use choria_fleet_sim::config::{is_affected, FaultKind};
-use choria_fleet_sim::crypto::{self, JwtSigner, JwtVerifier, TrustPath};
+use choria_fleet_sim::crypto::{self, JwtSigner, TrustPath};
 use choria_fleet_sim::{Fleet, Mode, Phase};
 use choria_rpc_client::lifecycle::{EventFormat, LifecycleEvent};
 use choria_rpc_client::mcorpc::StatusCode;
@@ -53,7 +53,10 @@ fn encrypt_legacy_pem(der: &[u8], password: &[u8]) -> String {
             &format!("AES-256-CBC,{}", hex::encode_upper(iv)),
         )
         .unwrap();
-    crypto::pem_lf(&p)
+    pem::encode_config(
+        &p,
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
 }
 
 /// A server JWT issued through a chain issuer, as the Go provisioner does with
@@ -82,7 +85,7 @@ fn chain_server_jwt(org: &ed25519_dalek::SigningKey, identity: &str, public_key:
         "iat": t,
         "jti": jti,
     });
-    JwtSigner::Ed25519(Box::new(signer)).sign(&claims).unwrap()
+    JwtSigner::ed25519(signer).sign(&claims).unwrap()
 }
 
 #[tokio::test]
@@ -296,8 +299,9 @@ async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
     cfg.provisioning_jwt = choria_fleet_sim::ProvisioningJwt::Sign(
         JwtSigner::from_key_data(common::read("prov-signer-key.pem").as_bytes()).unwrap(),
     );
-    cfg.issuer_public =
-        Some(JwtVerifier::from_public_data(&hex::encode(org.verifying_key().as_bytes())).unwrap());
+    cfg.issuer_public = Some(
+        crypto::verifier_from_public_data(&hex::encode(org.verifying_key().as_bytes())).unwrap(),
+    );
     let fleet = Fleet::start(cfg).await.unwrap();
     let id = fleet.identities()[0].clone();
     let client = Client::v1(&nats.url(), "prov").await;
@@ -322,7 +326,7 @@ async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
 
     // jwt: an RS256 provisioning token the Go provisioner can verify, and an ECDH key.
     let r = client.rpc(&id, "jwt", json!({"token": TOKEN})).await;
-    let verifier = JwtVerifier::from_public_data(&common::read("prov-signer.pem")).unwrap();
+    let verifier = crypto::verifier_from_public_data(&common::read("prov-signer.pem")).unwrap();
     let claims = crypto::verify_jwt(r.data["jwt"].as_str().unwrap(), &verifier, now()).unwrap();
     assert_eq!(claims["cht"], TOKEN);
     assert_eq!(claims["chu"], nats.url());

@@ -69,11 +69,15 @@
 pub mod config;
 pub mod fleet;
 pub mod identity;
-pub mod jwt;
 pub mod keyenc;
 pub mod policy;
 pub mod provision;
 pub mod rpc;
+
+pub use choria_crypto;
+/// The JWT primitives, re-exported from [`choria_crypto`] (the binary and the key material use
+/// this path).
+pub use choria_crypto::jwt;
 
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, PauseState};
 pub use fleet::{AddResult, Fleet, Source};

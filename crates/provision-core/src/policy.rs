@@ -4,16 +4,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use der::{Decode, Encode};
+use choria_crypto::csr::{self, CsrError};
 use helper_protocol::{ProvisioningClaims, ServerClaims, StandardClaims};
 use regex::Regex;
-use rsa::pkcs8::DecodePublicKey;
-use rsa::{Pkcs1v15Sign, RsaPublicKey};
-use sha2::{Digest, Sha256, Sha384, Sha512};
-use x509_cert::request::{CertReq, ExtensionReq};
 
 use crate::identity::{escaped, IdentityError, IdentityRule};
 use crate::jwt::{self, JwtError, SigningKey, VerifyingKey};
+
+pub use choria_crypto::csr::CsrNames;
 
 /// The purpose claim of provisioning tokens.
 pub const PROVISIONING_PURPOSE: &str = "choria_provisioning";
@@ -225,54 +223,15 @@ pub fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyErro
 }
 
 /// Checks a `gen25519` reply: the signature over the nonce's ASCII text must verify with the
-/// returned key. Unlike the Go code a key of the wrong length is an error, not a crash.
+/// returned key ([`choria_crypto::nonce::verify_nonce_signature`]). Unlike the Go code a key of
+/// the wrong length is an error, not a crash.
 pub fn verify_nonce_signature(
     nonce: &str,
     public_key_hex: &str,
     signature_hex: &str,
 ) -> Result<(), PolicyError> {
-    if public_key_hex.is_empty() {
-        return Err(PolicyError::Nonce("no public key received"));
-    }
-    if signature_hex.is_empty() {
-        return Err(PolicyError::Nonce("no signature received"));
-    }
-    let pk = hex::decode(public_key_hex)
-        .map_err(|_| PolicyError::Nonce("invalid public key received"))?;
-    let sig = hex::decode(signature_hex).map_err(|_| PolicyError::Nonce("invalid signature"))?;
-    let pk: [u8; 32] = pk
-        .try_into()
-        .map_err(|_| PolicyError::Nonce("invalid public key received: wrong length"))?;
-    let vk = ed25519_dalek::VerifyingKey::from_bytes(&pk)
-        .map_err(|_| PolicyError::Nonce("invalid public key received"))?;
-    let sig = ed25519_dalek::Signature::from_slice(&sig)
-        .map_err(|_| PolicyError::Nonce("invalid nonce signature"))?;
-    vk.verify_strict(nonce.as_bytes(), &sig)
-        .map_err(|_| PolicyError::Nonce("invalid nonce signature"))
-}
-
-const OID_CN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.4.3");
-const OID_SAN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.29.17");
-const OID_SHA1_RSA: der::asn1::ObjectIdentifier =
-    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.5");
-const OID_SHA256_RSA: der::asn1::ObjectIdentifier =
-    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
-const OID_SHA384_RSA: der::asn1::ObjectIdentifier =
-    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.12");
-const OID_SHA512_RSA: der::asn1::ObjectIdentifier =
-    der::asn1::ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.13");
-
-/// The names found in a CSR.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CsrNames {
-    /// The subject common name.
-    pub common_name: String,
-    /// How many common names the subject holds (one is accepted).
-    pub common_names: usize,
-    /// The DNS subject alternative names.
-    pub dns_names: Vec<String>,
-    /// Every other subject alternative name, as (kind, value).
-    pub other_names: Vec<(&'static str, String)>,
+    choria_crypto::nonce::verify_nonce_signature(nonce, public_key_hex, signature_hex)
+        .map_err(|e| PolicyError::Nonce(e.message()))
 }
 
 /// What a node's CSR is held to: the deny list, the identity rule, and the DNS names allowed
@@ -313,9 +272,9 @@ pub fn validate_csr(
     if csr_pem.trim().is_empty() {
         return Err(PolicyError::NoCsr);
     }
-    let req = csr_from_pem(csr_pem.trim())?;
-    verify_csr_signature(&req)?;
-    let names = csr_names(&req)?;
+    let req = csr::from_pem(csr_pem.trim()).map_err(csr_error)?;
+    csr::verify_signature(&req).map_err(csr_error)?;
+    let names = csr::names(&req).map_err(csr_error)?;
     check_csr_names(&names, identity, policy)?;
     Ok(names)
 }
@@ -378,130 +337,11 @@ pub fn check_csr_names(
     Ok(())
 }
 
-/// Decodes the PEM armour first and the DER from a slice: `der`'s streaming PEM reader loops
-/// forever on DER that ends inside a header, and a node chooses these bytes.
-fn csr_from_pem(text: &str) -> Result<CertReq, PolicyError> {
-    let (label, der) =
-        der::pem::decode_vec(text.as_bytes()).map_err(|e| PolicyError::CsrParse(e.to_string()))?;
-    if label != "CERTIFICATE REQUEST" {
-        return Err(PolicyError::CsrParse(format!(
-            "PEM type label {label:?} is not CERTIFICATE REQUEST"
-        )));
+fn csr_error(e: CsrError) -> PolicyError {
+    match e {
+        CsrError::Parse(why) => PolicyError::CsrParse(why),
+        CsrError::Signature(why) => PolicyError::CsrSignature(why),
     }
-    CertReq::from_der(&der).map_err(|e| PolicyError::CsrParse(e.to_string()))
-}
-
-fn verify_csr_signature(req: &CertReq) -> Result<(), PolicyError> {
-    let spki = req
-        .info
-        .public_key
-        .to_der()
-        .map_err(|e| PolicyError::CsrParse(e.to_string()))?;
-    let key = RsaPublicKey::from_public_key_der(&spki)
-        .map_err(|e| PolicyError::CsrSignature(format!("unsupported public key: {e}")))?;
-    let info = req
-        .info
-        .to_der()
-        .map_err(|e| PolicyError::CsrParse(e.to_string()))?;
-    let sig = req
-        .signature
-        .as_bytes()
-        .ok_or_else(|| PolicyError::CsrSignature("signature has unused bits".into()))?;
-    let oid = req.algorithm.oid;
-    let res = if oid == OID_SHA256_RSA {
-        key.verify(Pkcs1v15Sign::new::<Sha256>(), &Sha256::digest(&info), sig)
-    } else if oid == OID_SHA384_RSA {
-        key.verify(Pkcs1v15Sign::new::<Sha384>(), &Sha384::digest(&info), sig)
-    } else if oid == OID_SHA512_RSA {
-        key.verify(Pkcs1v15Sign::new::<Sha512>(), &Sha512::digest(&info), sig)
-    } else if oid == OID_SHA1_RSA {
-        return Err(PolicyError::CsrSignature(
-            "SHA-1 signatures are not accepted".into(),
-        ));
-    } else {
-        return Err(PolicyError::CsrSignature(format!(
-            "unsupported signature algorithm {oid}"
-        )));
-    };
-    res.map_err(|e| PolicyError::CsrSignature(e.to_string()))
-}
-
-fn csr_names(req: &CertReq) -> Result<CsrNames, PolicyError> {
-    let mut common_name = String::new();
-    let mut common_names = 0;
-    for rdn in req.info.subject.0.iter() {
-        for atv in rdn.0.iter() {
-            if atv.oid == OID_CN {
-                common_names += 1;
-                common_name = any_string(&atv.value)
-                    .ok_or_else(|| PolicyError::CsrParse("common name is not a string".into()))?;
-            }
-        }
-    }
-    let mut dns_names = Vec::new();
-    let mut other_names = Vec::new();
-    for attr in req.info.attributes.iter() {
-        if attr.oid != <ExtensionReq as der::oid::AssociatedOid>::OID {
-            continue;
-        }
-        for v in attr.values.iter() {
-            let exts: ExtensionReq = v
-                .decode_as()
-                .map_err(|e| PolicyError::CsrParse(format!("bad extension request: {e}")))?;
-            for ext in exts.0.iter().filter(|e| e.extn_id == OID_SAN) {
-                let san = x509_cert::ext::pkix::SubjectAltName::from_der(ext.extn_value.as_bytes())
-                    .map_err(|e| {
-                        PolicyError::CsrParse(format!("bad subject alternative names: {e}"))
-                    })?;
-                use x509_cert::ext::pkix::name::GeneralName;
-                for gn in san.0 {
-                    match gn {
-                        GeneralName::DnsName(n) => dns_names.push(n.to_string()),
-                        GeneralName::IpAddress(ip) => {
-                            other_names.push(("IP", hex::encode(ip.as_bytes())))
-                        }
-                        GeneralName::UniformResourceIdentifier(u) => {
-                            other_names.push(("URI", u.to_string()))
-                        }
-                        GeneralName::Rfc822Name(m) => other_names.push(("email", m.to_string())),
-                        GeneralName::DirectoryName(_) => {
-                            other_names.push(("DirName", String::new()))
-                        }
-                        GeneralName::OtherName(o) => {
-                            other_names.push(("otherName", o.type_id.to_string()))
-                        }
-                        GeneralName::RegisteredId(o) => other_names.push(("RID", o.to_string())),
-                        GeneralName::EdiPartyName(_) => {
-                            other_names.push(("ediPartyName", String::new()))
-                        }
-                    }
-                }
-            }
-        }
-    }
-    Ok(CsrNames {
-        common_name,
-        common_names,
-        dns_names,
-        other_names,
-    })
-}
-
-fn any_string(v: &der::Any) -> Option<String> {
-    use der::asn1::{Ia5StringRef, PrintableStringRef, TeletexStringRef, Utf8StringRef};
-    if let Ok(s) = v.decode_as::<Utf8StringRef<'_>>() {
-        return Some(s.to_string());
-    }
-    if let Ok(s) = v.decode_as::<PrintableStringRef<'_>>() {
-        return Some(s.to_string());
-    }
-    if let Ok(s) = v.decode_as::<Ia5StringRef<'_>>() {
-        return Some(s.to_string());
-    }
-    if let Ok(s) = v.decode_as::<TeletexStringRef<'_>>() {
-        return Some(s.to_string());
-    }
-    None
 }
 
 /// Everything that goes into a server JWT.
@@ -614,7 +454,7 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
             expires_at: Some(req.now.saturating_add(validity)),
             not_before: Some(req.now),
             issued_at: Some(req.now),
-            id: jwt::ksuid(req.now),
+            id: choria_crypto::ksuid::ksuid(req.now),
             ..Default::default()
         },
     };

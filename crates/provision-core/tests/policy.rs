@@ -102,7 +102,7 @@ fn server_jwt_uses_the_collectives_from_the_configuration() {
     let until = claims.standard.expires_at.unwrap() - now();
     assert!((3598..=3601).contains(&until), "{until}");
     assert_eq!(
-        jwt::ksuid_time(&claims.standard.id),
+        choria_crypto::ksuid::ksuid_time(&claims.standard.id),
         claims.standard.issued_at
     );
     // Header as the tokens package writes it.
@@ -213,7 +213,7 @@ fn server_jwt_carries_chain_issuer_data_reread_for_every_node() {
     let seed = seed_file(dir.path(), prov_seed);
     let token_path = dir.path().join("client.jwt");
     let write_signer = |exp: i64| -> (String, String) {
-        let jti = jwt::ksuid(now());
+        let jti = choria_crypto::ksuid::ksuid(now());
         let prov_pk = hex::encode(prov.verifying_key().to_bytes());
         let tcs = hex::encode(
             issuer
@@ -273,7 +273,10 @@ fn server_jwt_carries_chain_issuer_data_reread_for_every_node() {
             .verifying_key()
             .verify_strict(format!("{jti}.{prov_pk}").as_bytes(), &isig)
             .unwrap();
-        assert_eq!(jwt::ksuid_time(&c.standard.id), c.standard.issued_at);
+        assert_eq!(
+            choria_crypto::ksuid::ksuid_time(&c.standard.id),
+            c.standard.issued_at
+        );
     }
 }
 
@@ -496,14 +499,17 @@ fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
     };
     assert!(v.status.success());
     let server_private = [21u8; 32];
-    let server_public = hex::encode(keyenc::ecdh_public(&server_private));
+    let server_public = hex::encode(choria_crypto::x25519::public_key(&server_private));
     // OpenSSL reads a password file up to the first newline, so pick a provisioner key whose
     // shared secret holds neither a newline nor a NUL.
     let (own, shared) = (1u8..=255)
         .map(|i| {
             (
                 [i; 32],
-                keyenc::ecdh_shared_secret(&server_private, &keyenc::ecdh_public(&[i; 32])),
+                choria_crypto::x25519::shared_secret(
+                    &server_private,
+                    &choria_crypto::x25519::public_key(&[i; 32]),
+                ),
             )
         })
         .find(|(_, s)| !s.contains(&b'\n') && !s.contains(&b'\r') && !s.contains(&0))

@@ -75,7 +75,7 @@ impl Signer {
 
     /// The fleet-side verifier of server JWTs.
     pub fn verifier(&self) -> JwtVerifier {
-        JwtVerifier::from_public_data(&self.public_hex).unwrap()
+        choria_fleet_sim::crypto::verifier_from_public_data(&self.public_hex).unwrap()
     }
 }
 

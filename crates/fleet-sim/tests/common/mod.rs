@@ -57,15 +57,14 @@ impl Client {
 
     /// A v2 client with a throwaway JWT (provisioning-mode v2 servers do not verify callers).
     pub async fn v2(url: &str, sender: &str) -> Client {
-        use base64::Engine as _;
-        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use choria_crypto::base64url;
         let jwt = format!(
             "{}.{}.{}",
-            b.encode(r#"{"alg":"EdDSA","typ":"JWT"}"#),
-            b.encode(format!(
+            base64url::encode(r#"{"alg":"EdDSA","typ":"JWT"}"#),
+            base64url::encode(format!(
                 r#"{{"callerid":"{sender}","purpose":"choria_client_id"}}"#
             )),
-            b.encode([0u8; 64])
+            base64url::encode([0u8; 64])
         );
         Client {
             nc: async_nats::connect(url).await.unwrap(),

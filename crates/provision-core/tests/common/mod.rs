@@ -50,7 +50,7 @@ pub fn provisioning_jwt(key: &ed25519_dalek::SigningKey, exp: i64, purpose: &str
             expires_at: Some(exp),
             not_before: Some(now() - 10),
             issued_at: Some(now() - 10),
-            id: jwt::ksuid(now() - 10),
+            id: choria_crypto::ksuid::ksuid(now() - 10),
             ..Default::default()
         },
         ..Default::default()
@@ -172,7 +172,7 @@ impl NodeRpc for FakeNode {
         let s = self.state.lock().unwrap();
         Ok(JwtReply {
             jwt: s.jwt.clone(),
-            ecdh_public: hex::encode(provision_core::keyenc::ecdh_public(&s.ecdh_secret)),
+            ecdh_public: hex::encode(choria_crypto::x25519::public_key(&s.ecdh_secret)),
         })
     }
 
