@@ -14,46 +14,30 @@ use anyhow::{bail, Context, Result};
 use crate::stack::{self, Mode, Proc, ProvisionerOptions};
 use crate::tools::root;
 
-struct Args {
+/// `cargo xtask bench` flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Simulated servers.
+    #[arg(long, default_value_t = 1000)]
     nodes: usize,
+    /// plain, pki or ed25519.
+    #[arg(long, default_value = "plain")]
     mode: Mode,
+    /// Provisioner workers.
+    #[arg(long, default_value_t = 64)]
     workers: usize,
+    /// Also run the Go provisioner on an identical fleet.
+    #[arg(long)]
     vs_go: bool,
+    /// The Go provisioner to run (implies --vs-go).
+    #[arg(long, value_name = "PATH")]
     go_bin: Option<PathBuf>,
+    /// Give up after this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 600)]
+    timeout: u64,
+    /// Instead: the memory of N nodes waiting behind a stuck helper.
+    #[arg(long, value_name = "N")]
     waiting: Option<usize>,
-    timeout: Duration,
-}
-
-fn parse(args: &[String]) -> Result<Args> {
-    let mut out = Args {
-        nodes: 1000,
-        mode: Mode::Plain,
-        workers: 0,
-        vs_go: false,
-        go_bin: None,
-        waiting: None,
-        timeout: Duration::from_secs(600),
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--nodes" => out.nodes = val()?.parse().context("--nodes")?,
-            "--mode" => out.mode = Mode::parse(val()?)?,
-            "--workers" => out.workers = val()?.parse().context("--workers")?,
-            "--timeout" => out.timeout = Duration::from_secs(val()?.parse().context("--timeout seconds")?),
-            "--vs-go" => out.vs_go = true,
-            "--waiting" => out.waiting = Some(val()?.parse().context("--waiting N")?),
-            "--go-bin" => {
-                out.go_bin = Some(PathBuf::from(val()?));
-                out.vs_go = true;
-            }
-            other => bail!(
-                "unknown bench flag {other:?} (--nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--go-bin PATH] [--timeout S] | --waiting N)"
-            ),
-        }
-    }
-    Ok(out)
 }
 
 /// What one contender achieved.
@@ -114,7 +98,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
     sim_cmd.args([
         "--exit-when-done",
         "--timeout",
-        &format!("{}s", args.timeout.as_secs()),
+        &format!("{}s", args.timeout),
         "--restart-delay",
         "0s",
     ]);
@@ -158,13 +142,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
     let wall = started.elapsed();
     let metrics = stack::scrape_all(files.monitor_port);
     prov.terminate(Duration::from_secs(10));
-    let sim_line = std::fs::read_to_string(&sim_log)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("fleet-sim:"))
-        .unwrap_or("")
-        .to_string();
+    let sim_line = test_support::stack::sim_summary(&sim_log).unwrap_or_default();
     let provisioned = sim_line
         .split_whitespace()
         .nth(1)
@@ -204,15 +182,14 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
 }
 
 /// Run the benchmark.
-pub fn main(args: &[String]) -> Result<()> {
-    let args = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
     eprintln!("bench: release build");
     let bins = stack::build_binaries(true)?;
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
     }
     let ours = contender(&args, &bins, None, "rust")?;
-    let go = if args.vs_go {
+    let go = if args.vs_go || args.go_bin.is_some() {
         let go_bin = match &args.go_bin {
             Some(p) => p.clone(),
             None => {

@@ -3,39 +3,27 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::stack::{self, Mode, Proc, ProvisionerOptions};
 use crate::tools::root;
 
-struct Args {
+/// `cargo xtask demo` flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Simulated servers.
+    #[arg(long, default_value_t = 48)]
     nodes: usize,
+    /// plain, pki or ed25519.
+    #[arg(long, default_value = "plain")]
     mode: Mode,
-    timeout: Duration,
-}
-
-fn parse(args: &[String]) -> Result<Args> {
-    let mut out = Args {
-        nodes: 48,
-        mode: Mode::Plain,
-        timeout: Duration::from_secs(180),
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--nodes" => out.nodes = val()?.parse().context("--nodes")?,
-            "--mode" => out.mode = Mode::parse(val()?)?,
-            "--timeout" => out.timeout = Duration::from_secs(val()?.parse().context("--timeout seconds")?),
-            other => bail!("unknown demo flag {other:?} (--nodes N, --mode plain|pki|ed25519, --timeout SECONDS)"),
-        }
-    }
-    Ok(out)
+    /// Give up after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 180)]
+    timeout: u64,
 }
 
 /// Run the demo.
-pub fn main(args: &[String]) -> Result<()> {
-    let args = parse(args)?;
+pub fn main(args: Args) -> Result<()> {
     eprintln!("demo: building the provisioner, the fleet simulator and the demo helper");
     let bins = stack::build_binaries(false)?;
     let dir = root().join("target/demo");
@@ -65,7 +53,7 @@ pub fn main(args: &[String]) -> Result<()> {
     sim_cmd.arg("--report").arg(&report).args([
         "--exit-when-done",
         "--timeout",
-        &format!("{}s", args.timeout.as_secs()),
+        &format!("{}s", args.timeout),
     ]);
     let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
     eprintln!(
@@ -118,13 +106,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let metrics = stack::scrape_all(files.monitor_port);
     let provisioned = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
     let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
-    let sim_line = std::fs::read_to_string(&sim_log)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("fleet-sim:"))
-        .unwrap_or("fleet-sim: (no summary)")
-        .to_string();
+    let sim_line = test_support::stack::sim_summary(&sim_log)
+        .unwrap_or_else(|| "fleet-sim: (no summary)".into());
     prov.terminate(Duration::from_secs(10));
     println!();
     println!("demo summary");

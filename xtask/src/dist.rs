@@ -20,16 +20,6 @@ const NAME: &str = "choria-provisioner";
 const HOMEPAGE: &str = "https://github.com/choria-io/provisioner-rs";
 const MAINTAINER_EMAIL: &str = "choria-provisioner@choria.io";
 
-pub(crate) const USAGE: &str = "usage: cargo xtask dist [--version X.Y.Z] [--release N] [--no-build] [--verify] [--install-test]
-
-  --version X.Y.Z   release version (default: the workspace version)
-  --release N       package release number (default 1)
-  --no-build        package the existing target/release/choria-provisioner
-  --verify          list and check every package's contents and metadata, systemd-analyze the unit
-  --install-test    (root, dpkg) install the .deb, run --version and check from it, then purge it
-
-Packages are written to target/dist/.";
-
 /// What the packages install, relative to `/`: path, mode, whether it is configuration.
 const LAYOUT: &[(&str, u32, bool)] = &[
     ("usr/sbin/choria-provisioner", 0o755, false),
@@ -80,6 +70,26 @@ const LAYOUT: &[(&str, u32, bool)] = &[
     ("usr/share/doc/choria-provisioner/copyright", 0o644, false),
 ];
 
+/// `cargo xtask dist`: release packages (tarball, RPM, Debian package) in target/dist/.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Release version (default: the workspace version).
+    #[arg(long, value_name = "X.Y.Z")]
+    version: Option<String>,
+    /// Package release number.
+    #[arg(long, value_name = "N", default_value = "1")]
+    release: String,
+    /// Package the existing target/release/choria-provisioner.
+    #[arg(long)]
+    no_build: bool,
+    /// List and check every package's contents and metadata, systemd-analyze the unit.
+    #[arg(long)]
+    verify: bool,
+    /// (root, dpkg) Install the .deb, run --version and check from it, then purge it.
+    #[arg(long)]
+    install_test: bool,
+}
+
 struct Options {
     version: String,
     release: String,
@@ -88,29 +98,17 @@ struct Options {
     install_test: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        version: workspace_version()?,
-        release: "1".into(),
-        build: true,
-        verify: false,
-        install_test: false,
+fn parse(args: Args) -> Result<Options> {
+    let o = Options {
+        version: match args.version {
+            Some(v) => v,
+            None => workspace_version()?,
+        },
+        release: args.release,
+        build: !args.no_build,
+        verify: args.verify,
+        install_test: args.install_test,
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--version" => o.version = it.next().context("--version needs a value")?.clone(),
-            "--release" => o.release = it.next().context("--release needs a value")?.clone(),
-            "--no-build" => o.build = false,
-            "--verify" => o.verify = true,
-            "--install-test" => o.install_test = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
     // RPM forbids '-' in versions and Debian wants a digit first: keep to what both accept.
     let ok_chars = o
         .version
@@ -134,7 +132,7 @@ fn parse(args: &[String]) -> Result<Options> {
 }
 
 /// `cargo xtask dist`.
-pub fn main(args: &[String]) -> Result<()> {
+pub fn main(args: Args) -> Result<()> {
     let o = parse(args)?;
     let root = root();
     let commit = git_commit(&root)?;

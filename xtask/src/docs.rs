@@ -23,14 +23,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::tools::root;
 
-/// `cargo xtask docs [--no-build]`: `--no-build` checks against the binaries already built and
-/// skips the documentation tests.
-pub fn main(args: &[String]) -> Result<()> {
-    let build = match args {
-        [] => true,
-        [a] if a == "--no-build" => false,
-        _ => bail!("usage: cargo xtask docs [--no-build]"),
-    };
+/// `cargo xtask docs [--no-build]`: without `build` it checks against the binaries already
+/// built and skips the documentation tests.
+pub fn main(build: bool) -> Result<()> {
     let root = root();
     let docs = root.join("docs");
     let pages = markdown_pages(&docs)?;
@@ -289,34 +284,30 @@ fn clap_cli(bin: &Path) -> Result<Option<Cli>> {
     Ok(Some(cli))
 }
 
-/// xtask's commands from its usage text, and `dist`'s flags from its own.
+/// xtask's commands and the flags each accepts, from its clap definition.
 fn xtask_cli() -> Cli {
+    use clap::CommandFactory;
     let mut cli = Cli::default();
-    let mut inside = false;
-    let mut last = String::new();
-    for line in crate::USAGE.lines() {
-        if line.trim() == "commands:" {
-            inside = true;
-            continue;
+    for sub in crate::Cli::command().get_subcommands() {
+        let mut flags: BTreeSet<String> = sub
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(|l| format!("--{l}"))
+            .collect();
+        flags.insert("--help".into());
+        for nested in sub.get_subcommands() {
+            flags.extend(
+                nested
+                    .get_arguments()
+                    .filter_map(|a| a.get_long())
+                    .map(|l| format!("--{l}")),
+            );
         }
-        if !inside {
-            continue;
-        }
-        // A command starts at two spaces of indentation; deeper lines continue the one above.
-        if line.starts_with("  ") && !line.starts_with("   ") {
-            if let Some(cmd) = line.split_whitespace().next() {
-                last = cmd.to_string();
-                cli.commands.insert(last.clone(), flags_in(line));
-            }
-        } else if let Some(flags) = cli.commands.get_mut(&last) {
-            flags.extend(flags_in(line));
-        }
+        cli.commands.insert(sub.get_name().to_string(), flags);
     }
-    if let Some(f) = cli.commands.get_mut("dist") {
-        f.extend(flags_in(crate::dist::USAGE));
-    }
-    if let Some(f) = cli.commands.get_mut("docs") {
-        f.insert("--no-build".to_string());
+    // The fault suite takes its own flags.
+    if let Some(f) = cli.commands.get_mut("faults") {
+        f.extend(["--list".to_string(), "--release".to_string()]);
     }
     cli
 }

@@ -12,70 +12,66 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use test_support::go_env::{self, EnvOptions, GoEnv};
+use test_support::{Mode, ProcessGuard};
 
-use crate::peers::choria_env::{self, EnvOptions, Mode};
-use crate::stack::Proc;
 use crate::tools::root;
 
 /// One interop scenario.
-struct Flow {
-    name: &'static str,
-    mode: Mode,
-    supply_key: bool,
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// x509, no CSR: the helper's configuration only.
+    Plain,
+    /// The servers' CSRs signed by the helper.
+    Pki,
+    /// ed25519 keys and server JWTs (protocol v2).
+    Ed25519,
+    /// The helper supplies the private key, encrypted for the server.
+    Key,
 }
 
-const FLOWS: &[Flow] = &[
-    Flow {
-        name: "plain",
-        mode: Mode::Plain,
-        supply_key: false,
-    },
-    Flow {
-        name: "pki",
-        mode: Mode::Pki,
-        supply_key: false,
-    },
-    Flow {
-        name: "ed25519",
-        mode: Mode::Ed25519,
-        supply_key: false,
-    },
-    Flow {
-        name: "key",
-        mode: Mode::Plain,
-        supply_key: true,
-    },
-];
+impl Flow {
+    const ALL: [Flow; 4] = [Flow::Plain, Flow::Pki, Flow::Ed25519, Flow::Key];
 
-/// Run the scenarios named in `args` (all when none).
-pub fn main(args: &[String]) -> Result<()> {
-    let servers = 5;
-    let wanted: Vec<&str> = args.iter().map(String::as_str).collect();
-    for w in &wanted {
-        if !FLOWS.iter().any(|f| f.name == *w) {
-            bail!("unknown interop flow {w:?}: plain, pki, ed25519 or key");
+    fn name(self) -> &'static str {
+        match self {
+            Flow::Plain => "plain",
+            Flow::Pki => "pki",
+            Flow::Ed25519 => "ed25519",
+            Flow::Key => "key",
         }
     }
+
+    fn mode(self) -> Mode {
+        match self {
+            Flow::Plain | Flow::Key => Mode::Plain,
+            Flow::Pki => Mode::Pki,
+            Flow::Ed25519 => Mode::Ed25519,
+        }
+    }
+}
+
+/// Run the flows in `wanted` (all when none).
+pub fn main(wanted: &[Flow]) -> Result<()> {
+    let servers = 5;
     crate::peers::build_choria()?;
-    let bins = crate::stack::build_binaries(false)?;
+    let bins = test_support::stack::build_binaries(false)?;
     let mut failed = Vec::new();
-    for flow in FLOWS
-        .iter()
-        .filter(|f| wanted.is_empty() || wanted.contains(&f.name))
+    for flow in Flow::ALL
+        .into_iter()
+        .filter(|f| wanted.is_empty() || wanted.contains(f))
     {
         let started = Instant::now();
-        let dir = root().join("target/interop").join(flow.name);
-        let result = run_flow(flow, &dir, &bins, servers);
-        let _ = choria_env::stop(&dir);
-        match result {
+        let dir = root().join("target/interop").join(flow.name());
+        match run_flow(flow, &dir, &bins, servers) {
             Ok(()) => eprintln!(
                 "interop: {}: {servers} real servers provisioned by choria-provisioner in {:.1}s",
-                flow.name,
+                flow.name(),
                 started.elapsed().as_secs_f64()
             ),
             Err(e) => {
-                eprintln!("interop: {}: FAILED: {e:#}", flow.name);
-                failed.push(flow.name);
+                eprintln!("interop: {}: FAILED: {e:#}", flow.name());
+                failed.push(flow.name());
             }
         }
     }
@@ -86,25 +82,21 @@ pub fn main(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn run_flow(flow: &Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
+fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
     if dir.exists() {
-        let _ = choria_env::stop(dir);
+        let _ = go_env::stop(dir);
         std::fs::remove_dir_all(dir).with_context(|| format!("cannot clean {}", dir.display()))?;
     }
-    let env = choria_env::start(
-        &crate::peers::choria_bin(),
-        &EnvOptions {
-            dir: dir.to_path_buf(),
-            servers,
-            mode: flow.mode,
-            wait: true,
-        },
-    )?;
-    let facts = choria_env::read_env(dir)?;
+    let opts = EnvOptions {
+        dir: dir.to_path_buf(),
+        servers,
+        mode: flow.mode(),
+        wait: true,
+    };
+    let env = GoEnv::start(&crate::peers::choria_bin(), &opts)?;
     let get = |k: &str| {
-        facts
-            .get(k)
-            .cloned()
+        env.get(k)
+            .map(str::to_string)
             .with_context(|| format!("env.conf has no {k}"))
     };
     let choria = PathBuf::from(get("choria")?);
@@ -113,16 +105,13 @@ fn run_flow(flow: &Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> 
     // Watch for the servers' `provisioned` events on the broker while we provision, in the
     // provisioning account where the servers publish them.
     let events_file = dir.join("provisioned-events.txt");
-    let mut watch_cmd = Command::new(&choria);
+    let mut watch_cmd = go_env::cli(&choria);
     watch_cmd
         .args(["tool", "event", "--type", "provisioned", "--config"])
         .arg(get("client_config")?)
         .stdout(std::fs::File::create(&events_file)?)
         .stderr(Stdio::null());
-    if std::env::var_os("USER").is_none_or(|u| u.is_empty()) {
-        watch_cmd.env("USER", "root");
-    }
-    let _watch = Proc::spawn("choria tool event", &mut watch_cmd)?;
+    let _watch = ProcessGuard::spawn("choria tool event", &mut watch_cmd)?;
     std::thread::sleep(Duration::from_millis(500));
 
     let out = std::fs::File::create(dir.join("choria-provisioner.out"))?;
@@ -134,10 +123,10 @@ fn run_flow(flow: &Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> 
         .arg(get("client_config")?)
         .stdout(out.try_clone()?)
         .stderr(out);
-    if flow.supply_key {
+    if flow == Flow::Key {
         prov_cmd.env("HELPER_SUPPLY_KEY", "1");
     }
-    let mut prov = Proc::spawn("choria-provisioner", &mut prov_cmd)?;
+    let mut prov = ProcessGuard::spawn("choria-provisioner", &mut prov_cmd)?;
 
     // Every server rewrites its configuration as the helper said.
     let server_dir = PathBuf::from(get("server_dir")?);
@@ -157,13 +146,13 @@ fn run_flow(flow: &Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> 
         std::thread::sleep(Duration::from_millis(250));
     }
     // ...and comes back up out of provisioning mode, answering in its new collective.
-    choria_env::wait_for_servers(&choria, &admin, &env.identities, Duration::from_secs(60))
+    go_env::wait_for_servers(&choria, &admin, &env.identities, Duration::from_secs(60))
         .context("provisioned servers do not answer in their new collective")?;
 
     // What the flow adds beyond the configuration file.
     for id in &env.identities {
         let node = server_dir.join(id);
-        match flow.mode {
+        match flow.mode() {
             Mode::Pki => {
                 for f in ["certificate.pem", "ca.pem", "private.pem"] {
                     let p = node.join("ssl").join(f);
@@ -179,7 +168,7 @@ fn run_flow(flow: &Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> 
                     }
                 }
             }
-            Mode::Plain if flow.supply_key => {
+            Mode::Plain if flow == Flow::Key => {
                 let given = std::fs::read_to_string(
                     dir.join("provisioner/keys").join(format!("{id}.pem")),
                 )?;

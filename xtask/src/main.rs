@@ -1,5 +1,7 @@
-//! `cargo xtask`: everything that is not `cargo build` — test set-up, demo, benchmarks, interop
-//! peers and packaging.
+//! `cargo xtask`: the build tool — the test set-up, the local demo and benchmark, the go-choria
+//! peers and the interop run with them, the fault suite's entry point, packaging and the
+//! documentation checks. Process-level harness code (brokers, processes, metrics, the Go
+//! environment) lives in `test-support`.
 
 mod bench;
 mod demo;
@@ -11,55 +13,114 @@ mod peers;
 mod stack;
 mod tools;
 
-use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::process::Command;
 
-const USAGE: &str = "usage: cargo xtask <command> [args]
+use anyhow::Result;
+use clap::{Parser, Subcommand};
 
-commands:
-  demo          a local broker, simulated fleet and provisioner, with live progress
-                [--nodes N] [--mode plain|pki|ed25519]
-  bench         provisioning throughput and cost (release builds), optionally beside the Go provisioner
-                --nodes N --mode plain|pki|ed25519 [--workers W] [--vs-go] [--go-bin PATH] [--timeout S]
-                | --waiting N
-  dist          release packages: tarball, RPM and Debian package
-  docs          check the documentation
-  test          install what the tests need (nats-server, the go-choria peer), then fmt check,
-                clippy and every test
-  faults        the fault-injection suite: lying nodes, failing helpers, broker and leader loss
-                [--list] [--release] [SCENARIO ...]
-  interop       our provisioner against real go-choria servers [plain|pki|ed25519|key ...]
-  peers         build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached
-  nats-server   install nats-server under target/tools/bin and print its path
-";
+/// cargo xtask: what is not `cargo build`.
+#[derive(Parser, Debug)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// A local broker, simulated fleet and provisioner, with live progress.
+    Demo(demo::Args),
+    /// Provisioning throughput and cost (release builds), optionally beside the Go provisioner.
+    Bench(bench::Args),
+    /// Release packages: tarball, RPM and Debian package.
+    Dist(dist::Args),
+    /// Check the documentation.
+    Docs {
+        /// Check against the binaries already built and skip the documentation tests.
+        #[arg(long)]
+        no_build: bool,
+    },
+    /// Install what the tests need (nats-server, the go-choria peer), then fmt check, clippy
+    /// and every test.
+    Test {
+        /// More arguments for `cargo test --workspace`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The fault-injection suite: lying nodes, failing helpers, broker and leader loss
+    /// ([--list] [--release] [SCENARIO ...]).
+    #[command(disable_help_flag = true)]
+    Faults {
+        /// --list, --release and scenario names, passed to the suite.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Our provisioner against real go-choria servers.
+    Interop {
+        /// The flows to run (all when none).
+        #[arg(value_enum)]
+        flows: Vec<interop::Flow>,
+    },
+    /// Build the Go test peers (go-choria server/broker/CLI, Go provisioner), cached; or run
+    /// a go-choria environment.
+    Peers {
+        #[command(subcommand)]
+        command: Option<peers::Cmd>,
+    },
+    /// Install nats-server under target/tools/bin and print its path.
+    NatsServer,
+}
 
 fn main() {
-    if let Err(e) = run() {
+    if let Err(e) = run(Cli::parse()) {
         eprintln!("xtask: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let cmd = args.next().unwrap_or_default();
-    let rest: Vec<String> = args.collect();
-    match cmd.as_str() {
-        "test" => tools::test(&rest),
-        "demo" => demo::main(&rest),
-        "bench" => bench::main(&rest),
-        "dist" => dist::main(&rest),
-        "interop" => interop::main(&rest),
-        "faults" => faults::main(&rest),
-        "docs" => docs::main(&rest),
-        "peers" => peers::main(&rest),
-        "nats-server" => {
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Test { args } => test(&args),
+        Cmd::Demo(args) => demo::main(args),
+        Cmd::Bench(args) => bench::main(args),
+        Cmd::Dist(args) => dist::main(args),
+        Cmd::Interop { flows } => interop::main(&flows),
+        Cmd::Faults { args } => faults::main(&args),
+        Cmd::Docs { no_build } => docs::main(!no_build),
+        Cmd::Peers { command } => peers::main(command.unwrap_or(peers::Cmd::Build)),
+        Cmd::NatsServer => {
             println!("{}", tools::ensure_nats_server()?.display());
             Ok(())
         }
-        "" | "help" | "--help" | "-h" => {
-            print!("{USAGE}");
-            Ok(())
-        }
-        other => bail!("unknown command {other:?}\n{USAGE}"),
     }
+}
+
+/// `cargo xtask test`: the one test command.
+fn test(args: &[String]) -> Result<()> {
+    let nats: PathBuf = tools::ensure_nats_server()?;
+    eprintln!("xtask: using {}", nats.display());
+    // The interop tests talk to a real go-choria broker and servers: build that peer (cached).
+    peers::build_choria()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = tools::root();
+    let cargo = |args: &[&str]| {
+        let mut cmd = Command::new(&cargo);
+        cmd.current_dir(&root).args(args);
+        cmd
+    };
+    tools::run(&mut cargo(&["fmt", "--all", "--", "--check"]))?;
+    tools::run(&mut cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    tools::run(
+        cargo(&["test", "--workspace"])
+            .args(args)
+            .env("NATS_SERVER_BIN", &nats),
+    )
 }

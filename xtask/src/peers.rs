@@ -1,19 +1,20 @@
 //! Go test peers: a go-choria build (broker, server, CLI) and the Go provisioner, built once and
-//! cached under `target/peers/`, plus a real-Choria environment on loopback ports.
+//! cached under `target/peers/`, and the commands that run test-support's go-choria environment
+//! by hand.
 //!
-//! `cargo xtask peers build` builds both binaries into `target/peers/bin/` and skips a build when
-//! the binary exists and its stamp (a hash of the pinned inputs) has not changed.
+//! `cargo xtask peers [build]` builds both binaries into `target/peers/bin/` and skips a build
+//! when the binary exists and its stamp (a hash of the pinned inputs) has not changed.
 //! `cargo xtask peers env --dir DIR [--servers N] [--mode plain|pki|ed25519] [--no-wait]` starts a
-//! broker and N provisioning-mode servers; `cargo xtask peers stop --dir DIR` stops them.
-
-#[path = "choria_env.rs"]
-pub mod choria_env;
+//! broker and N provisioning-mode servers and leaves them running; `cargo xtask peers stop --dir
+//! DIR` stops them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use test_support::go_env::{self, EnvOptions, GoEnv};
+use test_support::Mode;
 
 use crate::tools::{root, run, which};
 
@@ -34,7 +35,7 @@ pub fn bin_dir() -> PathBuf {
 
 /// The Choria peer binary (broker, server and CLI in one).
 pub fn choria_bin() -> PathBuf {
-    bin_dir().join("choria")
+    go_env::choria_bin()
 }
 
 /// The Go provisioner binary.
@@ -43,48 +44,63 @@ pub fn provisioner_bin() -> PathBuf {
 }
 
 /// `cargo xtask peers ...`
-pub fn main(args: &[String]) -> Result<()> {
-    let (cmd, rest) = match args.split_first() {
-        Some((cmd, rest)) => (cmd.as_str(), rest),
-        None => ("help", &[][..]),
-    };
-    match cmd {
-        "build" => build(),
-        "env" => {
-            let opts = choria_env::EnvOptions::parse(rest)?;
-            build_choria()?;
-            let env = choria_env::start(&choria_bin(), &opts)?;
-            print!("{}", env.describe());
-            Ok(())
-        }
-        "selftest" => {
-            let dir = dir_arg(rest)?;
-            choria_env::selftest(&dir)
-        }
-        "stop" => {
-            let dir = dir_arg(rest)?;
-            choria_env::stop(&dir)
-        }
-        _ => {
-            eprintln!(
-                "usage: cargo xtask peers build\n       \
-                 cargo xtask peers env --dir DIR [--servers N] [--mode plain|pki|ed25519] [--no-wait]\n       \
-                 cargo xtask peers selftest --dir DIR\n       \
-                 cargo xtask peers stop --dir DIR"
-            );
-            if cmd == "help" {
-                Ok(())
-            } else {
-                bail!("peers: unknown command {cmd}")
-            }
-        }
-    }
+#[derive(clap::Subcommand, Debug)]
+pub enum Cmd {
+    /// Build the Choria peer and the Go provisioner (the default).
+    Build,
+    /// Start a go-choria broker and provisioning-mode servers in DIR and leave them running.
+    Env {
+        /// Directory for every file and log.
+        #[arg(long)]
+        dir: PathBuf,
+        /// How many servers.
+        #[arg(long, default_value_t = 3)]
+        servers: usize,
+        /// plain, pki or ed25519.
+        #[arg(long, default_value = "plain")]
+        mode: Mode,
+        /// Do not wait for the servers to answer.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Provision DIR's servers with the real CLI and the sample helper.
+    Selftest {
+        /// The environment's directory.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Stop everything `env` started in DIR.
+    Stop {
+        /// The environment's directory.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
-fn dir_arg(args: &[String]) -> Result<PathBuf> {
-    match args {
-        [flag, dir] if flag == "--dir" => Ok(PathBuf::from(dir)),
-        _ => bail!("peers: expected --dir DIR"),
+/// Run a `peers` command.
+pub fn main(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Build => build(),
+        Cmd::Env {
+            dir,
+            servers,
+            mode,
+            no_wait,
+        } => {
+            build_choria()?;
+            let opts = EnvOptions {
+                dir,
+                servers,
+                mode,
+                wait: !no_wait,
+            };
+            let env = GoEnv::start(&choria_bin(), &opts)?;
+            print!("{}", env.describe());
+            env.detach();
+            Ok(())
+        }
+        Cmd::Selftest { dir } => Ok(go_env::selftest(&dir)?),
+        Cmd::Stop { dir } => Ok(go_env::stop(&dir)?),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Tool installation and the test command.
+//! Tool installation and the helpers every command uses. Imports nothing from the rest of
+//! xtask.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -98,31 +99,4 @@ pub fn which(name: &str) -> Result<PathBuf> {
         }
     }
     bail!("{name} not found on PATH")
-}
-
-/// `cargo xtask test`: the one test command.
-pub fn test(args: &[String]) -> Result<()> {
-    let nats = ensure_nats_server()?;
-    eprintln!("xtask: using {}", nats.display());
-    // The interop tests talk to a real go-choria broker and servers: build that peer (cached).
-    crate::peers::build_choria()?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let root = root();
-    run(Command::new(&cargo)
-        .current_dir(&root)
-        .args(["fmt", "--all", "--", "--check"]))?;
-    run(Command::new(&cargo).current_dir(&root).args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    run(Command::new(&cargo)
-        .current_dir(&root)
-        .args(["test", "--workspace"])
-        .args(args)
-        .env("NATS_SERVER_BIN", &nats))?;
-    Ok(())
 }
