@@ -7,6 +7,8 @@
 mod check;
 mod cli;
 mod daemon;
+mod helper;
+mod keys;
 mod logging;
 mod node_rpc;
 

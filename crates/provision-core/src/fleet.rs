@@ -17,11 +17,15 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info};
 
+use crate::clock::Clock;
 use crate::identity::{escaped, IdentityError, LogSummary};
-use crate::provision::{Host, Outcome, Provisioner};
-use crate::rpc::{Clock, Helper, NodeRpc, Observer};
+use crate::observer::Observer;
+use crate::provision::{Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner};
+use crate::rpc::{Helper, NodeRpc};
 
 /// The work queue's default capacity ([`crate::config::DEFAULT_WORK_QUEUE_SIZE`]).
 pub const DEFAULT_QUEUE_CAPACITY: usize = crate::config::DEFAULT_WORK_QUEUE_SIZE;
@@ -76,6 +80,8 @@ struct Table {
     event_busy: usize,
     /// The event lane's turn comes next.
     event_turn: bool,
+    /// [`Fleet::drain`] has begun: nothing is queued or started any more.
+    draining: bool,
 }
 
 impl Table {
@@ -108,6 +114,27 @@ impl Table {
     }
 }
 
+/// One busy worker, counted (and the gauge set) until dropped, also when its cycle is abandoned
+/// at shutdown.
+struct Busy<'a, O: Observer> {
+    count: &'a AtomicUsize,
+    observer: &'a O,
+}
+
+impl<'a, O: Observer> Busy<'a, O> {
+    fn enter(count: &'a AtomicUsize, observer: &'a O) -> Self {
+        observer.busy_workers(count.fetch_add(1, Ordering::Relaxed) + 1);
+        Busy { count, observer }
+    }
+}
+
+impl<O: Observer> Drop for Busy<'_, O> {
+    fn drop(&mut self) {
+        self.observer
+            .busy_workers(self.count.fetch_sub(1, Ordering::Relaxed).saturating_sub(1));
+    }
+}
+
 /// What [`Fleet::add`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddResult {
@@ -119,6 +146,8 @@ pub enum AddResult {
     QueueFull,
     /// The identity is not valid; nothing is done for it.
     Refused(IdentityError),
+    /// Provisioning is paused (or the fleet is draining for shutdown): nothing is queued.
+    Paused,
 }
 
 /// The host table, the work queue and the workers that drain it.
@@ -128,6 +157,8 @@ pub struct Fleet<R, H, O, C> {
     wake: Notify,
     capacity: usize,
     busy: AtomicUsize,
+    /// The cycles in flight, one token each, taken with the node off the queue.
+    in_flight: TaskTracker,
     /// How many workers may be busy with announced-only nodes at once (half of them).
     event_workers: AtomicUsize,
     refusals: LogSummary,
@@ -149,6 +180,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             wake: Notify::new(),
             capacity,
             busy: AtomicUsize::new(0),
+            in_flight: TaskTracker::new(),
             event_workers: AtomicUsize::new(1),
             refusals: LogSummary::new("node identities refused"),
             full: LogSummary::new("nodes dropped from a full work queue"),
@@ -179,8 +211,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     /// announced node still waiting that discovery now finds moves to the discovery lane.
     ///
     /// An invalid identity is refused (counted by [`Observer::invalid_identity`], logged escaped
-    /// in a bounded summary) and never queued.
+    /// in a bounded summary) and never queued. Nothing is queued (or counted) while provisioning
+    /// is paused or the fleet is draining: [`AddResult::Paused`].
     pub fn add(&self, identity: &str, source: Source) -> AddResult {
+        if self.provisioner.pause_state().paused() {
+            debug!(
+                "ignoring \"{}\" from {} while paused",
+                escaped(identity),
+                source.label()
+            );
+            return AddResult::Paused;
+        }
         if let Err(why) = self.provisioner.config().identity_rule.check(identity) {
             self.provisioner.observer().invalid_identity();
             self.refusals.record(|| {
@@ -195,6 +236,9 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         let now = Instant::now();
         let interval = self.provisioner.config().interval;
         let mut t = self.lock();
+        if t.draining {
+            return AddResult::Paused;
+        }
         let mut promote = false;
         if let Some(e) = t.hosts.get(identity) {
             let known = match e.state {
@@ -283,13 +327,49 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     /// Forgets every node and empties the queue (on loss of leadership).
     pub fn clear(&self) {
         let mut t = self.lock();
+        Self::forget_all(&mut t);
+        self.report(&t);
+    }
+
+    fn forget_all(t: &mut Table) {
         t.hosts.clear();
         t.discovered.clear();
         t.announced.clear();
         t.hosts.shrink_to(1024);
         t.discovered.shrink_to(1024);
         t.announced.shrink_to(1024);
-        self.report(&t);
+    }
+
+    /// Nodes being provisioned right now.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Stops provisioning for shutdown and lets the nodes in flight finish: empties the queue
+    /// and the host table (from now on nothing is queued or started, [`Fleet::add`] answers
+    /// [`AddResult::Paused`]), then waits until every cycle in flight has ended, `grace` has
+    /// passed or `force` is cancelled, whichever comes first. Returns how many cycles were
+    /// still in flight; they end when the token given to [`Fleet::run`] is cancelled, and the
+    /// nodes are found again by a later discovery.
+    ///
+    /// Pausing instead would make every cycle in flight fail at its next step, which is an
+    /// abort rather than a drain.
+    pub async fn drain(&self, grace: Duration, force: &CancellationToken) -> usize {
+        {
+            let mut t = self.lock();
+            t.draining = true;
+            Self::forget_all(&mut t);
+            self.report(&t);
+        }
+        // Every node taken off the queue took its token under the table's lock, so once the
+        // queue is closed above the tracker counts every cycle that can still run.
+        self.in_flight.close();
+        tokio::select! {
+            _ = self.in_flight.wait() => {}
+            _ = tokio::time::sleep(grace) => {}
+            _ = force.cancelled() => {}
+        }
+        self.in_flight.len()
     }
 
     /// Nodes in the host table.
@@ -312,11 +392,34 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         self.lock().hosts.contains_key(identity)
     }
 
-    /// Takes the next current entry off the queue, marking it as being worked on; stale
-    /// entries (replaced or removed nodes) are skipped. The lanes take turns; the event lane is
-    /// skipped while half the workers are busy with announced-only nodes.
-    fn next(&self) -> Option<Host> {
+    /// Takes the next current entry off the queue, marking it as being worked on, with the
+    /// token that counts its cycle as in flight. Entries of replaced or removed nodes are
+    /// skipped; a node that has waited more than two intervals is dropped (counted as a failed
+    /// node and logged, as go-choria does) and found again by a later discovery. The lanes take
+    /// turns; the event lane is skipped while half the workers are busy with announced-only
+    /// nodes. Nothing is taken while draining.
+    fn next(&self) -> Option<(Host, TaskTrackerToken)> {
+        let mut stale = Vec::new();
+        let next = self.take_next(&mut stale);
+        let o = self.provisioner.observer();
+        for (identity, waited) in stale {
+            o.provision_error();
+            let e = ProvisionError {
+                identity,
+                kind: ProvisionErrorKind::Stale(waited),
+            };
+            error!("{e}");
+        }
+        next
+    }
+
+    fn take_next(&self, stale: &mut Vec<(Arc<str>, Duration)>) -> Option<(Host, TaskTrackerToken)> {
         let mut t = self.lock();
+        if t.draining {
+            return None;
+        }
+        let now = Instant::now();
+        let max_wait = self.provisioner.config().interval * 2;
         let event_workers = self.event_workers.load(Ordering::Relaxed);
         let order = if t.event_turn {
             [Source::Event, Source::Discovery]
@@ -335,13 +438,20 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 if e.generation != generation || e.state != State::Queued {
                     continue;
                 }
-                e.state = State::Working;
                 let added = e.added;
+                let waited = now.duration_since(added);
+                if waited > max_wait {
+                    t.hosts.remove(&id);
+                    stale.push((id, waited));
+                    continue;
+                }
+                e.state = State::Working;
                 if lane == Source::Event {
                     t.event_busy += 1;
                 }
                 self.report(&t);
-                return Some(Host::new(id, added).found_by(lane));
+                let token = self.in_flight.token();
+                return Some((Host::new(id, added).found_by(lane), token));
             }
         }
         self.report(&t);
@@ -392,11 +502,12 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         self.unanswered.flush();
     }
 
-    async fn work_one(&self, mut host: Host) {
+    /// Provisions `host`; `_in_flight` counts the cycle for [`Fleet::drain`] until it ends.
+    async fn work_one(&self, mut host: Host, _in_flight: TaskTrackerToken) {
         let o = self.provisioner.observer();
-        o.busy_workers(self.busy.fetch_add(1, Ordering::Relaxed) + 1);
+        let busy = Busy::enter(&self.busy, o);
         let res = self.provisioner.provision(&mut host).await;
-        o.busy_workers(self.busy.fetch_sub(1, Ordering::Relaxed).saturating_sub(1));
+        drop(busy);
         let id = host.identity();
         let source = host.source();
         let hold = match res {
@@ -445,7 +556,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 let mut pause = fleet.provisioner.pause_state().subscribe();
                 loop {
                     // While paused, nodes stay queued rather than failing one by one; those that
-                    // wait too long are dropped by the staleness check once provisioning resumes.
+                    // wait too long are dropped as they leave the queue once provisioning resumes.
                     if *pause.borrow_and_update() {
                         tokio::select! {
                             _ = pause.wait_for(|p| !*p) => {}
@@ -456,11 +567,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                     let notified = fleet.wake.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
-                    if let Some(host) = fleet.next() {
+                    if let Some((host, in_flight)) = fleet.next() {
                         // Another worker may be waiting too; pass the wake-up along.
                         fleet.wake.notify_one();
                         tokio::select! {
-                            _ = fleet.work_one(host) => {}
+                            _ = fleet.work_one(host, in_flight) => {}
                             _ = stop.cancelled() => return,
                         }
                         continue;

@@ -1,48 +1,52 @@
 //! The provisioning cycle of one node: fetch and check what the node presents, ask the helper,
 //! then upgrade, configure and restart it, each step gated by its feature and by the pause state.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use helper_protocol::{CsrReply, Ed25519Reply, HelperError, HelperInput, ProvisioningClaims};
-use rand::Rng;
+use helper_protocol::{
+    CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, ProvisioningClaims,
+};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::{Config, PauseState};
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
-use crate::jwt::VerifyingKey;
 use crate::keyenc::encrypt_private_key;
+use crate::keys::KeyMaterial;
+use crate::observer::Observer;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
-use crate::rpc::{
-    Action, Clock, ConfigureRequest, Helper, Inventory, NodeRpc, Observer, RpcError, RpcErrorKind,
-    SystemClock,
-};
+use crate::rpc::{Action, ConfigureRequest, Helper, Inventory, NodeRpc, RpcError, RpcErrorKind};
 
-/// Delays between tries of an RPC: go-choria's `FiveSec` policy, each step jittered to between
-/// half and one and a half times its value.
+/// Delays between tries of an RPC: a table of steps, the last repeated, each jittered to between
+/// half and one and a half times its value. The table is the caller's: the binary passes
+/// go-choria's `FiveSec` policy (`choria_rpc_client::election::backoff::FIVE_SEC`).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     steps: Vec<Duration>,
     jitter: bool,
 }
 
-impl Default for Backoff {
-    fn default() -> Self {
+impl Backoff {
+    /// Delays from `steps`, jittered when `jitter` is set.
+    pub fn from_steps(steps: &[Duration], jitter: bool) -> Self {
         Backoff {
-            steps: [
-                500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
-            ]
-            .into_iter()
-            .map(Duration::from_millis)
-            .collect(),
-            jitter: true,
+            steps: steps.to_vec(),
+            jitter,
         }
     }
-}
 
-impl Backoff {
+    /// Delays from a table in milliseconds (the form go-choria's tables are written in).
+    pub fn from_millis(millis: &[u64], jitter: bool) -> Self {
+        Backoff {
+            steps: millis.iter().copied().map(Duration::from_millis).collect(),
+            jitter,
+        }
+    }
+
     /// Fixed delays without jitter (for tests and embedders with their own pacing).
     pub fn fixed(steps: Vec<Duration>) -> Self {
         Backoff {
@@ -51,8 +55,8 @@ impl Backoff {
         }
     }
 
-    /// The delay after the failed try number `try_no` (1-based).
-    pub fn delay(&self, try_no: u32) -> Duration {
+    /// The delay after the failed try number `try_no` (1-based), jittered from `random`.
+    pub fn delay(&self, try_no: u32, random: &dyn Random) -> Duration {
         let Some(last) = self.steps.len().checked_sub(1) else {
             return Duration::ZERO;
         };
@@ -61,7 +65,7 @@ impl Backoff {
             return base;
         }
         let ms = base.as_millis() as u64;
-        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
+        Duration::from_millis(random.in_range(ms / 2, ms + ms / 2))
     }
 }
 
@@ -101,7 +105,8 @@ pub enum ProvisionErrorKind {
     /// (a real node is found again by discovery).
     #[error("did not answer its first request: {0}")]
     FirstContact(RpcError),
-    /// The node waited too long in the queue.
+    /// The node waited more than two intervals in the queue: decided by the work queue as the
+    /// node leaves it ([`crate::Fleet`]), before anything is sent to it.
     #[error("skipping node that has been waiting {0:?}")]
     Stale(Duration),
     /// Provisioning was paused before a step.
@@ -207,6 +212,11 @@ impl Host {
         self
     }
 
+    /// When the node was found (queued).
+    pub fn discovered(&self) -> Instant {
+        self.discovered
+    }
+
     /// How the node was found.
     pub fn source(&self) -> Source {
         self.source
@@ -228,9 +238,14 @@ impl Host {
     }
 }
 
-/// When the verification key file was last seen: modification time and size, `None` when
-/// there is no such file.
-type KeyStamp = Option<(Option<std::time::SystemTime>, u64)>;
+/// What enrolment produced for the `configure` request: the signed server JWT and the helper's
+/// private key encrypted for the node, each empty when not used.
+#[derive(Debug, Default)]
+struct Enrolment {
+    server_jwt: String,
+    key: String,
+    ecdh_public: String,
+}
 
 /// Runs the cycle for nodes; shared by every worker.
 pub struct Provisioner<R, H, O, C = SystemClock> {
@@ -240,13 +255,23 @@ pub struct Provisioner<R, H, O, C = SystemClock> {
     helper: H,
     observer: O,
     clock: C,
+    keys: Arc<dyn KeyMaterial>,
+    random: Arc<dyn Random>,
     backoff: Backoff,
-    verify_key_cache: std::sync::Mutex<Option<(KeyStamp, VerifyingKey)>>,
 }
 
 impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
-    /// A provisioner with the system clock and the default backoff.
-    pub fn new(config: Arc<Config>, pause: PauseState, rpc: R, helper: H, observer: O) -> Self {
+    /// A provisioner with the system clock and the system's entropy, asking `keys` for the key
+    /// material of every node and waiting `backoff` between the tries of an RPC.
+    pub fn new(
+        config: Arc<Config>,
+        pause: PauseState,
+        rpc: R,
+        helper: H,
+        observer: O,
+        keys: impl KeyMaterial,
+        backoff: Backoff,
+    ) -> Self {
         Provisioner {
             config,
             pause,
@@ -254,8 +279,9 @@ impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
             helper,
             observer,
             clock: SystemClock,
-            backoff: Backoff::default(),
-            verify_key_cache: std::sync::Mutex::new(None),
+            keys: Arc::new(keys),
+            random: Arc::new(SystemRandom),
+            backoff,
         }
     }
 }
@@ -270,9 +296,16 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             helper: self.helper,
             observer: self.observer,
             clock,
+            keys: self.keys,
+            random: self.random,
             backoff: self.backoff,
-            verify_key_cache: self.verify_key_cache,
         }
+    }
+
+    /// Replaces the source of nonces and jitter.
+    pub fn with_random(mut self, random: impl Random) -> Self {
+        self.random = Arc::new(random);
+        self
     }
 
     /// Replaces the delays between RPC tries.
@@ -364,7 +397,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                         return Err(ProvisionErrorKind::LockHeld(action));
                     }
                     lock_retried = true;
-                    let d = self.backoff.delay(1);
+                    let d = self.backoff.delay(1, &*self.random);
                     debug!(identity = %e.identity, action = label, "provisioning lock held, asking again once in {d:?}");
                     d
                 }
@@ -381,7 +414,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                         self.observer.rpc_error(label);
                         return Err(ProvisionErrorKind::Rpc(e));
                     }
-                    let d = self.backoff.delay(try_no);
+                    let d = self.backoff.delay(try_no, &*self.random);
                     try_no += 1;
                     d
                 }
@@ -390,41 +423,42 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
     }
 
-    /// The provisioning JWT verification key, parsed once and parsed again only when the file
-    /// named by `jwt_verify_cert` changes (so a rotated key takes effect without a restart).
-    fn verify_key(&self) -> Result<VerifyingKey, PolicyError> {
-        let name = &self.config.jwt_verify_cert;
-        let stamp = std::fs::metadata(name)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()));
-        if let Ok(cache) = self.verify_key_cache.lock() {
-            if let Some((s, k)) = cache.as_ref() {
-                if *s == stamp {
-                    return Ok(k.clone());
-                }
-            }
-        }
-        let data = policy::read_verify_cert(name)?;
-        let key = policy::verify_key(name, data.as_deref())?;
-        if let Ok(mut cache) = self.verify_key_cache.lock() {
-            *cache = Some((stamp, key.clone()));
-        }
-        Ok(key)
+    /// A fresh `gen25519` nonce: 16 random bytes in the form of a version 4 UUID without
+    /// dashes, as go-choria's `uuid.New()` nonce looks.
+    fn nonce(&self) -> String {
+        let mut bytes = [0u8; 16];
+        self.random.fill_bytes(&mut bytes);
+        uuid::Builder::from_random_bytes(bytes)
+            .into_uuid()
+            .simple()
+            .to_string()
     }
 
+    /// The cycle's steps in order: identify the node, consult the helper, enrol, configure.
     async fn cycle(&self, host: &mut Host) -> Result<Outcome, ProvisionErrorKind> {
-        let cfg = &*self.config;
-        let waited = host.discovered.elapsed();
-        if waited > cfg.interval * 2 {
-            return Err(ProvisionErrorKind::Stale(waited));
-        }
-        let identity = host.identity.clone();
-        let id: &str = &identity;
         // Checked again here (the work queue checked it before queueing) so that nothing is
         // sent, asked of the helper or signed for an invalid identity whoever built the host.
-        cfg.identity_rule
-            .check(id)
+        self.config
+            .identity_rule
+            .check(&host.identity)
             .map_err(ProvisionErrorKind::Identity)?;
+        self.identify(host).await?;
+        let reply = match self.consult_helper(host).await? {
+            ControlFlow::Continue(reply) => reply,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        let enrolment = self.enroll(host, &reply)?;
+        self.configure(host, reply, enrolment).await
+    }
+
+    /// Fetches and checks what the node presents, each part gated by its feature: the
+    /// provisioning JWT (`jwt`), the ed25519 key proven over a fresh nonce (`gen25519`), the
+    /// inventory, and a CSR (`gencsr`). What an earlier round over the same host fetched is
+    /// used again (the CSR excepted).
+    async fn identify(&self, host: &mut Host) -> Result<(), ProvisionErrorKind> {
+        let cfg = &*self.config;
+        let identity = host.identity.clone();
+        let id: &str = &identity;
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
 
@@ -444,7 +478,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             if host.raw_jwt.is_empty() {
                 return Err(ProvisionErrorKind::Jwt(PolicyError::NoJwt));
             }
-            let key = self.verify_key().map_err(ProvisionErrorKind::Jwt)?;
+            let key = self.keys.verify_key().map_err(ProvisionErrorKind::Jwt)?;
             let claims = policy::validate_provisioning_jwt_with_key(
                 &host.raw_jwt,
                 &key,
@@ -458,7 +492,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             // A fresh nonce for every try: a reply to an earlier try cannot be replayed.
             let (nonce, r) = self
                 .call(Action::Gen25519, id, &mut host.answered, || {
-                    let nonce = uuid::Uuid::new_v4().simple().to_string();
+                    let nonce = self.nonce();
                     async move {
                         let r = rpc.gen25519(id, token, &nonce).await?;
                         Ok((nonce, r))
@@ -489,7 +523,18 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 .map_err(ProvisionErrorKind::Csr)?;
             host.csr = Some(csr);
         }
+        Ok(())
+    }
 
+    /// Runs the helper with what was checked. `Continue` with its reply to go on; `Break` when
+    /// the cycle ends here (the helper asked for the node to be shut down). A deferral is an
+    /// error.
+    async fn consult_helper(
+        &self,
+        host: &mut Host,
+    ) -> Result<ControlFlow<Outcome, HelperReply>, ProvisionErrorKind> {
+        let identity = host.identity.clone();
+        let id: &str = &identity;
         self.check_paused("the helper")?;
         let input = HelperInput {
             identity: id.to_string(),
@@ -505,7 +550,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let started = Instant::now();
         let reply = self.helper.run(&input).await;
         self.observer.helper_time(started.elapsed());
-        let mut reply = match reply {
+        let reply = match reply {
             Ok(r) => r,
             Err(e) => {
                 self.observer.helper_error();
@@ -518,44 +563,52 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 escaped(&reply.msg).to_string(),
             ));
         }
-        if reply.shutdown {
-            if reply.msg.is_empty() {
-                warn!(
-                    identity = id,
-                    "shutting down node based on helper output, no reason given"
-                );
-            } else {
-                warn!(
-                    identity = id,
-                    "shutting down node based on helper output: {}",
-                    escaped(&reply.msg)
-                );
-            }
-            match self
-                .call(Action::Shutdown, id, &mut host.answered, || {
-                    rpc.shutdown(id, token)
-                })
-                .await
-            {
-                Ok(m) => {
-                    self.observer.helper_shutdown();
-                    info!(identity = id, "shutdown response: {}", escaped(&m.message));
-                }
-                // The Go provisioner only warns when the node refuses to shut down.
-                Err(ProvisionErrorKind::Rpc(RpcError {
-                    kind: RpcErrorKind::Aborted { code, message },
-                    ..
-                })) => warn!(
-                    identity = id,
-                    "could not shut down: {} ({code})",
-                    escaped(&message)
-                ),
-                Err(e) => return Err(e),
-            }
-            return Ok(Outcome::ShutDown);
+        if !reply.shutdown {
+            return Ok(ControlFlow::Continue(reply));
         }
+        if reply.msg.is_empty() {
+            warn!(
+                identity = id,
+                "shutting down node based on helper output, no reason given"
+            );
+        } else {
+            warn!(
+                identity = id,
+                "shutting down node based on helper output: {}",
+                escaped(&reply.msg)
+            );
+        }
+        let token = self.config.token.as_str();
+        let rpc = &self.rpc;
+        match self
+            .call(Action::Shutdown, id, &mut host.answered, || {
+                rpc.shutdown(id, token)
+            })
+            .await
+        {
+            Ok(m) => {
+                self.observer.helper_shutdown();
+                info!(identity = id, "shutdown response: {}", escaped(&m.message));
+            }
+            // The Go provisioner only warns when the node refuses to shut down.
+            Err(ProvisionErrorKind::Rpc(RpcError {
+                kind: RpcErrorKind::Aborted { code, message },
+                ..
+            })) => warn!(
+                identity = id,
+                "could not shut down: {} ({code})",
+                escaped(&message)
+            ),
+            Err(e) => return Err(e),
+        }
+        Ok(ControlFlow::Break(Outcome::ShutDown))
+    }
 
-        let mut server_jwt = String::new();
+    /// Signs the node's server JWT (with `ed25519`, key material asked for now so a rotated key
+    /// takes effect) and encrypts the helper's private key for the node's X25519 key.
+    fn enroll(&self, host: &Host, reply: &HelperReply) -> Result<Enrolment, ProvisionErrorKind> {
+        let cfg = &*self.config;
+        let mut enrolment = Enrolment::default();
         if cfg.features.ed25519 {
             self.check_paused("server JWT issuance")?;
             let pk = host
@@ -563,29 +616,51 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 .as_ref()
                 .map(|e| e.public_key.as_str())
                 .unwrap_or_default();
+            let signing_key = self
+                .keys
+                .signing_key()
+                .map_err(ProvisionErrorKind::ServerJwt)?;
+            let signing_token = self
+                .keys
+                .signing_token()
+                .map_err(ProvisionErrorKind::ServerJwt)?;
             let issued = policy::issue_server_jwt(&ServerJwtRequest {
-                identity: id,
+                identity: &host.identity,
                 public_key_hex: pk,
                 identity_rule: &cfg.identity_rule,
                 configuration: reply.configuration.as_ref(),
                 server_claims: reply.server_claims.as_ref(),
-                signing_key: &cfg.jwt_signing_key,
-                signing_token: &cfg.jwt_signing_token,
+                signing_key: &signing_key,
+                signing_token: &signing_token,
                 default_validity: cfg.server_jwt_validity,
                 now: self.clock.now_unix(),
             })
             .map_err(ProvisionErrorKind::ServerJwt)?;
-            server_jwt = issued.token;
+            enrolment.server_jwt = issued.token;
         }
 
-        let mut key = String::new();
-        let mut ecdh_public = String::new();
         if !reply.key.is_empty() {
             let enc = encrypt_private_key(&reply.key, &host.server_ecdh_public)
                 .map_err(ProvisionErrorKind::KeyEncryption)?;
-            key = enc.pem;
-            ecdh_public = enc.ecdh_public;
+            enrolment.key = enc.pem;
+            enrolment.ecdh_public = enc.ecdh_public;
         }
+        Ok(enrolment)
+    }
+
+    /// Upgrades the node when the helper asks for another version (the cycle ends there), then
+    /// sends `configure` with everything and `restart`.
+    async fn configure(
+        &self,
+        host: &mut Host,
+        mut reply: HelperReply,
+        enrolment: Enrolment,
+    ) -> Result<Outcome, ProvisionErrorKind> {
+        let cfg = &*self.config;
+        let identity = host.identity.clone();
+        let id: &str = &identity;
+        let token = cfg.token.as_str();
+        let rpc = &self.rpc;
 
         if cfg.features.upgrades && !reply.upgrade.is_empty() {
             match self.upgrade(host, &reply.upgrade).await {
@@ -618,11 +693,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             ca: std::mem::take(&mut reply.ca),
             certificate: std::mem::take(&mut reply.certificate),
             ssldir,
-            key,
-            ecdh_public,
+            key: enrolment.key,
+            ecdh_public: enrolment.ecdh_public,
             action_policies: reply.action_policies.take().unwrap_or_default(),
             opa_policies: reply.opa_policies.take().unwrap_or_default(),
-            server_jwt,
+            server_jwt: enrolment.server_jwt,
         };
         let m = self
             .call(Action::Configure, id, &mut host.answered, || {

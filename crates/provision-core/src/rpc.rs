@@ -1,15 +1,13 @@
-//! The interfaces the cycle drives: RPCs to one node ([`NodeRpc`]), the helper ([`Helper`]),
-//! metric hooks ([`Observer`]) and the wall clock ([`Clock`]). The binary implements them with a
-//! Choria RPC client, a subprocess helper and Prometheus metrics; tests and embedders bring their
-//! own.
+//! The interfaces the cycle drives: RPCs to one node ([`NodeRpc`], with the transport-free
+//! request and reply types, the [`Action`]s and their Go retry counts) and the helper
+//! ([`Helper`]). The binary implements them with a Choria RPC client and the subprocess runner;
+//! tests and embedders bring their own. Metric hooks are in [`crate::observer`], the clock and
+//! entropy in [`crate::clock`], the key material in [`crate::keys`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use helper_protocol::{
-    CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, HelperRunner,
-};
+use helper_protocol::{CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply};
 use serde::{Deserialize, Serialize};
 
 /// The RPC actions of provisioning, with the Go provisioner's retry counts.
@@ -64,9 +62,6 @@ impl std::fmt::Display for Action {
     }
 }
 
-/// The status message of a node refusing a call because another provisioner holds its lock.
-pub const LOCK_HELD_MESSAGE: &str = "Could not obtain provisioning lock";
-
 /// How an RPC failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RpcErrorKind {
@@ -103,18 +98,6 @@ impl RpcErrorKind {
     /// Whether nothing answered at all (no reply in time, or nobody serves the node's subject).
     pub fn is_unanswered(&self) -> bool {
         matches!(self, RpcErrorKind::Timeout | RpcErrorKind::NoResponders)
-    }
-
-    /// Classifies a non-zero status reply, recognising the provisioning lock message.
-    pub fn from_status(code: u8, message: &str) -> Self {
-        if message.contains(LOCK_HELD_MESSAGE) {
-            RpcErrorKind::LockHeld
-        } else {
-            RpcErrorKind::Aborted {
-                code,
-                message: message.to_string(),
-            }
-        }
     }
 }
 
@@ -197,8 +180,9 @@ pub struct ActionMessage {
 }
 
 /// Directed RPCs to exactly one node. An implementation sends each call to `identity` only,
-/// expects exactly one reply, and maps a non-zero status code to [`RpcErrorKind::Aborted`] (or
-/// [`RpcErrorKind::LockHeld`], see [`RpcErrorKind::from_status`]). Retries are the caller's.
+/// expects exactly one reply, and maps a non-zero status code to [`RpcErrorKind::Aborted`], or
+/// to [`RpcErrorKind::LockHeld`] when its transport recognises the node's refusal because another
+/// provisioner holds the lock. Retries are the caller's.
 pub trait NodeRpc: Send + Sync + 'static {
     /// `rpcutil#inventory`.
     fn inventory(&self, identity: &str)
@@ -259,133 +243,4 @@ pub trait Helper: Send + Sync + 'static {
         &self,
         input: &HelperInput,
     ) -> impl Future<Output = Result<HelperReply, HelperError>> + Send;
-}
-
-impl Helper for HelperRunner {
-    fn run(
-        &self,
-        input: &HelperInput,
-    ) -> impl Future<Output = Result<HelperReply, HelperError>> + Send {
-        HelperRunner::run(self, input)
-    }
-}
-
-/// Metric hooks, called from the cycle and the work queue. Every method has an empty default,
-/// so an implementation overrides only what it records. Names follow the Go provisioner's
-/// metrics (`choria_provisioner_*`).
-pub trait Observer: Send + Sync + 'static {
-    /// One RPC try took `elapsed` (`rpc_time{rpc=label}`).
-    fn rpc_time(&self, _label: &'static str, _elapsed: Duration) {}
-    /// An RPC failed after its tries (`rpc_errors{rpc=label}`).
-    fn rpc_error(&self, _label: &'static str) {}
-    /// The helper ran for `elapsed` (`helper_time`).
-    fn helper_time(&self, _elapsed: Duration) {}
-    /// The helper failed (`helper_errors`).
-    fn helper_error(&self) {}
-    /// A node was shut down on the helper's request (`helper_shutdown_requests`).
-    fn helper_shutdown(&self) {}
-    /// A node finished successfully (`provisioned`).
-    fn provisioned(&self) {}
-    /// A node failed (`provision_errors`).
-    fn provision_error(&self) {}
-    /// A node's lock is held by another provisioner; not an error.
-    fn lock_held(&self) {}
-    /// A node identity was refused before anything was done for it
-    /// (`invalid_identities`, not in the Go set).
-    fn invalid_identity(&self) {}
-    /// A node was queued by discovery (`discovered`).
-    fn discovered(&self) {}
-    /// A node was queued by a startup event (`event_discovered`).
-    fn event_discovered(&self) {}
-    /// A discovery round ran (`discover_cycles`).
-    fn discover_cycle(&self) {}
-    /// A discovery round failed (`discovery_errors`).
-    fn discovery_error(&self) {}
-    /// Workers provisioning right now (`busy_workers`).
-    fn busy_workers(&self, _n: usize) {}
-    /// Entries waiting in the work queue (`work_queue_entries`).
-    fn work_queue_entries(&self, _n: usize) {}
-    /// Nodes known to the host table (`waiting_nodes`).
-    fn waiting_nodes(&self, _n: usize) {}
-    /// Whether provisioning is paused (`paused`).
-    fn paused(&self, _paused: bool) {}
-}
-
-/// A shared observer (for example metrics also served over HTTP) observes through its `Arc`.
-impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
-    fn rpc_time(&self, label: &'static str, elapsed: Duration) {
-        (**self).rpc_time(label, elapsed)
-    }
-    fn rpc_error(&self, label: &'static str) {
-        (**self).rpc_error(label)
-    }
-    fn helper_time(&self, elapsed: Duration) {
-        (**self).helper_time(elapsed)
-    }
-    fn helper_error(&self) {
-        (**self).helper_error()
-    }
-    fn helper_shutdown(&self) {
-        (**self).helper_shutdown()
-    }
-    fn provisioned(&self) {
-        (**self).provisioned()
-    }
-    fn provision_error(&self) {
-        (**self).provision_error()
-    }
-    fn lock_held(&self) {
-        (**self).lock_held()
-    }
-    fn invalid_identity(&self) {
-        (**self).invalid_identity()
-    }
-    fn discovered(&self) {
-        (**self).discovered()
-    }
-    fn event_discovered(&self) {
-        (**self).event_discovered()
-    }
-    fn discover_cycle(&self) {
-        (**self).discover_cycle()
-    }
-    fn discovery_error(&self) {
-        (**self).discovery_error()
-    }
-    fn busy_workers(&self, n: usize) {
-        (**self).busy_workers(n)
-    }
-    fn work_queue_entries(&self, n: usize) {
-        (**self).work_queue_entries(n)
-    }
-    fn waiting_nodes(&self, n: usize) {
-        (**self).waiting_nodes(n)
-    }
-    fn paused(&self, paused: bool) {
-        (**self).paused(paused)
-    }
-}
-
-/// An observer that records nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoopObserver;
-
-impl Observer for NoopObserver {}
-
-/// Wall-clock time for token validity; monotonic time comes from tokio.
-pub trait Clock: Send + Sync + 'static {
-    /// Seconds since the Unix epoch.
-    fn now_unix(&self) -> i64;
-}
-
-/// The system clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_unix(&self) -> i64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-    }
 }

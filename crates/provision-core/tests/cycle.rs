@@ -5,6 +5,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use provision_core::helper_protocol::{HelperReply, ServerClaims};
@@ -279,11 +280,7 @@ async fn transient_failures_are_retried() {
 async fn held_lock_is_asked_again_once_then_the_node_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
-    node.fail(
-        Action::Jwt,
-        RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
-        10,
-    );
+    node.fail(Action::Jwt, RpcErrorKind::LockHeld, 10);
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
     let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
@@ -655,21 +652,37 @@ async fn paused_provisioner_makes_no_calls() {
     assert!(node.calls().is_empty());
 }
 
-#[tokio::test(start_paused = true)]
-async fn node_waiting_more_than_two_intervals_is_skipped() {
+#[tokio::test]
+async fn the_nonce_comes_from_the_injected_entropy() {
+    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
     let p = provisioner(
-        config("token: s3cret\ninterval: 1m\n"),
+        config(&ed_yaml(dir.path())),
         &node,
         &helper,
         &CountingObserver::default(),
+    )
+    .with_random(FixedRandom(0x11));
+    assert_eq!(
+        p.provision(&mut host()).await.unwrap(),
+        Outcome::Provisioned
     );
-    let mut h = host();
-    tokio::time::advance(std::time::Duration::from_secs(121)).await;
-    let err = p.provision(&mut h).await.unwrap_err();
-    assert!(matches!(err.kind, ProvisionErrorKind::Stale(_)));
-    assert!(node.calls().is_empty());
+    // 16 bytes of 0x11 as a version 4 UUID without dashes.
+    let nonce = "11111111111141119111111111111111";
+    assert_eq!(node.state.lock().unwrap().nonces, vec![nonce]);
+}
+
+#[test]
+fn backoff_jitter_comes_from_the_injected_entropy() {
+    let steps = [Duration::from_millis(500), Duration::from_millis(750)];
+    let b = provision_core::Backoff::from_steps(&steps, true);
+    // The low end of half to one and a half times the step; the last step repeats.
+    assert_eq!(b.delay(1, &FixedRandom(0)), Duration::from_millis(375));
+    assert_eq!(b.delay(9, &FixedRandom(0)), Duration::from_millis(375));
+    assert_eq!(b.delay(0, &FixedRandom(0)), Duration::from_millis(250));
+    let fixed = provision_core::Backoff::from_steps(&steps, false);
+    assert_eq!(fixed.delay(1, &FixedRandom(0)), Duration::from_millis(750));
 }
 
 #[tokio::test]
@@ -725,11 +738,7 @@ async fn rotated_verification_key_file_takes_effect_without_restart() {
 async fn a_single_lock_held_reply_does_not_park_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
-    node.fail(
-        Action::Jwt,
-        RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
-        1,
-    );
+    node.fail(Action::Jwt, RpcErrorKind::LockHeld, 1);
     let helper = FakeHelper::replying(good_reply());
     let p = provisioner(
         config(&ed_yaml(dir.path())),

@@ -152,11 +152,7 @@ async fn failed_node_is_forgotten_at_once() {
 #[tokio::test(start_paused = true)]
 async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() {
     let node = FakeNode::new();
-    node.fail(
-        Action::Configure,
-        RpcErrorKind::from_status(1, "Could not obtain provisioning lock"),
-        2,
-    );
+    node.fail(Action::Configure, RpcErrorKind::LockHeld, 2);
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
         config(""),
@@ -267,10 +263,10 @@ async fn paused_workers_leave_nodes_queued_until_resumed() {
         &FakeHelper::replying(good_reply()),
         &obs,
     ));
+    fleet.add("a", Source::Discovery);
     fleet.provisioner().pause_state().pause();
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
-    fleet.add("a", Source::Discovery);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(node.calls().is_empty());
     assert_eq!(fleet.queued(), 1);
@@ -407,4 +403,132 @@ async fn a_flood_of_bogus_announcements_does_not_starve_discovered_nodes() {
     );
     stop.cancel();
     run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_queued_while_paused() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        config(""),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    fleet.provisioner().pause_state().pause();
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Paused);
+    assert_eq!(fleet.add("b", Source::Event), AddResult::Paused);
+    assert_eq!(fleet.add(">", Source::Event), AddResult::Paused);
+    assert_eq!(fleet.known(), 0);
+    assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 0);
+    assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 0);
+    assert_eq!(obs.0.invalid_identities.load(Ordering::SeqCst), 0);
+    fleet.provisioner().pause_state().resume();
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+}
+
+#[tokio::test(start_paused = true)]
+async fn node_waiting_more_than_two_intervals_is_skipped_as_it_leaves_the_queue() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        config("token: s3cret\ninterval: 1m\n"),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    // Paused after queueing: the node waits in the queue.
+    fleet.provisioner().pause_state().pause();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(121)).await;
+    fleet.provisioner().pause_state().resume();
+    wait_for("the stale node dropped", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(node.calls().is_empty());
+    assert!(!fleet.is_known("a"));
+    assert_eq!(fleet.queued(), 0);
+    // Found again, it is provisioned.
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    wait_for("provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_lets_nodes_in_flight_finish_and_starts_no_more() {
+    let node = FakeNode::new();
+    // Each node's inventory fails once, then the retry comes after 10 s.
+    node.fail(Action::Inventory, RpcErrorKind::Timeout, 2);
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(
+        provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &obs).with_backoff(
+            provision_core::Backoff::fixed(vec![Duration::from_secs(10)]),
+        ),
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    for id in ["a", "b", "c", "d"] {
+        assert_eq!(fleet.add(id, Source::Discovery), AddResult::Queued);
+    }
+    wait_for("two in flight", || node.count(Action::Inventory) == 2).await;
+    assert_eq!(fleet.busy(), 2);
+    let abandoned = fleet
+        .drain(Duration::from_secs(60), &CancellationToken::new())
+        .await;
+    assert_eq!(abandoned, 0);
+    assert_eq!(obs.0.provisioned.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        node.count(Action::Configure),
+        2,
+        "the queued two never start"
+    );
+    assert_eq!(fleet.busy(), 0);
+    assert_eq!(fleet.add("e", Source::Discovery), AddResult::Paused);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_gives_up_after_the_grace_or_when_forced() {
+    for forced in [false, true] {
+        let node = FakeNode::new();
+        node.fail(Action::Inventory, RpcErrorKind::Timeout, 1000);
+        let fleet = Fleet::new(
+            provisioner(
+                config(""),
+                &node,
+                &FakeHelper::replying(good_reply()),
+                &CountingObserver::default(),
+            )
+            .with_backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
+                3600,
+            )])),
+        );
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(fleet.clone().run(3, stop.clone()));
+        fleet.add("a", Source::Discovery);
+        wait_for("first try", || node.count(Action::Inventory) == 1).await;
+        let force = CancellationToken::new();
+        if forced {
+            force.cancel();
+        }
+        let started = tokio::time::Instant::now();
+        assert_eq!(fleet.drain(Duration::from_secs(30), &force).await, 1);
+        let took = started.elapsed();
+        if forced {
+            assert!(took < Duration::from_secs(1), "{took:?}");
+        } else {
+            assert!(took >= Duration::from_secs(30), "{took:?}");
+        }
+        stop.cancel();
+        run.await.unwrap();
+        assert_eq!(fleet.busy(), 0);
+    }
 }

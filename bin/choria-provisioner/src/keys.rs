@@ -1,0 +1,175 @@
+//! The cycle's [`KeyMaterial`] read from the files the provisioner configuration names, again for
+//! every node, so a rotated key or token takes effect without a restart.
+//!
+//! `jwt_verify_cert` is a file when a file by that name exists (RSA PEM or hex ed25519), else
+//! itself a hex ed25519 public key, as the Go provisioner decides. Its parsed key is kept and
+//! parsed again only when the file's modification time or size changes. `jwt_signing_key` and
+//! `jwt_signing_token` are read whole for every server JWT.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use provision_core::jwt::VerifyingKey;
+use provision_core::policy::{self, PolicyError};
+use provision_core::{Config, KeyMaterial};
+
+/// When the verification key file was last seen: modification time and size, `None` when
+/// there is no such file.
+type KeyStamp = Option<(Option<SystemTime>, u64)>;
+
+/// Key material from the files of a provisioner configuration.
+pub struct FileKeys {
+    config: Arc<Config>,
+    verify_key_cache: Mutex<Option<(KeyStamp, VerifyingKey)>>,
+}
+
+impl FileKeys {
+    /// The files `config` names.
+    pub fn new(config: Arc<Config>) -> Self {
+        FileKeys {
+            config,
+            verify_key_cache: Mutex::new(None),
+        }
+    }
+}
+
+/// The content of the file `path`, empty when `path` is (the setting is not configured).
+fn read_text(path: &str) -> Result<String, PolicyError> {
+    if path.is_empty() {
+        return Ok(String::new());
+    }
+    std::fs::read(path)
+        .map(|d| String::from_utf8_lossy(&d).into_owned())
+        .map_err(|source| PolicyError::File {
+            path: path.to_string(),
+            source,
+        })
+}
+
+/// `jwt_verify_cert` read as a file when a file by that name exists.
+fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyError> {
+    if verify_cert.is_empty() {
+        return Ok(None);
+    }
+    match std::fs::read(verify_cert) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PolicyError::File {
+            path: verify_cert.to_string(),
+            source,
+        }),
+    }
+}
+
+impl KeyMaterial for FileKeys {
+    /// The provisioning JWT verification key, parsed once and parsed again only when the file
+    /// named by `jwt_verify_cert` changes.
+    fn verify_key(&self) -> Result<VerifyingKey, PolicyError> {
+        let name = &self.config.jwt_verify_cert;
+        let stamp = std::fs::metadata(name)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
+        if let Ok(cache) = self.verify_key_cache.lock() {
+            if let Some((s, k)) = cache.as_ref() {
+                if *s == stamp {
+                    return Ok(k.clone());
+                }
+            }
+        }
+        let data = read_verify_cert(name)?;
+        let key = policy::verify_key(name, data.as_deref())?;
+        if let Ok(mut cache) = self.verify_key_cache.lock() {
+            *cache = Some((stamp, key.clone()));
+        }
+        Ok(key)
+    }
+
+    fn signing_key(&self) -> Result<String, PolicyError> {
+        read_text(&self.config.jwt_signing_key)
+    }
+
+    fn signing_token(&self) -> Result<String, PolicyError> {
+        read_text(&self.config.jwt_signing_token)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> Arc<Config> {
+        Arc::new(
+            Config::from_yaml(yaml, "/test/provisioner.yaml")
+                .unwrap()
+                .config,
+        )
+    }
+
+    fn hex_key(seed: u8) -> String {
+        hex::encode(
+            ed25519_dalek::SigningKey::from_bytes(&[seed; 32])
+                .verifying_key()
+                .to_bytes(),
+        )
+    }
+
+    fn ed25519(key: VerifyingKey) -> [u8; 32] {
+        match key {
+            VerifyingKey::Ed25519(k) => k.to_bytes(),
+            other => panic!("not an ed25519 key: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_rotated_verification_key_file_takes_effect_without_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("signer.pub");
+        std::fs::write(&file, hex_key(42)).unwrap();
+        let keys = FileKeys::new(config(&format!("jwt_verify_cert: {}\n", file.display())));
+        let first = ed25519(keys.verify_key().unwrap());
+        assert_eq!(hex::encode(first), hex_key(42));
+        // Unchanged file: the cached key.
+        assert_eq!(ed25519(keys.verify_key().unwrap()), first);
+        // Rotated (a different size, so the change is seen within the file system's timestamp
+        // granularity).
+        std::fs::write(&file, format!("{}\n", hex_key(1))).unwrap();
+        assert_eq!(hex::encode(ed25519(keys.verify_key().unwrap())), hex_key(1));
+    }
+
+    #[test]
+    fn a_verify_cert_that_is_no_file_is_a_hex_key() {
+        let keys = FileKeys::new(config(&format!("jwt_verify_cert: {}\n", hex_key(7))));
+        assert_eq!(hex::encode(ed25519(keys.verify_key().unwrap())), hex_key(7));
+        let none = FileKeys::new(config(""));
+        assert!(matches!(none.verify_key(), Err(PolicyError::NoVerifyCert)));
+    }
+
+    #[test]
+    fn signing_key_and_token_are_read_for_every_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = dir.path().join("signer.seed");
+        let token = dir.path().join("signer.jwt");
+        std::fs::write(&seed, "one").unwrap();
+        std::fs::write(&token, "t1").unwrap();
+        let keys = FileKeys::new(config(&format!(
+            "jwt_signing_key: {}\njwt_signing_token: {}\n",
+            seed.display(),
+            token.display()
+        )));
+        assert_eq!(keys.signing_key().unwrap(), "one");
+        assert_eq!(keys.signing_token().unwrap(), "t1");
+        std::fs::write(&seed, "two").unwrap();
+        std::fs::write(&token, "t2").unwrap();
+        assert_eq!(keys.signing_key().unwrap(), "two");
+        assert_eq!(keys.signing_token().unwrap(), "t2");
+        std::fs::remove_file(&seed).unwrap();
+        assert!(matches!(
+            keys.signing_key(),
+            Err(PolicyError::File { path, .. }) if path == seed.to_string_lossy()
+        ));
+        let none = FileKeys::new(config(""));
+        assert_eq!(none.signing_key().unwrap(), "");
+        assert_eq!(none.signing_token().unwrap(), "");
+    }
+}

@@ -1,0 +1,106 @@
+//! Metric hooks the cycle and the work queue call ([`Observer`]); the binary records them as the
+//! Go provisioner's Prometheus metrics, embedders as they like.
+
+use std::time::Duration;
+
+/// Metric hooks, called from the cycle and the work queue. Every method has an empty default,
+/// so an implementation overrides only what it records. Names follow the Go provisioner's
+/// metrics (`choria_provisioner_*`).
+pub trait Observer: Send + Sync + 'static {
+    /// One RPC try took `elapsed` (`rpc_time{rpc=label}`).
+    fn rpc_time(&self, _label: &'static str, _elapsed: Duration) {}
+    /// An RPC failed after its tries (`rpc_errors{rpc=label}`).
+    fn rpc_error(&self, _label: &'static str) {}
+    /// The helper ran for `elapsed` (`helper_time`).
+    fn helper_time(&self, _elapsed: Duration) {}
+    /// The helper failed (`helper_errors`).
+    fn helper_error(&self) {}
+    /// A node was shut down on the helper's request (`helper_shutdown_requests`).
+    fn helper_shutdown(&self) {}
+    /// A node finished successfully (`provisioned`).
+    fn provisioned(&self) {}
+    /// A node failed (`provision_errors`).
+    fn provision_error(&self) {}
+    /// A node's lock is held by another provisioner; not an error.
+    fn lock_held(&self) {}
+    /// A node identity was refused before anything was done for it
+    /// (`invalid_identities`, not in the Go set).
+    fn invalid_identity(&self) {}
+    /// A node was queued by discovery (`discovered`).
+    fn discovered(&self) {}
+    /// A node was queued by a startup event (`event_discovered`).
+    fn event_discovered(&self) {}
+    /// A discovery round ran (`discover_cycles`).
+    fn discover_cycle(&self) {}
+    /// A discovery round failed (`discovery_errors`).
+    fn discovery_error(&self) {}
+    /// Workers provisioning right now (`busy_workers`).
+    fn busy_workers(&self, _n: usize) {}
+    /// Entries waiting in the work queue (`work_queue_entries`).
+    fn work_queue_entries(&self, _n: usize) {}
+    /// Nodes known to the host table (`waiting_nodes`).
+    fn waiting_nodes(&self, _n: usize) {}
+    /// Whether provisioning is paused (`paused`).
+    fn paused(&self, _paused: bool) {}
+}
+
+/// A shared observer (for example metrics also served over HTTP) observes through its `Arc`.
+impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
+    fn rpc_time(&self, label: &'static str, elapsed: Duration) {
+        (**self).rpc_time(label, elapsed)
+    }
+    fn rpc_error(&self, label: &'static str) {
+        (**self).rpc_error(label)
+    }
+    fn helper_time(&self, elapsed: Duration) {
+        (**self).helper_time(elapsed)
+    }
+    fn helper_error(&self) {
+        (**self).helper_error()
+    }
+    fn helper_shutdown(&self) {
+        (**self).helper_shutdown()
+    }
+    fn provisioned(&self) {
+        (**self).provisioned()
+    }
+    fn provision_error(&self) {
+        (**self).provision_error()
+    }
+    fn lock_held(&self) {
+        (**self).lock_held()
+    }
+    fn invalid_identity(&self) {
+        (**self).invalid_identity()
+    }
+    fn discovered(&self) {
+        (**self).discovered()
+    }
+    fn event_discovered(&self) {
+        (**self).event_discovered()
+    }
+    fn discover_cycle(&self) {
+        (**self).discover_cycle()
+    }
+    fn discovery_error(&self) {
+        (**self).discovery_error()
+    }
+    fn busy_workers(&self, n: usize) {
+        (**self).busy_workers(n)
+    }
+    fn work_queue_entries(&self, n: usize) {
+        (**self).work_queue_entries(n)
+    }
+    fn waiting_nodes(&self, n: usize) {
+        (**self).waiting_nodes(n)
+    }
+    fn paused(&self, paused: bool) {
+        (**self).paused(paused)
+    }
+}
+
+/// An observer that records nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopObserver;
+
+impl Observer for NoopObserver {}
