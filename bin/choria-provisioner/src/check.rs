@@ -88,6 +88,9 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
         check_choria(c, &mut r);
         out.push_str(&choria_plan(c));
     }
+    for w in readable_secrets(config.as_ref(), choria.as_ref()) {
+        r.warn(w);
+    }
     print!("{out}");
     for w in &r.warnings {
         println!("warning: {w}");
@@ -110,7 +113,8 @@ fn plan(cfg: &Config) -> String {
         "provisioner configuration {}\n  \
          features: jwt {} pki {} ed25519 {} upgrades {}\n  \
          workers: {} (queue {})\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
-         leader election: {}\n  monitoring: {}\n  site: {}\n",
+         leader election: {}\n  monitoring: {}\n  site: {}\n  identities: {}\n  \
+         extra CSR DNS names: {}\n",
         cfg.file.display(),
         on(f.jwt),
         on(f.pki),
@@ -122,17 +126,41 @@ fn plan(cfg: &Config) -> String {
         cfg.helper,
         cfg.lifecycle_component,
         on(cfg.leader_election),
-        if cfg.monitor_port > 0 {
-            format!("port {}", cfg.monitor_port)
-        } else {
-            "off".to_string()
-        },
+        monitoring(cfg),
         if cfg.site.is_empty() {
             "(none)"
         } else {
             &cfg.site
         },
+        if cfg.identity_pattern.is_empty() {
+            "the built-in grammar (DNS-like labels of letters, digits, '-' and '_')".to_string()
+        } else {
+            format!("identity_pattern {:?}", cfg.identity_pattern)
+        },
+        if cfg.csr_extra_dns_names.is_empty() {
+            "none (every DNS name must be the identity)".to_string()
+        } else {
+            format!("csr_extra_dns_names {:?}", cfg.csr_extra_dns_names)
+        },
     )
+}
+
+/// Where the monitor listener would listen.
+fn monitoring(cfg: &Config) -> String {
+    if cfg.monitor_port == 0 {
+        return "off".to_string();
+    }
+    if cfg.monitor_address.is_empty() {
+        format!(
+            "port {} on every interface, IPv4 and IPv6 (monitor_address unset)",
+            cfg.monitor_port
+        )
+    } else {
+        format!(
+            "port {} on {} (monitor_address)",
+            cfg.monitor_port, cfg.monitor_address
+        )
+    }
 }
 
 /// A duration as an operator writes it: `1h`, `5m`, `90s`.
@@ -195,17 +223,158 @@ fn check_helper(helper: &str, r: &mut Report) {
     }
 }
 
-/// A secret file should not be readable by group or others.
-fn check_private(path: &Path, what: &str, r: &mut Report) {
+/// Every file holding a secret that someone other than the service can read, as warnings. The
+/// daemon logs the same list at start.
+///
+/// Key files (`jwt_signing_key`, the file provider's key, the choria provider's seed) should be
+/// the service user's alone: any group or other permission is reported. The provisioner YAML
+/// (when it sets `token` or `broker_provisioning_password`) and the Choria configuration (when
+/// it sets `plugin.nats.pass`) are installed readable by the service's group: they are reported
+/// when others can read them, or a group other than the service's (the group this process runs
+/// as, or the packages' `choria-provisioner` group).
+pub(crate) fn readable_secrets(
+    config: Option<&Config>,
+    choria: Option<&ChoriaConfig>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let service_groups = service_groups();
+    if let Some(cfg) = config {
+        let mut held = Vec::new();
+        if !cfg.token.is_empty() {
+            held.push("token");
+        }
+        if !cfg.broker_provisioning_password.is_empty() {
+            held.push("broker_provisioning_password");
+        }
+        if !held.is_empty() {
+            config_file_readable(
+                &cfg.file,
+                "the provisioner configuration",
+                &held.join(" and "),
+                &service_groups,
+                &mut out,
+            );
+        }
+        if !cfg.jwt_signing_key.is_empty() {
+            key_file_readable(Path::new(&cfg.jwt_signing_key), "jwt_signing_key", &mut out);
+        }
+    }
+    if let Some(c) = choria {
+        let pass_in_file = c
+            .raw
+            .get("plugin.nats.pass")
+            .is_some_and(|p| !p.trim().is_empty());
+        if let (true, Some(path)) = (pass_in_file, c.path.as_deref()) {
+            config_file_readable(
+                path,
+                "the Choria configuration",
+                "plugin.nats.pass",
+                &service_groups,
+                &mut out,
+            );
+        }
+        if let Some(k) = &c.file_key {
+            key_file_readable(k, "plugin.security.file.key", &mut out);
+        }
+        if let Some(s) = &c.choria_seed_file {
+            key_file_readable(s, "plugin.security.choria.seed_file", &mut out);
+        }
+    }
+    out
+}
+
+/// A key file should not be readable by group or others.
+fn key_file_readable(path: &Path, what: &str, out: &mut Vec<String>) {
     if let Ok(m) = std::fs::metadata(path) {
-        if m.permissions().mode() & 0o077 != 0 {
-            r.warn(format!(
-                "{what} {} is readable by group or others (mode {:o})",
-                path.display(),
-                m.permissions().mode() & 0o777
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            out.push(format!(
+                "{what} {} is readable by group or others (mode {mode:o})",
+                path.display()
             ));
         }
     }
+}
+
+/// A configuration file holding `secret` should be readable by its owner and the service's
+/// group only.
+fn config_file_readable(
+    path: &Path,
+    what: &str,
+    secret: &str,
+    service_groups: &[u32],
+    out: &mut Vec<String>,
+) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(m) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = m.permissions().mode() & 0o777;
+    let who = if mode & 0o004 != 0 {
+        "every local user".to_string()
+    } else if mode & 0o040 != 0 && !service_groups.contains(&m.gid()) {
+        format!(
+            "group {} (not the service's group)",
+            group_name(m.gid()).unwrap_or_else(|| m.gid().to_string())
+        )
+    } else {
+        return;
+    };
+    out.push(format!(
+        "{what} {} holds {secret} and is readable by {who} (mode {mode:o}); \
+         make it readable by the service's group only (chmod 0640, group choria-provisioner) \
+         or by its owner only (chmod 0600)",
+        path.display()
+    ));
+}
+
+/// The group the packages create for the service.
+const SERVICE_GROUP: &str = "choria-provisioner";
+
+/// The groups that may read the configuration: this process's effective group (the service's,
+/// when the daemon runs) and the packages' service group when it exists.
+fn service_groups() -> Vec<u32> {
+    let mut groups = Vec::new();
+    // Without libc calls: "Gid: real effective saved filesystem" in /proc/self/status.
+    if let Some(egid) = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Gid:"))
+                .and_then(|l| l.split_whitespace().nth(2)?.parse::<u32>().ok())
+        })
+    {
+        groups.push(egid);
+    }
+    if let Some(gid) = group_entries()
+        .into_iter()
+        .find(|(name, _)| name == SERVICE_GROUP)
+        .map(|(_, gid)| gid)
+    {
+        groups.push(gid);
+    }
+    groups
+}
+
+/// `(name, gid)` of every group in /etc/group.
+fn group_entries() -> Vec<(String, u32)> {
+    std::fs::read_to_string("/etc/group")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let gid = f.nth(1)?.parse().ok()?;
+            Some((name.to_string(), gid))
+        })
+        .collect()
+}
+
+fn group_name(gid: u32) -> Option<String> {
+    group_entries()
+        .into_iter()
+        .find(|(_, g)| *g == gid)
+        .map(|(name, _)| name)
 }
 
 fn check_provisioner(cfg: &Config, r: &mut Report) {
@@ -230,7 +399,6 @@ fn check_provisioner(cfg: &Config, r: &mut Report) {
                     if let Err(e) = provision_core::jwt::SigningKey::from_key_data(&data) {
                         r.problem(format!("jwt_signing_key {}: {e}", cfg.jwt_signing_key));
                     }
-                    check_private(Path::new(&cfg.jwt_signing_key), "jwt_signing_key", r);
                 }
                 Err(e) => r.problem(format!("jwt_signing_key {}: {e}", cfg.jwt_signing_key)),
             }
@@ -276,9 +444,6 @@ fn check_choria(c: &ChoriaConfig, r: &mut Report) {
                     },
                 }
             }
-            if let Some(k) = &c.file_key {
-                check_private(k, "plugin.security.file.key", r);
-            }
         }
         SecurityProvider::Choria => {
             for (what, p) in [
@@ -293,9 +458,6 @@ fn check_choria(c: &ChoriaConfig, r: &mut Report) {
                         }
                     }
                 }
-            }
-            if let Some(s) = &c.choria_seed_file {
-                check_private(s, "plugin.security.choria.seed_file", r);
             }
         }
         ref other => r.problem(format!(

@@ -107,32 +107,13 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     result
 }
 
-/// Warns about every secret file group or others can read (the signing key, the Choria
-/// client's private key or seed), as `check` does: a provisioner holds the keys to a fleet.
+/// Warns about every secret file someone other than the service can read (the signing key, the
+/// Choria client's private key or seed, the provisioner YAML holding the token or broker
+/// password, the Choria configuration holding the NATS password), as `check` does: a
+/// provisioner holds the keys to a fleet.
 fn warn_readable_secrets(settings: &Settings) {
-    use std::os::unix::fs::PermissionsExt as _;
-    let c = &settings.choria;
-    let signing_key =
-        Some(Path::new(&settings.config.jwt_signing_key)).filter(|p| !p.as_os_str().is_empty());
-    let files = [
-        ("jwt_signing_key", signing_key),
-        ("plugin.security.file.key", c.file_key.as_deref()),
-        (
-            "plugin.security.choria.seed_file",
-            c.choria_seed_file.as_deref(),
-        ),
-    ];
-    for (what, path) in files {
-        let Some(path) = path else { continue };
-        if let Ok(m) = std::fs::metadata(path) {
-            let mode = m.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                warn!(
-                    "{what} {} is readable by group or others (mode {mode:o})",
-                    path.display()
-                );
-            }
-        }
+    for w in crate::check::readable_secrets(Some(&settings.config), Some(&settings.choria)) {
+        warn!("{w}");
     }
 }
 
