@@ -9,9 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
-use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use der::Encode as _;
 use ed25519_dalek::{Signer as _, Verifier as _};
 use rsa::pkcs1::DecodeRsaPrivateKey as _;
 use rsa::pkcs8::{DecodePrivateKey as _, DecodePublicKey as _};
@@ -104,9 +103,7 @@ fn invalid(what: &'static str, path: &Path, reason: impl ToString) -> SecurityEr
 
 /// Claims of a JWT, decoded without verifying its signature.
 pub fn jwt_claims(jwt: &str) -> Option<serde_json::Value> {
-    let payload = jwt.trim().split('.').nth(1)?;
-    let bytes = URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    choria_crypto::jwt::decode_unverified(jwt).ok()
 }
 
 impl Security {
@@ -140,7 +137,7 @@ impl Security {
         key: &Path,
     ) -> Result<Self, SecurityError> {
         let cert_pem = read(cert)?;
-        certificate_from_pem(&cert_pem).map_err(|e| invalid("certificate", cert, e))?;
+        choria_crypto::pem::certificate(&cert_pem).map_err(|e| invalid("certificate", cert, e))?;
         let key_pem = read(key)?;
         Self::x509_from_pem(caller_id, cert_pem, &key_pem).map_err(|e| invalid("rsa key", key, e))
     }
@@ -242,18 +239,6 @@ pub enum RequestSecurity {
     },
 }
 
-/// Decodes the PEM armour first and the DER from a slice: `der`'s streaming PEM reader loops
-/// forever on DER that ends inside a header, and the sender (or a damaged file) chooses these
-/// bytes.
-fn certificate_from_pem(text: &str) -> Result<x509_cert::Certificate, String> {
-    use der::Decode as _;
-    let (label, der) = der::pem::decode_vec(text.trim().as_bytes()).map_err(|e| e.to_string())?;
-    if label != "CERTIFICATE" {
-        return Err(format!("PEM type label {label:?} is not CERTIFICATE"));
-    }
-    x509_cert::Certificate::from_der(&der).map_err(|e| e.to_string())
-}
-
 /// Verify a parsed request's signature (see the module documentation for the limits).
 pub fn verify_request(req: &Request) -> Result<(), ProtocolError> {
     let fail =
@@ -263,12 +248,9 @@ pub fn verify_request(req: &Request) -> Result<(), ProtocolError> {
             if signature == "insecure" || pubcert == "insecure" {
                 return Err(fail("request is not signed"));
             }
-            let cert = certificate_from_pem(pubcert)
+            let cert = choria_crypto::pem::certificate(pubcert)
                 .map_err(|e| fail(&format!("invalid certificate: {e}")))?;
-            let spki = cert
-                .tbs_certificate
-                .subject_public_key_info
-                .to_der()
+            let spki = choria_crypto::pem::certificate_spki_der(&cert)
                 .map_err(|e| fail(&format!("invalid certificate key: {e}")))?;
             let key = rsa::RsaPublicKey::from_public_key_der(&spki)
                 .map_err(|e| fail(&format!("certificate key is not rsa: {e}")))?;
