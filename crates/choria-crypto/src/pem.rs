@@ -50,6 +50,16 @@ pub fn certificate_spki_der(cert: &x509_cert::Certificate) -> Result<Vec<u8>, Pe
         .map_err(|e| PemError::Der(e.to_string()))
 }
 
+/// Every PEM block of `text` as (label, DER), for files that hold several keys. Text between
+/// blocks is ignored; the DER is not parsed.
+pub fn decode_many(text: &str) -> Result<Vec<(String, Vec<u8>)>, PemError> {
+    let blocks = ::pem::parse_many(text).map_err(|e| PemError::Armour(e.to_string()))?;
+    Ok(blocks
+        .into_iter()
+        .map(|b| (b.tag().to_string(), b.into_contents()))
+        .collect())
+}
+
 /// `der` in a PEM block labelled `label`, as Go's `pem.Encode` writes it: 64-column base64
 /// lines, `\n` line endings, a final newline.
 pub fn encode(label: &str, der: impl Into<Vec<u8>>) -> String {
