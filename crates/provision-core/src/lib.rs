@@ -1,10 +1,19 @@
 //! The provisioning engine of the Choria provisioner, free of any transport so other tools can
 //! embed it.
 //!
+//! The crate does no I/O of its own: no files, no processes, no sockets, no signals. What it
+//! needs from outside comes through traits an embedder implements:
+//!
+//! * [`rpc`]: [`NodeRpc`] (directed RPCs to one node) and [`Helper`] (the site helper; the
+//!   binary runs [`helper_protocol::HelperRunner`] behind it).
+//! * [`keys`]: [`KeyMaterial`], the keys of enrolment, asked for every node ([`StaticKeys`]
+//!   holds keys loaded once).
+//! * [`observer`]: [`Observer`], the metric hooks.
+//! * [`clock`]: [`Clock`] (wall time) and [`Random`] (nonces and jitter).
+//!
+//! And the engine itself:
+//!
 //! * [`config`]: the YAML configuration and the shared pause state.
-//! * [`rpc`]: the traits an embedder implements: [`NodeRpc`] (directed RPCs to one node),
-//!   [`Helper`] (the site helper; [`helper_protocol::HelperRunner`] implements it),
-//!   [`Observer`] (metric hooks) and [`Clock`].
 //! * [`provision`]: the cycle of one node ([`Provisioner::provision`]).
 //! * [`fleet`]: the host table, the bounded work queue and the worker pool ([`Fleet`]).
 //! * [`policy`], [`jwt`], [`keyenc`]: the checks and the cryptography of enrolment.
@@ -13,12 +22,24 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
+//! use std::time::Duration;
 //! use provision_core::rpc::*;
-//! use provision_core::{Config, Fleet, PauseState, Provisioner, Source};
-//! use provision_core::helper_protocol::{CsrReply, Ed25519Reply, HelperRunner};
+//! use provision_core::{Backoff, Config, Fleet, NoopObserver, PauseState, Provisioner, Source, StaticKeys};
+//! use provision_core::helper_protocol::{
+//!     CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, HelperRunner,
+//! };
 //!
 //! /// Sends each action to one node over whatever the embedder talks.
 //! struct MyTransport;
+//!
+//! /// Runs the site helper as a subprocess.
+//! struct MyHelper(HelperRunner);
+//!
+//! impl Helper for MyHelper {
+//!     async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
+//!         self.0.run(input).await
+//!     }
+//! }
 //!
 //! impl NodeRpc for MyTransport {
 //!     async fn inventory(&self, identity: &str) -> Result<Inventory, RpcError> {
@@ -53,9 +74,15 @@
 //!     eprintln!("warning: {w}");
 //! }
 //! let config = Arc::new(loaded.config);
-//! let helper = HelperRunner::new(&config.helper)?;
+//! let helper = MyHelper(HelperRunner::new(&config.helper)?);
+//! // Keys loaded once; the binary's implementation reads rotated files again.
+//! let keys = StaticKeys::new().with_signing_key(std::fs::read_to_string("/etc/choria/signer.seed")?);
+//! // The embedder's own pacing (the binary passes go-choria's FiveSec table from the client).
+//! let backoff = Backoff::from_steps(&[Duration::from_millis(500), Duration::from_secs(2)], true);
 //! let workers = config.workers;
-//! let provisioner = Provisioner::new(config, PauseState::default(), MyTransport, helper, NoopObserver);
+//! let provisioner = Provisioner::new(
+//!     config, PauseState::default(), MyTransport, helper, NoopObserver, keys, backoff,
+//! );
 //! let fleet = Fleet::new(provisioner);
 //! let shutdown = tokio_util::sync::CancellationToken::new();
 //! let runner = tokio::spawn(fleet.clone().run(workers, shutdown.clone()));
@@ -66,10 +93,13 @@
 //! ```
 
 #![deny(missing_docs)]
+pub mod clock;
 pub mod config;
 pub mod fleet;
 pub mod identity;
 pub mod keyenc;
+pub mod keys;
+pub mod observer;
 pub mod policy;
 pub mod provision;
 pub mod rpc;
@@ -79,9 +109,12 @@ pub use choria_crypto;
 /// this path).
 pub use choria_crypto::jwt;
 
+pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, PauseState};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};
+pub use keys::{KeyMaterial, StaticKeys};
+pub use observer::{NoopObserver, Observer};
 pub use provision::{Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner};
-pub use rpc::{Clock, Helper, NodeRpc, NoopObserver, Observer, SystemClock};
+pub use rpc::{Helper, NodeRpc};

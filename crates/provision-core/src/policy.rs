@@ -1,7 +1,6 @@
 //! The security checks of provisioning: the node's provisioning JWT, its nonce signature, its
 //! CSR, the server JWT the provisioner issues, and the encryption of a private key for the node.
 
-use std::path::Path;
 use std::time::Duration;
 
 use choria_crypto::csr::{self, CsrError};
@@ -357,9 +356,11 @@ pub struct ServerJwtRequest<'a> {
     pub configuration: Option<&'a std::collections::BTreeMap<String, String>>,
     /// The helper's `server_claims`.
     pub server_claims: Option<&'a ServerClaims>,
-    /// `jwt_signing_key`.
+    /// The signing key as text (the content of `jwt_signing_key`: a hex ed25519 seed or an RSA
+    /// PEM), empty when none is configured. The caller reads it (see
+    /// [`crate::keys::KeyMaterial`]); this function does no I/O.
     pub signing_key: &'a str,
-    /// `jwt_signing_token`, read again now so rotated files take effect.
+    /// The content of `jwt_signing_token`, empty when none is configured.
     pub signing_token: &'a str,
     /// `server_jwt_validity`.
     pub default_validity: Duration,
@@ -459,12 +460,9 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
         },
     };
 
-    let key_data = read_file(req.signing_key)?;
-    let key = SigningKey::from_key_data(&key_data)?;
+    let key = SigningKey::from_key_data(req.signing_key.as_bytes())?;
     if !req.signing_token.is_empty() {
-        let token = read_file(req.signing_token)?;
-        let token = String::from_utf8_lossy(&token);
-        let signer: StandardClaims = jwt::decode_unverified(&token)?;
+        let signer: StandardClaims = jwt::decode_unverified(req.signing_token)?;
         if signer.trust_chain_signature.is_empty() {
             return Err(PolicyError::ServerJwt(
                 "no Trust Chain Signature claim in JWT Signing Token".into(),
@@ -514,11 +512,4 @@ fn add_chain_issuer_data(
         hex::encode(sig.to_bytes())
     );
     Ok(())
-}
-
-fn read_file(path: &str) -> Result<Vec<u8>, PolicyError> {
-    std::fs::read(Path::new(path)).map_err(|source| PolicyError::File {
-        path: path.to_string(),
-        source,
-    })
 }

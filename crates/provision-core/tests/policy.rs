@@ -53,6 +53,28 @@ fn request<'a>(
     }
 }
 
+/// [`provision_core::policy::issue_server_jwt`] for a request whose `signing_key` and
+/// `signing_token` name files (empty: none), read here as the binary's key material reads them.
+fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, PolicyError> {
+    let read = |path: &str| -> Result<String, PolicyError> {
+        if path.is_empty() {
+            return Ok(String::new());
+        }
+        std::fs::read(path)
+            .map(|d| String::from_utf8_lossy(&d).into_owned())
+            .map_err(|source| PolicyError::File {
+                path: path.to_string(),
+                source,
+            })
+    };
+    let (key, token) = (read(req.signing_key)?, read(req.signing_token)?);
+    provision_core::policy::issue_server_jwt(&ServerJwtRequest {
+        signing_key: &key,
+        signing_token: &token,
+        ..*req
+    })
+}
+
 fn verify_rsa(token: &str) -> ServerClaims {
     let pubkey = std::fs::read(testdata("signer-public.pem")).unwrap();
     jwt::verify(

@@ -14,9 +14,13 @@ use provision_core::helper_protocol::{
     CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, ProvisioningClaims,
     StandardClaims,
 };
+use provision_core::jwt::VerifyingKey;
 use provision_core::jwt::{self, SigningKey};
+use provision_core::policy::{self, PolicyError};
 use provision_core::rpc::*;
-use provision_core::{Backoff, Config, PauseState, Provisioner};
+use provision_core::{
+    Backoff, Clock, Config, KeyMaterial, Observer, PauseState, Provisioner, SystemClock,
+};
 
 pub fn testdata(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -74,6 +78,8 @@ pub struct NodeState {
     pub ecdh_secret: [u8; 32],
     pub ed_seed: [u8; 32],
     pub bad_nonce: bool,
+    /// The nonces `gen25519` was sent, in order.
+    pub nonces: Vec<String>,
     pub short_key: bool,
     pub inventory: Inventory,
     pub csr: CsrReply,
@@ -183,7 +189,8 @@ impl NodeRpc for FakeNode {
         nonce: &str,
     ) -> Result<Ed25519Reply, RpcError> {
         self.enter(id, Action::Gen25519)?;
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        s.nonces.push(nonce.to_string());
         let key = ed25519_dalek::SigningKey::from_bytes(&s.ed_seed);
         let msg = if s.bad_nonce {
             "other".to_string()
@@ -381,13 +388,69 @@ pub fn provisioner(
     obs: &CountingObserver,
 ) -> Provisioner<FakeNode, FakeHelper, CountingObserver> {
     Provisioner::new(
-        cfg,
+        cfg.clone(),
         PauseState::default(),
         node.clone(),
         helper.clone(),
         obs.clone(),
+        ConfigKeys(cfg),
+        Backoff::fixed(vec![Duration::ZERO]),
     )
-    .with_backoff(Backoff::fixed(vec![Duration::ZERO]))
+}
+
+/// Entropy that is always the same: every byte `self.0`, every range its low end.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedRandom(pub u8);
+
+impl provision_core::Random for FixedRandom {
+    fn fill_bytes(&self, buf: &mut [u8]) {
+        buf.fill(self.0);
+    }
+
+    fn in_range(&self, low: u64, _high: u64) -> u64 {
+        low
+    }
+}
+
+/// Key material read from the files the configuration names, again on every call (as the
+/// binary's file-backed key material does, without its cache).
+pub struct ConfigKeys(pub Arc<Config>);
+
+fn read_text(path: &str) -> Result<String, PolicyError> {
+    if path.is_empty() {
+        return Ok(String::new());
+    }
+    std::fs::read(path)
+        .map(|d| String::from_utf8_lossy(&d).into_owned())
+        .map_err(|source| PolicyError::File {
+            path: path.to_string(),
+            source,
+        })
+}
+
+impl KeyMaterial for ConfigKeys {
+    fn verify_key(&self) -> Result<VerifyingKey, PolicyError> {
+        let name = &self.0.jwt_verify_cert;
+        let file = match std::fs::read(name) {
+            Ok(d) => Some(d),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound || name.is_empty() => None,
+            Err(source) => {
+                return Err(PolicyError::File {
+                    path: name.clone(),
+                    source,
+                })
+            }
+        };
+        policy::verify_key(name, file.as_deref())
+    }
+
+    fn signing_key(&self) -> Result<String, PolicyError> {
+        read_text(&self.0.jwt_signing_key)
+    }
+
+    fn signing_token(&self) -> Result<String, PolicyError> {
+        read_text(&self.0.jwt_signing_token)
+    }
 }
 
 /// A CSR signed by the node key in testdata.
