@@ -188,7 +188,7 @@ const PATH_RULE: &str = "is not an absolute path of letters, digits, '.', '_', '
 /// The identity when it is a string of the provisioner's built-in grammar (labels of ASCII
 /// letters, digits, `-` and `_`, each 1 to 63 bytes, separated by single dots, at most 253 bytes)
 /// and not a Choria client name (`*.mcollective`, `*.choria`); else why not. Kept here rather
-/// than shared with the provisioner: the demo helper has no workspace dependencies.
+/// than shared with the provisioner: a helper's checks are its own, as a site's would be.
 fn identity_problem(value: &Value) -> Result<&str, String> {
     let Some(identity) = value.as_str() else {
         return Err("the identity is not a string".into());
@@ -239,36 +239,6 @@ fn safe_path(path: &str) -> bool {
         && !path.split('/').any(|part| part == "..")
 }
 
-/// The common names in a subject, as text; `None` for a common name that is not a string.
-fn common_names(subject: &Name) -> Vec<Option<String>> {
-    const CN: der::asn1::ObjectIdentifier = der::asn1::ObjectIdentifier::new_unwrap("2.5.4.3");
-    let mut out = Vec::new();
-    for rdn in subject.0.iter() {
-        for atv in rdn.0.iter() {
-            if atv.oid != CN {
-                continue;
-            }
-            let value = atv
-                .value
-                .decode_as::<der::asn1::Utf8StringRef<'_>>()
-                .map(|s| s.as_str().to_string())
-                .or_else(|_| {
-                    atv.value
-                        .decode_as::<der::asn1::PrintableStringRef<'_>>()
-                        .map(|s| s.as_str().to_string())
-                })
-                .or_else(|_| {
-                    atv.value
-                        .decode_as::<der::asn1::Ia5StringRef<'_>>()
-                        .map(|s| s.as_str().to_string())
-                })
-                .ok();
-            out.push(value);
-        }
-    }
-    out
-}
-
 /// What [`sign_csr`] made of a CSR.
 #[derive(Debug)]
 enum Signed {
@@ -278,15 +248,10 @@ enum Signed {
     Refused(String),
 }
 
-/// The DER inside a PEM block with the given label. The armour is decoded first: der's
-/// streaming PEM reader spins on DER that ends inside a header.
-fn pem_der(text: &str, want: &str) -> Result<Vec<u8>, String> {
-    let (label, der) =
-        der::pem::decode_vec(text.trim().as_bytes()).map_err(|e| format!("invalid {want}: {e}"))?;
-    if label != want {
-        return Err(format!("expected a {want}, found {label:?}"));
-    }
-    Ok(der)
+/// The DER inside a PEM block with the given label ([`choria_crypto::pem::decode`]: armour
+/// first, so DER that ends inside a header cannot make the decoder spin).
+fn pem_der(text: &str, want: &'static str) -> Result<Vec<u8>, String> {
+    choria_crypto::pem::decode(text, want).map_err(|e| format!("invalid {want}: {e}"))
 }
 
 /// Signs the CSR of a checked identity: its subject must hold exactly one common name, the
@@ -294,7 +259,7 @@ fn pem_der(text: &str, want: &str) -> Result<Vec<u8>, String> {
 fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Result<Signed, String> {
     let req = CertReq::from_der(&pem_der(csr_pem, "CERTIFICATE REQUEST")?)
         .map_err(|e| format!("invalid CSR for {identity}: {e}"))?;
-    if common_names(&req.info.subject) != [Some(identity.to_string())] {
+    if choria_crypto::csr::common_names(&req.info.subject) != [Some(identity.to_string())] {
         return Ok(Signed::Refused(
             "the CSR's subject does not hold exactly one common name, the identity".into(),
         ));
@@ -481,6 +446,10 @@ mod tests {
 
     fn name(s: &str) -> Name {
         Name::from_str(s).unwrap()
+    }
+
+    fn common_names(subject: &Name) -> Vec<Option<String>> {
+        choria_crypto::csr::common_names(subject)
     }
 
     #[test]
