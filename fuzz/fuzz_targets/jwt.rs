@@ -4,7 +4,7 @@
 
 use helper_protocol::{ProvisioningClaims, ServerClaims};
 use libfuzzer_sys::fuzz_target;
-use provision_core::jwt::{self, VerifyingKey};
+use choria_crypto::jwt::{self, VerifyingKey};
 use provision_core::policy;
 use std::sync::OnceLock;
 

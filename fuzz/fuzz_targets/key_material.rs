@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use provision_core::jwt::{SigningKey, VerifyingKey};
+use choria_crypto::jwt::{SigningKey, VerifyingKey};
 
 fuzz_target!(|data: &[u8]| {
     let _ = VerifyingKey::from_public_data(data);
