@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use choria_rpc_client::mcorpc::StatusCode;
-use ed25519_dalek::Signer as _;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -604,14 +603,14 @@ impl Node {
         } else {
             args.str(1).as_bytes().to_vec()
         };
-        let sig = key.sign(&signed);
+        let (public_hex, signature) = choria_crypto::nonce::sign_nonce(&key, &signed);
         self.ed25519_public = Some(public);
         ok(
             "gen25519",
             json!({
-                "public_key": hex::encode(public),
+                "public_key": public_hex,
                 "directory": env.config_dir,
-                "signature": hex::encode(sig.to_bytes()),
+                "signature": signature,
             }),
         )
     }
