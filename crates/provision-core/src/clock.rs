@@ -21,7 +21,8 @@ impl Clock for SystemClock {
     }
 }
 
-/// Entropy for the cycle: the `gen25519` nonce and the jitter of the delays between RPC tries.
+/// Entropy for the cycle: the `gen25519` nonce, the jitter of the delays between RPC tries, the
+/// id of a server JWT, and the X25519 key pair and IV that encrypt a private key for a node.
 /// [`SystemRandom`] draws from the operating system's generator; a test can return fixed values
 /// to make a cycle repeatable.
 pub trait Random: Send + Sync + 'static {

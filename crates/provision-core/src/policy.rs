@@ -364,6 +364,8 @@ pub struct ServerJwtRequest<'a> {
     pub signing_token: &'a str,
     /// `server_jwt_validity`.
     pub default_validity: Duration,
+    /// The random part of the token's id (`jti`, a KSUID of `now`), from the caller's entropy.
+    pub jti_payload: [u8; 16],
     /// Unix seconds.
     pub now: i64,
 }
@@ -455,7 +457,7 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
             expires_at: Some(req.now.saturating_add(validity)),
             not_before: Some(req.now),
             issued_at: Some(req.now),
-            id: choria_crypto::ksuid::ksuid(req.now),
+            id: choria_crypto::ksuid::ksuid_with(req.now, &req.jti_payload),
             ..Default::default()
         },
     };

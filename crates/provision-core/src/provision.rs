@@ -15,7 +15,7 @@ use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::{Config, PauseState};
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
-use crate::keyenc::encrypt_private_key;
+use crate::keyenc::encrypt_private_key_with;
 use crate::keys::KeyMaterial;
 use crate::observer::Observer;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
@@ -624,6 +624,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 .keys
                 .signing_token()
                 .map_err(ProvisionErrorKind::ServerJwt)?;
+            let mut jti_payload = [0u8; 16];
+            self.random.fill_bytes(&mut jti_payload);
             let issued = policy::issue_server_jwt(&ServerJwtRequest {
                 identity: &host.identity,
                 public_key_hex: pk,
@@ -633,6 +635,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 signing_key: &signing_key,
                 signing_token: &signing_token,
                 default_validity: cfg.server_jwt_validity,
+                jti_payload,
                 now: self.clock.now_unix(),
             })
             .map_err(ProvisionErrorKind::ServerJwt)?;
@@ -640,8 +643,14 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
 
         if !reply.key.is_empty() {
-            let enc = encrypt_private_key(&reply.key, &host.server_ecdh_public)
-                .map_err(ProvisionErrorKind::KeyEncryption)?;
+            // A fresh X25519 key pair and IV for every key sent.
+            let mut own_private = [0u8; 32];
+            let mut iv = [0u8; 16];
+            self.random.fill_bytes(&mut own_private);
+            self.random.fill_bytes(&mut iv);
+            let enc =
+                encrypt_private_key_with(&reply.key, &host.server_ecdh_public, &own_private, &iv)
+                    .map_err(|e| ProvisionErrorKind::KeyEncryption(e.into()))?;
             enrolment.key = enc.pem;
             enrolment.ecdh_public = enc.ecdh_public;
         }

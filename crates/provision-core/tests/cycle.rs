@@ -671,6 +671,14 @@ async fn the_nonce_comes_from_the_injected_entropy() {
     // 16 bytes of 0x11 as a version 4 UUID without dashes.
     let nonce = "11111111111141119111111111111111";
     assert_eq!(node.state.lock().unwrap().nonces, vec![nonce]);
+    // The server JWT's id is a KSUID whose random part is the same bytes.
+    let c = node.configured().unwrap();
+    let claims: ServerClaims = jwt::decode_unverified(&c.server_jwt).unwrap();
+    let at = choria_crypto::ksuid::ksuid_time(&claims.standard.id).unwrap();
+    assert_eq!(
+        claims.standard.id,
+        choria_crypto::ksuid::ksuid_with(at, &[0x11; 16])
+    );
 }
 
 #[test]

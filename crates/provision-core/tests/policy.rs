@@ -49,6 +49,7 @@ fn request<'a>(
         signing_key: key,
         signing_token: "",
         default_validity: HOUR,
+        jti_payload: [0x5a; 16],
         now: now(),
     }
 }
