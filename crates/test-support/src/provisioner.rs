@@ -140,8 +140,9 @@ pub struct ProvisionerProcess {
 }
 
 impl ProvisionerProcess {
-    /// Start `cmd` (program and arguments set), appending its output to `out`. A drop kills it
-    /// with SIGKILL at once; `grace` lets it drain on SIGTERM first.
+    /// Start `cmd` (program and arguments set), its output in `out` (emptied first, so waiting
+    /// for a line never finds an earlier run's). A drop kills it with SIGKILL at once; `grace`
+    /// lets it drain on SIGTERM first.
     pub fn spawn(
         name: &str,
         cmd: &mut Command,
@@ -149,11 +150,7 @@ impl ProvisionerProcess {
         port: u16,
         grace: Duration,
     ) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(out)
-            .ctx(|| format!("opening {}", out.display()))?;
+        let file = std::fs::File::create(out).ctx(|| format!("creating {}", out.display()))?;
         let err = file
             .try_clone()
             .ctx(|| format!("opening {}", out.display()))?;

@@ -1,14 +1,16 @@
 //! Shared harness of the end-to-end tests: a broker, keys, configuration files, the provisioner
-//! as a subprocess, its `/metrics`, and a simulated fleet in this process.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//! as a subprocess (test-support's provisioner harness, with async waits), its `/metrics`, and a
+//! simulated fleet in this process.
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
 use choria_fleet_sim::{Fleet, FleetConfig, Mode, ProvisioningJwt};
+pub use test_support::metrics::{http_get, metric};
+use test_support::provisioner::{ProvisionerConfig, ProvisionerProcess};
 use test_support::NatsServer;
 
 /// The binary under test.
@@ -239,52 +241,22 @@ impl Env {
 
     /// Write the YAML and Choria configuration of a provisioner; returns (yaml, cfg, port).
     pub fn write_config(&self, o: &ProvOptions) -> (PathBuf, PathBuf, u16) {
-        let port = test_support::free_port();
-        let features: String = o
-            .features
-            .iter()
-            .map(|f| format!("  {f}: true\n"))
-            .collect();
-        let logfile = match &o.logfile {
-            Some(p) => format!("logfile: {}\n", p.display()),
-            None => String::new(),
-        };
-        let yaml = format!(
-            "workers: {workers}\n\
-             interval: 1m\n\
-             {logfile}\
-             loglevel: {loglevel}\n\
-             helper: {helper}\n\
-             token: {TOKEN}\n\
-             site: testsite\n\
-             choria_insecure: true\n\
-             monitor_port: {port}\n\
-             jwt_verify_cert: {verify}\n\
-             jwt_signing_key: {seed}\n\
-             leader_election: {le}\n\
-             {extra}\
-             features:\n{features}",
-            workers = o.workers,
-            helper = o.helper,
-            verify = self.signer.public_hex,
-            seed = self.signer.seed_file.display(),
-            le = o.leader_election,
-            loglevel = o.loglevel,
-            extra = o.extra_yaml,
+        let mut c = ProvisionerConfig::new(
+            &o.identity,
+            &self.url(),
+            &o.helper,
+            TOKEN,
+            &self.signer.public_hex,
         );
-        let yaml_path = self.path().join(format!("{}.yaml", o.identity));
-        std::fs::write(&yaml_path, yaml).unwrap();
-        let cfg_path = self.path().join(format!("{}.cfg", o.identity));
-        std::fs::write(
-            &cfg_path,
-            format!(
-                "identity = {}\nplugin.choria.middleware_hosts = {}\nplugin.choria.use_srv = false\nplugin.security.provider = file\n",
-                o.identity,
-                self.url()
-            ),
-        )
-        .unwrap();
-        (yaml_path, cfg_path, port)
+        c.workers = o.workers;
+        c.logfile = o.logfile.clone();
+        c.loglevel = o.loglevel.clone();
+        c.jwt_signing_key = Some(self.signer.seed_file.clone());
+        c.leader_election = o.leader_election;
+        c.extra_yaml = o.extra_yaml.clone();
+        c.features = o.features.iter().map(|f| f.to_string()).collect();
+        let (yaml, cfg) = c.write(self.path()).unwrap();
+        (yaml, cfg, c.monitor_port)
     }
 
     /// Write the files and start the provisioner.
@@ -323,15 +295,13 @@ impl Env {
 }
 
 /// A running provisioner, killed when dropped.
-pub struct Prov {
-    /// The process.
-    pub child: Child,
-    /// Its name in messages.
-    pub name: String,
-    /// Standard output and error.
-    pub out: PathBuf,
-    /// The monitoring port.
-    pub port: u16,
+pub struct Prov(pub ProvisionerProcess);
+
+impl std::ops::Deref for Prov {
+    type Target = ProvisionerProcess;
+    fn deref(&self) -> &ProvisionerProcess {
+        &self.0
+    }
 }
 
 impl Prov {
@@ -345,33 +315,12 @@ impl Prov {
         port: u16,
     ) -> Self {
         let out = dir.join(format!("{name}.out"));
-        let file = std::fs::File::create(&out).unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .arg("--config")
-            .arg(yaml)
-            .stdout(file.try_clone().unwrap())
-            .stderr(file);
+        cmd.args(args).arg("--config").arg(yaml);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().unwrap();
-        Prov {
-            child,
-            name: name.to_string(),
-            out,
-            port,
-        }
-    }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Everything it printed so far.
-    pub fn output(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
+        Prov(ProvisionerProcess::spawn(name, &mut cmd, &out, port, Duration::ZERO).unwrap())
     }
 
     /// Wait until its output contains `needle`.
@@ -381,7 +330,7 @@ impl Prov {
             if self.output().contains(needle) {
                 return true;
             }
-            if let Ok(Some(st)) = self.child.try_wait() {
+            if let Some(st) = self.0.exited() {
                 panic!(
                     "{} exited with {st} while waiting for {needle:?}:\n{}",
                     self.name,
@@ -402,21 +351,6 @@ impl Prov {
             self.name,
             self.output()
         );
-    }
-
-    /// GET `path` from the monitoring port: (status, body).
-    pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        http_get(self.port, path)
-    }
-
-    /// The `/metrics` text.
-    pub fn metrics(&self) -> String {
-        self.get("/metrics").map(|(_, b)| b).unwrap_or_default()
-    }
-
-    /// One sample of `/metrics`: `name` with `label` when given (the `site` label is implied).
-    pub fn metric(&self, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
-        metric(&self.metrics(), name, label)
     }
 
     /// A metric, 0 when absent.
@@ -460,19 +394,14 @@ impl Prov {
 
     /// Send a signal by name (`TERM`, `INT`, `KILL`).
     pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap();
-        assert!(st.success(), "kill -{sig} {} failed", self.pid());
+        assert!(self.0.signal(sig), "kill -{sig} {} failed", self.pid());
     }
 
     /// Wait for the process to exit.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
+            if let Some(st) = self.0.exited() {
                 return Some(st);
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -498,44 +427,7 @@ impl Drop for Prov {
         if std::env::var_os("E2E_SHOW_LOGS").is_some() {
             eprintln!("==== {} output ====\n{}", self.name, self.output());
         }
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
-}
-
-/// A plain HTTP/1.1 GET on loopback: (status, body).
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
-/// A sample from Prometheus text: the line for `name` whose labels include `label`.
-pub fn metric(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (n, rest) = l.split_once('{')?;
-        if n != name {
-            return None;
-        }
-        let (labels, value) = rest.split_once("} ")?;
-        if let Some((k, v)) = label {
-            if !labels.split(',').any(|p| p == format!("{k}=\"{v}\"")) {
-                return None;
-            }
-        }
-        value.trim().parse().ok()
-    })
 }
 
 /// Wait until `f` holds.
