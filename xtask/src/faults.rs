@@ -376,6 +376,12 @@ fn scenarios() -> Vec<Scenario> {
             run: monitor_idle_flood,
             long: false,
         },
+        Scenario {
+            name: "event-flood",
+            about: "20,000 startup events for bogus nodes (a tenth with hostile identities), then a real fleet of 200",
+            run: event_flood,
+            long: false,
+        },
     ]
 }
 
@@ -3076,4 +3082,90 @@ mod tests {
         );
         assert_eq!(progress_provisioned("something else"), None);
     }
+}
+
+/// Anyone holding a provisioning JWT can announce nodes: 20,000 startup events for nodes that do
+/// not exist (nine in ten valid-looking names, served by nothing that answers; one in ten hostile
+/// identities: wildcards, names smuggling certificate names, newlines, 5,000 bytes...), then a
+/// real fleet of 200 announcing itself behind them. The real fleet must be provisioned promptly,
+/// every hostile identity refused and counted without a request sent for it, and the
+/// provisioner's memory and log must stay bounded.
+fn event_flood(env: &Env, name: &str) -> Result<String> {
+    const BOGUS: usize = 20_000;
+    let nodes = 200;
+    let mut run = setup(env, name, Setup::default())?;
+    let p = run.start_provisioner("provisioner")?;
+    let pid = run.provisioners[p].proc.pid();
+    let started = Instant::now();
+    let sim = run.start_sim(
+        "flood",
+        "n",
+        nodes,
+        &["--bogus-events".into(), BOGUS.to_string()],
+    )?;
+    let took = wait_for(
+        "the real fleet behind the flood",
+        Duration::from_secs(120),
+        || {
+            run.alive(p)?;
+            Ok(sim.provisioned() >= nodes)
+        },
+    )?;
+    let hostile = (0..BOGUS).filter(|n| n % 10 == 9).count() as f64;
+    wait_for(
+        "every hostile identity to be refused",
+        Duration::from_secs(30),
+        || Ok(run.metric(p, "choria_provisioner_invalid_identities") >= hostile),
+    )?;
+    let refused = run.metric(p, "choria_provisioner_invalid_identities");
+    let queued = run.metric(p, "choria_provisioner_event_discovered");
+    let hwm_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let report = sim.finish()?;
+    let log = run.log(p);
+    ensure!(
+        refused == hostile,
+        "{refused} identities refused, expected {hostile}"
+    );
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.problems);
+        let configures = n.ok_count("configure");
+        ensure!(configures == 1, "{id} configured {configures} times");
+    }
+    let lines = log.lines().count();
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    let refusal_lines = log.lines().filter(|l| l.contains("refus")).count();
+    ensure!(
+        refusal_lines <= 30,
+        "{refusal_lines} log lines about refused identities: not summarised"
+    );
+    ensure!(
+        longest < 2048,
+        "a log line of {longest} bytes: node text is not bounded"
+    );
+    ensure!(
+        !log.lines().any(|l| l.starts_with("ERROR forged")),
+        "a newline in an identity forged a log line"
+    );
+    ensure!(
+        lines < 5_000,
+        "{lines} log lines for a flood of {BOGUS}: the log is not bounded"
+    );
+    ensure!(
+        hwm_kib > 0 && hwm_kib < 64 * 1024,
+        "provisioner peak RSS {hwm_kib} KiB"
+    );
+    Ok(format!(
+        "{nodes} real nodes provisioned {:.1}s after the flood began ({:.1}s in all); {refused} hostile identities refused and counted, {queued} announcements queued; {lines} log lines ({refusal_lines} about refusals, longest {longest} bytes); provisioner peak RSS {} MiB",
+        took.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        hwm_kib / 1024
+    ))
 }
