@@ -1,0 +1,189 @@
+//! The code map stays true: ARCHITECTURE.md's table of crates, their folders and the workspace
+//! crates each may use is compared with what `cargo metadata` says. A dependency edge the map
+//! does not name, an edge the map names that no longer exists, a crate missing from the map or a
+//! folder not named after its package fails the test, which prints the table as it should read.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Row {
+    folder: String,
+    normal: BTreeSet<String>,
+    dev: BTreeSet<String>,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The workspace as `cargo metadata` sees it: package -> row.
+fn actual() -> BTreeMap<String, Row> {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let packages = meta["packages"].as_array().expect("packages");
+    let names: BTreeSet<String> = packages
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect();
+    let root = root();
+    let mut rows = BTreeMap::new();
+    for p in packages {
+        let name = p["name"].as_str().unwrap_or_default().to_string();
+        let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap_or_default());
+        let folder = manifest
+            .parent()
+            .and_then(|d| d.strip_prefix(&root).ok())
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        let mut row = Row {
+            folder,
+            ..Row::default()
+        };
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let dep = d["name"].as_str().unwrap_or_default().to_string();
+            if !names.contains(&dep) {
+                continue;
+            }
+            match d["kind"].as_str() {
+                Some("dev") => row.dev.insert(dep),
+                _ => row.normal.insert(dep),
+            };
+        }
+        // A crate used normally is usable in its tests too: the map lists it once.
+        let normal = row.normal.clone();
+        row.dev.retain(|d| !normal.contains(d));
+        rows.insert(name, row);
+    }
+    rows
+}
+
+fn names(cell: &str) -> BTreeSet<String> {
+    cell.split(',')
+        .map(|s| s.trim().trim_matches('`').trim().to_string())
+        .filter(|s| !s.is_empty() && s != "—" && s != "-")
+        .collect()
+}
+
+/// The table under "## Allowed dependency edges" in ARCHITECTURE.md.
+fn mapped() -> BTreeMap<String, Row> {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let section = text
+        .split("## Allowed dependency edges")
+        .nth(1)
+        .expect("ARCHITECTURE.md has an \"Allowed dependency edges\" section");
+    let mut rows = BTreeMap::new();
+    for line in section.lines().skip_while(|l| !l.starts_with('|')) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
+        if cells.len() != 4 || cells[0].contains("---") || cells[0].trim() == "crate" {
+            continue;
+        }
+        let crate_name = cells[0].trim().trim_matches('`').to_string();
+        rows.insert(
+            crate_name,
+            Row {
+                folder: cells[1].trim().trim_matches('`').to_string(),
+                normal: names(cells[2]),
+                dev: names(cells[3]),
+            },
+        );
+    }
+    rows
+}
+
+fn table(rows: &BTreeMap<String, Row>) -> String {
+    let list = |s: &BTreeSet<String>| {
+        if s.is_empty() {
+            "—".to_string()
+        } else {
+            s.iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let mut out =
+        String::from("| crate | folder | may use | may also use in tests |\n|---|---|---|---|\n");
+    for (name, r) in rows {
+        out.push_str(&format!(
+            "| `{name}` | `{}` | {} | {} |\n",
+            r.folder,
+            list(&r.normal),
+            list(&r.dev)
+        ));
+    }
+    out
+}
+
+#[test]
+fn architecture_md_names_every_crate_and_every_edge() {
+    let actual = actual();
+    let mapped = mapped();
+    let mut problems = Vec::new();
+    for (name, a) in &actual {
+        let Some(m) = mapped.get(name) else {
+            problems.push(format!("{name} is not in the map"));
+            continue;
+        };
+        if a.folder != m.folder {
+            problems.push(format!(
+                "{name} lives in {} but the map says {}",
+                a.folder, m.folder
+            ));
+        }
+        for d in a.normal.difference(&m.normal) {
+            problems.push(format!("{name} uses {d}, which the map does not allow"));
+        }
+        for d in a.dev.difference(&m.dev) {
+            problems.push(format!(
+                "{name}'s tests use {d}, which the map does not allow"
+            ));
+        }
+        for d in m.normal.difference(&a.normal) {
+            problems.push(format!("the map lets {name} use {d}, which it does not"));
+        }
+        for d in m.dev.difference(&a.dev) {
+            problems.push(format!(
+                "the map lets {name}'s tests use {d}, which they do not"
+            ));
+        }
+    }
+    for name in mapped.keys().filter(|n| !actual.contains_key(*n)) {
+        problems.push(format!(
+            "the map names {name}, which is not in the workspace"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md is out of date:\n  {}\n\nThe table should read:\n\n{}",
+        problems.join("\n  "),
+        table(&actual)
+    );
+}
+
+#[test]
+#[ignore = "until crates/rpm-version, crates/metrics and crates/fleet-sim are renamed"]
+fn every_folder_is_named_after_its_package() {
+    let wrong: Vec<String> = actual()
+        .into_iter()
+        .filter(|(name, r)| r.folder != "xtask" && !r.folder.ends_with(&format!("/{name}")))
+        .map(|(name, r)| format!("{name} lives in {}", r.folder))
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
