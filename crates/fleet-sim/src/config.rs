@@ -451,4 +451,3 @@ mod tests {
         assert_eq!(c.identity_list()[2], "n-03");
     }
 }
-
