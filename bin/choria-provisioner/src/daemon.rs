@@ -1,29 +1,37 @@
 //! The running provisioner: connect, elect, discover, provision, serve metrics, drain.
 //!
 //! Start-up follows the Go provisioner's `cmd/provisioner.go` and `hosts.Process`: both
-//! configurations are loaded and validated before anything binds, then the broker connection,
+//! configurations are loaded and validated before anything binds, and the daemon refuses to
+//! start on any problem `check` reports (the same [`preflight`]); then the broker connection,
 //! the provisioner's own startup event, the election (paused until won), the lifecycle listener,
 //! discovery at start and every `interval`, and the workers.
+//!
+//! Every task the daemon starts is owned by a [`JoinSet`] and waited for before it returns: the
+//! signal handler and the connection watch, the listener, discovery and the election (whose
+//! follower runs inside it), and the workers. Control follows the election's own state and the
+//! fleet's own counts, never a metric.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use choria_rpc_client::config::{ChoriaConfig, ProvisionerOverrides};
-use choria_rpc_client::election::{self, Election, ElectionError, ElectionEvent};
+use anyhow::{bail, Context, Result};
+use choria_rpc_client::election::{self, Election, ElectionEvent};
 use choria_rpc_client::rpc::RpcClient;
-use provision_core::helper_protocol::HelperRunner;
-use provision_core::{Config, Fleet, Observer, PauseState, Provisioner, Source};
+use provision_core::{Backoff, Config, Fleet, Observer, PauseState, Provisioner, Source};
 use provisioner_metrics::{Metrics, Role};
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::cli::{RunArgs, VERSION};
+use crate::helper::SubprocessHelper;
+use crate::keys::FileKeys;
 use crate::logging;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
+use crate::settings::{preflight, Problem, Settings};
 
 /// The shortest time between two discoveries started early because announced nodes pile up.
 const EARLY_DISCOVERY_EVERY: Duration = Duration::from_secs(20);
@@ -32,58 +40,15 @@ const EARLY_DISCOVERY_EVERY: Duration = Duration::from_secs(20);
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
-/// Both configurations, loaded, validated and with the provisioner's overrides applied.
-pub struct Settings {
-    /// The provisioner YAML.
-    pub config: Config,
-    /// Warnings found while loading it.
-    pub warnings: Vec<provision_core::ConfigWarning>,
-    /// The Choria client configuration.
-    pub choria: ChoriaConfig,
-}
-
-/// Load and validate both files; nothing is opened or bound yet.
-pub fn load(args: &RunArgs, debug: bool) -> Result<Settings> {
-    let path = args.config.as_deref().context("--config is required")?;
-    let loaded = Config::load(path).map_err(anyhow::Error::new)?;
-    let config = loaded.config;
-    let choria_path: PathBuf = args
-        .choria_config
-        .clone()
-        .unwrap_or_else(choria_rpc_client::config::user_config_path);
-    let mut choria = ChoriaConfig::load(&choria_path).with_context(|| {
-        format!(
-            "cannot load the Choria configuration {}",
-            choria_path.display()
-        )
-    })?;
-    choria.apply_provisioner_overrides(&ProvisionerOverrides {
-        insecure: config.choria_insecure,
-        broker_provisioning_password: Some(config.broker_provisioning_password.clone())
-            .filter(|p| !p.is_empty()),
-        loglevel: Some(config.loglevel.clone()).filter(|l| !l.is_empty()),
-        logfile: Some(config.logfile.clone()).filter(|l| !l.is_empty()),
-        debug,
-    });
-    Ok(Settings {
-        config,
-        warnings: loaded.warnings,
-        choria,
-    })
-}
-
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn main(debug: bool, args: RunArgs) -> Result<()> {
-    let settings = load(&args, debug)?;
+    let settings = Settings::load(&args, debug)?;
     logging::init(&settings.choria.loglevel, &settings.choria.logfile, debug)?;
     info!(
         "Choria Provisioner version {VERSION} starting with configuration {}",
         settings.config.file.display()
     );
-    for w in &settings.warnings {
-        warn!("{w}");
-    }
-    warn_readable_secrets(&settings);
+    refuse_problems(&settings)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("provisioner")
@@ -107,14 +72,27 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     result
 }
 
-/// Warns about every secret file someone other than the service can read (the signing key, the
-/// Choria client's private key or seed, the provisioner YAML holding the token or broker
-/// password, the Choria configuration holding the NATS password), as `check` does: a
-/// provisioner holds the keys to a fleet.
-fn warn_readable_secrets(settings: &Settings) {
-    for w in crate::check::readable_secrets(Some(&settings.config), Some(&settings.choria)) {
-        warn!("{w}");
+/// Logs every finding of the preflight `check` runs, and refuses to start on a fatal one: the
+/// daemon would fail on it anyway, at start or for every node.
+fn refuse_problems(settings: &Settings) -> Result<()> {
+    let mut fatal = Vec::new();
+    for p in preflight(settings) {
+        match p {
+            Problem::Warning(w) => warn!("{w}"),
+            Problem::Fatal(text) => {
+                error!("{text}");
+                fatal.push(text);
+            }
+        }
     }
+    if fatal.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "refusing to start, {} problem(s) found (as `choria-provisioner check` reports): {}",
+        fatal.len(),
+        fatal.join("; ")
+    )
 }
 
 /// The PID file, removed when dropped.
@@ -139,7 +117,11 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     let config = Arc::new(config);
     let shutdown = CancellationToken::new();
     let force = CancellationToken::new();
-    signals.spawn(shutdown.clone(), force.clone());
+    // Ends the signal handler and the connection watch once everything else has stopped.
+    let stopped = CancellationToken::new();
+    // Dropping a JoinSet aborts its tasks, so an early return leaves nothing running either.
+    let mut background = JoinSet::new();
+    background.spawn(signals.watch(shutdown.clone(), force.clone(), stopped.clone()));
 
     let metrics = Metrics::new(config.site.clone());
     if config.monitor_port > 0 {
@@ -164,13 +146,16 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         info!("serving /metrics, /healthz and /readyz on {bound}{scope}");
     }
 
-    let helper = HelperRunner::new(&config.helper).map_err(anyhow::Error::new)?;
+    let helper = SubprocessHelper::new(&config.helper).map_err(anyhow::Error::new)?;
     let client = tokio::select! {
         c = RpcClient::connect(&choria) => c.map_err(anyhow::Error::new)?,
         _ = shutdown.cancelled() => return Ok(()),
     };
-    metrics.set_connected(true);
-    spawn_connection_watch(client.clone(), Arc::clone(&metrics), shutdown.clone());
+    background.spawn(follow_connection(
+        client.clone(),
+        Arc::clone(&metrics),
+        stopped.clone(),
+    ));
     info!(
         "connected to the broker as {} (caller {}), provisioning collective {}",
         choria.identity,
@@ -195,19 +180,21 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         ChoriaNodeRpc::new(client.clone(), Timeouts::default()),
         helper,
         Arc::clone(&metrics),
+        FileKeys::new(Arc::clone(&config)),
+        Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
     );
     let fleet = Fleet::with_capacity(provisioner, queue_size);
     let discover_now = Arc::new(Notify::new());
 
     let work_stop = CancellationToken::new();
-    let workers_task = tokio::spawn(Arc::clone(&fleet).run(workers, work_stop.clone()));
+    let mut workers_task = JoinSet::new();
+    workers_task.spawn(Arc::clone(&fleet).run(workers, work_stop.clone()));
 
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = JoinSet::new();
     tasks.spawn(listen(
         client.clone(),
         Arc::clone(&config),
         Arc::clone(&fleet),
-        pause.clone(),
         Arc::clone(&discover_now),
         shutdown.clone(),
     ));
@@ -239,31 +226,19 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     shutdown.cancelled().await;
     info!(
         "shutting down: discovery stopped, waiting up to {DRAIN_GRACE:?} for {} busy workers",
-        metrics.busy_workers.get()
+        fleet.busy()
     );
     while tasks.join_next().await.is_some() {}
-    // Let in-flight nodes finish, up to the grace period, then stop the workers. Emptying the
-    // queue keeps idle workers from starting new nodes; pausing instead would make every
-    // in-flight node fail at its next step, which is an abort rather than a drain.
-    let deadline = tokio::time::Instant::now() + DRAIN_GRACE;
-    fleet.clear();
-    loop {
-        // A worker that took a node just before the queue was emptied counts itself busy a
-        // moment later, so look again after a short wait before calling the drain done.
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-            _ = force.cancelled() => break,
-        }
-        if metrics.busy_workers.get() == 0 || tokio::time::Instant::now() >= deadline {
-            break;
-        }
-    }
-    let abandoned = metrics.busy_workers.get();
+    // Let in-flight nodes finish, up to the grace period or a second signal, then stop the
+    // workers. The fleet queues and starts nothing more from here on.
+    let abandoned = fleet.drain(DRAIN_GRACE, &force).await;
     if abandoned > 0 {
         warn!("abandoning {abandoned} nodes still being provisioned; they will be found again by discovery");
     }
     work_stop.cancel();
-    let _ = workers_task.await;
+    while workers_task.join_next().await.is_some() {}
+    stopped.cancel();
+    while background.join_next().await.is_some() {}
     info!("stopped");
     Ok(())
 }
@@ -284,48 +259,52 @@ impl Signals {
         })
     }
 
-    /// The first signal cancels `shutdown`, a second one `force`.
-    fn spawn(mut self, shutdown: CancellationToken, force: CancellationToken) {
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = self.term.recv() => info!("received SIGTERM"),
-                _ = self.int.recv() => info!("received SIGINT"),
-            }
-            shutdown.cancel();
-            // A second signal (an impatient Ctrl-C) ends the drain at once.
-            tokio::select! {
-                _ = self.term.recv() => {}
-                _ = self.int.recv() => {}
-            }
-            warn!("received a second signal, not waiting for nodes in flight");
-            force.cancel();
-        });
+    /// The first signal cancels `shutdown`, a second one `force`; returns after the second
+    /// signal or when `stopped` is cancelled.
+    async fn watch(
+        mut self,
+        shutdown: CancellationToken,
+        force: CancellationToken,
+        stopped: CancellationToken,
+    ) {
+        tokio::select! {
+            _ = self.term.recv() => info!("received SIGTERM"),
+            _ = self.int.recv() => info!("received SIGINT"),
+            _ = stopped.cancelled() => return,
+        }
+        shutdown.cancel();
+        // A second signal (an impatient Ctrl-C) ends the drain at once.
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+            _ = stopped.cancelled() => return,
+        }
+        warn!("received a second signal, not waiting for nodes in flight");
+        force.cancel();
     }
 }
 
-/// Keep `/readyz` in step with the broker connection.
-fn spawn_connection_watch(client: RpcClient, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        loop {
-            let up = matches!(
-                client.nats().connection_state(),
-                async_nats::connection::State::Connected
-            );
-            metrics.set_connected(up);
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                _ = shutdown.cancelled() => return,
+/// Keep `/readyz` in step with the broker connection, until `stopped`.
+async fn follow_connection(client: RpcClient, metrics: Arc<Metrics>, stopped: CancellationToken) {
+    let mut up = client.connection_watch();
+    loop {
+        metrics.set_connected(*up.borrow_and_update());
+        tokio::select! {
+            changed = up.changed() => {
+                if changed.is_err() {
+                    return;
+                }
             }
+            _ = stopped.cancelled() => return,
         }
-    });
+    }
 }
 
-/// Queue nodes announced by startup lifecycle events.
+/// Queue nodes announced by startup lifecycle events (the fleet queues nothing while paused).
 async fn listen<R, H, O, C>(
     client: RpcClient,
     config: Arc<Config>,
     fleet: Arc<Fleet<R, H, O, C>>,
-    pause: PauseState,
     discover_now: Arc<Notify>,
     shutdown: CancellationToken,
 ) where
@@ -363,14 +342,8 @@ async fn listen<R, H, O, C>(
             warn!("the startup event subscription ended");
             return;
         };
-        if pause.paused() {
-            debug!(
-                "ignoring startup event of \"{}\" while paused",
-                provision_core::identity::escaped(&ev.event.identity)
-            );
-            continue;
-        }
-        // The identity is checked by the work queue: an invalid one is counted and refused.
+        // The identity and the pause state are checked by the work queue: an invalid identity
+        // is counted and refused, and nothing is queued while paused.
         fleet.add(&ev.event.identity, Source::Event);
         // Announced nodes are waiting behind more than the workers can take at once (a burst of
         // restarts, or someone announcing nodes that do not exist): discover now rather than at
@@ -443,128 +416,76 @@ async fn elect<R, H, O, C>(
     O: Observer,
     C: provision_core::Clock,
 {
-    let Some(election) = choose_election(&client, identity, &shutdown).await else {
-        return;
-    };
-    let mut events = election.subscribe();
-    let follow = {
-        let election = election.clone();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let lead = |leader: bool| {
-                if leader {
-                    info!("became the leader, resuming provisioning");
-                    metrics.set_role(Role::Leader);
-                    pause.resume();
-                    discover_now.notify_one();
-                } else {
-                    warn!(
-                        "lost leadership, pausing and clearing {} queued nodes",
-                        fleet.queued()
-                    );
-                    metrics.set_role(Role::Standby);
-                    pause.pause();
-                    fleet.clear();
-                }
-            };
-            loop {
-                let ev = tokio::select! {
-                    // On shutdown the campaign's own stop event must not pause the workers:
-                    // in-flight nodes are being drained.
-                    biased;
-                    _ = stop.cancelled() => return,
-                    ev = events.recv() => ev,
-                };
-                match ev {
-                    Ok(ElectionEvent::Won { .. }) => lead(true),
-                    Ok(ElectionEvent::Lost { .. })
-                    | Ok(ElectionEvent::Stopped { was_leader: true }) => lead(false),
-                    Ok(ElectionEvent::Stopped { .. }) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Transitions were missed: follow the campaign's current state.
-                        let leader = election.is_leader();
-                        if leader != (metrics.role() == Role::Leader) {
-                            lead(leader);
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        })
-    };
-    let policy = election::backoff::FIVE_SEC;
-    let res = election
-        .run_retrying(shutdown.clone(), &policy, |e| {
-            error!("leader election: {e}; provisioning stays paused until this is fixed");
-        })
-        .await;
-    if let Err(e) = res {
-        error!("leader election stopped: {e}");
-    }
-    let _ = follow.await;
-}
-
-/// The election over whichever JetStream API answers. Behind a Choria broker the provisioning
-/// account reaches JetStream only through the `choria.streams` import, as the Go provisioner
-/// uses it; on a plain NATS server the account's own JetStream answers. The import is tried
-/// first. Whichever API answers at all is kept even when the bucket is missing there, so a
-/// bucket created later is found; while neither answers, both are asked again. `None` when
-/// shut down first.
-async fn choose_election(
-    client: &RpcClient,
-    identity: String,
-    shutdown: &CancellationToken,
-) -> Option<Election> {
-    let built = Election::builder(
+    let chosen = Election::choose(
         client.nats().clone(),
         election::PROVISIONER_ELECTION,
-        identity.clone(),
+        &identity,
+        &election::backoff::FIVE_SEC,
+        &shutdown,
     )
-    .api_prefix(election::PROVISIONING_API_PREFIX)
-    .build()
-    .and_then(|prefixed| {
-        Election::builder(
-            client.nats().clone(),
-            election::PROVISIONER_ELECTION,
-            identity,
-        )
-        .build()
-        .map(|direct| (prefixed, direct))
-    });
-    let (prefixed, direct) = match built {
-        Ok(both) => both,
+    .await;
+    let election = match chosen {
+        Ok(Some(e)) => e,
+        Ok(None) => return,
         Err(e) => {
             error!("cannot set up leader election: {e}");
-            return None;
+            return;
         }
     };
-    let unreachable = |e: &ElectionError| {
-        matches!(
-            e,
-            ElectionError::StreamsUnavailable { .. } | ElectionError::Request { .. }
-        )
+    let mut events = election.subscribe();
+    // `leading`: whether this provisioner provisions as the leader, as the follower last set it.
+    let lead = |leader: bool, leading: &mut bool| {
+        *leading = leader;
+        if leader {
+            info!("became the leader, resuming provisioning");
+            metrics.set_role(Role::Leader);
+            pause.resume();
+            discover_now.notify_one();
+        } else {
+            warn!(
+                "lost leadership, pausing and clearing {} queued nodes",
+                fleet.queued()
+            );
+            metrics.set_role(Role::Standby);
+            pause.pause();
+            fleet.clear();
+        }
     };
-    let mut failures = 0usize;
-    loop {
-        let why = match prefixed.open().await {
-            Ok(_) => return Some(prefixed),
-            Err(e) if !unreachable(&e) => return Some(prefixed),
-            Err(e) => e,
-        };
-        match direct.open().await {
-            Err(e) if unreachable(&e) => {
-                error!("leader election: {why}; the account's own JetStream does not answer either: {e}; provisioning stays paused until this is fixed");
-            }
-            _ => {
-                info!(
-                    "leader election uses the account's own JetStream (no choria.streams import)"
-                );
-                return Some(direct);
+    let follow = async {
+        let mut leading = false;
+        loop {
+            let ev = tokio::select! {
+                // On shutdown the campaign's own stop event must not pause the workers:
+                // in-flight nodes are being drained.
+                biased;
+                _ = shutdown.cancelled() => return,
+                ev = events.recv() => ev,
+            };
+            match ev {
+                Ok(ElectionEvent::Won { .. }) => lead(true, &mut leading),
+                Ok(ElectionEvent::Lost { .. })
+                | Ok(ElectionEvent::Stopped { was_leader: true }) => lead(false, &mut leading),
+                Ok(ElectionEvent::Stopped { .. }) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    // Transitions were missed: follow the campaign's current state.
+                    let leader = election.is_leader();
+                    if leader != leading {
+                        lead(leader, &mut leading);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
         }
-        failures = failures.saturating_add(1);
-        if !election::backoff::FIVE_SEC.sleep(failures, shutdown).await {
-            return None;
+    };
+    let campaign = async {
+        let res = election
+            .run_retrying(shutdown.clone(), &election::backoff::FIVE_SEC, |e| {
+                error!("leader election: {e}; provisioning stays paused until this is fixed");
+            })
+            .await;
+        if let Err(e) = res {
+            error!("leader election stopped: {e}");
         }
-    }
+    };
+    tokio::join!(campaign, follow);
 }

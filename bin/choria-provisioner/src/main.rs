@@ -11,6 +11,7 @@ mod helper;
 mod keys;
 mod logging;
 mod node_rpc;
+mod settings;
 
 use std::process::ExitCode;
 

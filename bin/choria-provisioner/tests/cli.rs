@@ -472,3 +472,69 @@ fn an_unwritable_logfile_is_one_line_and_a_failure() {
     assert!(line.contains("cannot open log file"), "{line}");
     assert!(line.contains(&log.display().to_string()), "{line}");
 }
+
+#[test]
+fn run_refuses_to_start_on_every_problem_check_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let helper = write(dir.path(), "helper.sh", "#!/bin/sh\necho {}\n"); // not executable
+    let yaml = write(
+        dir.path(),
+        "p.yaml",
+        &format!(
+            "helper: {helper}\ntoken: x\nchoria_insecure: true\n\
+             jwt_verify_cert: {}/missing.pem\nfeatures:\n  jwt: true\n",
+            dir.path().display()
+        ),
+    );
+    // Nothing listens there: the daemon must refuse before it tries the broker.
+    let cfg = write(
+        dir.path(),
+        "c.cfg",
+        "identity = p1\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+    );
+    let checked = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    assert!(!checked.status.success());
+    let out = stdout(&checked);
+    let problems: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("problem: "))
+        .collect();
+    assert_eq!(problems.len(), 2, "{out}");
+    assert!(problems[0].contains("is not an executable file"), "{out}");
+    assert!(problems[1].contains("jwt_verify_cert"), "{out}");
+
+    for args in [
+        vec!["--config", &yaml, "--choria-config", &cfg],
+        vec!["run", "--config", &yaml, "--choria-config", &cfg],
+    ] {
+        let start = std::time::Instant::now();
+        let line = one_line_failure(&provisioner(&args));
+        assert!(
+            line.contains("refusing to start, 2 problem(s) found"),
+            "{line}"
+        );
+        for p in &problems {
+            assert!(line.contains(p), "{p:?} missing from {line}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{line}");
+    }
+
+    // Fixed, check passes and the daemon gets past its preflight to the broker.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let signer = Signer::new(dir.path());
+    let yaml = write(
+        dir.path(),
+        "p.yaml",
+        &format!(
+            "helper: {helper}\ntoken: x\nchoria_insecure: true\n\
+             jwt_verify_cert: {}\nfeatures:\n  jwt: true\n",
+            signer.public_hex
+        ),
+    );
+    let checked = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    assert!(checked.status.success(), "{}", stdout(&checked));
+    let line = one_line_failure(&provisioner(&["--config", &yaml, "--choria-config", &cfg]));
+    assert!(!line.contains("problem"), "{line}");
+    assert!(line.contains("127.0.0.1:1"), "{line}");
+}
