@@ -1,12 +1,11 @@
 //! The provisioner's YAML configuration: the Go provisioner's keys and defaults, validation with
-//! one clear message per problem, warnings returned as data, and the shared pause state.
+//! one clear message per problem, and warnings returned as data.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
-use tokio::sync::watch;
 
 use regex::Regex;
 
@@ -783,54 +782,6 @@ fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
     Ok(Duration::from_nanos(total as u64))
 }
 
-/// Whether provisioning is paused: shared by every task, changed by leader election or an
-/// operator. Cloning shares the same state; [`PauseState::subscribe`] follows changes (for the
-/// paused gauge, or to wake up when provisioning resumes).
-#[derive(Debug, Clone)]
-pub struct PauseState {
-    tx: std::sync::Arc<watch::Sender<bool>>,
-}
-
-impl Default for PauseState {
-    fn default() -> Self {
-        Self::new(false)
-    }
-}
-
-impl PauseState {
-    /// A new state, paused or not.
-    pub fn new(paused: bool) -> Self {
-        PauseState {
-            tx: std::sync::Arc::new(watch::Sender::new(paused)),
-        }
-    }
-
-    /// Stops provisioning: every step checks this before it starts.
-    pub fn pause(&self) {
-        self.tx.send_replace(true);
-    }
-
-    /// Allows provisioning again.
-    pub fn resume(&self) {
-        self.tx.send_replace(false);
-    }
-
-    /// Inverts the state.
-    pub fn flip(&self) {
-        self.tx.send_modify(|p| *p = !*p);
-    }
-
-    /// Whether provisioning is paused now.
-    pub fn paused(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// A receiver that sees every change.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
-        self.tx.subscribe()
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -1125,22 +1076,5 @@ features:
         assert_eq!(parse_duration("xd"), Err(DurationError::Number));
         assert_eq!(parse_duration("1H"), Err(DurationError::Unit("H".into())));
         assert_eq!(parse_duration("-5m"), Err(DurationError::Negative));
-    }
-
-    #[test]
-    fn pause_state_is_shared_between_clones() {
-        let p = PauseState::default();
-        let q = p.clone();
-        let rx = p.subscribe();
-        assert!(!q.paused());
-        p.pause();
-        assert!(q.paused());
-        assert!(rx.has_changed().unwrap());
-        q.flip();
-        assert!(!p.paused());
-        q.flip();
-        assert!(p.paused());
-        p.resume();
-        assert!(!q.paused());
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! And the engine itself:
 //!
-//! * [`config`]: the YAML configuration and the shared pause state.
+//! * [`config`]: the YAML configuration; [`pause`]: the shared pause state.
 //! * [`provision`]: the cycle of one node ([`Provisioner::provision`]).
 //! * [`fleet`]: the host table, the bounded work queue and the worker pool ([`Fleet`]).
 //! * [`policy`], [`jwt`], [`keyenc`]: the checks and the cryptography of enrolment.
@@ -100,6 +100,7 @@ pub mod identity;
 pub mod keyenc;
 pub mod keys;
 pub mod observer;
+pub mod pause;
 pub mod policy;
 pub mod provision;
 pub mod rpc;
@@ -110,11 +111,12 @@ pub use choria_crypto;
 pub use choria_crypto::jwt;
 
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
-pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, PauseState};
+pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};
 pub use keys::{KeyMaterial, StaticKeys};
 pub use observer::{NoopObserver, Observer};
+pub use pause::PauseState;
 pub use provision::{Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner};
 pub use rpc::{Helper, NodeRpc};

@@ -12,12 +12,13 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
-use crate::config::{Config, PauseState};
+use crate::config::Config;
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
 use crate::keyenc::encrypt_private_key_with;
 use crate::keys::KeyMaterial;
 use crate::observer::Observer;
+use crate::pause::PauseState;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
 use crate::rpc::{Action, ConfigureRequest, Helper, Inventory, NodeRpc, RpcError, RpcErrorKind};
 
