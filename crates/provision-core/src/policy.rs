@@ -470,24 +470,24 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
                 "no Trust Chain Signature claim in JWT Signing Token".into(),
             ));
         }
-        let SigningKey::Ed25519(ed) = &key else {
+        if !matches!(key, SigningKey::Ed25519(_)) {
             return Err(PolicyError::ServerJwt(
                 "jwt_signing_key must be an ed25519 seed when jwt_signing_token is set".into(),
             ));
-        };
-        add_chain_issuer_data(&mut claims.standard, &signer, ed)?;
+        }
+        add_chain_issuer_data(&mut claims.standard, &signer, &key)?;
     }
     let token = jwt::sign(&claims, &key)?;
     Ok(IssuedServerJwt { token, claims })
 }
 
-/// Links `claims` to the chain issuer `signer` (tokens `AddChainIssuerData`).
+/// Links `claims` to the chain issuer `signer` (tokens `AddChainIssuerData`); `key` is the chain
+/// issuer's ed25519 key.
 fn add_chain_issuer_data(
     claims: &mut StandardClaims,
     signer: &StandardClaims,
-    key: &ed25519_dalek::SigningKey,
+    key: &SigningKey,
 ) -> Result<(), PolicyError> {
-    use ed25519_dalek::Signer as _;
     if signer.id.is_empty() {
         return Err(PolicyError::ServerJwt("signing token: id not set".into()));
     }
@@ -507,11 +507,7 @@ fn add_chain_issuer_data(
         claims.expires_at = Some(signer_exp);
     }
     let data = format!("{}.{}", claims.id, signer.trust_chain_signature);
-    let sig = key.sign(data.as_bytes());
-    claims.trust_chain_signature = format!(
-        "{}.{}",
-        signer.trust_chain_signature,
-        hex::encode(sig.to_bytes())
-    );
+    let sig = key.sign_bytes(data.as_bytes())?;
+    claims.trust_chain_signature = format!("{}.{}", signer.trust_chain_signature, hex::encode(sig));
     Ok(())
 }
