@@ -15,6 +15,26 @@
 //! * [`nonce`]: the ed25519 proof a node gives for the provisioner's nonce.
 //! * [`base64url`]: unpadded base64url, as JWTs use it.
 //!
+//! ```
+//! use choria_crypto::jwt::{self, SigningKey, TokenSignature};
+//!
+//! let key = SigningKey::from_ed25519_seed(&[7; 32]);
+//! let verifier = key.verifying_key();
+//! let claims = serde_json::json!({"purpose": "choria_provisioning", "exp": 2_000_000_000});
+//! let genuine = jwt::sign(&claims, &key)?;
+//! assert!(jwt::verify::<serde_json::Value>(&genuine, &verifier, 1_700_000_000).is_ok());
+//! // Forged tokens, as the fault suite serves them: refused before any signature is checked.
+//! let none = jwt::sign_with_alg("none", &claims, TokenSignature::Empty)?;
+//! let hs256 = jwt::sign_with_alg("HS256", &claims, TokenSignature::HmacSha256(b"public"))?;
+//! for forged in [none, hs256] {
+//!     assert!(jwt::verify::<serde_json::Value>(&forged, &verifier, 1_700_000_000).is_err());
+//! }
+//! // A raw signature, such as a trust chain signature over `<id>.<public key>`.
+//! let tcs = hex::encode(key.sign_bytes(b"id.public")?);
+//! assert_eq!(tcs.len(), 128);
+//! # Ok::<(), jwt::JwtError>(())
+//! ```
+//!
 //! Nothing here reads files, talks to a network or starts a runtime: callers pass bytes and
 //! the time, and get typed errors back. Decisions (which names a CSR may carry, what a server
 //! says when a check fails) belong to the callers.
