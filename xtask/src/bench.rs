@@ -106,18 +106,12 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
     // Let the fleet come up and announce itself before the clock starts.
     std::thread::sleep(Duration::from_secs(2));
 
-    let out = std::fs::File::create(dir.join("provisioner.out"))?;
     let program: PathBuf = go_bin
         .map(Path::to_path_buf)
         .unwrap_or_else(|| bins.join("choria-provisioner"));
     let started = Instant::now();
-    let mut prov = Proc::spawn(
-        "provisioner",
-        files
-            .helper_env(&mut files.provisioner_command(&program), &url)
-            .stdout(out.try_clone()?)
-            .stderr(out),
-    )?;
+    let out = dir.join("provisioner.out");
+    let mut prov = files.start_provisioner(&program, &url, &[], &out)?;
     let pid = prov.pid();
     let mut peak = 0.0f64;
     let mut cpu = 0.0f64;
@@ -132,7 +126,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
         if let Ok(Some(st)) = sim.child.try_wait() {
             break st;
         }
-        if !prov.running() {
+        if prov.exited().is_some() {
             bail!(
                 "{label}: the provisioner exited early; see {}",
                 dir.join("provisioner.out").display()
@@ -140,8 +134,8 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
         }
     };
     let wall = started.elapsed();
-    let metrics = stack::scrape_all(files.monitor_port);
-    prov.terminate(Duration::from_secs(10));
+    let metrics = prov.metrics();
+    prov.proc.terminate(Duration::from_secs(10));
     let sim_line = test_support::stack::sim_summary(&sim_log).unwrap_or_default();
     let provisioned = sim_line
         .split_whitespace()
@@ -268,13 +262,11 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
             extra_yaml: "",
         },
     )?;
-    let out = std::fs::File::create(dir.join("provisioner.out"))?;
-    let mut prov = Proc::spawn(
-        "provisioner",
-        files
-            .provisioner_command(&bins.join("choria-provisioner"))
-            .stdout(out.try_clone()?)
-            .stderr(out),
+    let mut prov = files.start_provisioner(
+        &bins.join("choria-provisioner"),
+        &url,
+        &[],
+        &dir.join("provisioner.out"),
     )?;
     // Let it connect, run its first (empty) discovery and settle.
     std::thread::sleep(Duration::from_secs(3));
@@ -302,13 +294,10 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     let mut last_change = Instant::now();
     while started.elapsed() < Duration::from_secs(300) {
         std::thread::sleep(Duration::from_millis(500));
-        if !prov.running() || !sim.running() {
+        if prov.exited().is_some() || !sim.running() {
             bail!("a process exited during the probe; see {}", dir.display());
         }
-        let now = stack::metric_sum(
-            &stack::scrape_all(files.monitor_port),
-            "choria_provisioner_waiting_nodes",
-        );
+        let now = prov.metric_sum("choria_provisioner_waiting_nodes");
         if now > held {
             held = now;
             last_change = Instant::now();
@@ -325,7 +314,7 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     } else {
         0.0
     };
-    prov.terminate(Duration::from_secs(5));
+    prov.proc.terminate(Duration::from_secs(5));
     println!(
         "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0}",
         before as f64 / 1048576.0,

@@ -63,18 +63,12 @@ pub fn main(args: Args) -> Result<()> {
     );
 
     let started = Instant::now();
-    let prov_out = std::fs::File::create(dir.join("provisioner.out"))?;
-    let mut prov = Proc::spawn(
-        "choria-provisioner",
-        files
-            .helper_env(
-                &mut files.provisioner_command(&bins.join("choria-provisioner")),
-                &url,
-            )
-            .arg("--pid")
-            .arg(dir.join("provisioner.pid"))
-            .stdout(prov_out.try_clone()?)
-            .stderr(prov_out),
+    let pid_file = dir.join("provisioner.pid").display().to_string();
+    let mut prov = files.start_provisioner(
+        &bins.join("choria-provisioner"),
+        &url,
+        &["--pid".into(), pid_file],
+        &dir.join("provisioner.out"),
     )?;
     let metrics_url = format!("http://127.0.0.1:{}/metrics", files.monitor_port);
     eprintln!("demo: provisioner started, metrics at {metrics_url}");
@@ -85,11 +79,10 @@ pub fn main(args: Args) -> Result<()> {
         if let Ok(Some(st)) = sim.child.try_wait() {
             break st;
         }
-        if !prov.running() {
-            let log = std::fs::read_to_string(dir.join("provisioner.out")).unwrap_or_default();
-            bail!("the provisioner exited early:\n{log}");
+        if prov.exited().is_some() {
+            bail!("the provisioner exited early:\n{}", prov.output());
         }
-        let metrics = stack::scrape_all(files.monitor_port);
+        let metrics = prov.metrics();
         let done = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
         if done != last {
             let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
@@ -103,12 +96,12 @@ pub fn main(args: Args) -> Result<()> {
         }
     };
     let elapsed = started.elapsed();
-    let metrics = stack::scrape_all(files.monitor_port);
+    let metrics = prov.metrics();
     let provisioned = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
     let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
     let sim_line = test_support::stack::sim_summary(&sim_log)
         .unwrap_or_else(|| "fleet-sim: (no summary)".into());
-    prov.terminate(Duration::from_secs(10));
+    prov.proc.terminate(Duration::from_secs(10));
     println!();
     println!("demo summary");
     println!("  mode          {}", args.mode.name());

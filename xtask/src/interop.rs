@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use test_support::go_env::{self, EnvOptions, GoEnv};
+use test_support::provisioner::ProvisionerProcess;
 use test_support::{Mode, ProcessGuard};
 
 use crate::tools::root;
@@ -114,19 +115,18 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
     let _watch = ProcessGuard::spawn("choria tool event", &mut watch_cmd)?;
     std::thread::sleep(Duration::from_millis(500));
 
-    let out = std::fs::File::create(dir.join("choria-provisioner.out"))?;
-    let mut prov_cmd = Command::new(bins.join("choria-provisioner"));
-    prov_cmd
-        .arg("--config")
-        .arg(get("provisioner_config")?)
-        .arg("--choria-config")
-        .arg(get("client_config")?)
-        .stdout(out.try_clone()?)
-        .stderr(out);
+    let mut prov_cmd = ProvisionerProcess::command(
+        &bins.join("choria-provisioner"),
+        &[],
+        Path::new(&get("provisioner_config")?),
+        Path::new(&get("client_config")?),
+    );
     if flow == Flow::Key {
         prov_cmd.env("HELPER_SUPPLY_KEY", "1");
     }
-    let mut prov = ProcessGuard::spawn("choria-provisioner", &mut prov_cmd)?;
+    let out = dir.join("choria-provisioner.out");
+    let grace = Duration::from_secs(3);
+    let mut prov = ProvisionerProcess::spawn("choria-provisioner", &mut prov_cmd, &out, 0, grace)?;
 
     // Every server rewrites its configuration as the helper said.
     let server_dir = PathBuf::from(get("server_dir")?);
@@ -136,7 +136,7 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         if Instant::now() > deadline {
             bail!("not configured within 90s: {pending:?}");
         }
-        if !prov.running() {
+        if prov.exited().is_some() {
             bail!(
                 "choria-provisioner exited; see {}",
                 dir.join("choria-provisioner.out").display()
@@ -199,7 +199,7 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    prov.terminate(Duration::from_secs(10));
+    prov.proc.terminate(Duration::from_secs(10));
     Ok(())
 }
 

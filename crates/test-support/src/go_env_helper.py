@@ -14,7 +14,8 @@ def sign(tmp):
         f.write("extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = DNS:%s\n" % identity)
     subprocess.run(["openssl", "x509", "-req", "-in", os.path.join(tmp, "req.csr"),
                     "-CA", DIR + "/pki/ca.pem", "-CAkey", DIR + "/pki/ca-key.pem",
-                    "-CAserial", DIR + "/pki/ca.srl", "-CAcreateserial", "-days", "30",
+                    # A random serial: helpers run in parallel and a shared serial file races.
+                    "-set_serial", str(int.from_bytes(os.urandom(8), "big") >> 1), "-days", "30",
                     "-sha256", "-extfile", os.path.join(tmp, "ext"),
                     "-out", os.path.join(tmp, "cert.pem")],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::provisioner::ProvisionerConfig;
+use crate::provisioner::{ProvisionerConfig, ProvisionerProcess};
 use crate::{Error, IoContext, Mode, Result};
 
 /// Run `cmd`, failing with its name and standard error when it exits non-zero; its standard
@@ -158,12 +158,28 @@ impl RunFiles {
     /// `program run --config <yaml> --choria-config <cfg>` for this run (the provisioner, or a
     /// compatible one given by path).
     pub fn provisioner_command(&self, program: &Path) -> Command {
-        crate::provisioner::ProvisionerProcess::command(
+        ProvisionerProcess::command(
             program,
             &["run".into()],
             &self.provisioner_yaml,
             &self.choria_cfg,
         )
+    }
+
+    /// Start `program` (the provisioner or a compatible one) for this run with `extra` arguments
+    /// after the generated ones, the demo helper's environment, and its output in `out`; a drop
+    /// gives it 3 s to drain on SIGTERM.
+    pub fn start_provisioner(
+        &self,
+        program: &Path,
+        url: &str,
+        extra: &[String],
+        out: &Path,
+    ) -> Result<ProvisionerProcess> {
+        let mut cmd = self.provisioner_command(program);
+        self.helper_env(cmd.args(extra), url);
+        let grace = std::time::Duration::from_secs(3);
+        ProvisionerProcess::spawn("provisioner", &mut cmd, out, self.monitor_port, grace)
     }
 
     /// The environment the demo helper reads (brokers, CA, issuer), set on the provisioner so
