@@ -1,13 +1,12 @@
 //! `cargo xtask`: the build tool — the test set-up, the local demo and benchmark, the go-choria
-//! peers and the interop run with them, the fault suite's entry point, packaging and the
-//! documentation checks. Process-level harness code (brokers, processes, metrics, the Go
-//! environment) lives in `test-support`.
+//! peers and the interop run with them, the entry point of the fault suite (the `fault-suite`
+//! crate), packaging and the documentation checks. Process-level harness code (brokers,
+//! processes, metrics, the Go environment) lives in `test-support`.
 
 mod bench;
 mod demo;
 mod dist;
 mod docs;
-mod faults;
 mod interop;
 mod peers;
 mod stack;
@@ -48,8 +47,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// The fault-injection suite: lying nodes, failing helpers, broker and leader loss
-    /// ([--list] [--release] [SCENARIO ...]).
+    /// The fault-injection suite (the fault-suite crate): lying nodes, failing helpers, broker
+    /// and leader loss ([--list] [--release] [SCENARIO ...]).
     #[command(disable_help_flag = true)]
     Faults {
         /// --list, --release and scenario names, passed to the suite.
@@ -86,7 +85,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(args) => bench::main(args),
         Cmd::Dist(args) => dist::main(args),
         Cmd::Interop { flows } => interop::main(&flows),
-        Cmd::Faults { args } => faults::main(&args),
+        Cmd::Faults { args } => faults(&args),
         Cmd::Docs { no_build } => docs::main(!no_build),
         Cmd::Peers { command } => peers::main(command.unwrap_or(peers::Cmd::Build)),
         Cmd::NatsServer => {
@@ -94,6 +93,20 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `cargo xtask faults ARGS...`: `cargo run -p fault-suite -- ARGS...`, with nats-server
+/// installed first.
+fn faults(args: &[String]) -> Result<()> {
+    let nats = tools::ensure_nats_server()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    tools::run(
+        Command::new(cargo)
+            .current_dir(tools::root())
+            .args(["run", "--quiet", "-p", "fault-suite", "--"])
+            .args(args)
+            .env("NATS_SERVER_BIN", nats),
+    )
 }
 
 /// `cargo xtask test`: the one test command.
