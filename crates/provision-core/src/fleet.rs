@@ -184,7 +184,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             event_workers: AtomicUsize::new(1),
             refusals: LogSummary::new("node identities refused"),
             full: LogSummary::new("nodes dropped from a full work queue"),
-            unanswered: LogSummary::new("announced nodes that never answered"),
+            unanswered: LogSummary::new("announced nodes that no server serves (no responders)"),
         })
     }
 
@@ -526,9 +526,14 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving the node to it");
                 Some(LOCK_HOLD)
             }
-            Err(e) if e.kind.is_unanswered_first_contact() && source == Source::Event => {
-                // Anyone can announce nodes that do not exist: these are summarised, not
-                // logged one by one. A real node is found again by discovery.
+            // Nothing at all serves an announced node's subject: no server of that name is
+            // connected. Anyone can announce such nodes by the thousand, so these are
+            // summarised; a node that is there but did not answer gets its own error line.
+            Err(e)
+                if source == Source::Event
+                    && matches!(&e.kind, ProvisionErrorKind::FirstContact(r)
+                        if r.kind == crate::rpc::RpcErrorKind::NoResponders) =>
+            {
                 o.provision_error();
                 self.unanswered.record(|| e.to_string());
                 None

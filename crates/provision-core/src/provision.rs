@@ -70,9 +70,10 @@ impl Backoff {
     }
 }
 
-/// How long a node that has never answered gets for its first request, whatever the action's
-/// own timeout: a real server in provisioning mode answers in milliseconds, and an announced
-/// node that does not exist must not hold a worker for the action's full tries.
+/// How long each try waits at most until a node has answered a request, whatever the action's
+/// own timeout: a real server in provisioning mode answers in milliseconds, and a node that does
+/// not answer (anyone can announce or answer discovery for names that do not exist) must not hold
+/// a worker for a minute (three tries of 22 s).
 pub const FIRST_CONTACT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a node's cycle ended without error.
@@ -171,6 +172,26 @@ pub struct ProvisionError {
     pub kind: ProvisionErrorKind,
 }
 
+/// What the cycle knows of a node's liveness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Contact {
+    /// The node answered a request (any reply, even a refusal).
+    answered: bool,
+    /// Its first request may be tried again when nothing answers.
+    retry_unanswered: bool,
+}
+
+impl Contact {
+    const DISCOVERED: Contact = Contact {
+        answered: false,
+        retry_unanswered: true,
+    };
+    const ANNOUNCED: Contact = Contact {
+        answered: false,
+        retry_unanswered: false,
+    };
+}
+
 /// One node being provisioned, with what has been fetched from it so far. A second round over
 /// the same `Host` re-uses the JWT, ed25519 key and inventory already fetched.
 #[derive(Debug, Clone)]
@@ -178,7 +199,7 @@ pub struct Host {
     identity: Arc<str>,
     discovered: Instant,
     source: Source,
-    answered: bool,
+    contact: Contact,
     raw_jwt: String,
     server_ecdh_public: String,
     claims: Option<ProvisioningClaims>,
@@ -194,7 +215,7 @@ impl Host {
             identity,
             discovered,
             source: Source::Discovery,
-            answered: true,
+            contact: Contact::DISCOVERED,
             raw_jwt: String::new(),
             server_ecdh_public: String::new(),
             claims: None,
@@ -204,12 +225,16 @@ impl Host {
         }
     }
 
-    /// The same node, found by `source` (discovery unless said otherwise). A node found by
-    /// discovery has answered a ping; a node known only from a startup event has not answered
-    /// anything yet, so its first request gets one short try (see [`FIRST_CONTACT_TIMEOUT`]).
+    /// The same node, found by `source` (discovery unless said otherwise). Until a node has
+    /// answered a request, each try waits at most [`FIRST_CONTACT_TIMEOUT`]; a node found by
+    /// discovery (it answered a ping) keeps the Go retry counts for its first request, a node
+    /// known only from a startup event gets a single try.
     pub fn found_by(mut self, source: Source) -> Self {
         self.source = source;
-        self.answered = source == Source::Discovery;
+        self.contact = match source {
+            Source::Discovery => Contact::DISCOVERED,
+            Source::Event => Contact::ANNOUNCED,
+        };
         self
     }
 
@@ -356,15 +381,16 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     }
 
     /// One action with its retries: stops on pause, on success, on a held lock, or after the
-    /// action's tries. A node that has never `answered` gets one try of at most
-    /// [`FIRST_CONTACT_TIMEOUT`]: if nothing answers it the cycle ends at once. A first
+    /// action's tries. Until the node has answered, each try waits at most
+    /// [`FIRST_CONTACT_TIMEOUT`], and a node known only from a startup event gets one try: if
+    /// nothing answers it the cycle ends at once. A first
     /// lock-held reply is asked again once after the first backoff step before the node is left
     /// to the other provisioner (one forged reply must not park a node for two minutes).
     async fn call<T, F, Fut>(
         &self,
         action: Action,
         identity: &str,
-        answered: &mut bool,
+        contact: &mut Contact,
         mut f: F,
     ) -> Result<T, ProvisionErrorKind>
     where
@@ -378,7 +404,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         loop {
             self.check_paused(label)?;
             let started = Instant::now();
-            let res = if *answered {
+            let res = if contact.answered {
                 f().await
             } else {
                 match tokio::time::timeout(FIRST_CONTACT_TIMEOUT, f()).await {
@@ -389,11 +415,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             self.observer.rpc_time(label, started.elapsed());
             let delay = match res {
                 Ok(v) => {
-                    *answered = true;
+                    contact.answered = true;
                     return Ok(v);
                 }
                 Err(e) if e.kind == RpcErrorKind::LockHeld => {
-                    *answered = true;
+                    contact.answered = true;
                     if lock_retried {
                         return Err(ProvisionErrorKind::LockHeld(action));
                     }
@@ -402,13 +428,15 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                     debug!(identity = %e.identity, action = label, "provisioning lock held, asking again once in {d:?}");
                     d
                 }
-                Err(e) if !*answered && e.kind.is_unanswered() => {
+                Err(e)
+                    if !contact.answered && !contact.retry_unanswered && e.kind.is_unanswered() =>
+                {
                     self.observer.rpc_error(label);
                     return Err(ProvisionErrorKind::FirstContact(e));
                 }
                 Err(e) => {
-                    if !matches!(e.kind, RpcErrorKind::Timeout) {
-                        *answered = true;
+                    if !e.kind.is_unanswered() {
+                        contact.answered = true;
                     }
                     debug!(identity = %e.identity, action = label, try_no, tries, "rpc failed: {e}");
                     if try_no >= tries {
@@ -466,7 +494,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         if cfg.features.jwt {
             if host.raw_jwt.is_empty() {
                 let r = self
-                    .call(Action::Jwt, id, &mut host.answered, || rpc.jwt(id, token))
+                    .call(Action::Jwt, id, &mut host.contact, || rpc.jwt(id, token))
                     .await?;
                 host.raw_jwt = r.jwt;
                 host.server_ecdh_public = r.ecdh_public;
@@ -492,7 +520,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         if cfg.features.ed25519 && host.ed25519.is_none() {
             // A fresh nonce for every try: a reply to an earlier try cannot be replayed.
             let (nonce, r) = self
-                .call(Action::Gen25519, id, &mut host.answered, || {
+                .call(Action::Gen25519, id, &mut host.contact, || {
                     let nonce = self.nonce();
                     async move {
                         let r = rpc.gen25519(id, token, &nonce).await?;
@@ -507,7 +535,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
 
         if host.inventory.is_none() {
             let inv = self
-                .call(Action::Inventory, id, &mut host.answered, || {
+                .call(Action::Inventory, id, &mut host.contact, || {
                     rpc.inventory(id)
                 })
                 .await?;
@@ -516,7 +544,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
 
         if cfg.features.pki {
             let csr = self
-                .call(Action::Gencsr, id, &mut host.answered, || {
+                .call(Action::Gencsr, id, &mut host.contact, || {
                     rpc.gencsr(id, token, id)
                 })
                 .await?;
@@ -582,7 +610,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let token = self.config.token.as_str();
         let rpc = &self.rpc;
         match self
-            .call(Action::Shutdown, id, &mut host.answered, || {
+            .call(Action::Shutdown, id, &mut host.contact, || {
                 rpc.shutdown(id, token)
             })
             .await
@@ -710,13 +738,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             server_jwt: enrolment.server_jwt,
         };
         let m = self
-            .call(Action::Configure, id, &mut host.answered, || {
+            .call(Action::Configure, id, &mut host.contact, || {
                 rpc.configure(id, &request)
             })
             .await?;
         info!(identity = id, "configure response: {}", escaped(&m.message));
         let m = self
-            .call(Action::Restart, id, &mut host.answered, || {
+            .call(Action::Restart, id, &mut host.contact, || {
                 rpc.restart(id, token, 1)
             })
             .await?;
@@ -756,7 +784,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let repo = cfg.upgrades_repository.as_str();
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
-        self.call(Action::ReleaseUpdate, id, &mut host.answered, || {
+        self.call(Action::ReleaseUpdate, id, &mut host.contact, || {
             rpc.release_update(id, token, repo, target)
         })
         .await?;

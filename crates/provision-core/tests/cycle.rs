@@ -810,3 +810,26 @@ async fn an_invalid_identity_is_never_sent_anything() {
         assert_eq!(helper.runs(), 0);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_discovered_node_that_never_answers_does_not_hold_a_worker_for_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FakeNode::new();
+    node.state.lock().unwrap().silent_prefix = Some("n1".into());
+    let helper = FakeHelper::replying(good_reply());
+    let obs = CountingObserver::default();
+    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let started = Instant::now();
+    let err = p.provision(&mut host()).await.unwrap_err();
+    let took = started.elapsed();
+    // The Go retry count is kept for a discovered node, but each try waits at most the
+    // first-contact limit instead of the action's 22 s.
+    assert!(
+        matches!(&err.kind, ProvisionErrorKind::Rpc(e) if e.kind == RpcErrorKind::Timeout),
+        "{err}"
+    );
+    assert_eq!(node.count(Action::Jwt), Action::Jwt.tries() as usize);
+    assert!(took < Duration::from_secs(45), "held a worker {took:?}");
+    assert!(took >= provision_core::provision::FIRST_CONTACT_TIMEOUT * 3);
+    assert_eq!(helper.runs(), 0);
+}

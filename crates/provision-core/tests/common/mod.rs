@@ -175,6 +175,15 @@ impl NodeRpc for FakeNode {
     async fn jwt(&self, id: &str, token: &str) -> Result<JwtReply, RpcError> {
         assert_eq!(token, "s3cret");
         self.enter(id, Action::Jwt)?;
+        let silent = {
+            let s = self.state.lock().unwrap();
+            s.silent_prefix
+                .as_deref()
+                .is_some_and(|p| id.starts_with(p))
+        };
+        if silent {
+            std::future::pending::<()>().await;
+        }
         let s = self.state.lock().unwrap();
         Ok(JwtReply {
             jwt: s.jwt.clone(),
