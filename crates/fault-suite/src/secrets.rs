@@ -1,0 +1,245 @@
+//! Secrets: a full provisioning at debug level with every secret set to a unique marker.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+use test_support::metrics::scrape as scrape_all;
+use test_support::Mode;
+
+use choria_crypto::jwt;
+
+use crate::harness::{setup, Env, Setup};
+use crate::helper_faults::shipped;
+use crate::jwt_faults::{signer, unix_now};
+
+pub fn secrets(env: &Env, name: &str) -> Result<String> {
+    let dir = env.base.join(name);
+    let inputs = dir.join("helper-inputs");
+    std::fs::create_dir_all(&inputs)?;
+    // A key the helper supplies for every node (sent to the node encrypted).
+    let key = dir.join("helper-key.pem");
+    let st = Command::new("openssl")
+        .args([
+            // PKCS#1, as helpers built on openssl or cfssl print it.
+            "genrsa",
+            "-traditional",
+            "-out",
+        ])
+        .arg(&key)
+        .arg("2048")
+        .stderr(Stdio::null())
+        .status()
+        .context("openssl is needed for the helper-supplied key")?;
+    ensure!(st.success(), "openssl genrsa failed");
+    // go-choria only takes a key together with a certificate, CA and SSL directory.
+    let cert = dir.join("helper-cert.pem");
+    let st = Command::new("openssl")
+        .args(["req", "-x509", "-days", "1", "-subj", "/CN=secrets", "-key"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null())
+        .status()?;
+    ensure!(st.success(), "openssl req -x509 failed");
+    let key_pem = std::fs::read_to_string(&key)?;
+    let key_marker = key_pem.lines().nth(2).context("short key PEM")?.to_string();
+    let helper = dir.join("helper.py");
+    std::fs::write(
+        &helper,
+        shipped("record-and-add-key.py")?
+            .replace(
+                "@DEMO@",
+                &env.bins.join("choria-demo-helper").display().to_string(),
+            )
+            .replace("@INPUTS@", &inputs.display().to_string())
+            .replace("@KEY@", &key.display().to_string())
+            .replace("@CERT@", &cert.display().to_string()),
+    )?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let token = "tok-MARKER-3c9e1f27";
+    let broker_pw = "bpw-MARKER-8d41a0c5";
+    let node_pw = "npw-MARKER-62f0b9d3";
+    let helper_s = helper.display().to_string();
+    let extra = format!("broker_provisioning_password: {broker_pw}\n");
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            mode: Mode::Ed25519,
+            helper: Some(&helper_s),
+            extra_yaml: &extra,
+            ..Setup::default()
+        },
+    )?;
+    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?.replace(
+        &format!("token: {}", run.files.token),
+        &format!("token: {token}"),
+    );
+    std::fs::write(&run.files.provisioner_yaml, yaml)?;
+    run.files.token = token.to_string();
+    run.debug = true;
+    let seed = std::fs::read_to_string(&run.files.signer_seed)?
+        .trim()
+        .to_string();
+
+    // A genuine provisioning JWT carrying the nodes' broker credentials.
+    let now = unix_now();
+    let claims = serde_json::json!({
+        "cht": token, "chs": false, "chu": run.url, "chpd": true,
+        "chusr": "nodes", "chpwd": node_pw,
+        "extensions": null, "ou": "choria", "purpose": "choria_provisioning",
+        "iss": "Choria Tokens Package", "sub": "choria_provisioning",
+        "exp": now + 3600, "nbf": now, "iat": now, "jti": "secrets"
+    });
+    let prov_token = jwt::sign(&claims, &signer(&run.files.signer_seed)?)?;
+    let sig = prov_token
+        .rsplit('.')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let prov_jwt = dir.join("provisioning.jwt");
+    std::fs::write(&prov_jwt, &prov_token)?;
+
+    let p = run.start_provisioner("provisioner")?;
+    let nodes = 8;
+    let flags = vec![
+        "--provisioning-jwt".to_string(),
+        prov_jwt.display().to_string(),
+    ];
+    let sim = run.start_sim("run", "n", nodes, &flags)?;
+    run.wait_metric(
+        p,
+        "the fleet",
+        "choria_provisioner_provisioned",
+        nodes as f64,
+        Duration::from_secs(60),
+    )?;
+    let metrics = scrape_all(run.provisioners[p].port);
+    let report = sim.finish()?;
+    let mut server_sigs = Vec::new();
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.problems);
+        let r = n.received.as_ref().context("nothing received")?;
+        ensure!(
+            r["certificate_matches_key"] == Value::Bool(true),
+            "{id} did not get the helper's key with its certificate"
+        );
+        ensure!(
+            r["key_received"] == Value::Bool(true),
+            "{id} did not receive the helper's key"
+        );
+        let jwt = r["server_jwt"].as_str().unwrap_or_default();
+        server_sigs.push(jwt.rsplit('.').next().unwrap_or_default().to_string());
+    }
+    run.stop_all()?;
+    let check = Command::new(run.bins.join("choria-provisioner"))
+        .arg("check")
+        .arg("--config")
+        .arg(&run.files.provisioner_yaml)
+        .arg("--choria-config")
+        .arg(&run.files.choria_cfg)
+        .output()?;
+    let check_out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let mut markers: Vec<(&str, String)> = vec![
+        ("token", token.to_string()),
+        ("broker password", broker_pw.to_string()),
+        ("node broker password", node_pw.to_string()),
+        ("signing key seed", seed.clone()),
+        ("helper-supplied key", key_marker),
+        ("provisioning JWT", sig),
+    ];
+    for s in &server_sigs {
+        markers.push(("server JWT", s.clone()));
+    }
+    let places = [
+        (
+            "the log",
+            std::fs::read_to_string(dir.join("provisioner.log"))?,
+        ),
+        (
+            "stdout/stderr",
+            std::fs::read_to_string(dir.join("provisioner.out"))?,
+        ),
+        ("/metrics", metrics),
+        ("check", check_out),
+    ];
+    for (what, text) in &places {
+        for (m, v) in &markers {
+            ensure!(!text.contains(v.as_str()), "the {m} appears in {what}");
+        }
+    }
+    // The helper receives the token and the nodes' broker password inside the provisioning
+    // claims (`jwt.cht`, `jwt.chpwd`, the Go contract) and nothing else secret.
+    let mut seen = 0;
+    for e in std::fs::read_dir(&inputs)? {
+        let text = std::fs::read_to_string(e?.path())?;
+        let mut v: Value = serde_json::from_str(&text).context("helper input")?;
+        ensure!(
+            v["jwt"]["cht"] == token,
+            "the helper did not get the token in jwt.cht"
+        );
+        v["jwt"]["cht"] = Value::Null;
+        v["jwt"]["chpwd"] = Value::Null;
+        let rest = v.to_string();
+        for (m, val) in &markers {
+            ensure!(
+                !rest.contains(val.as_str()),
+                "the {m} appears in the helper input"
+            );
+        }
+        seen += 1;
+    }
+    ensure!(seen >= nodes, "only {seen} helper inputs recorded");
+
+    // A key file readable by others is reported by `check`.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            &run.files.signer_seed,
+            std::fs::Permissions::from_mode(0o644),
+        )?;
+    }
+    let check = Command::new(run.bins.join("choria-provisioner"))
+        .arg("check")
+        .arg("--config")
+        .arg(&run.files.provisioner_yaml)
+        .arg("--choria-config")
+        .arg(&run.files.choria_cfg)
+        .output()?;
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    ensure!(
+        out.contains("readable by group or others"),
+        "check does not warn about a world-readable signing key: {out}"
+    );
+    // And so does the daemon at start-up.
+    let p = run.start_provisioner("provisioner")?;
+    let warned = run
+        .log(p)
+        .lines()
+        .any(|l| l.contains(" WARN ") && l.contains("signer.seed is readable by group or others"));
+    run.stop_all()?;
+    ensure!(
+        warned,
+        "the daemon does not warn at start-up about a world-readable signing key"
+    );
+    Ok(format!(
+        "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check and {seen} helper inputs (token and node password only inside jwt claims); check and start-up warn on a 0644 key",
+        markers.len()
+    ))
+}
