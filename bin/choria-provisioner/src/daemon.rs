@@ -24,7 +24,7 @@ use provisioner_metrics::{Metrics, Role};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::cli::{RunArgs, VERSION};
 use crate::helper::SubprocessHelper;
@@ -33,8 +33,12 @@ use crate::logging;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
 use crate::settings::{preflight, Problem, Settings};
 
-/// The shortest time between two discoveries started early because announced nodes pile up.
+/// The shortest time between two discoveries started early because announced nodes wait.
 const EARLY_DISCOVERY_EVERY: Duration = Duration::from_secs(20);
+/// How long the oldest announced node may wait in its lane before a discovery is started early.
+const EARLY_DISCOVERY_AFTER: Duration = Duration::from_secs(10);
+/// How often the discovery loop looks at the announced lane.
+const CONGESTION_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
@@ -195,7 +199,6 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         client.clone(),
         Arc::clone(&config),
         Arc::clone(&fleet),
-        Arc::clone(&discover_now),
         shutdown.clone(),
     ));
     tasks.spawn(discover(
@@ -305,7 +308,6 @@ async fn listen<R, H, O, C>(
     client: RpcClient,
     config: Arc<Config>,
     fleet: Arc<Fleet<R, H, O, C>>,
-    discover_now: Arc<Notify>,
     shutdown: CancellationToken,
 ) where
     R: provision_core::NodeRpc,
@@ -313,7 +315,6 @@ async fn listen<R, H, O, C>(
     O: Observer,
     C: provision_core::Clock,
 {
-    let mut early_discovery: Option<tokio::time::Instant> = None;
     let mut sub = loop {
         match client
             .subscribe_lifecycle("startup", &config.lifecycle_component, None)
@@ -345,20 +346,6 @@ async fn listen<R, H, O, C>(
         // The identity and the pause state are checked by the work queue: an invalid identity
         // is counted and refused, and nothing is queued while paused.
         fleet.add(&ev.event.identity, Source::Event);
-        // Announced nodes are waiting behind more than the workers can take at once (a burst of
-        // restarts, or someone announcing nodes that do not exist): discover now rather than at
-        // the next interval, so real nodes among them move to the discovery lane. At most once
-        // per EARLY_DISCOVERY_EVERY.
-        if fleet.announced_backlog() > config.workers
-            && early_discovery.is_none_or(|t| t.elapsed() >= EARLY_DISCOVERY_EVERY)
-        {
-            early_discovery = Some(tokio::time::Instant::now());
-            debug!(
-                "{} announced nodes are waiting, discovering now",
-                fleet.announced_backlog()
-            );
-            discover_now.notify_one();
-        }
     }
 }
 
@@ -376,6 +363,7 @@ async fn discover<R, H, C>(
     H: provision_core::Helper,
     C: provision_core::Clock,
 {
+    let mut early: Option<tokio::time::Instant> = None;
     loop {
         if !pause.paused() {
             metrics.discover_cycle();
@@ -392,10 +380,31 @@ async fn discover<R, H, C>(
                 }
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(config.interval) => {}
-            _ = now.notified() => {}
-            _ = shutdown.cancelled() => return,
+        let next = tokio::time::Instant::now() + config.interval;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => break,
+                _ = now.notified() => break,
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(CONGESTION_CHECK_EVERY) => {
+                    // Announced nodes have waited long in their lane (a flood of announcements
+                    // for nodes that do not exist, or more restarts than the workers take):
+                    // discover now rather than at the next interval, so the real nodes among
+                    // them move to the discovery lane. At most once per EARLY_DISCOVERY_EVERY.
+                    let waited = fleet.announced_oldest_wait();
+                    if waited.is_some_and(|w| w >= EARLY_DISCOVERY_AFTER)
+                        && early.is_none_or(|t| t.elapsed() >= EARLY_DISCOVERY_EVERY)
+                    {
+                        early = Some(tokio::time::Instant::now());
+                        info!(
+                            "{} announced nodes are waiting, the oldest for {:.0?}: discovering now",
+                            fleet.announced_backlog(),
+                            waited.unwrap_or_default()
+                        );
+                        break;
+                    }
+                }
+            }
         }
     }
 }

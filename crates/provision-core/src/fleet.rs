@@ -382,6 +382,18 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         self.lock().queued()
     }
 
+    /// How long the oldest node still waiting in the event lane has waited (`None` when the
+    /// lane is empty): a long wait means announced nodes are not being taken fast enough.
+    pub fn announced_oldest_wait(&self) -> Option<Duration> {
+        let t = self.lock();
+        t.announced.iter().find_map(|(id, g)| {
+            t.hosts
+                .get(id)
+                .filter(|e| e.generation == *g && e.state == State::Queued)
+                .map(|e| e.added.elapsed())
+        })
+    }
+
     /// Entries waiting in the event lane (nodes only known from startup events).
     pub fn announced_backlog(&self) -> usize {
         self.lock().announced.len()
