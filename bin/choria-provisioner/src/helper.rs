@@ -2,7 +2,8 @@
 //! helper runs as a child process with the node's data on stdin (see
 //! [`HelperRunner`] for the time and output limits).
 
-use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply, HelperRunner};
+use helper_protocol::HelperRunner;
+use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply};
 use provision_core::Helper;
 
 /// [`Helper`] over a configured [`HelperRunner`].

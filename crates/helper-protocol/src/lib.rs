@@ -17,13 +17,20 @@
 //! # Ok(()) }
 //! ```
 
+//! The subprocess runner is the default feature `runner`; without it the crate holds only the
+//! documents and the error type (no tokio), for embedders with their own way of asking.
+
 #![deny(missing_docs)]
+mod error;
 mod gojson;
+#[cfg(feature = "runner")]
 mod runner;
 mod types;
 
+pub use error::{HelperError, HelperErrorKind};
 pub use gojson::{to_go_json, to_go_json_string};
-pub use runner::{HelperError, HelperErrorKind, HelperRunner, DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
+#[cfg(feature = "runner")]
+pub use runner::{HelperRunner, DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
 pub use types::{
     CsrReply, Ed25519Reply, HelperInput, HelperReply, ProvisioningClaims, ServerClaims,
     ServerPermissions, StandardClaims,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+use crate::error::HelperError;
 use crate::types::{HelperInput, HelperReply};
 
 /// How long a helper may run before it and its children are killed (the Go provisioner's limit).
@@ -16,123 +17,6 @@ pub const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
 
 /// How much of the end of stderr is kept for error messages.
 const STDERR_TAIL: usize = 2048;
-
-/// What went wrong running a helper; [`HelperError::kind`] gives a value to match on.
-#[derive(Debug, thiserror::Error)]
-pub enum HelperError {
-    /// The command line could not be split shell-style, or was empty.
-    #[error("cannot parse helper command {command:?}: {reason}")]
-    Parse {
-        /// The command line as configured.
-        command: String,
-        /// Why it could not be split.
-        reason: &'static str,
-    },
-    /// The input could not be encoded.
-    #[error("could not encode helper input for {identity}: {source}")]
-    Encode {
-        /// The node being provisioned.
-        identity: String,
-        /// The encoder's error.
-        source: serde_json::Error,
-    },
-    /// The process could not be started.
-    #[error("cannot start {helper}: {source}")]
-    Start {
-        /// The helper program.
-        helper: String,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
-    /// Reading the helper's output failed.
-    #[error("cannot read {helper} output: {source}")]
-    Read {
-        /// The helper program.
-        helper: String,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
-    /// The helper did not finish in time; it and its process group were killed.
-    #[error("{helper} did not finish within {timeout:?} and was killed")]
-    Timeout {
-        /// The helper program.
-        helper: String,
-        /// The limit that was reached.
-        timeout: Duration,
-    },
-    /// The helper wrote more than the output limit; it was killed.
-    #[error("{helper} wrote more than {limit} bytes of output and was killed")]
-    OutputTooLarge {
-        /// The helper program.
-        helper: String,
-        /// The limit in bytes.
-        limit: usize,
-    },
-    /// The helper exited unsuccessfully.
-    #[error("helper {helper} exited with {status}: {stderr_tail}")]
-    NonZeroExit {
-        /// The helper program.
-        helper: String,
-        /// The exit status as text (code or signal).
-        status: String,
-        /// The last part of what the helper wrote to stderr.
-        stderr_tail: String,
-    },
-    /// The helper exited successfully without writing anything.
-    #[error("cannot read {helper} output: zero bytes received")]
-    EmptyOutput {
-        /// The helper program.
-        helper: String,
-    },
-    /// The output was not a valid reply document.
-    #[error("cannot decode output from {helper}: {source}")]
-    InvalidJson {
-        /// The helper program.
-        helper: String,
-        /// The decoder's error.
-        source: serde_json::Error,
-    },
-}
-
-/// A coarse classification of [`HelperError`] for callers and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HelperErrorKind {
-    /// The command line is unusable.
-    Parse,
-    /// Encoding the input failed.
-    Encode,
-    /// The program could not be started.
-    Start,
-    /// Reading from the program failed.
-    Read,
-    /// The time limit was reached.
-    Timeout,
-    /// The output limit was reached.
-    OutputTooLarge,
-    /// The program failed.
-    NonZeroExit,
-    /// No output.
-    EmptyOutput,
-    /// Undecodable output.
-    InvalidJson,
-}
-
-impl HelperError {
-    /// The kind of failure.
-    pub fn kind(&self) -> HelperErrorKind {
-        match self {
-            HelperError::Parse { .. } => HelperErrorKind::Parse,
-            HelperError::Encode { .. } => HelperErrorKind::Encode,
-            HelperError::Start { .. } => HelperErrorKind::Start,
-            HelperError::Read { .. } => HelperErrorKind::Read,
-            HelperError::Timeout { .. } => HelperErrorKind::Timeout,
-            HelperError::OutputTooLarge { .. } => HelperErrorKind::OutputTooLarge,
-            HelperError::NonZeroExit { .. } => HelperErrorKind::NonZeroExit,
-            HelperError::EmptyOutput { .. } => HelperErrorKind::EmptyOutput,
-            HelperError::InvalidJson { .. } => HelperErrorKind::InvalidJson,
-        }
-    }
-}
 
 /// A configured helper command; cheap to share, one subprocess per [`HelperRunner::run`].
 #[derive(Debug, Clone)]

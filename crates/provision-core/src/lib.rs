@@ -5,7 +5,8 @@
 //! needs from outside comes through traits an embedder implements:
 //!
 //! * [`rpc`]: [`NodeRpc`] (directed RPCs to one node) and [`Helper`] (the site helper; the
-//!   binary runs [`helper_protocol::HelperRunner`] behind it).
+//!   binary runs helper-protocol's subprocess `HelperRunner`, its `runner` feature, behind it;
+//!   this crate uses helper-protocol without that feature).
 //! * [`keys`]: [`KeyMaterial`], the keys of enrolment, asked for every node ([`StaticKeys`]
 //!   holds keys loaded once).
 //! * [`observer`]: [`Observer`], the metric hooks.
@@ -26,18 +27,20 @@
 //! use provision_core::rpc::*;
 //! use provision_core::{Backoff, Config, Fleet, NoopObserver, PauseState, Provisioner, Source, StaticKeys};
 //! use provision_core::helper_protocol::{
-//!     CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, HelperRunner,
+//!     CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply,
 //! };
 //!
 //! /// Sends each action to one node over whatever the embedder talks.
 //! struct MyTransport;
 //!
-//! /// Runs the site helper as a subprocess.
-//! struct MyHelper(HelperRunner);
+//! /// Decides each node's configuration (a subprocess, a web service, a rule in code...).
+//! struct MyHelper;
 //!
 //! impl Helper for MyHelper {
 //!     async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
-//!         self.0.run(input).await
+//!         let mut reply = HelperReply::default();
+//!         reply.configuration = Some([("identity".to_string(), input.identity.clone())].into());
+//!         Ok(reply)
 //!     }
 //! }
 //!
@@ -74,7 +77,7 @@
 //!     eprintln!("warning: {w}");
 //! }
 //! let config = Arc::new(loaded.config);
-//! let helper = MyHelper(HelperRunner::new(&config.helper)?);
+//! let helper = MyHelper;
 //! // Keys loaded once; the binary's implementation reads rotated files again.
 //! let keys = StaticKeys::new().with_signing_key(std::fs::read_to_string("/etc/choria/signer.seed")?);
 //! // The embedder's own pacing (the binary passes go-choria's FiveSec table from the client).

@@ -60,8 +60,6 @@ fn tokio_has_no_networking_signals_or_files() {
 }
 
 #[test]
-#[ignore = "helper-protocol compiles its subprocess runner (tokio `process`) unconditionally; \
-            enable once the runner is behind a feature provision-core leaves off"]
 fn tokio_has_no_processes() {
     assert_absent(&["process"]);
 }
