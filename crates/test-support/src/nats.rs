@@ -158,15 +158,28 @@ impl NatsServer {
     /// When it does not start again.
     pub fn restart(&mut self) {
         self.stop();
-        let conf = self.dir.join("nats.conf");
-        self.proc = Some(spawn(&conf, self.log.as_deref()).unwrap_or_else(|e| panic!("{e}")));
+        self.start_again().unwrap_or_else(|e| panic!("{e}"));
     }
 
-    /// Stop the server now.
+    /// Start a stopped server again on the same port and store (its log appended to); a running
+    /// one is killed first.
+    pub fn start_again(&mut self) -> Result<()> {
+        self.stop();
+        let conf = self.dir.join("nats.conf");
+        self.proc = Some(spawn(&conf, self.log.as_deref())?);
+        Ok(())
+    }
+
+    /// Stop the server now (SIGKILL).
     pub fn stop(&mut self) {
         if let Some(mut p) = self.proc.take() {
             p.kill();
         }
+    }
+
+    /// Stop the server as an operator would: SIGTERM, SIGKILL after `grace`.
+    pub fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.proc.take().and_then(|mut p| p.terminate(grace))
     }
 }
 

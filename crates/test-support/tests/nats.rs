@@ -19,6 +19,19 @@ async fn a_single_server_restarts_on_its_port() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_in_a_directory_stops_gracefully_and_starts_again_with_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = test_support::free_port();
+    let mut nats = NatsServer::start_in(dir.path(), port, "max_payload: 4MB", true).unwrap();
+    assert!(nats.terminate(Duration::from_secs(5)).is_some());
+    nats.start_again().unwrap();
+    let nc = async_nats::connect(nats.url()).await.unwrap();
+    assert_eq!(nc.server_info().max_payload, 4 * 1024 * 1024);
+    let log = std::fs::read_to_string(dir.path().join("nats-server.log")).unwrap();
+    assert_eq!(log.matches("Server is ready").count(), 2, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_forms_and_a_kv_bucket_with_three_replicas_works() {
     let cluster = NatsCluster::start().unwrap();
     let urls = cluster.urls();
