@@ -77,6 +77,8 @@ pub struct Setup<'a> {
     pub workers: usize,
     pub helper: Option<&'a str>,
     pub extra_yaml: &'a str,
+    /// More `features` switched on beside the mode's.
+    pub features: &'a [&'a str],
     pub leader_election: bool,
 }
 
@@ -96,6 +98,7 @@ impl Default for Setup<'_> {
             workers: 8,
             helper: None,
             extra_yaml: "",
+            features: &[],
             leader_election: false,
         }
     }
@@ -124,6 +127,19 @@ pub fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
             extra_yaml: s.extra_yaml,
         },
     )?;
+    if !s.features.is_empty() {
+        // The run files end with the `features:` map; continue it.
+        let mut yaml = std::fs::read_to_string(&files.provisioner_yaml)?;
+        let tail = yaml.rsplit_once("\nfeatures:\n").map(|(_, t)| t);
+        ensure!(
+            tail.is_some_and(|t| t.lines().all(|l| l.starts_with("  "))),
+            "the provisioner YAML does not end with its features map"
+        );
+        for f in s.features {
+            yaml.push_str(&format!("  {f}: true\n"));
+        }
+        std::fs::write(&files.provisioner_yaml, yaml)?;
+    }
     // The YAML holds the token: owner only, as the provisioner asks of files holding secrets.
     private(&files.provisioner_yaml)?;
     Ok(Run {

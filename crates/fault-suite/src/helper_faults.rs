@@ -45,7 +45,7 @@ pub fn helper_fault(
     env: &Env,
     name: &str,
     script: &str,
-    extra_yaml: &str,
+    settings: Setup<'_>,
     sim_flags: &[String],
     words: &[&str],
     after: impl FnOnce(&Run) -> Result<String>,
@@ -58,8 +58,7 @@ pub fn helper_fault(
         name,
         Setup {
             helper: Some(&helper_s),
-            extra_yaml,
-            ..Setup::default()
+            ..settings
         },
     )?;
     let p = run.start_provisioner("provisioner")?;
@@ -103,7 +102,7 @@ pub fn helper_hang(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         "hang.sh",
-        "",
+        Setup::default(),
         &[],
         &["did not finish", "timeout", "killed"],
         |_| {
@@ -133,7 +132,7 @@ pub fn helper_exit(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         "exit1.sh",
-        "",
+        Setup::default(),
         &[],
         &["exit", "status", "helper"],
         |_| Ok(String::new()),
@@ -145,7 +144,7 @@ pub fn helper_silent(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         "silent.sh",
-        "",
+        Setup::default(),
         &[],
         &["helper", "empty", "eof", "json"],
         |_| Ok(String::new()),
@@ -157,7 +156,7 @@ pub fn helper_garbage(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         "garbage.sh",
-        "",
+        Setup::default(),
         &[],
         &["json", "helper", "invalid"],
         |_| Ok(String::new()),
@@ -169,7 +168,7 @@ pub fn helper_flood(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         "flood.sh",
-        "",
+        Setup::default(),
         &[],
         &["more than", "output", "bytes"],
         |run| {
@@ -196,8 +195,11 @@ pub fn helper_bad_upgrade(env: &Env, name: &str) -> Result<String> {
         env,
         name,
         "bad-upgrade.sh",
-        // Continues the `features:` map the run files end with.
-        "  upgrades: true\nupgrades_repository: https://packages.example.net/choria\n",
+        Setup {
+            extra_yaml: "upgrades_repository: https://packages.example.net/choria\n",
+            features: &["upgrades"],
+            ..Setup::default()
+        },
         &["--upgradable".into()],
         &["upgrade", "version"],
         |_| Ok(String::new()),
