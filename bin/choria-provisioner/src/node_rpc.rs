@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use choria_rpc_client::agents::{ConfigureRequest as WireConfigure, GencsrRequest};
-use choria_rpc_client::rpc::{RpcClient, RpcError as WireError, RpcErrorKind as WireKind};
+use choria_rpc_client::rpc::{RpcClient, RequestError as WireError, RequestErrorKind as WireKind};
 use provision_core::helper_protocol::{CsrReply, Ed25519Reply};
 use provision_core::rpc::{
     Action, ActionMessage, ConfigureRequest, Inventory, JwtReply, NodeRpc, RpcError, RpcErrorKind,

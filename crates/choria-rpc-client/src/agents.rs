@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::rpc::{RpcClient, RpcError, RpcErrorKind};
+use crate::rpc::{RequestError, RequestErrorKind, RpcClient};
 
 /// Agent name of the provisioning agent.
 pub const PROVISION_AGENT: &str = "choria_provision";
@@ -174,13 +174,13 @@ impl RpcClient {
         action: &str,
         input: &I,
         timeout: Duration,
-    ) -> Result<(O, serde_json::Value), RpcError> {
+    ) -> Result<(O, serde_json::Value), RequestError> {
         let data = self.call(identity, agent, action, input, timeout).await?;
         let out = O::deserialize(&data).map_err(|e| {
-            RpcError::new(
+            RequestError::new(
                 identity,
                 format!("{agent}#{action}"),
-                RpcErrorKind::BadReply,
+                RequestErrorKind::BadReply,
             )
             .with_source(e)
         })?;
@@ -194,7 +194,7 @@ impl RpcClient {
         token: &str,
         rest: I,
         timeout: Duration,
-    ) -> Result<O, RpcError> {
+    ) -> Result<O, RequestError> {
         self.typed(
             identity,
             PROVISION_AGENT,
@@ -211,7 +211,7 @@ impl RpcClient {
         &self,
         identity: &str,
         timeout: Duration,
-    ) -> Result<Inventory, RpcError> {
+    ) -> Result<Inventory, RequestError> {
         let (w, raw): (InventoryWire, _) = self
             .typed(identity, "rpcutil", "inventory", &NoInputs {}, timeout)
             .await?;
@@ -235,7 +235,7 @@ impl RpcClient {
         identity: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<JwtReply, RpcError> {
+    ) -> Result<JwtReply, RequestError> {
         self.provision(identity, "jwt", token, NoInputs {}, timeout)
             .await
     }
@@ -247,7 +247,7 @@ impl RpcClient {
         token: &str,
         nonce: &str,
         timeout: Duration,
-    ) -> Result<Gen25519Reply, RpcError> {
+    ) -> Result<Gen25519Reply, RequestError> {
         #[derive(Serialize)]
         struct I<'a> {
             nonce: &'a str,
@@ -263,7 +263,7 @@ impl RpcClient {
         token: &str,
         req: &GencsrRequest,
         timeout: Duration,
-    ) -> Result<GencsrReply, RpcError> {
+    ) -> Result<GencsrReply, RequestError> {
         self.provision(identity, "gencsr", token, req, timeout)
             .await
     }
@@ -275,7 +275,7 @@ impl RpcClient {
         token: &str,
         req: &ConfigureRequest,
         timeout: Duration,
-    ) -> Result<MessageReply, RpcError> {
+    ) -> Result<MessageReply, RequestError> {
         self.provision(identity, "configure", token, req, timeout)
             .await
     }
@@ -288,7 +288,7 @@ impl RpcClient {
         repository: &str,
         version: &str,
         timeout: Duration,
-    ) -> Result<MessageReply, RpcError> {
+    ) -> Result<MessageReply, RequestError> {
         #[derive(Serialize)]
         struct I<'a> {
             repository: &'a str,
@@ -314,7 +314,7 @@ impl RpcClient {
         token: &str,
         splay: Option<u32>,
         timeout: Duration,
-    ) -> Result<MessageReply, RpcError> {
+    ) -> Result<MessageReply, RequestError> {
         #[derive(Serialize)]
         struct I {
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -330,7 +330,7 @@ impl RpcClient {
         identity: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<MessageReply, RpcError> {
+    ) -> Result<MessageReply, RequestError> {
         self.provision(identity, "shutdown", token, NoInputs {}, timeout)
             .await
     }
@@ -341,7 +341,7 @@ impl RpcClient {
         identity: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<MessageReply, RpcError> {
+    ) -> Result<MessageReply, RequestError> {
         self.provision(identity, "reprovision", token, NoInputs {}, timeout)
             .await
     }

@@ -10,7 +10,7 @@
 //! Choria envelope carries it too, and Choria servers read only the envelope's). When nothing is
 //! subscribed to the node's subject, the broker answers at once on that subject with a
 //! no-responders status message (503, no payload), and the request fails with
-//! [`RpcErrorKind::NoResponders`] instead of waiting for its timeout. Broadcasts are published
+//! [`RequestErrorKind::NoResponders`] instead of waiting for its timeout. Broadcasts are published
 //! without one: many nodes answer them, and an empty collective is an empty discovery.
 
 use std::collections::{HashMap, HashSet};
@@ -30,7 +30,7 @@ use crate::protocol::{self, Filter, OutgoingRequest, Reply, Security};
 
 /// The `statusmsg` of `choria_provision` when another provisioner holds the node's lock. Only
 /// this client recognises it: a reply carrying it fails with
-/// [`RpcErrorKind::ProvisioningLocked`].
+/// [`RequestErrorKind::ProvisioningLocked`].
 pub const PROVISIONING_LOCK_MSG: &str = "Could not obtain provisioning lock";
 
 /// How long to wait for the broker to confirm a new subscription.
@@ -39,9 +39,9 @@ const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the connection state is looked at for [`RpcClient::connection_watch`].
 const CONNECTION_POLL: Duration = Duration::from_millis(500);
 
-/// What kind of failure an [`RpcError`] is, for callers that branch on it.
+/// What kind of failure an [`RequestError`] is, for callers that branch on it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
-pub enum RpcErrorKind {
+pub enum RequestErrorKind {
     /// No valid reply before the timeout.
     #[error("timeout")]
     Timeout,
@@ -78,19 +78,19 @@ pub enum RpcErrorKind {
     },
 }
 
-impl RpcErrorKind {
+impl RequestErrorKind {
     /// The kind of a reply with a non-zero `code` and `message`: the provisioning lock
     /// refusal (go-choria sends it with statuscode 1) or a plain status.
     pub fn from_status(code: StatusCode, message: String) -> Self {
         if message.contains(PROVISIONING_LOCK_MSG) {
-            RpcErrorKind::ProvisioningLocked
+            RequestErrorKind::ProvisioningLocked
         } else {
-            RpcErrorKind::Status { code, message }
+            RequestErrorKind::Status { code, message }
         }
     }
 }
 
-/// The cause kept in an [`RpcError`].
+/// The cause kept in an [`RequestError`].
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// An RPC failure: the node, the action, what kind of failure and the underlying cause.
@@ -98,20 +98,24 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Shown as `<action> on <identity> failed: <kind>`, followed by `: <cause>` when there is one
 /// (the cause is also [`std::error::Error::source`]), so a log line names the reason.
 #[derive(Debug)]
-pub struct RpcError {
+pub struct RequestError {
     /// Target node (`*` for broadcasts and subscriptions).
     pub identity: String,
     /// `agent#action` (or the agent, or what was subscribed or published).
     pub action: String,
     /// What went wrong.
-    pub kind: RpcErrorKind,
+    pub kind: RequestErrorKind,
     source: Option<Source>,
 }
 
-impl RpcError {
+impl RequestError {
     /// An error without an underlying cause.
-    pub fn new(identity: impl Into<String>, action: impl Into<String>, kind: RpcErrorKind) -> Self {
-        RpcError {
+    pub fn new(
+        identity: impl Into<String>,
+        action: impl Into<String>,
+        kind: RequestErrorKind,
+    ) -> Self {
+        RequestError {
             identity: identity.into(),
             action: action.into(),
             kind,
@@ -126,17 +130,17 @@ impl RpcError {
     }
 
     /// The kind of failure.
-    pub fn kind(&self) -> &RpcErrorKind {
+    pub fn kind(&self) -> &RequestErrorKind {
         &self.kind
     }
 
     /// True when another provisioner holds the node's provisioning lock.
     pub fn is_provisioning_locked(&self) -> bool {
-        self.kind == RpcErrorKind::ProvisioningLocked
+        self.kind == RequestErrorKind::ProvisioningLocked
     }
 }
 
-impl std::fmt::Display for RpcError {
+impl std::fmt::Display for RequestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -150,7 +154,11 @@ impl std::fmt::Display for RpcError {
     }
 }
 
-impl std::error::Error for RpcError {
+/// The former name of [`RequestError`], kept until the simulator's tests move to the new one.
+#[doc(hidden)]
+pub type RpcError = RequestError;
+
+impl std::error::Error for RequestError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source
             .as_deref()
@@ -203,7 +211,7 @@ pub enum SetupError {
     Connection(#[from] crate::connection::ConnectionError),
     /// The reply subscription could not be made.
     #[error(transparent)]
-    Rpc(#[from] RpcError),
+    Rpc(#[from] RequestError),
 }
 
 /// Counters of the reply path.
@@ -347,10 +355,10 @@ impl RpcClient {
         nats: async_nats::Client,
         security: Security,
         opts: RpcOptions,
-    ) -> Result<Self, RpcError> {
+    ) -> Result<Self, RequestError> {
         let reply_prefix = protocol::reply_prefix(&opts.collective, security.caller_id());
         let transport = |e: Source| {
-            RpcError::new("*", "reply subscription", RpcErrorKind::Transport).with_source(e)
+            RequestError::new("*", "reply subscription", RequestErrorKind::Transport).with_source(e)
         };
         let sub = nats
             .subscribe(format!("{reply_prefix}.>"))
@@ -451,7 +459,7 @@ impl RpcClient {
         id: &str,
         reply_to: &str,
         identity: &str,
-    ) -> Result<Bytes, RpcError> {
+    ) -> Result<Bytes, RequestError> {
         protocol::encode_request(
             &self.inner.security,
             &OutgoingRequest {
@@ -467,8 +475,12 @@ impl RpcClient {
             SystemTime::now(),
         )
         .map_err(|source| {
-            RpcError::new(identity, action_label(agent, payload), RpcErrorKind::Encode)
-                .with_source(source)
+            RequestError::new(
+                identity,
+                action_label(agent, payload),
+                RequestErrorKind::Encode,
+            )
+            .with_source(source)
         })
     }
 
@@ -481,12 +493,12 @@ impl RpcClient {
         bytes: Bytes,
         identity: &str,
         action: impl FnOnce() -> String,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), RequestError> {
         if !self.is_connected() {
-            return Err(RpcError::new(
+            return Err(RequestError::new(
                 identity,
                 action(),
-                RpcErrorKind::NotConnected,
+                RequestErrorKind::NotConnected,
             ));
         }
         let nats = &self.inner.nats;
@@ -494,13 +506,15 @@ impl RpcClient {
             Some(reply) => nats.publish_with_reply(subject, reply, bytes).await,
             None => nats.publish(subject, bytes).await,
         }
-        .map_err(|e| RpcError::new(identity, action(), RpcErrorKind::Transport).with_source(e))?;
+        .map_err(|e| {
+            RequestError::new(identity, action(), RequestErrorKind::Transport).with_source(e)
+        })?;
         self.inner.counters.requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Send `payload` (an RPC body) to `agent` on one node and wait up to `timeout` for that
-    /// node's verified reply. Fails at once with [`RpcErrorKind::NoResponders`] when the broker
+    /// node's verified reply. Fails at once with [`RequestErrorKind::NoResponders`] when the broker
     /// reports that nothing is subscribed to the node's subject.
     pub async fn request(
         &self,
@@ -508,7 +522,7 @@ impl RpcClient {
         agent: &str,
         payload: &[u8],
         timeout: Duration,
-    ) -> Result<Reply, RpcError> {
+    ) -> Result<Reply, RequestError> {
         let deadline = Instant::now() + timeout;
         let id = protocol::new_request_id();
         let reply_to = format!("{}.{id}", self.inner.reply_prefix);
@@ -536,14 +550,18 @@ impl RpcClient {
         .await?;
         let kind = match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Delivery::Reply(reply))) => return Ok(reply),
-            Ok(Ok(Delivery::NoResponders)) => RpcErrorKind::NoResponders,
-            Ok(Err(_)) => RpcErrorKind::Closed,
+            Ok(Ok(Delivery::NoResponders)) => RequestErrorKind::NoResponders,
+            Ok(Err(_)) => RequestErrorKind::Closed,
             Err(_) => {
                 self.inner.counters.timeouts.fetch_add(1, Ordering::Relaxed);
-                RpcErrorKind::Timeout
+                RequestErrorKind::Timeout
             }
         };
-        Err(RpcError::new(identity, action_label(agent, payload), kind))
+        Err(RequestError::new(
+            identity,
+            action_label(agent, payload),
+            kind,
+        ))
     }
 
     /// Call `agent#action` on one node with `data`, returning the reply data on statuscode 0
@@ -555,18 +573,20 @@ impl RpcClient {
         action: &str,
         data: &T,
         timeout: Duration,
-    ) -> Result<serde_json::Value, RpcError> {
+    ) -> Result<serde_json::Value, RequestError> {
         let label = || format!("{agent}#{action}");
-        let body = crate::mcorpc::encode_request(agent, action, data)
-            .map_err(|e| RpcError::new(identity, label(), RpcErrorKind::Encode).with_source(e))?;
+        let body = crate::mcorpc::encode_request(agent, action, data).map_err(|e| {
+            RequestError::new(identity, label(), RequestErrorKind::Encode).with_source(e)
+        })?;
         let reply = self.request(identity, agent, &body, timeout).await?;
-        let rpc = RpcReply::parse(&reply.body)
-            .map_err(|e| RpcError::new(identity, label(), RpcErrorKind::BadReply).with_source(e))?;
+        let rpc = RpcReply::parse(&reply.body).map_err(|e| {
+            RequestError::new(identity, label(), RequestErrorKind::BadReply).with_source(e)
+        })?;
         if rpc.statuscode != StatusCode::Ok {
-            return Err(RpcError::new(
+            return Err(RequestError::new(
                 identity,
                 label(),
-                RpcErrorKind::from_status(rpc.statuscode, rpc.statusmsg),
+                RequestErrorKind::from_status(rpc.statuscode, rpc.statusmsg),
             ));
         }
         Ok(rpc.data)
@@ -580,7 +600,7 @@ impl RpcClient {
         filter: &Filter,
         timeout: Duration,
         window: Option<Duration>,
-    ) -> Result<Vec<String>, RpcError> {
+    ) -> Result<Vec<String>, RequestError> {
         let start = Instant::now();
         let hard_deadline = start + timeout;
         let id = protocol::new_request_id();
@@ -622,7 +642,13 @@ impl RpcClient {
                         deadline = (Instant::now() + w).min(hard_deadline);
                     }
                 }
-                Ok(None) => return Err(RpcError::new("*", "discovery#ping", RpcErrorKind::Closed)),
+                Ok(None) => {
+                    return Err(RequestError::new(
+                        "*",
+                        "discovery#ping",
+                        RequestErrorKind::Closed,
+                    ))
+                }
                 Err(_) => break,
             }
         }
@@ -636,7 +662,7 @@ impl RpcClient {
 
     /// The provisioner's discovery: agent filter `choria_provision`, 2 s timeout, 300 ms
     /// sliding window.
-    pub async fn discover_provisionable(&self) -> Result<Vec<String>, RpcError> {
+    pub async fn discover_provisionable(&self) -> Result<Vec<String>, RequestError> {
         self.discover(
             &Filter::with_agent("choria_provision"),
             Duration::from_secs(2),
@@ -646,10 +672,10 @@ impl RpcClient {
     }
 
     /// Publish a lifecycle event (Choria format) to its subject.
-    pub async fn publish_event(&self, event: &LifecycleEvent) -> Result<(), RpcError> {
+    pub async fn publish_event(&self, event: &LifecycleEvent) -> Result<(), RequestError> {
         let label = || format!("lifecycle {}", event.event_type());
         let body = event.to_choria_json().map_err(|e| {
-            RpcError::new(&event.identity, label(), RpcErrorKind::Encode).with_source(e)
+            RequestError::new(&event.identity, label(), RequestErrorKind::Encode).with_source(e)
         })?;
         self.publish(
             event.subject(),
@@ -660,13 +686,17 @@ impl RpcClient {
         )
         .await?;
         self.inner.nats.flush().await.map_err(|e| {
-            RpcError::new(&event.identity, label(), RpcErrorKind::Transport).with_source(e)
+            RequestError::new(&event.identity, label(), RequestErrorKind::Transport).with_source(e)
         })
     }
 
     /// Publish this client's `startup` event with component `component` (the provisioner uses
     /// `provisioner`) and `version`, identity from the options.
-    pub async fn publish_startup(&self, component: &str, version: &str) -> Result<(), RpcError> {
+    pub async fn publish_startup(
+        &self,
+        component: &str,
+        version: &str,
+    ) -> Result<(), RequestError> {
         let ev = LifecycleEvent::startup(&self.inner.opts.identity, component, version);
         self.publish_event(&ev).await
     }
@@ -678,7 +708,7 @@ impl RpcClient {
         event_type: &str,
         component: &str,
         queue_group: Option<&str>,
-    ) -> Result<LifecycleSubscription, RpcError> {
+    ) -> Result<LifecycleSubscription, RequestError> {
         let subject = format!("choria.lifecycle.event.{event_type}.{component}");
         let res = match queue_group {
             Some(q) => {
@@ -690,8 +720,12 @@ impl RpcClient {
             None => self.inner.nats.subscribe(subject.clone()).await,
         };
         let transport = |e: Source| {
-            RpcError::new("*", format!("subscribe {subject}"), RpcErrorKind::Transport)
-                .with_source(e)
+            RequestError::new(
+                "*",
+                format!("subscribe {subject}"),
+                RequestErrorKind::Transport,
+            )
+            .with_source(e)
         };
         let sub = res.map_err(|e| transport(e.into()))?;
         crate::connection::round_trip(&self.inner.nats, ROUND_TRIP_TIMEOUT)

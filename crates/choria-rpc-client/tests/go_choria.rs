@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use choria_rpc_client::config::ChoriaConfig;
 use choria_rpc_client::lifecycle::EventFormat;
-use choria_rpc_client::rpc::{RpcClient, RpcErrorKind};
+use choria_rpc_client::rpc::{RequestErrorKind, RpcClient};
 use test_support::go_env::{self, EnvOptions, GoEnv};
 use test_support::Mode;
 
@@ -139,7 +139,7 @@ async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
         .provision_jwt("nobody.example.net", token, Duration::from_secs(22))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), &RpcErrorKind::NoResponders, "{err}");
+    assert_eq!(err.kind(), &RequestErrorKind::NoResponders, "{err}");
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "{:?}",

@@ -16,7 +16,7 @@ use choria_rpc_client::mcorpc::{RpcReply, RpcRequest, StatusCode};
 use choria_rpc_client::protocol::{
     self, build_reply, build_reply_raw, ProtocolVersion, Request, Security, ServerRequest,
 };
-use choria_rpc_client::rpc::{RpcClient, RpcErrorKind, RpcOptions};
+use choria_rpc_client::rpc::{RequestErrorKind, RpcClient, RpcOptions};
 use futures::StreamExt as _;
 use sha2::Digest as _;
 use test_support::NatsServer;
@@ -230,7 +230,7 @@ async fn status_codes_map_to_typed_errors() {
     let server = NatsServer::start();
     responder(&server, nodes(1), echo_agent(false)).await;
     let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
-    let status = |code, message: &str| RpcErrorKind::Status {
+    let status = |code, message: &str| RequestErrorKind::Status {
         code,
         message: message.to_string(),
     };
@@ -239,7 +239,7 @@ async fn status_codes_map_to_typed_errors() {
         (
             1,
             "Could not obtain provisioning lock",
-            RpcErrorKind::ProvisioningLocked,
+            RequestErrorKind::ProvisioningLocked,
         ),
         (
             2,
@@ -443,7 +443,7 @@ async fn malformed_replies_are_dropped_counted_and_time_out() {
             )
             .await
             .unwrap_err();
-        assert_eq!(err.kind(), &RpcErrorKind::Timeout, "{name}: {err}");
+        assert_eq!(err.kind(), &RequestErrorKind::Timeout, "{name}: {err}");
         assert_eq!(counter(&rpc.stats()), before + 1, "{name} not counted");
         assert_eq!(rpc.pending(), 0, "{name} left a pending entry");
     }
@@ -534,7 +534,7 @@ async fn a_node_nobody_serves_fails_at_once_with_no_responders() {
             .await
             .unwrap_err();
         let took = start.elapsed();
-        assert_eq!(err.kind(), &RpcErrorKind::NoResponders, "{err}");
+        assert_eq!(err.kind(), &RequestErrorKind::NoResponders, "{err}");
         let text = err.to_string();
         assert!(
             text.contains("nobody.example.net") && text.contains("choria_provision#jwt"),
@@ -570,7 +570,7 @@ async fn a_node_nobody_serves_fails_at_once_with_no_responders() {
         .await
         .unwrap_err();
     let took = start.elapsed();
-    assert_eq!(err.kind(), &RpcErrorKind::Timeout, "{err}");
+    assert_eq!(err.kind(), &RequestErrorKind::Timeout, "{err}");
     assert!(took >= t, "{took:?}");
 
     let s = rpc.stats();
@@ -599,7 +599,7 @@ async fn directed_requests_carry_the_reply_subject_and_broadcasts_do_not() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), &RpcErrorKind::Timeout, "{err}");
+    assert_eq!(err.kind(), &RequestErrorKind::Timeout, "{err}");
     let directed = wire.next().await.unwrap();
     assert_eq!(
         directed.subject.as_str(),
@@ -650,7 +650,7 @@ async fn timeouts_are_honoured_and_leave_nothing_behind() {
             .await
             .unwrap_err();
         let took = start.elapsed();
-        assert_eq!(err.kind(), &RpcErrorKind::Timeout);
+        assert_eq!(err.kind(), &RequestErrorKind::Timeout);
         assert!(
             // The upper bound leaves room for a loaded CI machine; a timer that is not
             // honoured at all would take the whole test's time.
@@ -694,7 +694,9 @@ async fn broker_going_away_gives_an_error_not_a_hang() {
         assert!(
             matches!(
                 err.kind(),
-                RpcErrorKind::NotConnected | RpcErrorKind::Timeout | RpcErrorKind::Transport
+                RequestErrorKind::NotConnected
+                    | RequestErrorKind::Timeout
+                    | RequestErrorKind::Transport
             ),
             "{err}"
         );
@@ -732,7 +734,7 @@ async fn connection_watch_follows_the_broker() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), &RpcErrorKind::NotConnected, "{err}");
+    assert_eq!(err.kind(), &RequestErrorKind::NotConnected, "{err}");
     server.restart();
     wait_for(&mut up, true).await;
     assert!(rpc.is_connected());
@@ -773,7 +775,7 @@ async fn an_error_names_node_action_kind_and_cause() {
         .inventory("odd.example.net", Duration::from_secs(5))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), &RpcErrorKind::BadReply, "{err}");
+    assert_eq!(err.kind(), &RequestErrorKind::BadReply, "{err}");
     assert_eq!(err.action, "rpcutil#inventory");
     let cause = err
         .source()
