@@ -4,7 +4,7 @@
 //! All replies arrive on one wildcard subscription, `<collective>.reply.<md5(callerid)>.>`,
 //! and are handed to the waiting request by request id. A reply is trusted only after its
 //! transport, hash, protocol strings, request id and (for directed requests) sender check out;
-//! anything else is dropped with a log line and counted in [`RpcStats`].
+//! anything else is dropped with a log line and counted in [`ReplyStats`].
 //!
 //! A directed request is also published with its reply subject as the NATS reply subject (the
 //! Choria envelope carries it too, and Choria servers read only the envelope's). When nothing is
@@ -230,7 +230,7 @@ struct Counters {
 
 /// A snapshot of the reply-path counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RpcStats {
+pub struct ReplyStats {
     /// Requests published (directed and broadcast).
     pub requests: u64,
     /// Valid replies delivered to a waiting request or discovery.
@@ -252,7 +252,7 @@ pub struct RpcStats {
     pub unexpected: u64,
 }
 
-impl RpcStats {
+impl ReplyStats {
     /// All dropped replies together.
     pub fn dropped(&self) -> u64 {
         self.dropped_malformed
@@ -430,10 +430,10 @@ impl RpcClient {
     }
 
     /// A snapshot of the reply-path counters.
-    pub fn stats(&self) -> RpcStats {
+    pub fn stats(&self) -> ReplyStats {
         let c = &self.inner.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RpcStats {
+        ReplyStats {
             requests: g(&c.requests),
             replies: g(&c.replies),
             timeouts: g(&c.timeouts),

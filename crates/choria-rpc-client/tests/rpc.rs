@@ -420,7 +420,7 @@ async fn malformed_replies_are_dropped_counted_and_time_out() {
     let mut opts = RpcOptions::new(IDENTITY, "provisioning");
     opts.max_reply_size = 64 * 1024;
     let rpc = client_with(&server, Security::insecure("choria=p.mcollective"), opts).await;
-    type Counter = fn(&choria_rpc_client::rpc::RpcStats) -> u64;
+    type Counter = fn(&choria_rpc_client::rpc::ReplyStats) -> u64;
     let cases: [(&str, Counter); 7] = [
         ("garbage", |s| s.dropped_malformed),
         ("wrong protocol", |s| s.dropped_malformed),
