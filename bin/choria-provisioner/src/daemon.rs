@@ -128,6 +128,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     background.spawn(signals.watch(shutdown.clone(), force.clone(), stopped.clone()));
 
     let metrics = Metrics::new(config.site.clone());
+    let mut monitor = None;
     if config.monitor_port > 0 {
         // An empty monitor_address is every interface, IPv4 and IPv6 (`[::]` dual-stack, or
         // 0.0.0.0 on a host without IPv6), as Go's `:port`.
@@ -140,8 +141,10 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
                 .with_context(|| format!("invalid monitor_address {:?}", config.monitor_address))?
         };
         let addr = SocketAddr::new(ip, config.monitor_port);
-        let bound =
+        let serving =
             provisioner_metrics::serve(addr, Arc::clone(&metrics), shutdown.clone()).await?;
+        let bound = serving.local_addr();
+        monitor = Some(serving);
         let scope = match bound.ip() {
             std::net::IpAddr::V6(a) if a.is_unspecified() => " (every interface, IPv4 and IPv6)",
             std::net::IpAddr::V4(a) if a.is_unspecified() => " (every interface, IPv4 only)",
@@ -242,6 +245,9 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     while workers_task.join_next().await.is_some() {}
     stopped.cancel();
     while background.join_next().await.is_some() {}
+    if let Some(serving) = &monitor {
+        serving.stopped().await;
+    }
     info!("stopped");
     Ok(())
 }

@@ -37,6 +37,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::{Metrics, Role};
 
@@ -74,8 +75,34 @@ pub enum ServeError {
     },
 }
 
-/// Bind `addr` and serve the endpoints until `shutdown` is cancelled. Returns the bound address
-/// (useful with port 0) once listening; the server runs in a spawned task.
+/// A running monitoring server: its bound addresses, and its tasks (the accept loops and one
+/// task per connection), which end when the `shutdown` token given to [`serve`] is cancelled.
+#[derive(Debug)]
+pub struct Serving {
+    addrs: Vec<SocketAddr>,
+    tasks: TaskTracker,
+}
+
+impl Serving {
+    /// The first bound address (the port chosen for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addrs[0]
+    }
+
+    /// Every bound address, in the order asked for.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Waits until every task of the server has ended (after its shutdown token is cancelled).
+    pub async fn stopped(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// Bind `addr` and serve the endpoints until `shutdown` is cancelled. Returns once listening;
+/// the server's tasks are tracked by the returned [`Serving`], whose `stopped` waits for them.
 ///
 /// `[::]` (the unspecified IPv6 address) listens on every interface for IPv4 and IPv6 clients
 /// alike, or on `0.0.0.0` when the host has no IPv6; the address returned says which.
@@ -83,18 +110,18 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-) -> Result<SocketAddr, ServeError> {
-    let bound = serve_all(&[addr], metrics, shutdown).await?;
-    Ok(bound.first().copied().unwrap_or(addr))
+) -> Result<Serving, ServeError> {
+    serve_all(&[addr], metrics, shutdown).await
 }
 
 /// [`serve`] on several addresses at once, sharing one connection cap. Either every address is
-/// bound or none is served; returns the bound addresses in the same order.
+/// bound or none is served; the bound addresses are in the same order. `addrs` must not be
+/// empty.
 pub async fn serve_all(
     addrs: &[SocketAddr],
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-) -> Result<Vec<SocketAddr>, ServeError> {
+) -> Result<Serving, ServeError> {
     let mut listeners = Vec::with_capacity(addrs.len());
     for &addr in addrs {
         listeners.push(bind(addr)?);
@@ -106,13 +133,19 @@ pub async fn serve_all(
         open: Mutex::new(BTreeMap::new()),
         next_id: AtomicU64::new(0),
         displaced: Mutex::new(LogLimiter::new(CAP_LOG_INTERVAL)),
+        tasks: TaskTracker::new(),
     });
     let mut bound = Vec::with_capacity(listeners.len());
     for (listener, local) in listeners {
         bound.push(local);
-        tokio::spawn(accept_loop(listener, local, Arc::clone(&shared)));
+        shared
+            .tasks
+            .spawn(accept_loop(listener, local, Arc::clone(&shared)));
     }
-    Ok(bound)
+    Ok(Serving {
+        addrs: bound,
+        tasks: shared.tasks.clone(),
+    })
 }
 
 /// Binds one address; `[::]` dual-stack, falling back to `0.0.0.0` without IPv6.
@@ -165,6 +198,8 @@ struct Shared {
     open: Mutex<BTreeMap<u64, OpenConn>>,
     next_id: AtomicU64,
     displaced: Mutex<LogLimiter>,
+    /// The accept loops and the connection tasks.
+    tasks: TaskTracker,
 }
 
 struct OpenConn {
@@ -258,7 +293,9 @@ async fn accept_loop(listener: TcpListener, local: SocketAddr, shared: Arc<Share
                 }
             }
         };
-        tokio::spawn(connection(Arc::clone(&shared), stream, permit));
+        shared
+            .tasks
+            .spawn(connection(Arc::clone(&shared), stream, permit));
     }
 }
 

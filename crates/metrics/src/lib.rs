@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub use http::{serve, serve_all, ServeError};
+pub use http::{serve, serve_all, ServeError, Serving};
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]

@@ -49,7 +49,8 @@ fn child_listener_with_few_descriptors() {
             m,
             stop.clone(),
         ))
-        .unwrap();
+        .unwrap()
+        .local_addr();
     println!("LISTENING {addr}");
     std::io::stdout().flush().unwrap();
     // Serve until the parent closes our stdin.

@@ -25,9 +25,10 @@ fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 async fn serves_metrics_health_and_readiness() {
     let m = Metrics::new("test");
     let stop = CancellationToken::new();
-    let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone(), stop.clone())
+    let serving = serve("127.0.0.1:0".parse().unwrap(), m.clone(), stop.clone())
         .await
         .unwrap();
+    let addr = serving.local_addr();
     m.provisioned.inc();
 
     let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/metrics"))
@@ -58,4 +59,9 @@ async fn serves_metrics_health_and_readiness() {
         .unwrap();
     assert_eq!(status, 404);
     stop.cancel();
+    // Nothing of the server outlives its shutdown: the accept loop and every connection task
+    // are tracked and end.
+    tokio::time::timeout(std::time::Duration::from_secs(5), serving.stopped())
+        .await
+        .expect("the server's tasks end after shutdown");
 }

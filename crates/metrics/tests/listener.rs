@@ -20,7 +20,10 @@ async fn start(addr: SocketAddr) -> (Arc<Metrics>, SocketAddr, CancellationToken
     let m = Metrics::new("test");
     m.provisioned.inc();
     let stop = CancellationToken::new();
-    let bound = serve(addr, m.clone(), stop.clone()).await.unwrap();
+    let bound = serve(addr, m.clone(), stop.clone())
+        .await
+        .unwrap()
+        .local_addr();
     (m, bound, stop)
 }
 
