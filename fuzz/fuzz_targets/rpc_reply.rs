@@ -2,7 +2,7 @@
 //! check applied to `gen25519` replies.
 #![no_main]
 
-use choria_rpc_client::agents::{GencsrReply, Gen25519Reply, JwtReply, MessageReply};
+use choria_rpc_client::agents::{GencsrOutput, Gen25519Output, JwtOutput, MessageOutput};
 use choria_rpc_client::mcorpc::{RpcReply, RpcRequest};
 use libfuzzer_sys::fuzz_target;
 
@@ -13,10 +13,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let _ = reply.to_vec();
     let d = reply.data;
-    let _ = serde_json::from_value::<JwtReply>(d.clone());
-    let _ = serde_json::from_value::<GencsrReply>(d.clone());
-    let _ = serde_json::from_value::<MessageReply>(d.clone());
-    if let Ok(g) = serde_json::from_value::<Gen25519Reply>(d) {
+    let _ = serde_json::from_value::<JwtOutput>(d.clone());
+    let _ = serde_json::from_value::<GencsrOutput>(d.clone());
+    let _ = serde_json::from_value::<MessageOutput>(d.clone());
+    if let Ok(g) = serde_json::from_value::<Gen25519Output>(d) {
         let _ = provision_core::policy::verify_nonce_signature(
             "0123456789abcdef",
             &g.public_key,

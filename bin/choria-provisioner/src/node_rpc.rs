@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use choria_rpc_client::agents::{ConfigureRequest as WireConfigure, GencsrRequest};
-use choria_rpc_client::rpc::{RpcClient, RequestError as WireError, RequestErrorKind as WireKind};
+use choria_rpc_client::agents::{ConfigureInput as WireConfigure, GencsrInput};
+use choria_rpc_client::rpc::{RequestError as WireError, RequestErrorKind as WireKind, RpcClient};
 use provision_core::helper_protocol::{CsrReply, Ed25519Reply};
 use provision_core::rpc::{
     Action, ActionMessage, ConfigureRequest, Inventory, JwtReply, NodeRpc, RpcError, RpcErrorKind,
@@ -119,7 +119,7 @@ impl NodeRpc for ChoriaNodeRpc {
     }
 
     async fn gencsr(&self, identity: &str, token: &str, cn: &str) -> Result<CsrReply, RpcError> {
-        let req = GencsrRequest {
+        let req = GencsrInput {
             cn: Some(cn.to_string()),
             ..Default::default()
         };

@@ -1,6 +1,7 @@
 //! Typed clients for `rpcutil#inventory` and every `choria_provision` action, with inputs and
 //! outputs as in the agents' DDL (input defaults that are not `null` are always sent, as the
-//! generated Go clients do).
+//! generated Go clients do). The types are named after the DDL's sides: `<Action>Input` is what a
+//! request carries, `<Action>Output` what the reply's data holds.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +16,7 @@ pub const PROVISION_AGENT: &str = "choria_provision";
 
 /// `rpcutil#inventory` reply data: typed fields plus the whole data object as received.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Inventory {
+pub struct InventoryOutput {
     /// Active agents.
     pub agents: Vec<String>,
     /// Classes.
@@ -61,7 +62,7 @@ struct InventoryWire {
 
 /// `choria_provision#jwt` reply.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct JwtReply {
+pub struct JwtOutput {
     /// The node's `provisioning.jwt`, verbatim.
     #[serde(default)]
     pub jwt: String,
@@ -72,7 +73,7 @@ pub struct JwtReply {
 
 /// `choria_provision#gen25519` reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Gen25519Reply {
+pub struct Gen25519Output {
     /// ed25519 public key, 64 hex characters.
     #[serde(default)]
     pub public_key: String,
@@ -86,7 +87,7 @@ pub struct Gen25519Reply {
 
 /// `choria_provision#gencsr` inputs besides the token.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct GencsrRequest {
+pub struct GencsrInput {
     /// Common name (default: the node's certname).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cn: Option<String>,
@@ -109,7 +110,7 @@ pub struct GencsrRequest {
 
 /// `choria_provision#gencsr` reply.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct GencsrReply {
+pub struct GencsrOutput {
     /// The CSR PEM.
     #[serde(default)]
     pub csr: String,
@@ -123,7 +124,7 @@ pub struct GencsrReply {
 
 /// `choria_provision#configure` inputs besides the token.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ConfigureRequest {
+pub struct ConfigureInput {
     /// The configuration, a JSON object of string values, as text.
     pub config: String,
     /// Certificate PEM.
@@ -148,9 +149,13 @@ pub struct ConfigureRequest {
     pub server_jwt: String,
 }
 
+/// The former name of [`ConfigureInput`], kept until the simulator's tests move to the new one.
+#[doc(hidden)]
+pub type ConfigureRequest = ConfigureInput;
+
 /// The `{message}` reply of configure, restart, shutdown, reprovision and release_update.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct MessageReply {
+pub struct MessageOutput {
     /// The node's message.
     #[serde(default)]
     pub message: String,
@@ -211,11 +216,11 @@ impl RpcClient {
         &self,
         identity: &str,
         timeout: Duration,
-    ) -> Result<Inventory, RequestError> {
+    ) -> Result<InventoryOutput, RequestError> {
         let (w, raw): (InventoryWire, _) = self
             .typed(identity, "rpcutil", "inventory", &NoInputs {}, timeout)
             .await?;
-        Ok(Inventory {
+        Ok(InventoryOutput {
             agents: w.agents,
             classes: w.classes,
             collectives: w.collectives,
@@ -235,7 +240,7 @@ impl RpcClient {
         identity: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<JwtReply, RequestError> {
+    ) -> Result<JwtOutput, RequestError> {
         self.provision(identity, "jwt", token, NoInputs {}, timeout)
             .await
     }
@@ -247,7 +252,7 @@ impl RpcClient {
         token: &str,
         nonce: &str,
         timeout: Duration,
-    ) -> Result<Gen25519Reply, RequestError> {
+    ) -> Result<Gen25519Output, RequestError> {
         #[derive(Serialize)]
         struct I<'a> {
             nonce: &'a str,
@@ -261,9 +266,9 @@ impl RpcClient {
         &self,
         identity: &str,
         token: &str,
-        req: &GencsrRequest,
+        req: &GencsrInput,
         timeout: Duration,
-    ) -> Result<GencsrReply, RequestError> {
+    ) -> Result<GencsrOutput, RequestError> {
         self.provision(identity, "gencsr", token, req, timeout)
             .await
     }
@@ -273,9 +278,9 @@ impl RpcClient {
         &self,
         identity: &str,
         token: &str,
-        req: &ConfigureRequest,
+        req: &ConfigureInput,
         timeout: Duration,
-    ) -> Result<MessageReply, RequestError> {
+    ) -> Result<MessageOutput, RequestError> {
         self.provision(identity, "configure", token, req, timeout)
             .await
     }
@@ -288,7 +293,7 @@ impl RpcClient {
         repository: &str,
         version: &str,
         timeout: Duration,
-    ) -> Result<MessageReply, RequestError> {
+    ) -> Result<MessageOutput, RequestError> {
         #[derive(Serialize)]
         struct I<'a> {
             repository: &'a str,
@@ -314,7 +319,7 @@ impl RpcClient {
         token: &str,
         splay: Option<u32>,
         timeout: Duration,
-    ) -> Result<MessageReply, RequestError> {
+    ) -> Result<MessageOutput, RequestError> {
         #[derive(Serialize)]
         struct I {
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -330,7 +335,7 @@ impl RpcClient {
         identity: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<MessageReply, RequestError> {
+    ) -> Result<MessageOutput, RequestError> {
         self.provision(identity, "shutdown", token, NoInputs {}, timeout)
             .await
     }
@@ -341,7 +346,7 @@ impl RpcClient {
         identity: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<MessageReply, RequestError> {
+    ) -> Result<MessageOutput, RequestError> {
         self.provision(identity, "reprovision", token, NoInputs {}, timeout)
             .await
     }
@@ -354,7 +359,7 @@ mod tests {
 
     #[test]
     fn inputs_serialise_as_the_go_client_sends_them() {
-        let c = ConfigureRequest {
+        let c = ConfigureInput {
             config: "{}".into(),
             ..Default::default()
         };
@@ -367,7 +372,7 @@ mod tests {
             v,
             serde_json::json!({"token":"t","config":"{}","ecdh_public":"","action_policies":{},"opa_policies":{},"server_jwt":""})
         );
-        let g = GencsrRequest {
+        let g = GencsrInput {
             country: Some("DE".into()),
             ..Default::default()
         };
