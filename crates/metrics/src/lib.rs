@@ -91,7 +91,7 @@ impl Summary {
 
 /// Per `agent#action` statistics: the `rpc` label's two metrics.
 #[derive(Debug, Default)]
-pub struct RpcStats {
+pub struct ActionStats {
     /// `choria_provisioner_rpc_time{rpc=...}`
     pub time: Summary,
     /// `choria_provisioner_rpc_errors{rpc=...}`
@@ -144,7 +144,7 @@ pub struct Metrics {
     /// `choria_provisioner_invalid_identities`: announced or discovered node identities refused
     /// before anything was done for them (not in the Go set).
     pub invalid_identities: Counter,
-    rpc: RwLock<BTreeMap<String, Arc<RpcStats>>>,
+    rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
     connected: AtomicBool,
     role: AtomicU8,
 }
@@ -269,7 +269,7 @@ impl Metrics {
     }
 
     /// The statistics of one `agent#action`, created on first use.
-    pub fn rpc(&self, label: &str) -> Arc<RpcStats> {
+    pub fn rpc(&self, label: &str) -> Arc<ActionStats> {
         if let Ok(map) = self.rpc.read() {
             if let Some(s) = map.get(label) {
                 return Arc::clone(s);
@@ -309,7 +309,7 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(4096);
         let site = escape_label(&self.site);
-        let rpc: Vec<(String, Arc<RpcStats>)> = {
+        let rpc: Vec<(String, Arc<ActionStats>)> = {
             let map = self.rpc.read().unwrap_or_else(|e| e.into_inner());
             map.iter()
                 .map(|(k, v)| (escape_label(k), Arc::clone(v)))
