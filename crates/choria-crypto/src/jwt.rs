@@ -100,13 +100,22 @@ impl VerifyingKey {
     }
 }
 
-/// A key that signs tokens.
-#[derive(Clone, Debug)]
+/// A key that signs tokens. Its `Debug` form names the kind of key only, never the key.
+#[derive(Clone)]
 pub enum SigningKey {
     /// Signs RS256.
     Rsa(Box<RsaPrivateKey>),
     /// Signs EdDSA.
     Ed25519(Box<ed25519_dalek::SigningKey>),
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SigningKey::Rsa(_) => f.write_str("SigningKey::Rsa(<redacted>)"),
+            SigningKey::Ed25519(_) => f.write_str("SigningKey::Ed25519(<redacted>)"),
+        }
+    }
 }
 
 impl SigningKey {
@@ -359,6 +368,19 @@ mod tests {
             crate::base64url::encode(claims),
             crate::base64url::encode(sig)
         )
+    }
+
+    #[test]
+    fn a_signing_key_never_shows_itself_in_debug() {
+        let (sk, _) = ed_key();
+        let shown = format!("{sk:?} {sk:#?}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        let seed_hex = hex::encode([7u8; 32]);
+        assert!(
+            !shown.contains(&seed_hex) && !shown.contains("[7, 7"),
+            "{shown}"
+        );
+        assert!(format!("{:?}", TokenSignature::Key(&sk)).contains("<redacted>"));
     }
 
     #[test]
