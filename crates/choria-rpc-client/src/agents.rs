@@ -149,10 +149,6 @@ pub struct ConfigureInput {
     pub server_jwt: String,
 }
 
-/// The former name of [`ConfigureInput`], kept until the simulator's tests move to the new one.
-#[doc(hidden)]
-pub type ConfigureRequest = ConfigureInput;
-
 /// The `{message}` reply of configure, restart, shutdown, reprovision and release_update.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct MessageOutput {

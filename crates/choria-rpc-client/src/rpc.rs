@@ -154,10 +154,6 @@ impl std::fmt::Display for RequestError {
     }
 }
 
-/// The former name of [`RequestError`], kept until the simulator's tests move to the new one.
-#[doc(hidden)]
-pub type RpcError = RequestError;
-
 impl std::error::Error for RequestError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source

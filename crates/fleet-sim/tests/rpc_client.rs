@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use choria_rpc_client::agents::ConfigureRequest;
+use choria_rpc_client::agents::ConfigureInput;
 use choria_rpc_client::protocol::Security;
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
 use futures::StreamExt as _;
@@ -45,7 +45,7 @@ async fn the_rpc_client_discovers_and_provisions_the_whole_fleet() {
     );
 
     let config = serde_json::json!({"plugin.choria.server.provision": "false"}).to_string();
-    let results: Vec<(String, Result<(), choria_rpc_client::rpc::RpcError>)> =
+    let results: Vec<(String, Result<(), choria_rpc_client::rpc::RequestError>)> =
         futures::stream::iter(found.clone())
             .map(|id| {
                 let rpc = &rpc;
@@ -78,15 +78,15 @@ async fn provision(
     rpc: &RpcClient,
     id: &str,
     config: String,
-) -> Result<(), choria_rpc_client::rpc::RpcError> {
+) -> Result<(), choria_rpc_client::rpc::RequestError> {
     let t = Duration::from_secs(20);
     let jwt = rpc.provision_jwt(id, common::TOKEN, t).await?;
     assert_eq!(jwt.ecdh_public.len(), 64);
     let inv = rpc.inventory(id, t).await?;
     assert_eq!(inv.version, "0.30.0");
-    let req = ConfigureRequest {
+    let req = ConfigureInput {
         config,
-        ..ConfigureRequest::default()
+        ..ConfigureInput::default()
     };
     rpc.provision_configure(id, common::TOKEN, &req, t).await?;
     let r = rpc.provision_restart(id, common::TOKEN, Some(1), t).await?;
