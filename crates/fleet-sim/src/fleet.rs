@@ -111,7 +111,7 @@ struct Inner {
 }
 
 /// A simulated fleet running in this process.
-pub struct Fleet {
+pub struct SimFleet {
     inner: Arc<Inner>,
 }
 
@@ -245,10 +245,10 @@ mod insecure_tls {
     }
 }
 
-impl Fleet {
+impl SimFleet {
     /// Connect, subscribe and bring the fleet up: every node publishes its startup event
     /// (staggered by `startup_rate`) and answers in the `provisioning` collective.
-    pub async fn start(cfg: FleetConfig) -> Result<Fleet, FleetError> {
+    pub async fn start(cfg: FleetConfig) -> Result<SimFleet, FleetError> {
         let ids = cfg.identity_list();
         if ids.is_empty() {
             return Err(FleetError::Config("the fleet has no nodes".into()));
@@ -362,7 +362,7 @@ impl Fleet {
         inner
             .tracker
             .spawn(async move { ev.startup_events().await });
-        Ok(Fleet { inner })
+        Ok(SimFleet { inner })
     }
 
     /// Identities of the fleet, in order.

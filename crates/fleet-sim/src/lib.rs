@@ -1,17 +1,17 @@
 //! A simulated fleet of go-choria servers in provisioning mode, thousands in one process on one
 //! NATS connection: the provisioner's end-to-end test bed, benchmark load and demo fleet.
 //!
-//! Start one with [`Fleet::start`] and a [`FleetConfig`]; read its progress with
-//! [`Fleet::stats`], [`Fleet::wait_provisioned`] and what each node received with
-//! [`Fleet::report`].
+//! Start one with [`SimFleet::start`] and a [`FleetConfig`]; read its progress with
+//! [`SimFleet::stats`], [`SimFleet::wait_provisioned`] and what each node received with
+//! [`SimFleet::report`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use choria_fleet_sim::{crypto::JwtSigner, Fleet, FleetConfig, Mode, ProvisioningJwt};
+//! use choria_fleet_sim::{crypto::JwtSigner, SimFleet, FleetConfig, Mode, ProvisioningJwt};
 //! let signer = JwtSigner::from_key_data(&std::fs::read("prov-signer-key.pem")?)?;
 //! let mut cfg = FleetConfig::new("nats://127.0.0.1:4222", 500, "s3cret", ProvisioningJwt::Sign(signer));
 //! cfg.mode = Mode::Pki;
-//! let fleet = Fleet::start(cfg).await?;
+//! let fleet = SimFleet::start(cfg).await?;
 //! // ... run a provisioner against it ...
 //! let all = fleet.wait_provisioned(500, std::time::Duration::from_secs(120)).await;
 //! let report = fleet.report(); // one NodeReport per node
@@ -34,5 +34,5 @@ pub mod fleet;
 pub mod node;
 
 pub use config::{FaultKind, Faults, FleetConfig, Mode, ProvisioningJwt};
-pub use fleet::{Fleet, FleetError, Stats};
+pub use fleet::{FleetError, SimFleet, Stats};
 pub use node::{ActionSeen, NodeReport, Phase, Received};

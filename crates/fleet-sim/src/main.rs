@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use choria_fleet_sim::config::{parse_duration, parse_share, Faults};
 use choria_fleet_sim::crypto::JwtSigner;
-use choria_fleet_sim::{Fleet, FleetConfig, Mode, ProvisioningJwt};
+use choria_fleet_sim::{FleetConfig, Mode, ProvisioningJwt, SimFleet};
 use choria_rpc_client::protocol::ProtocolVersion;
 use clap::Parser;
 
@@ -225,7 +225,7 @@ async fn terminated() {
     std::future::pending::<()>().await
 }
 
-fn progress_line(fleet: &Fleet, started: Instant) -> String {
+fn progress_line(fleet: &SimFleet, started: Instant) -> String {
     let s = fleet.stats();
     format!(
         "fleet-sim: {:.0}s {}/{} provisioned, {} configured, {} broken, {} shut down, {} requests, {} replies ({} discovery), {} ignored, {} events",
@@ -246,7 +246,7 @@ fn progress_line(fleet: &Fleet, started: Instant) -> String {
 async fn run(cli: Cli) -> anyhow::Result<bool> {
     let cfg = config(&cli)?;
     let started = Instant::now();
-    let fleet = Fleet::start(cfg).await?;
+    let fleet = SimFleet::start(cfg).await?;
     let n = fleet.len();
     eprintln!(
         "fleet-sim: {n} nodes up on {} ({:?}, {:?})",

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aes::cipher::{block_padding::Pkcs7, BlockEncryptMut as _, KeyIvInit as _};
 use choria_fleet_sim::config::{is_affected, FaultKind};
 use choria_fleet_sim::crypto::{self, JwtSigner, TrustPath};
-use choria_fleet_sim::{Fleet, Mode, Phase};
+use choria_fleet_sim::{Mode, Phase, SimFleet};
 use choria_rpc_client::lifecycle::{EventFormat, LifecycleEvent};
 use choria_rpc_client::mcorpc::StatusCode;
 use choria_rpc_client::protocol::{Filter, ProtocolVersion};
@@ -123,7 +123,7 @@ async fn a_v2_fleet_answers_v2_in_kind() {
     let nats = NatsServer::start();
     let mut cfg = common::config(&nats.url(), 5);
     cfg.protocol = ProtocolVersion::V2;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let v2 = Client::v2(&nats.url(), "prov").await;
     let replies = v2
         .request(
@@ -156,7 +156,7 @@ async fn inventory_reports_a_string_version_and_the_provisioning_agents() {
     let mut cfg = common::config(&nats.url(), 3);
     cfg.version = "0.29.4".into();
     cfg.upgradable = true;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let client = Client::v1(&nats.url(), "prov").await;
     let id = &fleet.identities()[1];
     let (reply, rpc) = client
@@ -191,7 +191,7 @@ async fn provisioning_actions_answer_errors_as_go_choria_does() {
     let nats = NatsServer::start();
     let mut cfg = common::config(&nats.url(), 2);
     cfg.lock_window = Duration::from_secs(3);
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let id = fleet.identities()[0].clone();
     let a = Client::v1(&nats.url(), "prov-a").await;
     let b = Client::v1(&nats.url(), "prov-b").await;
@@ -302,7 +302,7 @@ async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
     cfg.issuer_public = Some(
         crypto::verifier_from_public_data(&hex::encode(org.verifying_key().as_bytes())).unwrap(),
     );
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let id = fleet.identities()[0].clone();
     let client = Client::v1(&nats.url(), "prov").await;
 
@@ -478,7 +478,7 @@ async fn pki_nodes_use_their_csr_key_and_loops_are_caught() {
     let nats = NatsServer::start();
     let mut cfg = common::config(&nats.url(), 3);
     cfg.mode = Mode::Pki;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let ids = fleet.identities();
     let client = Client::v1(&nats.url(), "prov").await;
     let off = json!({"plugin.choria.server.provision": "false"}).to_string();
@@ -545,7 +545,7 @@ async fn release_update_changes_the_version_and_restarts_into_provisioning() {
     let nats = NatsServer::start();
     let mut cfg = common::config(&nats.url(), 1);
     cfg.upgradable = true;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let id = fleet.identities()[0].clone();
     let client = Client::v1(&nats.url(), "prov").await;
     let r = client
@@ -583,7 +583,7 @@ async fn faults_hit_the_predicted_nodes() {
     cfg.faults.drop_once = 0.5;
     cfg.faults.bad_csr = 0.5;
     cfg.faults.slow = Some((0.5, Duration::from_millis(1500)));
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let client = Client::v1(&nats.url(), "prov").await;
     let ids = fleet.identities();
     // Discovery still finds dropping nodes.
@@ -752,7 +752,7 @@ async fn the_fleet_connects_over_tls_without_verifying_the_broker() {
     let nats = NatsServer::start_with_config(&tls);
     let mut cfg = common::config(&nats.url(), 3);
     cfg.tls = true;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let client = Client::v1(&nats.url(), "prov").await;
     assert_eq!(client.discover(3, 10 * SEC).await.len(), 3);
     fleet.shutdown().await;
@@ -761,7 +761,7 @@ async fn the_fleet_connects_over_tls_without_verifying_the_broker() {
     let mut cfg = common::config(&nats.url(), 1);
     cfg.tls_ca = Some(common::testdata("pool0-cert.pem"));
     assert!(matches!(
-        Fleet::start(cfg).await,
+        SimFleet::start(cfg).await,
         Err(choria_fleet_sim::FleetError::Connect { .. })
     ));
 }
@@ -822,7 +822,7 @@ async fn ed25519_nodes_need_a_server_jwt_for_their_own_key() {
     let nats = NatsServer::start();
     let mut cfg = common::config(&nats.url(), 2);
     cfg.mode = Mode::Ed25519;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let ids = fleet.identities();
     let client = Client::v1(&nats.url(), "prov").await;
     let org = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
@@ -875,7 +875,7 @@ async fn garbage_and_duplicate_replies_hit_rpcs_but_not_discovery() {
     let mut cfg = common::config(&nats.url(), 20);
     cfg.faults.garbage = 0.3;
     cfg.faults.duplicate = 0.3;
-    let fleet = Fleet::start(cfg).await.unwrap();
+    let fleet = SimFleet::start(cfg).await.unwrap();
     let client = Client::v1(&nats.url(), "prov").await;
     let ids = fleet.identities();
     // Every node is still discovered, once.

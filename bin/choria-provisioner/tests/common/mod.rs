@@ -8,7 +8,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
-use choria_fleet_sim::{Fleet, FleetConfig, Mode, ProvisioningJwt};
+use choria_fleet_sim::{FleetConfig, Mode, ProvisioningJwt, SimFleet};
 pub use test_support::metrics::{http_get, metric};
 use test_support::provisioner::{ProvisionerConfig, ProvisionerProcess};
 use test_support::NatsServer;
@@ -276,8 +276,8 @@ impl Env {
     }
 
     /// Start a simulated fleet in this process.
-    pub async fn fleet(&self, cfg: FleetConfig) -> Fleet {
-        Fleet::start(cfg).await.unwrap()
+    pub async fn fleet(&self, cfg: FleetConfig) -> SimFleet {
+        SimFleet::start(cfg).await.unwrap()
     }
 
     /// Publish a startup event for each identity, as servers coming up again would.
@@ -445,7 +445,7 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
 }
 
 /// The `choria_provision` actions a node received, in order.
-pub fn actions(fleet: &Fleet, identity: &str) -> Vec<String> {
+pub fn actions(fleet: &SimFleet, identity: &str) -> Vec<String> {
     fleet
         .node_report(identity)
         .unwrap()

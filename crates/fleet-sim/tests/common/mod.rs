@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use choria_fleet_sim::{Fleet, FleetConfig, ProvisioningJwt};
+use choria_fleet_sim::{FleetConfig, ProvisioningJwt, SimFleet};
 use choria_rpc_client::mcorpc::RpcReply;
 use choria_rpc_client::protocol::{self, Filter, OutgoingRequest, Reply, Security};
 use futures::StreamExt as _;
@@ -36,8 +36,8 @@ pub fn config(url: &str, nodes: usize) -> FleetConfig {
     cfg
 }
 
-pub async fn start(url: &str, nodes: usize) -> Fleet {
-    Fleet::start(config(url, nodes)).await.unwrap()
+pub async fn start(url: &str, nodes: usize) -> SimFleet {
+    SimFleet::start(config(url, nodes)).await.unwrap()
 }
 
 pub struct Client {
