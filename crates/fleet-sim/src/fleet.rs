@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{is_affected, FaultKind, FleetConfig, ProvisioningJwt};
 use crate::crypto::{self, CryptoError, PoolKey};
-use crate::node::{Call, Effect, Node, NodeEnv, NodeReport, Outcome, Phase, AGENTS};
+use crate::node::{Call, Effect, Node, NodeEnv, NodeOutcome, NodeReport, Phase, AGENTS};
 
 const COLLECTIVE: &str = "provisioning";
 const DIRECTED: &str = "provisioning.node.";
@@ -611,7 +611,7 @@ impl Inner {
         }
     }
 
-    fn run_node(&self, idx: usize, identity: &str, req: &Request) -> Option<Outcome> {
+    fn run_node(&self, idx: usize, identity: &str, req: &Request) -> Option<NodeOutcome> {
         let mut node = self.nodes.get(idx)?.lock().ok()?;
         if !node.answers() {
             return None;
@@ -637,7 +637,7 @@ impl Inner {
         idx: usize,
         identity: &Arc<str>,
         req: &Request,
-        out: Outcome,
+        out: NodeOutcome,
     ) {
         if let Some(body) = out.reply {
             let body = self.cfg.faults.reply_body(identity, &req.agent, body);

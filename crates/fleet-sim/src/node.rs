@@ -61,7 +61,7 @@ pub enum Effect {
 
 /// What a handler produced: the reply body (none: stay silent) and the effects.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub struct NodeOutcome {
     /// Reply body to publish, or `None` to send nothing.
     pub reply: Option<Vec<u8>>,
     /// Effects in order.
@@ -373,38 +373,38 @@ impl Node {
     }
 
     /// A `discovery` request: `pong` when the payload contains `ping`, else silence.
-    pub fn discovery(&self, payload: &[u8]) -> Outcome {
+    pub fn discovery(&self, payload: &[u8]) -> NodeOutcome {
         let ping = payload.windows(4).any(|w| w == b"ping");
-        Outcome {
+        NodeOutcome {
             reply: ping.then(|| b"pong".to_vec()),
-            ..Outcome::default()
+            ..NodeOutcome::default()
         }
     }
 
     /// Dispatch an RPC request for `agent`.
-    pub fn rpc(&mut self, env: &NodeEnv<'_>, agent: &str, call: &Call<'_>) -> Outcome {
+    pub fn rpc(&mut self, env: &NodeEnv<'_>, agent: &str, call: &Call<'_>) -> NodeOutcome {
         let body: Value = match serde_json::from_slice(call.payload) {
             Ok(v @ Value::Object(_)) => v,
             Ok(other) => {
-                return Outcome {
+                return NodeOutcome {
                     reply: Some(reply_json(
                         "",
                         StatusCode::InvalidData,
                         &format!("Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: json: cannot unmarshal {} into Go value of type mcorpc.Request", json_type(&other)),
                         json!({}),
                     )),
-                    ..Outcome::default()
+                    ..NodeOutcome::default()
                 }
             }
             Err(e) => {
-                return Outcome {
+                return NodeOutcome {
                     reply: Some(reply_json(
                         "",
                         StatusCode::InvalidData,
                         &format!("Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: {e}"),
                         json!({}),
                     )),
-                    ..Outcome::default()
+                    ..NodeOutcome::default()
                 }
             }
         };
@@ -420,19 +420,19 @@ impl Node {
             if agent == "choria_provision" {
                 self.record(action, None);
             }
-            return Outcome::default();
+            return NodeOutcome::default();
         }
         let mut out = match agent {
-            "rpcutil" => Outcome {
+            "rpcutil" => NodeOutcome {
                 reply: Some(self.rpcutil(env, action, call)),
-                ..Outcome::default()
+                ..NodeOutcome::default()
             },
-            "choria_util" => Outcome {
+            "choria_util" => NodeOutcome {
                 reply: Some(choria_util(action)),
-                ..Outcome::default()
+                ..NodeOutcome::default()
             },
             "choria_provision" => self.provision(env, action, &data, call),
-            _ => Outcome::default(),
+            _ => NodeOutcome::default(),
         };
         out.wrong_identity = wrong_identity;
         if agent == "choria_provision" {
@@ -509,12 +509,12 @@ impl Node {
         action: &str,
         data: &Value,
         call: &Call<'_>,
-    ) -> Outcome {
+    ) -> NodeOutcome {
         let locked = matches!(
             action,
             "configure" | "gen25519" | "gencsr" | "jwt" | "release_update"
         );
-        let mut out = Outcome::default();
+        let mut out = NodeOutcome::default();
         let body = if locked && !self.lock_for(env, call.sender, call.caller) {
             abort(action, "Could not obtain provisioning lock")
         } else if env.faults.fails(call.identity, action) {
@@ -682,7 +682,7 @@ impl Node {
         }
     }
 
-    fn act_configure(&mut self, env: &NodeEnv<'_>, data: &Value, out: &mut Outcome) -> Vec<u8> {
+    fn act_configure(&mut self, env: &NodeEnv<'_>, data: &Value, out: &mut NodeOutcome) -> Vec<u8> {
         const A: &str = "configure";
         let args = match Self::args(
             env,
@@ -845,7 +845,7 @@ impl Node {
         )
     }
 
-    fn act_restart(&mut self, env: &NodeEnv<'_>, data: &Value, out: &mut Outcome) -> Vec<u8> {
+    fn act_restart(&mut self, env: &NodeEnv<'_>, data: &Value, out: &mut NodeOutcome) -> Vec<u8> {
         const A: &str = "restart";
         let args = match Self::args(
             env,
@@ -907,7 +907,7 @@ impl Node {
         )
     }
 
-    fn act_shutdown(&mut self, env: &NodeEnv<'_>, data: &Value, out: &mut Outcome) -> Vec<u8> {
+    fn act_shutdown(&mut self, env: &NodeEnv<'_>, data: &Value, out: &mut NodeOutcome) -> Vec<u8> {
         if let Err(r) = Self::args(
             env,
             "shutdown",
@@ -929,7 +929,7 @@ impl Node {
         &mut self,
         env: &NodeEnv<'_>,
         data: &Value,
-        out: &mut Outcome,
+        out: &mut NodeOutcome,
     ) -> Vec<u8> {
         const A: &str = "release_update";
         if !env.upgradable {
