@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use test_support::Mode;
 
-use crate::harness::{setup, start_nats_on, Env, Setup};
+use crate::harness::{setup, Env, Setup};
 
 pub fn broker_restart(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::default())?;
@@ -26,7 +26,7 @@ pub fn broker_restart(env: &Env, name: &str) -> Result<String> {
     std::thread::sleep(Duration::from_secs(3));
     run.alive(p)?;
     let during = run.metric(p, "choria_provisioner_provisioned");
-    run.nats = start_nats_on(&run.dir, run.nats_port)?;
+    run.nats.start_again()?;
     let t = run.wait_fleet(
         p,
         &sim,

@@ -1,5 +1,5 @@
-//! The stack of one scenario on test-support's pieces: nats-server on a fixed port (so a
-//! restart keeps the address), the run's files, provisioners started and watched through their
+//! The stack of one scenario on test-support's pieces: nats-server in the scenario's directory
+//! (a restart keeps the address), the run's files, provisioners started and watched through their
 //! log and `/metrics`, the fleet simulator with its report, and small waiting and log helpers.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 use test_support::metrics::{metric_sum, scrape as scrape_all};
 use test_support::stack::{write_run_files, ProvisionerOptions, RunFiles};
-use test_support::{Mode, ProcessGuard as Proc};
+use test_support::{Mode, NatsServer, ProcessGuard as Proc};
 
 /// The domain of the simulated nodes' identities.
 pub const DOMAIN: &str = "fleet.example.net";
@@ -37,25 +37,15 @@ pub struct Env {
     pub release: bool,
 }
 
-/// nats-server with JetStream in `dir` on a chosen port, so a restart keeps the address; its
-/// log is appended to across restarts. (test-support's `NatsServer` restarts with SIGKILL and
-/// panics on failure; the broker-restart scenario stops it with SIGTERM and wants an error.)
-pub fn start_nats_on(dir: &Path, port: u16) -> Result<Proc> {
-    let conf = dir.join("nats.conf");
-    std::fs::write(&conf, test_support::nats::config(port, dir, NATS_EXTRA))?;
-    Ok(test_support::nats::spawn(
-        &conf,
-        Some(&dir.join("nats-server.log")),
-    )?)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The stack of one scenario.
 
 pub struct Run {
     pub dir: PathBuf,
     pub bins: PathBuf,
-    pub nats: Proc,
+    /// nats-server with JetStream, its configuration, store and log in the scenario's
+    /// directory: a restart keeps the address and appends to the log.
+    pub nats: NatsServer,
     pub nats_port: u16,
     pub url: String,
     pub files: RunFiles,
@@ -107,8 +97,8 @@ impl Default for Setup<'_> {
 pub fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
     let dir = env.base.join(name);
     std::fs::create_dir_all(&dir)?;
-    let nats_port = test_support::free_port();
-    let nats = start_nats_on(&dir, nats_port)?;
+    let nats = NatsServer::start_in(&dir, test_support::free_port(), NATS_EXTRA, true)?;
+    let nats_port = nats.port();
     let url = format!("nats://127.0.0.1:{nats_port}");
     let helper = s
         .helper
