@@ -1,0 +1,543 @@
+//! The behaviour of each `choria_provision` action (`jwt`, `gen25519`, `gencsr`, `configure`,
+//! `restart`, `shutdown`, `release_update`) and the restart that follows `configure`: what the
+//! node checks, what it keeps, the reply body and the effects it asks the fleet for.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::args::{config_bool, json_type, GoKind};
+use super::{abort, ok, Effect, Node, NodeEnv, NodeOutcome, Phase, Received};
+use crate::config::{is_affected, FaultKind, Mode};
+use crate::crypto;
+
+impl Node {
+    pub(super) fn act_jwt(&mut self, env: &NodeEnv<'_>, data: &Value) -> Vec<u8> {
+        if let Err(r) = Self::args(env, "jwt", data, "JWTRequest", &[("token", GoKind::Str)]) {
+            return r;
+        }
+        let (private, public) = crypto::x25519_pair();
+        self.ecdh_private = Some(private);
+        ok(
+            "jwt",
+            json!({"jwt": env.jwt, "ecdh_public": hex::encode(public)}),
+        )
+    }
+
+    pub(super) fn act_gen25519(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        identity: &str,
+    ) -> Vec<u8> {
+        let args = match Self::args(
+            env,
+            "gen25519",
+            data,
+            "ED25519Request",
+            &[("token", GoKind::Str), ("nonce", GoKind::Str)],
+        ) {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        let key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+        let public = key.verifying_key().to_bytes();
+        let signed: Vec<u8> = if is_affected(FaultKind::BadNonce, identity, env.faults.bad_nonce) {
+            format!("not-{}", args.str(1)).into_bytes()
+        } else {
+            args.str(1).as_bytes().to_vec()
+        };
+        let (public_hex, signature) = choria_crypto::nonce::sign_nonce(&key, &signed);
+        self.ed25519_public = Some(public);
+        ok(
+            "gen25519",
+            json!({
+                "public_key": public_hex,
+                "directory": env.config_dir,
+                "signature": signature,
+            }),
+        )
+    }
+
+    pub(super) fn act_gencsr(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        identity: &str,
+    ) -> Vec<u8> {
+        let args = match Self::args(
+            env,
+            "gencsr",
+            data,
+            "CSRRequest",
+            &[
+                ("token", GoKind::Str),
+                ("cn", GoKind::Str),
+                ("C", GoKind::Str),
+                ("L", GoKind::Str),
+                ("O", GoKind::Str),
+                ("OU", GoKind::Str),
+                ("ST", GoKind::Str),
+            ],
+        ) {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        let Some(key) = env.rsa_key else {
+            return abort("gencsr", "Could not create private key: no key available");
+        };
+        let mut cn = if args.str(1).is_empty() {
+            identity.to_string()
+        } else {
+            args.str(1).to_string()
+        };
+        if is_affected(FaultKind::BadCsr, identity, env.faults.bad_csr) {
+            cn = format!("bogus-{cn}");
+        }
+        let mut dns_names = Vec::new();
+        if is_affected(FaultKind::DeniedSan, identity, env.faults.denied_san) {
+            let label = identity.split('.').next().unwrap_or(identity);
+            dns_names.push(format!("{label}.privileged.choria"));
+        }
+        match key.csr(
+            &cn,
+            args.str(2),
+            args.str(3),
+            args.str(4),
+            args.str(5),
+            &dns_names,
+        ) {
+            Ok(csr) => {
+                let csr = if is_affected(
+                    FaultKind::BadCsrSignature,
+                    identity,
+                    env.faults.bad_csr_signature,
+                ) {
+                    choria_crypto::pem::break_signature(&csr).unwrap_or(csr)
+                } else {
+                    csr
+                };
+                self.csr_cn = Some(cn.into_boxed_str());
+                ok(
+                    "gencsr",
+                    json!({
+                        "csr": csr,
+                        "public_key": key.public_pem,
+                        "ssldir": format!("{}/ssl", env.config_dir),
+                    }),
+                )
+            }
+            Err(e) => abort("gencsr", &format!("Could not create CSR bytes: {e}")),
+        }
+    }
+
+    pub(super) fn act_configure(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        out: &mut NodeOutcome,
+    ) -> Vec<u8> {
+        const A: &str = "configure";
+        let args = match Self::args(
+            env,
+            A,
+            data,
+            "ConfigureRequest",
+            &[
+                ("token", GoKind::Str),
+                ("config", GoKind::Str),
+                ("key", GoKind::Str),
+                ("certificate", GoKind::Str),
+                ("ca", GoKind::Str),
+                ("ssldir", GoKind::Str),
+                ("ecdh_public", GoKind::Str),
+                ("server_jwt", GoKind::Str),
+                ("action_policies", GoKind::StrMap),
+                ("opa_policies", GoKind::StrMap),
+            ],
+        ) {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        let (config, key, cert, ca, ssldir, ecdh, server_jwt) = (
+            args.str(1),
+            args.str(2),
+            args.str(3),
+            args.str(4),
+            args.str(5),
+            args.str(6),
+            args.str(7),
+        );
+        if config.is_empty() {
+            return abort(
+                A,
+                "Did not receive any configuration to write, cannot write a empty configuration file",
+            );
+        }
+        if !key.is_empty() && ecdh.is_empty() {
+            return abort(
+                A,
+                "EDCH Public Key not supplied while providing a private key",
+            );
+        }
+        let settings: BTreeMap<String, String> = match serde_json::from_str::<Value>(config) {
+            Ok(Value::Object(m)) => {
+                let mut s = BTreeMap::new();
+                for (k, v) in m {
+                    match v {
+                        Value::String(v) => {
+                            s.insert(k, v);
+                        }
+                        Value::Null => {
+                            s.insert(k, String::new());
+                        }
+                        other => {
+                            return abort(
+                                A,
+                                &format!(
+                                    "Could not decode configuration data: json: cannot unmarshal {} into Go value of type string",
+                                    json_type(&other)
+                                ),
+                            )
+                        }
+                    }
+                }
+                s
+            }
+            Ok(other) => {
+                return abort(
+                    A,
+                    &format!(
+                        "Could not decode configuration data: json: cannot unmarshal {} into Go value of type map[string]string",
+                        json_type(&other)
+                    ),
+                )
+            }
+            Err(e) => return abort(A, &format!("Could not decode configuration data: {e}")),
+        };
+        let mut received = Received {
+            configuration: settings,
+            ..Received::default()
+        };
+        if !cert.is_empty() && !ssldir.is_empty() && !ca.is_empty() {
+            received.certificate = cert.to_string();
+            received.ca = ca.to_string();
+            received.ssldir = ssldir.to_string();
+            if !key.is_empty() {
+                let Some(private) = self.ecdh_private else {
+                    return abort(
+                        A,
+                        "TLS Setup Failed: could not decrypt private key: private key not set",
+                    );
+                };
+                let plain = crypto::x25519_shared(&private, ecdh)
+                    .and_then(|secret| crypto::decrypt_legacy_pem(key, &secret));
+                match plain {
+                    Ok(pem_text) => {
+                        received.key_received = true;
+                        received.certificate_matches_key = Some(cert_matches_key(cert, &pem_text));
+                    }
+                    Err(e) => {
+                        return abort(
+                            A,
+                            &format!("TLS Setup Failed: could not decrypt private key: {e}"),
+                        )
+                    }
+                }
+            } else if let Some(k) = env.rsa_key.filter(|_| self.csr_cn.is_some()) {
+                received.certificate_matches_key =
+                    Some(cert_spki(cert).as_deref() == Some(&k.spki_der[..]));
+            }
+        }
+        if !server_jwt.is_empty() {
+            received.server_jwt = server_jwt.to_string();
+            match env.issuer {
+                Some(issuer) => match crypto::verify_server_jwt(server_jwt, issuer, env.unix_now) {
+                    Ok((claims, trust)) => {
+                        received.server_jwt_claims = Some(claims);
+                        received.server_jwt_trust = Some(trust);
+                    }
+                    Err(e) => {
+                        return abort(
+                            A,
+                            &format!("JWT Setup Failed: server JWT does not verify: {e}"),
+                        )
+                    }
+                },
+                None => received.server_jwt_claims = crypto::jwt_claims_unverified(server_jwt).ok(),
+            }
+        }
+        let ap = args.map(8);
+        let op = args.map(9);
+        if let Some(k) = ap.keys().find(|k| !k.ends_with(".policy")) {
+            return abort(
+                A,
+                &format!(
+                    "Could not save Action Policies: expected {k:?} to have .policy extension"
+                ),
+            );
+        }
+        if let Some(k) = op.keys().find(|k| !k.ends_with(".rego")) {
+            return abort(
+                A,
+                &format!("Could not save Open Policy Agent Policies: expected {k:?} to have .rego extension"),
+            );
+        }
+        received.action_policies = ap;
+        received.opa_policies = op;
+        // go-choria counts every setting written plus the comment line.
+        let written = received.configuration.len() + 1;
+        self.received = Some(Box::new(received));
+        out.effects.push(Effect::Event {
+            kind: "provisioned",
+            component: "provision_mode_server",
+            new_version: None,
+        });
+        ok(
+            A,
+            json!({"message": format!("Wrote {written} lines to {}", env.config_file)}),
+        )
+    }
+
+    pub(super) fn act_restart(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        out: &mut NodeOutcome,
+    ) -> Vec<u8> {
+        const A: &str = "restart";
+        let args = match Self::args(
+            env,
+            A,
+            data,
+            "RestartRequest",
+            &[("token", GoKind::Str), ("splay", GoKind::Int)],
+        ) {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        let Some(received) = &self.received else {
+            return abort(
+                A,
+                &format!(
+                    "Configuration {f} could not be parsed, restart cannot continue: open {f}: no such file or directory",
+                    f = env.config_file
+                ),
+            );
+        };
+        if received
+            .configuration
+            .get("plugin.choria.server.provision")
+            .is_some_and(|v| config_bool(v))
+        {
+            return abort(
+                A,
+                &format!(
+                    "Configuration {} enables provisioning, restart cannot continue",
+                    env.config_file
+                ),
+            );
+        }
+        let splay = match args.int(1) {
+            0 => 10,
+            n => n,
+        };
+        if splay < 0 {
+            // go-choria's rand.N panics here and the server dies without replying.
+            self.phase = Phase::ShutDown;
+            self.problems.push(format!(
+                "restart with negative splay {splay} crashed the server"
+            ));
+            return Vec::new();
+        }
+        let secs = rand::Rng::gen_range(&mut rand::thread_rng(), 0..splay) + 2;
+        if !self.restart_pending {
+            self.restart_pending = true;
+            out.effects.push(Effect::Event {
+                kind: "shutdown",
+                component: "provision_mode_server",
+                new_version: None,
+            });
+            out.effects.push(Effect::Restart);
+        }
+        ok(
+            A,
+            json!({"message": format!("Restarting Choria Server after {secs}s")}),
+        )
+    }
+
+    pub(super) fn act_shutdown(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        out: &mut NodeOutcome,
+    ) -> Vec<u8> {
+        if let Err(r) = Self::args(
+            env,
+            "shutdown",
+            data,
+            "ShutdownRequest",
+            &[("token", GoKind::Str)],
+        ) {
+            return r;
+        }
+        let secs = rand::Rng::gen_range(&mut rand::thread_rng(), 0..10);
+        out.effects.push(Effect::Shutdown);
+        ok(
+            "shutdown",
+            json!({"message": format!("Shutting Choria Server down after {secs}s")}),
+        )
+    }
+
+    pub(super) fn act_release_update(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        out: &mut NodeOutcome,
+    ) -> Vec<u8> {
+        const A: &str = "release_update";
+        if !env.upgradable {
+            return abort(A, "Version updates is not enabled in the configuration");
+        }
+        let args = match Self::args(
+            env,
+            A,
+            data,
+            "ReleaseUpdateRequest",
+            &[
+                ("token", GoKind::Str),
+                ("repository", GoKind::Str),
+                ("version", GoKind::Str),
+            ],
+        ) {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        let (repo, version) = (args.str(1), args.str(2));
+        if !(repo.starts_with("http://") || repo.starts_with("https://")) || version.is_empty() {
+            return abort(
+                A,
+                &format!(
+                    "Update to version {version} failed, release rolled back: invalid repository {repo:?} or version"
+                ),
+            );
+        }
+        self.version = Some(version.into());
+        out.effects.push(Effect::Event {
+            kind: "upgraded",
+            component: "provision_mode_server",
+            new_version: Some(version.to_string()),
+        });
+        if !self.restart_pending {
+            self.restart_pending = true;
+            out.effects.push(Effect::Event {
+                kind: "shutdown",
+                component: "provision_mode_server",
+                new_version: None,
+            });
+            out.effects.push(Effect::Restart);
+        }
+        ok(A, json!({"message": "Restarting Choria Server after 2s"}))
+    }
+
+    /// Complete a restart: the server comes back with the configuration it was given. Returns
+    /// the component of its startup event (`None`: it does not come up).
+    pub fn finish_restart(&mut self, env: &NodeEnv<'_>, identity: &str) -> Option<&'static str> {
+        self.restart_pending = false;
+        self.restarts = self.restarts.saturating_add(1);
+        self.lock = None;
+        self.ecdh_private = None;
+        let Some(received) = &self.received else {
+            // A restart from release_update before any configure: still provisioning.
+            self.phase = Phase::Provisioning;
+            return Some("provision_mode_server");
+        };
+        let cfg = &received.configuration;
+        let provision_off = cfg
+            .get("plugin.choria.server.provision")
+            .is_some_and(|v| !config_bool(v));
+        if !provision_off {
+            self.problems.push(
+                "configuration does not set plugin.choria.server.provision=false: provisioning again"
+                    .into(),
+            );
+            self.phase = Phase::Provisioning;
+            return Some("provision_mode_server");
+        }
+        let choria_provider =
+            cfg.get("plugin.security.provider").map(String::as_str) == Some("choria");
+        if env.mode == Mode::Ed25519 || choria_provider {
+            if let Err(e) = self.check_server_jwt(identity) {
+                self.problems
+                    .push(format!("{e}: token and seed removed, provisioning again"));
+                self.phase = Phase::Provisioning;
+                return Some("provision_mode_server");
+            }
+        }
+        if env.mode == Mode::Pki {
+            if let Err(e) = self.check_pki() {
+                self.problems.push(e);
+                self.phase = Phase::Broken;
+                return None;
+            }
+        }
+        self.phase = Phase::Provisioned;
+        Some("server")
+    }
+
+    fn check_server_jwt(&self, identity: &str) -> Result<(), String> {
+        let r = self.received.as_deref().ok_or("no configuration")?;
+        if r.server_jwt.is_empty() {
+            return Err("no server JWT received".into());
+        }
+        let claims = r
+            .server_jwt_claims
+            .as_ref()
+            .ok_or("server JWT cannot be decoded")?;
+        let id = claims
+            .get("identity")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        if id != identity {
+            return Err(format!("server JWT identity {id:?} is not {identity:?}"));
+        }
+        let pk = claims
+            .get("public_key")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        match self.ed25519_public {
+            Some(k) if hex::encode(k) == pk => Ok(()),
+            _ => Err("server JWT public_key does not match server.seed".into()),
+        }
+    }
+
+    fn check_pki(&self) -> Result<(), String> {
+        let r = self.received.as_deref().ok_or("no configuration")?;
+        if r.certificate.is_empty() || r.ca.is_empty() || r.ssldir.is_empty() {
+            return Err("no certificate, ca and ssldir received".into());
+        }
+        match r.certificate_matches_key {
+            Some(true) => Ok(()),
+            Some(false) => Err("certificate does not match the private key".into()),
+            None => Err("no private key for the certificate (no CSR made, no key sent)".into()),
+        }
+    }
+}
+
+fn cert_spki(cert_pem: &str) -> Option<Vec<u8>> {
+    use der::Encode as _;
+    let cert = choria_crypto::pem::certificate(cert_pem).ok()?;
+    cert.tbs_certificate.subject_public_key_info.to_der().ok()
+}
+
+fn cert_matches_key(cert_pem: &str, key_pem: &str) -> bool {
+    use rsa::pkcs1::DecodeRsaPrivateKey as _;
+    use rsa::pkcs8::EncodePublicKey as _;
+    let Ok(key) = rsa::RsaPrivateKey::from_pkcs1_pem(key_pem) else {
+        return false;
+    };
+    let Ok(spki) = key.to_public_key().to_public_key_der() else {
+        return false;
+    };
+    cert_spki(cert_pem).as_deref() == Some(spki.as_bytes())
+}
