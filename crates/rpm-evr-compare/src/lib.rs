@@ -1,6 +1,6 @@
 //! Side-by-side comparison of rpm-evr with the other RPM version crates.
 //!
-//! The same case tables (answered by a real rpm, kept in `crates/rpm-version/testdata`) and the
+//! The same case tables (answered by a real rpm, kept in `crates/rpm-evr/testdata`) and the
 //! same benchmark inputs go through rpm-evr, the `rpm-version` crate and the `rpm` crate's `Evr`.
 //! This crate is never published; it exists so the claims in rpm-evr's README can be re-run.
 
@@ -105,9 +105,9 @@ impl std::fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// Reads both case tables from `crates/rpm-version/testdata`.
+/// Reads both case tables from `crates/rpm-evr/testdata`.
 pub fn load_cases() -> Result<Vec<Case>, LoadError> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rpm-version/testdata");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rpm-evr/testdata");
     let mut cases = Vec::new();
     for table in ["vercmp.tsv", "evr.tsv"] {
         let path = dir.join(table);

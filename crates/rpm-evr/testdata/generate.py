@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates the comparison tables in this directory by asking a real rpm (4.15 or later).
 
-Usage: python3 testdata/generate.py   (from crates/rpm-version, with `rpm` on PATH)
+Usage: python3 testdata/generate.py   (from crates/rpm-evr, with `rpm` on PATH)
 
 Each output line is `a<TAB>b<TAB>expected`, expected being -1, 0 or 1 as rpm answered:
   vercmp.tsv  bare strings through rpm.vercmp() (no ':' or '-' in them, so this is rpmvercmp)
