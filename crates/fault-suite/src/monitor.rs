@@ -8,7 +8,7 @@ use anyhow::{ensure, Context, Result};
 
 use crate::harness::{setup, wait_for, Env, Setup};
 
-/// The listener's header read timeout and connection cap (crates/metrics/src/http.rs).
+/// The listener's header read timeout and connection cap (crates/provisioner-metrics/src/http.rs).
 pub const MONITOR_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MONITOR_CAP: usize = 256;
 /// The longest a scrape may take while the listener is abused.
