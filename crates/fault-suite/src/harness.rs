@@ -275,8 +275,10 @@ impl Run {
         }
         if self.mode == Mode::Pki {
             // Pre-made RSA keys: nodes answer gencsr from the first startup event.
-            cmd.arg("--rsa-keys")
-                .arg(test_support::workspace_root().join("crates/fleet-sim/testdata/rsa-pool.pem"));
+            cmd.arg("--rsa-keys").arg(
+                test_support::workspace_root()
+                    .join("crates/choria-fleet-sim/testdata/rsa-pool.pem"),
+            );
         }
         if self.mode == Mode::Ed25519 && !args.iter().any(|a| a == "--issuer-public") {
             cmd.args(["--issuer-public", &self.files.signer_pub]);
@@ -475,7 +477,7 @@ pub fn identities(prefix: &str, nodes: usize) -> Vec<String> {
 }
 
 /// The simulator's choice of affected nodes: FNV-1a of `<salt>:<identity>` modulo 1000 below
-/// `share * 1000` (crates/fleet-sim/src/config.rs).
+/// `share * 1000` (crates/choria-fleet-sim/src/config.rs).
 pub fn affected(salt: &str, identity: &str, share: f64) -> bool {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in salt
