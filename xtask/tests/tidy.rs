@@ -178,7 +178,6 @@ fn architecture_md_names_every_crate_and_every_edge() {
 }
 
 #[test]
-#[ignore = "until crates/rpm-version, crates/metrics and crates/fleet-sim are renamed"]
 fn every_folder_is_named_after_its_package() {
     let wrong: Vec<String> = actual()
         .into_iter()
