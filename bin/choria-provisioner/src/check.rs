@@ -8,11 +8,11 @@ use choria_rpc_client::config::ChoriaConfig;
 use provision_core::Config;
 
 use crate::cli::{RunArgs, VERSION};
-use crate::settings::{Checked, Problem};
+use crate::settings::{CheckedSettings, Problem};
 
 /// Run the checks, print the plan and the findings, fail when there is any problem.
 pub fn main(debug: bool, args: RunArgs) -> Result<()> {
-    let checked = Checked::load(&args, debug);
+    let checked = CheckedSettings::load(&args, debug);
     let mut out = format!("choria-provisioner {VERSION}\n");
     if let Some(cfg) = &checked.config {
         out.push_str(&plan(cfg));

@@ -90,7 +90,7 @@ impl Settings {
 }
 
 /// What `check` could load, with every problem found on the way.
-pub struct Checked {
+pub struct CheckedSettings {
     /// The provisioner configuration, invalid values replaced by their defaults; `None` when
     /// the file cannot be read or parsed.
     pub config: Option<Config>,
@@ -100,11 +100,11 @@ pub struct Checked {
     pub problems: Vec<Problem>,
 }
 
-impl Checked {
+impl CheckedSettings {
     /// Load both files as far as they go, listing every problem rather than the first, and run
     /// the preflight on whatever loaded. With no fatal problem in loading this is exactly
     /// [`Settings::load`] followed by [`preflight`].
-    pub fn load(args: &RunArgs, debug: bool) -> Checked {
+    pub fn load(args: &RunArgs, debug: bool) -> CheckedSettings {
         let mut f = Findings::default();
         // Every validation problem is listed; the rest of the checks go on with defaults in
         // place of the invalid values.
@@ -155,7 +155,7 @@ impl Checked {
                 .into_iter()
                 .map(Problem::Warning),
         );
-        Checked {
+        CheckedSettings {
             config,
             choria,
             problems,
@@ -515,7 +515,7 @@ mod tests {
             "identity = p1\nplugin.choria.middleware_hosts = nats://b.example.net:x\n",
             0o600,
         );
-        let checked = Checked::load(&args(&yaml, &cfg), false);
+        let checked = CheckedSettings::load(&args(&yaml, &cfg), false);
         let settings = Settings::load(&args(&yaml, &cfg), false).unwrap();
         let mut from_check = checked.problems.clone();
         let mut from_run = preflight(&settings);

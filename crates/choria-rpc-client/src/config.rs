@@ -9,7 +9,7 @@ use crate::protocol::{Security, SecurityError};
 
 /// Why a configuration could not be loaded or used.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum ChoriaConfigError {
     /// The file could not be read.
     #[error("cannot read choria configuration {}: {source}", path.display())]
     Io {
@@ -349,8 +349,8 @@ fn list(v: &str) -> Vec<String> {
 
 impl ChoriaConfig {
     /// Read and parse a configuration file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+    pub fn load(path: &Path) -> Result<Self, ChoriaConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ChoriaConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -362,7 +362,7 @@ impl ChoriaConfig {
     /// Parse configuration text. The `MCOLLECTIVE_NATS_USERNAME` and
     /// `MCOLLECTIVE_NATS_PASSWORD` environment variables fill in NATS credentials that the file
     /// does not set.
-    pub fn parse_str(text: &str) -> Result<Self, ConfigError> {
+    pub fn parse_str(text: &str) -> Result<Self, ChoriaConfigError> {
         let mut raw = BTreeMap::new();
         for line in text.lines() {
             let line = line.trim();
@@ -377,7 +377,7 @@ impl ChoriaConfig {
         Self::from_map(raw)
     }
 
-    fn from_map(raw: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+    fn from_map(raw: BTreeMap<String, String>) -> Result<Self, ChoriaConfigError> {
         let get = |k: &str| raw.get(k).map(String::as_str).filter(|v| !v.is_empty());
         let path = |k: &str| get(k).map(expand_home);
         let provider = match get("plugin.security.provider").unwrap_or("puppet") {
@@ -394,7 +394,7 @@ impl ChoriaConfig {
             .map(str::to_string)
             .or_else(|| collectives.first().cloned())
             .unwrap_or_else(|| "mcollective".to_string());
-        let invalid = |key: &str, value: &str, reason: &str| ConfigError::InvalidValue {
+        let invalid = |key: &str, value: &str, reason: &str| ChoriaConfigError::InvalidValue {
             key: key.to_string(),
             value: value.to_string(),
             reason: reason.to_string(),
@@ -504,13 +504,13 @@ impl ChoriaConfig {
 
     /// The security mode to sign requests with. Insecure mode needs no files; the file
     /// provider reads its certificate and key; the choria provider its token and seed.
-    pub fn security(&self) -> Result<Security, ConfigError> {
+    pub fn security(&self) -> Result<Security, ChoriaConfigError> {
         if self.insecure {
             return Ok(Security::insecure(format!("choria={}", self.certname())));
         }
         match &self.security_provider {
             SecurityProvider::File => {
-                let missing = |key| ConfigError::MissingSetting {
+                let missing = |key| ChoriaConfigError::MissingSetting {
                     provider: "file".into(),
                     key,
                 };
@@ -529,7 +529,7 @@ impl ChoriaConfig {
                 )?)
             }
             SecurityProvider::Choria => {
-                let missing = |key| ConfigError::MissingSetting {
+                let missing = |key| ChoriaConfigError::MissingSetting {
                     provider: "choria".into(),
                     key,
                 };
@@ -543,16 +543,16 @@ impl ChoriaConfig {
                     .ok_or_else(|| missing("plugin.security.choria.seed_file"))?;
                 Ok(Security::choria_from_files(token, seed)?)
             }
-            SecurityProvider::Other(p) => Err(ConfigError::UnsupportedProvider(p.clone())),
+            SecurityProvider::Other(p) => Err(ChoriaConfigError::UnsupportedProvider(p.clone())),
         }
     }
 
     /// Middleware URLs (`nats://host:port`), from `plugin.choria.middleware_hosts`; a host
     /// without a scheme gets `nats`. With no hosts configured this is an error, as SRV
     /// lookups are not done.
-    pub fn middleware_urls(&self) -> Result<Vec<String>, ConfigError> {
+    pub fn middleware_urls(&self) -> Result<Vec<String>, ChoriaConfigError> {
         if self.middleware_hosts.is_empty() {
-            return Err(ConfigError::NoMiddlewareHosts);
+            return Err(ChoriaConfigError::NoMiddlewareHosts);
         }
         self.middleware_hosts
             .iter()
@@ -562,8 +562,8 @@ impl ChoriaConfig {
 }
 
 /// Normalise one middleware host entry to `scheme://host:port`.
-pub fn parse_middleware_host(h: &str) -> Result<String, ConfigError> {
-    let bad = || ConfigError::InvalidMiddlewareHost(h.to_string());
+pub fn parse_middleware_host(h: &str) -> Result<String, ChoriaConfigError> {
+    let bad = || ChoriaConfigError::InvalidMiddlewareHost(h.to_string());
     let h = h.trim();
     let (scheme, rest) = match h.split_once("://") {
         Some((s, r)) if !s.is_empty() => (s, r),
@@ -708,7 +708,7 @@ ttl = 120
         assert!(!c.identity.is_empty());
         assert!(matches!(
             c.middleware_urls(),
-            Err(ConfigError::NoMiddlewareHosts)
+            Err(ChoriaConfigError::NoMiddlewareHosts)
         ));
         let c = ChoriaConfig::parse_str("plugin.security.provider = choria").unwrap();
         assert_eq!(c.collectives, vec!["choria"]);
@@ -744,7 +744,7 @@ ttl = 120
         assert!(!c.insecure);
         assert!(matches!(
             c.security(),
-            Err(ConfigError::UnsupportedProvider(_))
+            Err(ChoriaConfigError::UnsupportedProvider(_))
         ));
     }
 
@@ -788,7 +788,7 @@ ttl = 120
         let c = ChoriaConfig::parse_str("plugin.security.provider = file").unwrap();
         assert!(matches!(
             c.security(),
-            Err(ConfigError::MissingSetting {
+            Err(ChoriaConfigError::MissingSetting {
                 key: "plugin.security.file.certificate",
                 ..
             })
@@ -797,7 +797,7 @@ ttl = 120
             "plugin.security.provider = choria\nplugin.security.choria.token_file = /nonexistent/t\nplugin.security.choria.seed_file = /nonexistent/s",
         )
         .unwrap();
-        assert!(matches!(c.security(), Err(ConfigError::Security(_))));
+        assert!(matches!(c.security(), Err(ChoriaConfigError::Security(_))));
     }
 
     #[test]

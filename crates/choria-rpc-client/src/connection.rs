@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use async_nats::{ConnectOptions, Event, ServerAddr};
 
-use crate::config::{ChoriaConfig, ConfigError, SecurityProvider};
+use crate::config::{ChoriaConfig, ChoriaConfigError, SecurityProvider};
 
 /// Why the connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectionError {
     /// The configuration does not allow a connection (no hosts, bad URL...).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] ChoriaConfigError),
     /// A middleware URL is not a valid NATS address.
     #[error("invalid middleware url {url}: {reason}")]
     InvalidUrl {

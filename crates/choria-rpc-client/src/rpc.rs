@@ -201,7 +201,7 @@ impl RpcOptions {
 pub enum SetupError {
     /// The configuration is unusable (hosts, security files...).
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::config::ChoriaConfigError),
     /// The broker connection failed.
     #[error(transparent)]
     Connection(#[from] crate::connection::ConnectionError),
