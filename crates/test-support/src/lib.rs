@@ -6,7 +6,10 @@
 //! - [`nats`]: a real `nats-server` ([`NatsServer`]) and a three-server JetStream cluster
 //!   ([`NatsCluster`]) on loopback.
 //! - [`metrics`]: the Prometheus text parser and a plain HTTP GET for `/metrics`.
-//! - [`provisioner`]: the provisioner's configuration files and the provisioner as a process.
+//! - [`logs`]: a process's log read from an offset, its length and its tail.
+//! - [`provisioner`]: the provisioner's configuration files and the provisioner as a process
+//!   (several at once, each with its own name, port and output; output kept across restarts).
+//! - [`simulator`]: the fleet simulator as a process, its progress lines and its report.
 //! - [`stack`]: the binaries of a local run (built by cargo), the run's signer and CA made by the
 //!   demo helper, and the fleet simulator as a process.
 //! - [`go_env`]: the real go-choria broker and `choria server` processes in provisioning mode
@@ -18,11 +21,13 @@
 #![deny(missing_docs)]
 
 pub mod go_env;
+pub mod logs;
 pub mod metrics;
 pub mod nats;
 pub mod ports;
 pub mod process;
 pub mod provisioner;
+pub mod simulator;
 pub mod stack;
 
 use std::path::{Path, PathBuf};
@@ -146,6 +151,35 @@ pub fn wait_until(timeout: Duration, every: Duration, mut f: impl FnMut() -> boo
         }
         std::thread::sleep(every);
     }
+}
+
+/// Poll `f` every 250 ms until it returns true, returning how long that took; fail as soon as
+/// `f` fails, or with "timed out after ... waiting for `what`" once `timeout` has passed.
+pub fn wait_for<E: From<Error>>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<bool, E>,
+) -> Result<Duration, E> {
+    let start = std::time::Instant::now();
+    loop {
+        if f()? {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            return Err(
+                Error::Failed(format!("timed out after {timeout:?} waiting for {what}")).into(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Make `path` readable and writable by its owner only (mode 0600), as the provisioner asks of
+/// files holding secrets.
+pub fn owner_only(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .ctx(|| format!("cannot restrict {}", path.display()))
 }
 
 /// Runs `f` on a thread of its own and returns its result, panicking with `what` if it has not

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use crate::{metrics, IoContext, ProcessGuard, Result};
+use crate::{logs, metrics, Error, IoContext, ProcessGuard, Result};
 
 /// The settings of one provisioner, rendered into its YAML and Choria configuration.
 #[derive(Clone, Debug)]
@@ -127,7 +127,7 @@ impl ProvisionerConfig {
 }
 
 /// A running provisioner (any compatible program), killed when dropped, with standard output
-/// and error in one file.
+/// and error in one file. Several run side by side with distinct names, ports and files.
 pub struct ProvisionerProcess {
     /// The process.
     pub proc: ProcessGuard,
@@ -135,8 +135,20 @@ pub struct ProvisionerProcess {
     pub name: String,
     /// Standard output and error.
     pub out: PathBuf,
+    /// Where its log lines go: its `logfile`, or `out` when it has none
+    /// ([`ProvisionerProcess::with_log`]).
+    pub log: PathBuf,
     /// The monitoring port.
     pub port: u16,
+}
+
+/// How a provisioner's output file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Emptied first, so waiting for a line never finds an earlier run's.
+    Truncate,
+    /// Appended to, so one file holds every run of a provisioner that is restarted.
+    Append,
 }
 
 impl ProvisionerProcess {
@@ -150,7 +162,25 @@ impl ProvisionerProcess {
         port: u16,
         grace: Duration,
     ) -> Result<Self> {
-        let file = std::fs::File::create(out).ctx(|| format!("creating {}", out.display()))?;
+        Self::spawn_with(name, cmd, out, Output::Truncate, port, grace)
+    }
+
+    /// As [`ProvisionerProcess::spawn`], with the output file opened as `output` says.
+    pub fn spawn_with(
+        name: &str,
+        cmd: &mut Command,
+        out: &Path,
+        output: Output,
+        port: u16,
+        grace: Duration,
+    ) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(output == Output::Append)
+            .truncate(output == Output::Truncate)
+            .open(out)
+            .ctx(|| format!("creating {}", out.display()))?;
         let err = file
             .try_clone()
             .ctx(|| format!("opening {}", out.display()))?;
@@ -159,8 +189,15 @@ impl ProvisionerProcess {
             proc,
             name: name.to_string(),
             out: out.to_path_buf(),
+            log: out.to_path_buf(),
             port,
         })
+    }
+
+    /// Its log lines go to `log` (its `logfile`) rather than its output.
+    pub fn with_log(mut self, log: &Path) -> Self {
+        self.log = log.to_path_buf();
+        self
     }
 
     /// The command line `program [args] --config yaml --choria-config cfg`.
@@ -187,6 +224,68 @@ impl ProvisionerProcess {
     /// Its exit status, when it has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.proc.exited()
+    }
+
+    /// Everything in its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fail, with the last lines of its output, when it is no longer running.
+    pub fn alive(&mut self) -> Result<()> {
+        if !self.proc.running() {
+            return Err(Error::Failed(format!(
+                "{} exited: {}",
+                self.name,
+                logs::tail(&self.out, 20)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Wait until its log from byte `offset` on holds `needle`, failing as soon as it exits;
+    /// how long that took. Take `offset` ([`logs::len`]) before starting it to skip an earlier
+    /// run's lines.
+    pub fn wait_log_from(
+        &mut self,
+        needle: &str,
+        offset: u64,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let log = self.log.clone();
+        crate::wait_for(what, timeout, || {
+            self.alive()?;
+            Ok(logs::read_from(&log, offset).contains(needle))
+        })
+    }
+
+    /// Stop it with SIGTERM, waiting up to `grace`, and insist on a clean exit (status 0); one
+    /// that has already exited is left alone.
+    pub fn stop_cleanly(&mut self, grace: Duration) -> Result<()> {
+        if !self.proc.running() {
+            return Ok(());
+        }
+        let st = self.proc.terminate(grace);
+        if !st.is_some_and(|s| s.success()) {
+            return Err(Error::Failed(format!(
+                "{} did not stop cleanly on SIGTERM: {st:?}",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fail, with the last lines of its output, when its output or log shows a panic.
+    pub fn ensure_no_panic(&self) -> Result<()> {
+        if self.output().contains("panicked") || self.log_text().contains("panicked") {
+            return Err(Error::Failed(format!(
+                "{} panicked: {}",
+                self.name,
+                logs::tail(&self.out, 20)
+            )));
+        }
+        Ok(())
     }
 
     /// GET `path` from the monitoring port: (status, body).

@@ -71,6 +71,7 @@ pub struct ProvisionerOptions<'a> {
 }
 
 /// The files of one run: signer, CA, configurations.
+#[derive(Clone, Debug)]
 pub struct RunFiles {
     /// The ed25519 seed signing provisioning JWTs (and server JWTs in ed25519 mode).
     pub signer_seed: PathBuf,
@@ -128,6 +129,35 @@ pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -
 }
 
 impl RunFiles {
+    /// The files of another provisioner of the same run, written into `dir`: the same settings
+    /// under `identity`, with a free monitoring port and `<identity>.log` for `provisioner.log`
+    /// (`<identity>.yaml` owner-only, as it holds the token; `<identity>.cfg`).
+    pub fn for_identity(&self, dir: &Path, identity: &str) -> Result<RunFiles> {
+        let port = crate::free_port();
+        let read = |p: &Path| std::fs::read_to_string(p).ctx(|| format!("reading {}", p.display()));
+        let text = read(&self.provisioner_yaml)?
+            .replace(
+                &format!("monitor_port: {}", self.monitor_port),
+                &format!("monitor_port: {port}"),
+            )
+            .replace("provisioner.log", &format!("{identity}.log"));
+        let yaml = dir.join(format!("{identity}.yaml"));
+        crate::write(&yaml, &text)?;
+        crate::owner_only(&yaml)?;
+        let cfg = dir.join(format!("{identity}.cfg"));
+        crate::write(
+            &cfg,
+            &read(&self.choria_cfg)?
+                .replace("identity = provisioner", &format!("identity = {identity}")),
+        )?;
+        Ok(RunFiles {
+            provisioner_yaml: yaml,
+            choria_cfg: cfg,
+            monitor_port: port,
+            ..self.clone()
+        })
+    }
+
     /// The fleet simulator's command for this run: broker, size, mode, token, identity prefix,
     /// the provisioning-JWT signer and, in ed25519 mode, the issuer key server JWTs are checked
     /// against; its progress goes to `log`. Callers add the run's own switches.
