@@ -11,7 +11,7 @@ use test_support::Mode;
 
 use choria_crypto::jwt;
 
-use crate::harness::{ensure_refused, setup, Env, NodeRep, Run, Setup};
+use crate::harness::{ensure_refused, setup, Env, NodeReport, Run, Setup};
 use crate::jwt_faults::signer;
 
 pub fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
@@ -192,7 +192,7 @@ pub fn make_chain_issuer(run: &Run, org_seed: &Path, dir: &Path, jti: &str) -> R
 }
 
 /// Every node of `report` provisioned with a server JWT issued through the chain issuer `jti`.
-pub fn check_chain_jwts(report: &BTreeMap<String, NodeRep>, jti: &str) -> Result<()> {
+pub fn check_chain_jwts(report: &BTreeMap<String, NodeReport>, jti: &str) -> Result<()> {
     for (id, n) in report {
         ensure!(n.provisioned, "{id} not provisioned: {:?}", n.problems);
         let r = n.received.as_ref().context("nothing received")?;

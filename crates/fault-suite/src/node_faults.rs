@@ -6,12 +6,11 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use test_support::logs::read_from;
 use test_support::metrics::{metric_sum, metric_with, scrape as scrape_all};
 use test_support::Mode;
 
-use crate::harness::{
-    affected, ensure_refused, identities, read_from, setup, wait_for, Env, Setup,
-};
+use crate::harness::{affected, ensure_refused, identities, setup, wait_for, Env, Setup};
 
 /// The share of the fleet a node fault hits.
 pub const SHARE: f64 = 0.2;
