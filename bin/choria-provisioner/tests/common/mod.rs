@@ -21,10 +21,7 @@ pub const TOKEN: &str = "s3cret-test-token";
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    test_support::workspace_root()
 }
 
 /// A sample helper from `docs/examples`.
@@ -81,15 +78,9 @@ impl Signer {
     }
 }
 
-/// Run a command and insist it succeeds.
+/// Run a command and insist it succeeds; its standard output.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    test_support::stack::run(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A test certificate authority made with openssl: (certificate, key).
