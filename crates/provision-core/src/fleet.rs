@@ -541,11 +541,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             // Nothing at all serves an announced node's subject: no server of that name is
             // connected. Anyone can announce such nodes by the thousand, so these are
             // summarised; a node that is there but did not answer gets its own error line.
-            Err(e)
-                if source == Source::Event
-                    && matches!(&e.kind, ProvisionErrorKind::FirstContact(r)
-                        if r.kind == crate::rpc::RpcErrorKind::NoResponders) =>
-            {
+            Err(e) if source == Source::Event && e.kind.is_unserved() => {
                 o.provision_error();
                 self.unanswered.record(|| e.to_string());
                 None

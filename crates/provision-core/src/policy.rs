@@ -205,22 +205,6 @@ pub fn validate_provisioning_jwt_with_key(
     Ok(claims)
 }
 
-/// Reads `jwt_verify_cert` as a file when a file by that name exists, as the Go provisioner
-/// decides between a path and a hex key.
-pub fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyError> {
-    if verify_cert.is_empty() {
-        return Ok(None);
-    }
-    match std::fs::read(verify_cert) {
-        Ok(d) => Ok(Some(d)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(PolicyError::File {
-            path: verify_cert.to_string(),
-            source,
-        }),
-    }
-}
-
 /// Checks a `gen25519` reply: the signature over the nonce's ASCII text must verify with the
 /// returned key ([`choria_crypto::nonce::verify_nonce_signature`]). Unlike the Go code a key of
 /// the wrong length is an error, not a crash.

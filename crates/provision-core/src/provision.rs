@@ -160,6 +160,12 @@ impl ProvisionErrorKind {
     pub fn is_unanswered_first_contact(&self) -> bool {
         matches!(self, ProvisionErrorKind::FirstContact(_))
     }
+
+    /// Whether nothing at all serves the node's subject (the broker's "no responders" to its
+    /// first request): no server of that name is connected.
+    pub fn is_unserved(&self) -> bool {
+        matches!(self, ProvisionErrorKind::FirstContact(e) if e.kind == RpcErrorKind::NoResponders)
+    }
 }
 
 /// A node's failed cycle.

@@ -79,7 +79,7 @@ pub enum RpcErrorKind {
     #[error("provisioning lock held by another provisioner")]
     LockHeld,
     /// The node answered with a non-zero status code.
-    #[error("aborted with status {code}: {message}")]
+    #[error("aborted with status {code}: {}", crate::identity::escaped(.message))]
     Aborted {
         /// The status code.
         code: u8,
@@ -87,10 +87,10 @@ pub enum RpcErrorKind {
         message: String,
     },
     /// The reply could not be decoded.
-    #[error("bad reply: {0}")]
+    #[error("bad reply: {}", crate::identity::escaped(.0))]
     BadReply(String),
     /// The transport failed (disconnected, refused, no responders).
-    #[error("transport: {0}")]
+    #[error("transport: {}", crate::identity::escaped(.0))]
     Transport(String),
 }
 
@@ -243,4 +243,26 @@ pub trait Helper: Send + Sync + 'static {
         &self,
         input: &HelperInput,
     ) -> impl Future<Output = Result<HelperReply, HelperError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_a_node_sent_is_escaped_and_bounded_in_the_message() {
+        let long = format!("line one\nERROR forged {}", "x".repeat(1 << 20));
+        for kind in [
+            RpcErrorKind::Aborted {
+                code: 1,
+                message: long.clone(),
+            },
+            RpcErrorKind::BadReply(long.clone()),
+            RpcErrorKind::Transport(long.clone()),
+        ] {
+            let shown = RpcError::new("n1.example.net", Action::Configure, kind).to_string();
+            assert!(!shown.contains('\n'), "{shown:.200}");
+            assert!(shown.len() < 400, "{} bytes", shown.len());
+        }
+    }
 }

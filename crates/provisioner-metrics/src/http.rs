@@ -89,11 +89,6 @@ impl Serving {
         self.addrs[0]
     }
 
-    /// Every bound address, in the order asked for.
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.addrs
-    }
-
     /// Waits until every task of the server has ended (after its shutdown token is cancelled).
     pub async fn stopped(&self) {
         self.tasks.close();
