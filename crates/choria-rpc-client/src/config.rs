@@ -43,23 +43,303 @@ pub enum ChoriaConfigError {
         /// The missing key.
         key: &'static str,
     },
-    /// The security provider is not one this client implements.
-    #[error("security provider {0} is not supported, use file or choria")]
+    /// The security provider is not one go-choria knows.
+    #[error(
+        "security provider {0} is unknown; the supported providers are puppet (the default), file and choria"
+    )]
     UnsupportedProvider(String),
+    /// A go-choria security provider this provisioner does not implement (`pkcs11`,
+    /// `certmanager`), with what to use instead.
+    #[error("the {provider} security provider is not supported by this provisioner: {instead}")]
+    ProviderUnavailable {
+        /// The provider.
+        provider: &'static str,
+        /// What to configure instead.
+        instead: &'static str,
+    },
+    /// The puppet provider cannot find its ssldir or certname.
+    #[error(transparent)]
+    Puppet(#[from] PuppetError),
     /// Loading certificates, keys, seeds or tokens failed.
     #[error(transparent)]
     Security(#[from] SecurityError),
 }
 
-/// The security provider selected by `plugin.security.provider`.
+/// The security provider selected by `plugin.security.provider` (`puppet` when absent, as in
+/// go-choria). Its `Display` is the name as written in the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SecurityProvider {
     /// x509 files (`plugin.security.file.*`), protocol v1.
     File,
     /// ed25519 seed and JWT (`plugin.security.choria.*`), protocol v2.
     Choria,
-    /// Any other provider (`puppet`, `pkcs11`, `certmanager`...), not supported here.
+    /// x509 files in Puppet's ssldir, named after the certname ([`PuppetSettings`]), protocol v1.
+    Puppet,
+    /// go-choria's PKCS#11 provider: not supported here.
+    Pkcs11,
+    /// go-choria's Kubernetes cert-manager provider: not supported here.
+    CertManager,
+    /// A name go-choria does not know either.
     Other(String),
+}
+
+impl SecurityProvider {
+    /// The provider for a `plugin.security.provider` value.
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "file" => SecurityProvider::File,
+            "choria" => SecurityProvider::Choria,
+            "puppet" => SecurityProvider::Puppet,
+            "pkcs11" => SecurityProvider::Pkcs11,
+            "certmanager" => SecurityProvider::CertManager,
+            other => SecurityProvider::Other(other.to_string()),
+        }
+    }
+
+    /// The name as written in the configuration.
+    pub fn name(&self) -> &str {
+        match self {
+            SecurityProvider::File => "file",
+            SecurityProvider::Choria => "choria",
+            SecurityProvider::Puppet => "puppet",
+            SecurityProvider::Pkcs11 => "pkcs11",
+            SecurityProvider::CertManager => "certmanager",
+            SecurityProvider::Other(name) => name,
+        }
+    }
+
+    /// Why this provider cannot be used, for the ones this provisioner does not implement.
+    pub fn unsupported(&self) -> Option<ChoriaConfigError> {
+        match self {
+            SecurityProvider::Pkcs11 => Some(ChoriaConfigError::ProviderUnavailable {
+                provider: "pkcs11",
+                instead: "give the provisioner a certificate and RSA key in files (issued by the \
+                          same CA) and set plugin.security.provider = file with \
+                          plugin.security.file.certificate, plugin.security.file.key and \
+                          plugin.security.file.ca, or use the choria provider with a seed and JWT",
+            }),
+            SecurityProvider::CertManager => Some(ChoriaConfigError::ProviderUnavailable {
+                provider: "certmanager",
+                instead: "write the certificate, key and CA cert-manager issues (the Secret's \
+                          tls.crt, tls.key and ca.crt) to files and set plugin.security.provider \
+                          = file with plugin.security.file.certificate, plugin.security.file.key \
+                          and plugin.security.file.ca naming them",
+            }),
+            SecurityProvider::Other(name) => {
+                Some(ChoriaConfigError::UnsupportedProvider(bounded(name)))
+            }
+            SecurityProvider::File | SecurityProvider::Choria | SecurityProvider::Puppet => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SecurityProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&bounded(self.name()))
+    }
+}
+
+/// Text from a configuration file or the environment for a message: control characters
+/// escaped, at most 128 characters.
+fn bounded(text: &str) -> String {
+    const MAX: usize = 128;
+    let mut out: String = text
+        .chars()
+        .take(MAX)
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect();
+    if text.chars().count() > MAX {
+        out.push_str("...");
+    }
+    out
+}
+
+/// Puppet's ssldir for root as Puppet's packages (AIO) install it.
+pub const PUPPET_ROOT_SSLDIR: &str = "/etc/puppetlabs/puppet/ssl";
+
+/// What a Choria client's certname ends in: `<USER>.mcollective`, as go-choria's default
+/// client identity suffix.
+pub const CLIENT_CERTNAME_SUFFIX: &str = "mcollective";
+
+/// Why the puppet provider cannot find its files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PuppetError {
+    /// Neither `MCOLLECTIVE_CERTNAME` nor `USER` is set.
+    #[error(
+        "the puppet security provider cannot name the provisioner's certificate: neither \
+         MCOLLECTIVE_CERTNAME nor USER is set (a Choria client's certname is <USER>.mcollective); \
+         set MCOLLECTIVE_CERTNAME to the certname of the provisioner's certificate in its ssldir"
+    )]
+    NoCertname,
+    /// Not root, no `plugin.choria.ssldir` and no `HOME`.
+    #[error(
+        "the puppet security provider cannot find the ssldir: HOME is not set for this non-root \
+         user; set plugin.choria.ssldir"
+    )]
+    NoHome,
+    /// The certname cannot name a file.
+    #[error(
+        "the puppet security provider cannot use certname \"{certname}\" from {from}: a certname \
+         names files in the ssldir, so it must be a non-empty name without '/'"
+    )]
+    InvalidCertname {
+        /// The certname, escaped and bounded.
+        certname: String,
+        /// Where it came from.
+        from: CertnameSource,
+    },
+}
+
+/// Where the puppet provider's ssldir came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslDirSource {
+    /// `plugin.choria.ssldir`.
+    Setting,
+    /// Root without `plugin.choria.ssldir`: [`PUPPET_ROOT_SSLDIR`].
+    RootDefault,
+    /// Another user without `plugin.choria.ssldir`: `$HOME/.puppetlabs/etc/puppet/ssl`.
+    UserDefault,
+}
+
+impl std::fmt::Display for SslDirSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SslDirSource::Setting => "plugin.choria.ssldir",
+            SslDirSource::RootDefault => {
+                "Puppet's default for root; set plugin.choria.ssldir if puppet.conf moves it"
+            }
+            SslDirSource::UserDefault => "Puppet's default for a non-root user, under HOME",
+        })
+    }
+}
+
+/// Where the puppet provider's certname came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertnameSource {
+    /// The `MCOLLECTIVE_CERTNAME` environment variable.
+    Environment,
+    /// `<USER>.mcollective`.
+    User,
+}
+
+impl std::fmt::Display for CertnameSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CertnameSource::Environment => "MCOLLECTIVE_CERTNAME",
+            CertnameSource::User => "USER, as <USER>.mcollective",
+        })
+    }
+}
+
+/// The puppet provider's ssldir and certname, resolved as go-choria's `puppetsec` does for a
+/// client (the provisioner is one): the certname is `MCOLLECTIVE_CERTNAME`, else
+/// `<USER>.mcollective` (for root too: `root.mcollective`); the ssldir is
+/// `plugin.choria.ssldir`, else `$HOME/.puppetlabs/etc/puppet/ssl` for a non-root user, else
+/// [`PUPPET_ROOT_SSLDIR`]. (For root go-choria asks `puppet apply --configprint ssldir`; this
+/// provisioner runs no Puppet process and uses Puppet's packaged default instead.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PuppetSettings {
+    /// The ssldir.
+    pub ssldir: PathBuf,
+    /// Where it came from.
+    pub ssldir_from: SslDirSource,
+    /// The certname: the caller id is `choria=<certname>`.
+    pub certname: String,
+    /// Where it came from.
+    pub certname_from: CertnameSource,
+}
+
+impl PuppetSettings {
+    /// Resolve the ssldir and certname from `plugin.choria.ssldir` (`ssldir`), whether the
+    /// process runs as root and the environment (`env`: a variable's value, `None` when unset).
+    /// Empty variables count as unset.
+    pub fn resolve(
+        ssldir: Option<&Path>,
+        root: bool,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, PuppetError> {
+        let var = |k: &str| env(k).filter(|v| !v.is_empty());
+        let (certname, certname_from) = match var("MCOLLECTIVE_CERTNAME") {
+            Some(c) => (c, CertnameSource::Environment),
+            None => match var("USER") {
+                Some(u) => (
+                    format!("{u}.{CLIENT_CERTNAME_SUFFIX}"),
+                    CertnameSource::User,
+                ),
+                None => return Err(PuppetError::NoCertname),
+            },
+        };
+        if certname.contains(['/', '\0']) || certname == "." || certname == ".." {
+            return Err(PuppetError::InvalidCertname {
+                certname: bounded(&certname),
+                from: certname_from,
+            });
+        }
+        let (ssldir, ssldir_from) = match ssldir.filter(|d| !d.as_os_str().is_empty()) {
+            Some(d) => (d.to_path_buf(), SslDirSource::Setting),
+            None if root => (PathBuf::from(PUPPET_ROOT_SSLDIR), SslDirSource::RootDefault),
+            None => match var("HOME") {
+                Some(home) => (
+                    Path::new(&home).join(".puppetlabs/etc/puppet/ssl"),
+                    SslDirSource::UserDefault,
+                ),
+                None => return Err(PuppetError::NoHome),
+            },
+        };
+        Ok(PuppetSettings {
+            ssldir,
+            ssldir_from,
+            certname,
+            certname_from,
+        })
+    }
+
+    /// `certs/<certname>.pem` in the ssldir.
+    pub fn certificate(&self) -> PathBuf {
+        self.ssldir
+            .join("certs")
+            .join(format!("{}.pem", self.certname))
+    }
+
+    /// `private_keys/<certname>.pem` in the ssldir.
+    pub fn key(&self) -> PathBuf {
+        self.ssldir
+            .join("private_keys")
+            .join(format!("{}.pem", self.certname))
+    }
+
+    /// `certs/ca.pem` in the ssldir.
+    pub fn ca(&self) -> PathBuf {
+        self.ssldir.join("certs").join("ca.pem")
+    }
+}
+
+/// The file provider's certname as go-choria's `filesec` names a client:
+/// `MCOLLECTIVE_CERTNAME`, else `<USER>.mcollective` for a non-root user with `USER` set, else
+/// the configured identity.
+pub fn file_certname(identity: &str, root: bool, env: impl Fn(&str) -> Option<String>) -> String {
+    let var = |k: &str| env(k).filter(|v| !v.is_empty());
+    if let Some(c) = var("MCOLLECTIVE_CERTNAME") {
+        return c;
+    }
+    if !root {
+        if let Some(u) = var("USER") {
+            return format!("{u}.{CLIENT_CERTNAME_SUFFIX}");
+        }
+    }
+    identity.to_string()
+}
+
+/// The process environment, for [`PuppetSettings::resolve`] and [`file_certname`].
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
 }
 
 /// The provisioner-side values applied over the Choria configuration, as the Go provisioner's
@@ -93,12 +373,15 @@ pub struct ChoriaConfig {
     pub middleware_hosts: Vec<String>,
     /// `plugin.security.provider`.
     pub security_provider: SecurityProvider,
-    /// `plugin.security.file.certificate`.
+    /// `plugin.security.file.certificate`; with the puppet provider, `certs/<certname>.pem`
+    /// in the ssldir (go-choria's puppet provider is the file provider with these paths).
     pub file_certificate: Option<PathBuf>,
-    /// `plugin.security.file.key`.
+    /// `plugin.security.file.key`; with the puppet provider, `private_keys/<certname>.pem`.
     pub file_key: Option<PathBuf>,
-    /// `plugin.security.file.ca`.
+    /// `plugin.security.file.ca`; with the puppet provider, `certs/ca.pem`.
     pub file_ca: Option<PathBuf>,
+    /// With the puppet provider: its ssldir and certname, or why they cannot be found.
+    pub puppet: Option<Result<PuppetSettings, PuppetError>>,
     /// `plugin.security.choria.token_file`.
     pub choria_token_file: Option<PathBuf>,
     /// `plugin.security.choria.seed_file`.
@@ -202,6 +485,7 @@ impl std::fmt::Debug for ChoriaConfig {
             file_certificate,
             file_key,
             file_ca,
+            puppet,
             choria_token_file,
             choria_seed_file,
             choria_ca,
@@ -229,6 +513,7 @@ impl std::fmt::Debug for ChoriaConfig {
             .field("file_certificate", file_certificate)
             .field("file_key", file_key)
             .field("file_ca", file_ca)
+            .field("puppet", puppet)
             .field("choria_token_file", choria_token_file)
             .field("choria_seed_file", choria_seed_file)
             .field("choria_ca", choria_ca)
@@ -380,11 +665,8 @@ impl ChoriaConfig {
     fn from_map(raw: BTreeMap<String, String>) -> Result<Self, ChoriaConfigError> {
         let get = |k: &str| raw.get(k).map(String::as_str).filter(|v| !v.is_empty());
         let path = |k: &str| get(k).map(expand_home);
-        let provider = match get("plugin.security.provider").unwrap_or("puppet") {
-            "file" => SecurityProvider::File,
-            "choria" => SecurityProvider::Choria,
-            other => SecurityProvider::Other(other.to_string()),
-        };
+        let provider =
+            SecurityProvider::from_name(get("plugin.security.provider").unwrap_or("puppet"));
         let collectives = match get("collectives") {
             Some(v) => list(v),
             None if provider == SecurityProvider::Choria => vec!["choria".to_string()],
@@ -416,6 +698,22 @@ impl ChoriaConfig {
         )?
         .min(Duration::from_secs(120));
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let puppet = (provider == SecurityProvider::Puppet).then(|| {
+            PuppetSettings::resolve(
+                path("plugin.choria.ssldir").as_deref(),
+                running_as_root(),
+                process_env,
+            )
+        });
+        let (file_certificate, file_key, file_ca) = match &puppet {
+            Some(Ok(p)) => (Some(p.certificate()), Some(p.key()), Some(p.ca())),
+            Some(Err(_)) => (None, None, None),
+            None => (
+                path("plugin.security.file.certificate"),
+                path("plugin.security.file.key"),
+                path("plugin.security.file.ca"),
+            ),
+        };
         Ok(ChoriaConfig {
             path: None,
             identity: get("identity")
@@ -424,9 +722,10 @@ impl ChoriaConfig {
             middleware_hosts: get("plugin.choria.middleware_hosts")
                 .map(list)
                 .unwrap_or_default(),
-            file_certificate: path("plugin.security.file.certificate"),
-            file_key: path("plugin.security.file.key"),
-            file_ca: path("plugin.security.file.ca"),
+            file_certificate,
+            file_key,
+            file_ca,
+            puppet,
             choria_token_file: path("plugin.security.choria.token_file"),
             choria_seed_file: path("plugin.security.choria.seed_file"),
             choria_ca: path("plugin.security.choria.ca"),
@@ -472,7 +771,22 @@ impl ChoriaConfig {
         if o.insecure {
             self.disable_tls = true;
             self.insecure = true;
-            self.security_provider = SecurityProvider::File;
+            if self.security_provider != SecurityProvider::File {
+                // As in go-choria: the file provider with its own settings, not the files the
+                // previous provider would have used.
+                self.security_provider = SecurityProvider::File;
+                self.puppet = None;
+                let path = |k: &str| {
+                    self.raw
+                        .get(k)
+                        .map(String::as_str)
+                        .filter(|v| !v.is_empty())
+                        .map(expand_home)
+                };
+                self.file_certificate = path("plugin.security.file.certificate");
+                self.file_key = path("plugin.security.file.key");
+                self.file_ca = path("plugin.security.file.ca");
+            }
         }
         if let Some(p) = o
             .broker_provisioning_password
@@ -484,22 +798,27 @@ impl ChoriaConfig {
         }
     }
 
-    /// The file provider's certname: `MCOLLECTIVE_CERTNAME`, else `<USER>.mcollective` for a
-    /// non-root user with `USER` set, else the configured identity.
+    /// The certname of the caller id `choria=<certname>`: with the puppet provider its
+    /// resolved certname ([`PuppetSettings`]), `None` when that cannot be found; otherwise the
+    /// file provider's ([`file_certname`]).
+    pub fn caller_certname(&self) -> Option<String> {
+        match &self.puppet {
+            Some(Ok(p)) if self.security_provider == SecurityProvider::Puppet => {
+                Some(p.certname.clone())
+            }
+            Some(Err(_)) if self.security_provider == SecurityProvider::Puppet => None,
+            _ => Some(file_certname(
+                &self.identity,
+                running_as_root(),
+                process_env,
+            )),
+        }
+    }
+
+    /// The file provider's certname ([`file_certname`] with this process's user and
+    /// environment).
     pub fn certname(&self) -> String {
-        if let Ok(c) = std::env::var("MCOLLECTIVE_CERTNAME") {
-            if !c.is_empty() {
-                return c;
-            }
-        }
-        if !running_as_root() {
-            if let Ok(u) = std::env::var("USER") {
-                if !u.is_empty() {
-                    return format!("{u}.mcollective");
-                }
-            }
-        }
-        self.identity.clone()
+        file_certname(&self.identity, running_as_root(), process_env)
     }
 
     /// The security mode to sign requests with. Insecure mode needs no files; the file
@@ -543,7 +862,30 @@ impl ChoriaConfig {
                     .ok_or_else(|| missing("plugin.security.choria.seed_file"))?;
                 Ok(Security::choria_from_files(token, seed)?)
             }
-            SecurityProvider::Other(p) => Err(ChoriaConfigError::UnsupportedProvider(p.clone())),
+            SecurityProvider::Puppet => {
+                // Resolved when the file was read; again here only when the provider was
+                // changed afterwards.
+                let p = match &self.puppet {
+                    Some(r) => r.clone()?,
+                    None => PuppetSettings::resolve(
+                        self.raw
+                            .get("plugin.choria.ssldir")
+                            .filter(|v| !v.is_empty())
+                            .map(|v| expand_home(v))
+                            .as_deref(),
+                        running_as_root(),
+                        process_env,
+                    )?,
+                };
+                Ok(Security::x509_from_files(
+                    format!("choria={}", p.certname),
+                    &p.certificate(),
+                    &p.key(),
+                )?)
+            }
+            other => Err(other
+                .unsupported()
+                .unwrap_or_else(|| ChoriaConfigError::UnsupportedProvider(other.to_string()))),
         }
     }
 
@@ -701,10 +1043,8 @@ ttl = 120
         assert_eq!(c.ttl, 60);
         assert_eq!(c.loglevel, "info");
         assert_eq!(c.logfile, "stdout");
-        assert_eq!(
-            c.security_provider,
-            SecurityProvider::Other("puppet".into())
-        );
+        assert_eq!(c.security_provider, SecurityProvider::Puppet);
+        assert!(c.puppet.is_some(), "puppet paths not resolved");
         assert!(!c.identity.is_empty());
         assert!(matches!(
             c.middleware_urls(),
@@ -742,9 +1082,304 @@ ttl = 120
         });
         assert_eq!(c.loglevel, "warn");
         assert!(!c.insecure);
+        assert_eq!(c.security_provider, SecurityProvider::Puppet);
+        // Without the files the puppet provider names the missing certificate.
+        c.puppet = Some(PuppetSettings::resolve(
+            Some(Path::new("/nonexistent/ssl")),
+            true,
+            env(&[("USER", "root")]),
+        ));
+        let err = c.security().unwrap_err().to_string();
+        assert!(
+            err.contains("/nonexistent/ssl/certs/root.mcollective.pem"),
+            "{err}"
+        );
+
+        // Insecure mode is the file provider with its own keys, not the puppet files.
+        let mut c = ChoriaConfig::parse_str(
+            "plugin.security.provider = puppet\nplugin.choria.ssldir = /p/ssl\n",
+        )
+        .unwrap();
+        c.apply_provisioner_overrides(&ProvisionerOverrides {
+            insecure: true,
+            ..Default::default()
+        });
+        assert_eq!(c.security_provider, SecurityProvider::File);
+        assert!(c.puppet.is_none());
+        assert_eq!(c.file_certificate, None);
+        assert_eq!(c.file_key, None);
+        assert_eq!(c.file_ca, None);
+    }
+
+    /// An environment of `vars` only.
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn puppet_certname_and_ssldir_follow_go_choria_for_a_client() {
+        let ssldir = Path::new("/srv/ssl");
+        // (ssldir setting, root, environment) -> (ssldir, its source, certname, its source)
+        type Case<'a> = (
+            Option<&'a Path>,
+            bool,
+            Vec<(&'a str, &'a str)>,
+            &'a str,
+            SslDirSource,
+            &'a str,
+            CertnameSource,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                None,
+                true,
+                vec![("USER", "root")],
+                PUPPET_ROOT_SSLDIR,
+                SslDirSource::RootDefault,
+                "root.mcollective",
+                CertnameSource::User,
+            ),
+            (
+                None,
+                true,
+                vec![
+                    ("USER", "root"),
+                    ("MCOLLECTIVE_CERTNAME", "prov.example.net"),
+                ],
+                PUPPET_ROOT_SSLDIR,
+                SslDirSource::RootDefault,
+                "prov.example.net",
+                CertnameSource::Environment,
+            ),
+            (
+                None,
+                false,
+                vec![("USER", "choria"), ("HOME", "/home/choria")],
+                "/home/choria/.puppetlabs/etc/puppet/ssl",
+                SslDirSource::UserDefault,
+                "choria.mcollective",
+                CertnameSource::User,
+            ),
+            (
+                Some(ssldir),
+                false,
+                vec![("USER", "choria")],
+                "/srv/ssl",
+                SslDirSource::Setting,
+                "choria.mcollective",
+                CertnameSource::User,
+            ),
+            (
+                Some(ssldir),
+                true,
+                vec![("USER", ""), ("MCOLLECTIVE_CERTNAME", "p1")],
+                "/srv/ssl",
+                SslDirSource::Setting,
+                "p1",
+                CertnameSource::Environment,
+            ),
+            (
+                Some(ssldir),
+                true,
+                vec![("USER", "root"), ("MCOLLECTIVE_CERTNAME", "")],
+                "/srv/ssl",
+                SslDirSource::Setting,
+                "root.mcollective",
+                CertnameSource::User,
+            ),
+        ];
+        for (setting, root, vars, want_dir, dir_from, want_cn, cn_from) in cases {
+            let p = PuppetSettings::resolve(setting, root, env(&vars))
+                .unwrap_or_else(|e| panic!("{vars:?}: {e}"));
+            assert_eq!(p.ssldir, Path::new(want_dir), "{vars:?}");
+            assert_eq!(p.ssldir_from, dir_from, "{vars:?}");
+            assert_eq!(p.certname, want_cn, "{vars:?}");
+            assert_eq!(p.certname_from, cn_from, "{vars:?}");
+            assert_eq!(
+                p.certificate(),
+                Path::new(want_dir).join(format!("certs/{want_cn}.pem"))
+            );
+            assert_eq!(
+                p.key(),
+                Path::new(want_dir).join(format!("private_keys/{want_cn}.pem"))
+            );
+            assert_eq!(p.ca(), Path::new(want_dir).join("certs/ca.pem"));
+        }
+
+        for vars in [vec![], vec![("USER", "")], vec![("HOME", "/root")]] {
+            assert_eq!(
+                PuppetSettings::resolve(None, true, env(&vars)),
+                Err(PuppetError::NoCertname),
+                "{vars:?}"
+            );
+        }
+        let e = PuppetSettings::resolve(None, true, env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("MCOLLECTIVE_CERTNAME") && e.contains("USER"),
+            "{e}"
+        );
+        assert_eq!(
+            PuppetSettings::resolve(None, false, env(&[("USER", "u"), ("HOME", "")])),
+            Err(PuppetError::NoHome)
+        );
+        let e = PuppetError::NoHome.to_string();
+        assert!(e.contains("plugin.choria.ssldir"), "{e}");
+        for bad in ["../../etc/x", "a/b", "..", ".", "a\0b"] {
+            let r =
+                PuppetSettings::resolve(Some(ssldir), true, env(&[("MCOLLECTIVE_CERTNAME", bad)]));
+            assert!(
+                matches!(
+                    r,
+                    Err(PuppetError::InvalidCertname {
+                        from: CertnameSource::Environment,
+                        ..
+                    })
+                ),
+                "{bad:?}: {r:?}"
+            );
+        }
+        let r = PuppetSettings::resolve(Some(ssldir), true, env(&[("USER", "x/y")]));
+        assert!(
+            matches!(
+                r,
+                Err(PuppetError::InvalidCertname {
+                    from: CertnameSource::User,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        // A hostile name is escaped and bounded in the message.
+        let long = format!("a/\u{1b}[31m{}", "x".repeat(5000));
+        let e =
+            PuppetSettings::resolve(Some(ssldir), true, env(&[("MCOLLECTIVE_CERTNAME", &long)]))
+                .unwrap_err()
+                .to_string();
+        assert!(e.len() < 600 && !e.contains('\u{1b}'), "{e}");
+    }
+
+    #[test]
+    fn the_file_provider_certname_follows_go_choria() {
+        let e = env(&[("USER", "alice")]);
+        assert_eq!(
+            file_certname("id.example.net", false, &e),
+            "alice.mcollective"
+        );
+        assert_eq!(file_certname("id.example.net", true, &e), "id.example.net");
+        assert_eq!(
+            file_certname("id.example.net", false, env(&[])),
+            "id.example.net"
+        );
+        let e = env(&[("USER", "alice"), ("MCOLLECTIVE_CERTNAME", "c1")]);
+        assert_eq!(file_certname("id.example.net", true, &e), "c1");
+        assert_eq!(file_certname("id.example.net", false, &e), "c1");
+    }
+
+    #[test]
+    fn providers_are_named_in_words_and_unsupported_ones_say_what_to_use() {
+        for name in ["file", "choria", "puppet", "pkcs11", "certmanager", "vault"] {
+            let p = SecurityProvider::from_name(name);
+            assert_eq!(p.to_string(), name);
+            assert_eq!(p.name(), name);
+        }
+        assert_eq!(
+            SecurityProvider::from_name("vault"),
+            SecurityProvider::Other("vault".into())
+        );
+        for ok in ["file", "choria", "puppet"] {
+            assert!(
+                SecurityProvider::from_name(ok).unsupported().is_none(),
+                "{ok}"
+            );
+        }
+        for (name, wants) in [
+            (
+                "pkcs11",
+                vec![
+                    "pkcs11",
+                    "plugin.security.provider = file",
+                    "plugin.security.file.key",
+                ],
+            ),
+            (
+                "certmanager",
+                vec![
+                    "certmanager",
+                    "plugin.security.provider",
+                    "= file",
+                    "plugin.security.file.certificate",
+                ],
+            ),
+            (
+                "vault",
+                vec!["vault", "puppet (the default), file and choria"],
+            ),
+        ] {
+            let c =
+                ChoriaConfig::parse_str(&format!("plugin.security.provider = {name}\n")).unwrap();
+            let e = c.security().unwrap_err().to_string();
+            for want in wants {
+                assert!(e.contains(want), "{want:?} not in {e}");
+            }
+            assert!(!e.contains("Other("), "{e}");
+        }
+        // A name with control characters is escaped in words, and bounded.
+        let p = SecurityProvider::from_name(&format!("x\u{7}{}", "y".repeat(400)));
+        let text = p.unsupported().unwrap().to_string();
+        assert!(!text.contains('\u{7}') && text.len() < 400, "{text}");
+    }
+
+    #[test]
+    fn the_puppet_provider_signs_with_the_files_in_its_ssldir() {
+        let dir = tempfile::tempdir().unwrap();
+        let ssl = dir.path().join("ssl");
+        std::fs::create_dir_all(ssl.join("certs")).unwrap();
+        std::fs::create_dir_all(ssl.join("private_keys")).unwrap();
+        let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/tls");
+        std::fs::copy(
+            format!("{tls}/provisioner.pem"),
+            ssl.join("certs/prov.mcollective.pem"),
+        )
+        .unwrap();
+        std::fs::copy(format!("{tls}/ca.pem"), ssl.join("certs/ca.pem")).unwrap();
+        let mut c = ChoriaConfig::parse_str(&format!(
+            "identity = p1\nplugin.choria.ssldir = {}\n",
+            ssl.display()
+        ))
+        .unwrap();
+        assert_eq!(c.security_provider, SecurityProvider::Puppet);
+        let p = PuppetSettings::resolve(
+            Some(&ssl),
+            true,
+            env(&[("MCOLLECTIVE_CERTNAME", "prov.mcollective")]),
+        )
+        .unwrap();
+        c.puppet = Some(Ok(p.clone()));
+        // The key is missing: the error names it with its full path.
+        let e = c.security().unwrap_err().to_string();
+        assert!(e.contains(&p.key().display().to_string()), "{e}");
+        std::fs::copy(format!("{tls}/provisioner_key.pem"), p.key()).unwrap();
+        let sec = c.security().unwrap();
+        assert_eq!(sec.caller_id(), "choria=prov.mcollective");
+        assert_eq!(sec.version(), crate::protocol::ProtocolVersion::V1);
+        match &sec {
+            Security::X509 { cert_pem, .. } => {
+                assert_eq!(cert_pem, &std::fs::read_to_string(p.certificate()).unwrap())
+            }
+            other => panic!("not x509: {other:?}"),
+        }
+        assert_eq!(c.caller_certname().as_deref(), Some("prov.mcollective"));
+        c.puppet = Some(Err(PuppetError::NoCertname));
+        assert_eq!(c.caller_certname(), None);
         assert!(matches!(
             c.security(),
-            Err(ChoriaConfigError::UnsupportedProvider(_))
+            Err(ChoriaConfigError::Puppet(PuppetError::NoCertname))
         ));
     }
 
