@@ -354,7 +354,7 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
         0.0,
         "a deferral is not a helper error"
     );
-    assert!(prov.output().contains("deferred"));
+    assert!(prov.output().contains("configuration defered: the CMDB does not know"));
 
     // The next cycle: the nodes announce themselves again and the helper now configures them.
     env.announce(&fleet.identities()).await;

@@ -24,7 +24,7 @@ use tracing::{debug, error, info};
 use crate::clock::Clock;
 use crate::identity::{escaped, IdentityError, LogSummary};
 use crate::observer::Observer;
-use crate::provision::{Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner};
+use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
 use crate::rpc::{Helper, NodeRpc};
 
 /// The work queue's default capacity ([`crate::config::DEFAULT_WORK_QUEUE_SIZE`]).
@@ -215,11 +215,20 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     /// is paused or the fleet is draining: [`AddResult::Paused`].
     pub fn add(&self, identity: &str, source: Source) -> AddResult {
         if self.provisioner.pause_state().paused() {
-            debug!(
-                "ignoring \"{}\" from {} while paused",
-                escaped(identity),
-                source.label()
-            );
+            // The Go provisioner warns for every event while paused; announcements can come by
+            // the thousand, so here it is a debug line (the paused gauge and the election's own
+            // lines say that provisioning is paused).
+            match source {
+                Source::Event => debug!(
+                    "Skipping event processing while paused: \"{}\"",
+                    escaped(identity)
+                ),
+                Source::Discovery => debug!(
+                    "ignoring \"{}\" from {} while paused",
+                    escaped(identity),
+                    source.label()
+                ),
+            }
             return AddResult::Paused;
         }
         if let Err(why) = self.provisioner.config().identity_rule.check(identity) {
@@ -264,7 +273,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 drop(t);
                 self.full.record(|| {
                     format!(
-                        "adding {identity} to the work queue failed with {queued} / {capacity} entries"
+                        "Adding host to work queue failed with {queued} / {capacity} entries: \
+                         {identity} dropped, found again by a later discovery"
                     )
                 });
                 return AddResult::QueueFull;
@@ -302,10 +312,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         // thousands of them.
         match source {
             Source::Discovery => {
-                info!("adding {identity} to the work queue with {queued} entries")
+                info!("Adding {identity} to the work queue with {queued} entries")
             }
             Source::Event => {
-                debug!("adding {identity} to the work queue with {queued} entries")
+                debug!("Adding {identity} to the work queue with {queued} entries")
             }
         }
         let o = self.provisioner.observer();
@@ -416,11 +426,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         let o = self.provisioner.observer();
         for (identity, waited) in stale {
             o.provision_error();
-            let e = ProvisionError {
-                identity,
-                kind: ProvisionErrorKind::Stale(waited),
-            };
-            error!("{e}");
+            let kind = ProvisionErrorKind::Stale(waited);
+            error!(identity = %identity, "Could not provision {identity}: {kind}");
         }
         next
     }
@@ -517,6 +524,19 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     /// Provisions `host`; `_in_flight` counts the cycle for [`Fleet::drain`] until it ends.
     async fn work_one(&self, mut host: Host, _in_flight: TaskTrackerToken) {
         let o = self.provisioner.observer();
+        // Announced-only nodes at debug, as when they are queued.
+        match host.source() {
+            Source::Discovery => info!(
+                identity = host.identity(),
+                "Provisioning {}",
+                host.identity()
+            ),
+            Source::Event => debug!(
+                identity = host.identity(),
+                "Provisioning {}",
+                host.identity()
+            ),
+        }
         let busy = Busy::enter(&self.busy, o);
         let res = self.provisioner.provision(&mut host).await;
         drop(busy);
@@ -525,17 +545,22 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         let hold = match res {
             Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
                 o.provisioned();
-                info!(identity = %id, "provisioned");
+                info!(identity = %id, "Provisioned {id}");
                 Some(SUCCESS_HOLD)
             }
             Ok(Outcome::Upgraded { from, to }) => {
                 o.provisioned();
-                info!(identity = %id, "upgrade from {from} to {to} started, the node will be provisioned again when it restarts");
+                info!(
+                    identity = %id,
+                    "Provisioned {id}: update from {} to {} requested, the node will be provisioned again when it restarts",
+                    escaped(&from),
+                    escaped(&to)
+                );
                 None
             }
             Ok(Outcome::LockHeld { action }) => {
                 o.lock_held();
-                info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving the node to it");
+                info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving {id} to it");
                 Some(LOCK_HOLD)
             }
             // Nothing at all serves an announced node's subject: no server of that name is
@@ -543,12 +568,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             // summarised; a node that is there but did not answer gets its own error line.
             Err(e) if source == Source::Event && e.kind.is_unserved() => {
                 o.provision_error();
-                self.unanswered.record(|| e.to_string());
+                self.unanswered
+                    .record(|| format!("Could not provision {id}: {}", e.kind));
                 None
             }
             Err(e) => {
                 o.provision_error();
-                error!("{e}");
+                error!(identity = %id, "Could not provision {id}: {}", e.kind);
                 None
             }
         };

@@ -9,7 +9,7 @@ use helper_protocol::{
     CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply, ProvisioningClaims,
 };
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::Config;
@@ -109,13 +109,13 @@ pub enum ProvisionErrorKind {
     FirstContact(RpcError),
     /// The node waited more than two intervals in the queue: decided by the work queue as the
     /// node leaves it ([`crate::Fleet`]), before anything is sent to it.
-    #[error("skipping node that has been waiting {0:?}")]
+    #[error("skipping node that's been waiting {0:?}")]
     Stale(Duration),
     /// Provisioning was paused before a step.
     #[error("provisioning is paused, cannot perform {0}")]
     Paused(&'static str),
-    /// An RPC failed after its tries.
-    #[error(transparent)]
+    /// An RPC failed after its tries; worded as the Go provisioner words the step that failed.
+    #[error("{}", rpc_failure(.0))]
     Rpc(#[from] RpcError),
     /// The provisioning JWT did not validate.
     #[error("could not validate JWT: {0}")]
@@ -129,8 +129,9 @@ pub enum ProvisionErrorKind {
     /// The helper failed.
     #[error("could not invoke configure helper: {0}")]
     Helper(#[from] HelperError),
-    /// The helper deferred the node.
-    #[error("configuration deferred: {0}")]
+    /// The helper deferred the node. "defered" is the Go provisioner's spelling, kept so that
+    /// what operators match in the log still matches.
+    #[error("configuration defered: {0}")]
     Deferred(String),
     /// The server JWT could not be issued.
     #[error("could not issue server JWT: {0}")]
@@ -139,7 +140,7 @@ pub enum ProvisionErrorKind {
     #[error("could not encrypt private key: {0}")]
     KeyEncryption(PolicyError),
     /// The upgrade could not be done.
-    #[error("upgrade to {target} failed: {reason}")]
+    #[error("update to {target} failed: {reason}")]
     Upgrade {
         /// The requested version.
         target: String,
@@ -152,6 +153,23 @@ pub enum ProvisionErrorKind {
     /// Internal: another provisioner holds the lock (turned into [`Outcome::LockHeld`]).
     #[error("provisioning lock held by another provisioner during {0}")]
     LockHeld(Action),
+}
+
+/// A failed RPC in the Go provisioner's words: `choria_provision#jwt failed: ...`, inside
+/// `could not fetch and validate JWT: NODE: `, `could not fetch ed25519 public key: `,
+/// `configuration failed: ` or `restart failed: ` for those steps.
+fn rpc_failure(e: &RpcError) -> String {
+    let failed = format!("{} failed: {}", e.action, e.kind);
+    match e.action {
+        Action::Jwt => format!(
+            "could not fetch and validate JWT: {}: {failed}",
+            escaped(&e.identity)
+        ),
+        Action::Gen25519 => format!("could not fetch ed25519 public key: {failed}"),
+        Action::Configure => format!("configuration failed: {failed}"),
+        Action::Restart => format!("restart failed: {failed}"),
+        _ => failed,
+    }
 }
 
 impl ProvisionErrorKind {
@@ -409,6 +427,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let mut lock_retried = false;
         loop {
             self.check_paused(label)?;
+            debug!(identity, "Trying action {label} try {try_no}/{tries}");
             let started = Instant::now();
             let res = if contact.answered {
                 f().await
@@ -444,8 +463,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                     if !e.kind.is_unanswered() {
                         contact.answered = true;
                     }
-                    debug!(identity = %e.identity, action = label, try_no, tries, "rpc failed: {e}");
+                    // Every failed try at error, as the Go provisioner logs it.
+                    error!(
+                        identity = %e.identity,
+                        action = label,
+                        try_no,
+                        tries,
+                        "rpc handler for {label} failed: {}",
+                        e.kind
+                    );
                     if try_no >= tries {
+                        error!(identity, "Maximum {tries} tries reached for action {label}");
                         self.observer.rpc_error(label);
                         return Err(ProvisionErrorKind::Rpc(e));
                     }
@@ -499,15 +527,16 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
 
         if cfg.features.jwt {
             if host.raw_jwt.is_empty() {
+                info!(identity = id, "Fetching JWT");
                 let r = self
                     .call(Action::Jwt, id, &mut host.contact, || rpc.jwt(id, token))
                     .await?;
                 host.raw_jwt = r.jwt;
                 host.server_ecdh_public = r.ecdh_public;
             } else {
-                debug!(
+                info!(
                     identity = id,
-                    "already have the provisioning JWT, not fetching it again"
+                    "Already have JWT for {id}, not retrieving again"
                 );
             }
             if host.raw_jwt.is_empty() {
@@ -523,7 +552,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             host.claims = Some(claims);
         }
 
-        if cfg.features.ed25519 && host.ed25519.is_none() {
+        if cfg.features.ed25519 && host.ed25519.is_some() {
+            info!(
+                identity = id,
+                "Already have ED25519 public key, not retrieving again"
+            );
+        } else if cfg.features.ed25519 {
+            info!(identity = id, "Fetching ED25519 public key");
             // A fresh nonce for every try: a reply to an earlier try cannot be replayed.
             let (nonce, r) = self
                 .call(Action::Gen25519, id, &mut host.contact, || {
@@ -539,7 +574,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             host.ed25519 = Some(r);
         }
 
-        if host.inventory.is_none() {
+        if host.inventory.is_some() {
+            info!(
+                identity = id,
+                "Already have metadata for {id}, not retrieving again"
+            );
+        } else {
+            info!(identity = id, "Fetching Inventory");
             let inv = self
                 .call(Action::Inventory, id, &mut host.contact, || {
                     rpc.inventory(id)
@@ -549,6 +590,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
 
         if cfg.features.pki {
+            info!(identity = id, "Fetching CSR");
             let csr = self
                 .call(Action::Gencsr, id, &mut host.contact, || {
                     rpc.gencsr(id, token, id)
@@ -604,17 +646,18 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         if reply.msg.is_empty() {
             warn!(
                 identity = id,
-                "shutting down node based on helper output, no reason given"
+                "Shutting down host based on helper output, no reason given"
             );
         } else {
             warn!(
                 identity = id,
-                "shutting down node based on helper output: {}",
+                "Shutting down host based on helper output: {}",
                 escaped(&reply.msg)
             );
         }
         let token = self.config.token.as_str();
         let rpc = &self.rpc;
+        info!(identity = id, "Shutting down node");
         match self
             .call(Action::Shutdown, id, &mut host.contact, || {
                 rpc.shutdown(id, token)
@@ -623,7 +666,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         {
             Ok(m) => {
                 self.observer.helper_shutdown();
-                info!(identity = id, "shutdown response: {}", escaped(&m.message));
+                info!(identity = id, "Shutdown response: {}", escaped(&m.message));
             }
             // The Go provisioner only warns when the node refuses to shut down.
             Err(ProvisionErrorKind::Rpc(RpcError {
@@ -631,7 +674,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 ..
             })) => warn!(
                 identity = id,
-                "could not shut down: {} ({code})",
+                "Could not shutdown {id}: {} ({code})",
                 escaped(&message)
             ),
             Err(e) => return Err(e),
@@ -716,7 +759,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 Err(e) if cfg.upgrades_optional => {
                     warn!(
                         identity = id,
-                        "could not upgrade to {}, continuing: {e}", reply.upgrade
+                        "Could not upgrade to {}, continuing: {e}",
+                        escaped(&reply.upgrade)
                     )
                 }
                 Err(e) => return Err(e),
@@ -743,18 +787,20 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             opa_policies: reply.opa_policies.take().unwrap_or_default(),
             server_jwt: enrolment.server_jwt,
         };
+        info!(identity = id, "Configuring node");
         let m = self
             .call(Action::Configure, id, &mut host.contact, || {
                 rpc.configure(id, &request)
             })
             .await?;
-        info!(identity = id, "configure response: {}", escaped(&m.message));
+        info!(identity = id, "Configure response: {}", escaped(&m.message));
+        info!(identity = id, "Restarting node");
         let m = self
             .call(Action::Restart, id, &mut host.contact, || {
                 rpc.restart(id, token, 1)
             })
             .await?;
-        info!(identity = id, "restart response: {}", escaped(&m.message));
+        info!(identity = id, "Restart response: {}", escaped(&m.message));
         Ok(Outcome::Provisioned)
     }
 
@@ -784,12 +830,18 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         if !versions_differ(version, target).map_err(|e| fail(&e))? {
             return Ok(None);
         }
-        warn!(identity = %host.identity, "will attempt version update from {version} to {target}");
+        warn!(
+            identity = %host.identity,
+            "Will attempt version update from {} to {}",
+            escaped(version),
+            escaped(target)
+        );
         let identity = host.identity.clone();
         let id: &str = &identity;
         let repo = cfg.upgrades_repository.as_str();
         let token = cfg.token.as_str();
         let rpc = &self.rpc;
+        info!(identity = id, "Updating node to {}", escaped(target));
         self.call(Action::ReleaseUpdate, id, &mut host.contact, || {
             rpc.release_update(id, token, repo, target)
         })
