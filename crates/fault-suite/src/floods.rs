@@ -122,9 +122,9 @@ pub fn queue_full(env: &Env, name: &str) -> Result<String> {
     let log = run.log(p);
     let dropped: std::collections::BTreeSet<String> = log
         .lines()
-        .filter(|l| l.contains("WARN") && l.contains("work queue failed"))
+        .filter(|l| l.contains("\"level\":\"warning\"") && l.contains("work queue failed"))
         .filter_map(|l| {
-            l.split("adding ")
+            l.split("entries: ")
                 .nth(1)
                 .and_then(|r| r.split(' ').next())
                 .map(str::to_string)

@@ -124,7 +124,7 @@ pub fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
             let log = run.log(p);
             Ok(log
                 .lines()
-                .filter(|l| l.contains(" ERROR ") && l.contains("leader election"))
+                .filter(|l| l.contains("\"level\":\"error\"") && l.contains("eader election"))
                 .count()
                 >= 2)
         },
@@ -140,8 +140,8 @@ pub fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
     let sample = run
         .log(p)
         .lines()
-        .find(|l| l.contains(" ERROR ") && l.contains("leader election"))
-        .map(|l| l.split_once(" ERROR ").map_or(l, |x| x.1).to_string())
+        .find(|l| l.contains("\"level\":\"error\"") && l.contains("eader election"))
+        .map(|l| l.split_once("\"msg\":").map_or(l, |x| x.1).to_string())
         .unwrap_or_default();
     create_election_bucket(run.nats_port, Duration::from_secs(10))?;
     let t2 = run.wait_metric(

@@ -339,7 +339,10 @@ pub fn wait_for(
 /// Log lines at WARN or ERROR naming `identity`.
 pub fn problem_lines<'a>(log: &'a str, identity: &str) -> Vec<&'a str> {
     log.lines()
-        .filter(|l| (l.contains(" ERROR ") || l.contains(" WARN ")) && l.contains(identity))
+        .filter(|l| {
+            (l.contains("\"level\":\"error\"") || l.contains("\"level\":\"warning\""))
+                && l.contains(identity)
+        })
         .collect()
 }
 

@@ -146,7 +146,7 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
             let text = read_from(&run.provisioners[p].log, log_start);
             Ok(hit.iter().all(|id| {
                 text.lines()
-                    .any(|l| l.contains(" provisioned ") && l.contains(&format!("identity={id}")))
+                    .any(|l| l.contains(&format!("\"msg\":\"Provisioned {id}\"")))
             }))
         },
     )?;
@@ -379,8 +379,8 @@ pub fn node_configure_fails(env: &Env, name: &str) -> Result<String> {
 
 pub fn provisioned_in(text: &str) -> std::collections::BTreeSet<String> {
     text.lines()
-        .filter(|l| l.contains(" provisioned "))
-        .filter_map(|l| l.split("identity=").nth(1))
+        .filter(|l| l.contains("\"msg\":\"Provisioned "))
+        .filter_map(|l| l.split("\"identity\":\"").nth(1)?.split('"').next())
         .map(|id| id.trim().to_string())
         .collect()
 }

@@ -229,10 +229,10 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
     );
     // And so does the daemon at start-up.
     let p = run.start_provisioner("provisioner")?;
-    let warned = run
-        .log(p)
-        .lines()
-        .any(|l| l.contains(" WARN ") && l.contains("signer.seed is readable by group or others"));
+    let warned = run.log(p).lines().any(|l| {
+        l.contains("\"level\":\"warning\"")
+            && l.contains("signer.seed is readable by group or others")
+    });
     run.stop_all()?;
     ensure!(
         warned,
