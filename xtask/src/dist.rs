@@ -16,9 +16,20 @@ use anyhow::{bail, Context, Result};
 
 use crate::tools::{root, run, which};
 
+mod go_deploy;
+
 const NAME: &str = "choria-provisioner";
 const HOMEPAGE: &str = "https://github.com/choria-io/provisioner-rs";
 const MAINTAINER_EMAIL: &str = "choria-provisioner@choria.io";
+
+/// The RPM epoch. The Go provisioner's RPMs, also named `choria-provisioner`, carry no epoch and
+/// versions up to 0.16.0: with epoch 1 every version of ours is newer than every one of theirs,
+/// so installing ours replaces theirs in place and their repository never replaces ours. (The Go
+/// provisioner has no Debian package, so the Debian version needs no epoch.)
+const RPM_EPOCH: &str = "1";
+
+/// The Go package's log file: named by copied configurations, writable under our unit.
+const GO_LOG: &str = "/var/log/choria-provisioner.log";
 
 /// What the packages install, relative to `/`: path, mode, whether it is configuration.
 const LAYOUT: &[(&str, u32, bool)] = &[
@@ -35,6 +46,7 @@ const LAYOUT: &[(&str, u32, bool)] = &[
         0o644,
         false,
     ),
+    ("usr/lib/tmpfiles.d/choria-provisioner.conf", 0o644, false),
     (
         "usr/share/choria-provisioner/examples/helper-plain.py",
         0o755,
@@ -194,7 +206,7 @@ pub fn main(args: Args) -> Result<()> {
         // A binary built earlier (`--no-build`) carries whatever version and commit it was built
         // with; only a build from this run is held to them.
         let expect = o.build.then_some((o.version.as_str(), commit.as_str()));
-        install_test(&files.deb, expect)?;
+        install_test(&files.deb, &files.rpm, &out, expect)?;
     }
     Ok(())
 }
@@ -273,6 +285,9 @@ fn source_of(root: &Path, binary: &Path, dest: &str) -> PathBuf {
     match dest {
         "usr/sbin/choria-provisioner" => binary.to_path_buf(),
         "etc/logrotate.d/choria-provisioner" => root.join("packaging/choria-provisioner.logrotate"),
+        "usr/lib/tmpfiles.d/choria-provisioner.conf" => {
+            root.join("packaging/choria-provisioner.tmpfiles")
+        }
         d if d.starts_with("etc/choria-provisioner/") || d.ends_with(".service") => {
             root.join("packaging").join(file)
         }
@@ -351,7 +366,7 @@ fn build_deb(root: &Path, stage: &Path, o: &Options, out: &Path, deb: &Path) -> 
     run(Command::new("cp").arg("-a").arg(stage).arg(&tree))?;
     let control_dir = tree.join("DEBIAN");
     fs::create_dir_all(&control_dir)?;
-    for script in ["preinst", "postinst", "prerm", "postrm"] {
+    for script in ["postinst", "prerm", "postrm"] {
         install_file(
             &root.join("packaging/debian").join(script),
             &control_dir.join(script),
@@ -415,6 +430,7 @@ fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> 
     }
     fs::create_dir_all(top.join("SPECS"))?;
     let spec = fs::read_to_string(root.join("packaging/rpm/choria-provisioner.spec.in"))?
+        .replace("@RPM_EPOCH@", RPM_EPOCH)
         .replace("@RPM_VERSION@", &o.version)
         .replace("@RPM_RELEASE@", &o.release)
         .replace("@RPM_ARCH@", rpm_arch()?)
@@ -613,6 +629,22 @@ fn verify(stage: &Path, files: &Packages) -> Result<()> {
     )?;
     section("rpm scripts", &scripts);
     println!("ok: rpm metadata and %config(noreplace) files");
+    let evr = capture(
+        Command::new("rpm")
+            .args(["-qp", "--queryformat", "%{EPOCH}"])
+            .arg(&files.rpm),
+    )?;
+    if evr.trim() != RPM_EPOCH {
+        bail!("rpm: epoch {evr:?}, expected {RPM_EPOCH} (above the Go provisioner's RPMs)");
+    }
+    let ghost = format!("{GO_LOG} ");
+    if !noreplace
+        .lines()
+        .any(|l| l.starts_with(&ghost) && l[ghost.len()..].contains('g'))
+    {
+        bail!("rpm: {GO_LOG} is not owned as %ghost (replacing the Go package would delete it)");
+    }
+    println!("ok: rpm epoch {RPM_EPOCH}, {GO_LOG} owned as %ghost");
 
     // The systemd unit.
     verify_unit(stage)?;
@@ -691,41 +723,37 @@ fn mentions_unit_problem(text: &str) -> bool {
         .any(|l| l.contains("choria-provisioner.service"))
 }
 
-/// Installs the .deb with dpkg, runs the installed binary, then purges the package (and removes
-/// the service account when this test created it).
-fn install_test(deb: &Path, expect: Option<(&str, &str)>) -> Result<()> {
+/// Installs the .deb with dpkg, runs the installed binary, installs a configuration copied from
+/// a Go deployment and runs it under the unit's credentials and file system view, upgrades over
+/// an edited configuration, then purges the package; and replaces a Go-style RPM with ours.
+fn install_test(deb: &Path, rpm: &Path, out: &Path, expect: Option<(&str, &str)>) -> Result<()> {
+    let deb_result = deb_install_test(deb, expect);
+    // The RPM swap runs whatever the .deb test found, so one run reports both.
+    let rpm_result = go_deploy::rpm_replaces_go(rpm, out);
+    deb_result.and(rpm_result)
+}
+
+fn deb_install_test(deb: &Path, expect: Option<(&str, &str)>) -> Result<()> {
     which("dpkg")?;
-    let user_existed = Command::new("getent")
-        .args(["passwd", NAME])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
     run(Command::new("dpkg").arg("-i").arg(deb))?;
-    let result = installed_checks(expect).and_then(|()| upgrade_keeps_config(deb));
+    let result = installed_checks(expect)
+        .and_then(|()| go_deploy::go_deployment(Path::new("/usr/sbin/choria-provisioner")))
+        .and_then(|()| upgrade_keeps_config(deb));
     let purge = run(Command::new("dpkg").args(["--purge", NAME]));
-    if !user_existed {
-        let _ = Command::new("userdel").arg(NAME).status();
-        // userdel removes the user's own group where USERGROUPS_ENAB is set; else remove it.
-        let group_left = Command::new("getent")
-            .args(["group", NAME])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if group_left {
-            let _ = Command::new("groupdel").arg(NAME).status();
-        }
-    }
+    go_deploy::clean_up();
     result?;
     purge?;
-    if Path::new("/usr/sbin/choria-provisioner").exists() {
-        bail!("dpkg --purge left /usr/sbin/choria-provisioner behind");
+    for left in ["/usr/sbin/choria-provisioner", GO_LOG, go_deploy::ETC] {
+        if Path::new(left).exists() {
+            bail!("dpkg --purge left {left} behind");
+        }
     }
     println!("ok: the .deb installs, runs and purges cleanly");
     Ok(())
 }
 
 /// Installing the package again over an edited configuration (an upgrade, for dpkg) keeps the
-/// operator's file and its group.
+/// operator's file, its owner and its mode.
 fn upgrade_keeps_config(deb: &Path) -> Result<()> {
     let yaml = Path::new("/etc/choria-provisioner/choria-provisioner.yaml");
     let mut text = fs::read_to_string(yaml)?;
@@ -741,14 +769,14 @@ fn upgrade_keeps_config(deb: &Path) -> Result<()> {
             yaml.display()
         );
     }
-    let group = capture(Command::new("stat").args(["-c", "%G %a"]).arg(yaml))?;
-    if group.trim() != "choria-provisioner 640" {
+    let owner = capture(Command::new("stat").args(["-c", "%U %G %a"]).arg(yaml))?;
+    if owner.trim() != "root root 640" {
         bail!(
-            "{} is {group:?} after an upgrade, expected group choria-provisioner, mode 640",
+            "{} is {owner:?} after an upgrade, expected root root 640",
             yaml.display()
         );
     }
-    println!("ok: an upgrade keeps the edited configuration, group choria-provisioner, mode 640");
+    println!("ok: an upgrade keeps the edited configuration, root root 640");
     Ok(())
 }
 
