@@ -14,12 +14,15 @@
 
 #![deny(missing_docs)]
 mod http;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use crate::process::ProcessCollector;
 
 pub use http::{serve, serve_all, ServeError, Serving};
 
@@ -144,9 +147,75 @@ pub struct Metrics {
     /// `choria_provisioner_invalid_identities`: announced or discovered node identities refused
     /// before anything was done for them (not in the Go set).
     pub invalid_identities: Counter,
+    /// go-choria's `choria_connector_*` series of the broker connection.
+    pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
+    election: RwLock<Option<ElectionSource>>,
+    process: ProcessCollector,
     connected: AtomicBool,
     role: AtomicU8,
+}
+
+/// go-choria's connector series (`choria/connection.go`), unlabelled, as the Go provisioner
+/// exports them for its broker connection.
+///
+/// Each field is updated where go-choria updates it:
+///
+/// - [`initial_connection_attempts`](Self::initial_connection_attempts): once per *failed*
+///   initial connection attempt (go-choria counts in its retry loop after a failure, despite
+///   the help text);
+/// - [`initial_connect_time`](Self::initial_connect_time): once, when the initial connection
+///   loop ends (connected, or given up), with the whole time it took, retries included;
+/// - [`reconnections`](Self::reconnections): each time the client is connected again after a
+///   disconnection (not for the first connection);
+/// - [`connection_closed`](Self::connection_closed): each time the connection is closed for good;
+/// - [`errors`](Self::errors): each asynchronous error the client reports (slow consumer, a
+///   server `-ERR`, a permissions violation), not disconnections.
+#[derive(Debug, Default)]
+pub struct ConnectorMetrics {
+    /// `choria_connector_initial_connection_attempts`
+    pub initial_connection_attempts: Counter,
+    /// `choria_connector_reconnections`
+    pub reconnections: Counter,
+    /// `choria_connector_connection_closed`
+    pub connection_closed: Counter,
+    /// `choria_connector_errors`
+    pub errors: Counter,
+    /// `choria_connector_initial_connect_time`
+    pub initial_connect_time: Summary,
+}
+
+/// One reading of an election's statistics, for go-choria's `choria_election_*` series
+/// (`providers/election/streams/stats.go`). A series go-choria has not created yet is `None` or
+/// zero here and is left out of the exposition, as Go leaves out a vector's unused children.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ElectionSample {
+    /// `choria_election_campaigns{state="candidate"}`: campaigns made as a candidate.
+    pub campaigns_as_candidate: u64,
+    /// `choria_election_campaigns{state="leader"}`: campaigns made as the leader.
+    pub campaigns_as_leader: u64,
+    /// `choria_election_leader`: `None` until the key was first won, then whether it is held.
+    pub leader: Option<bool>,
+    /// `choria_election_interval_seconds`: `None` until the campaign started, then the delay
+    /// before the next campaign.
+    pub interval: Option<Duration>,
+}
+
+type ElectionReader = Box<dyn Fn() -> ElectionSample + Send + Sync>;
+
+struct ElectionSource {
+    election: String,
+    identity: String,
+    read: ElectionReader,
+}
+
+impl std::fmt::Debug for ElectionSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectionSource")
+            .field("election", &self.election)
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
 }
 
 const HELP: &[(&str, &str, &str)] = &[
@@ -257,7 +326,10 @@ impl Metrics {
             helper_shutdown_requests: Counter::default(),
             lock_held: Counter::default(),
             invalid_identities: Counter::default(),
+            connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
+            election: RwLock::new(None),
+            process: ProcessCollector::new(),
             connected: AtomicBool::new(false),
             role: AtomicU8::new(Role::Active as u8),
         })
@@ -279,6 +351,23 @@ impl Metrics {
         // still a valid map, so keep using it.
         let mut map = self.rpc.write().unwrap_or_else(|e| e.into_inner());
         Arc::clone(map.entry(label.to_string()).or_default())
+    }
+
+    /// Export go-choria's election series for `election` (the KV key, `provisioner`) and
+    /// `identity` (the candidate, the Choria identity), read from `read` at every scrape.
+    /// A later call replaces the source.
+    pub fn set_election_source(
+        &self,
+        election: impl Into<String>,
+        identity: impl Into<String>,
+        read: impl Fn() -> ElectionSample + Send + Sync + 'static,
+    ) {
+        let source = ElectionSource {
+            election: election.into(),
+            identity: identity.into(),
+            read: Box::new(read),
+        };
+        *self.election.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
     /// Record whether the broker connection is up (for `/readyz`).
@@ -315,6 +404,8 @@ impl Metrics {
                 .map(|(k, v)| (escape_label(k), Arc::clone(v)))
                 .collect()
         };
+        self.encode_connector(&mut out);
+        self.encode_election(&mut out);
         for (name, kind, help) in HELP {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -398,8 +489,114 @@ impl Metrics {
                 _ => {}
             }
         }
+        self.process.sample().encode(&mut out);
         out
     }
+
+    fn encode_connector(&self, out: &mut String) {
+        let c = &self.connector;
+        for (name, help, value) in [
+            (
+                "choria_connector_connection_closed",
+                "Number of times the connection was closed",
+                c.connection_closed.get(),
+            ),
+            (
+                "choria_connector_errors",
+                "Number of times the connection encountered an error",
+                c.errors.get(),
+            ),
+        ] {
+            family(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        let name = "choria_connector_initial_connect_time";
+        family(
+            out,
+            name,
+            "summary",
+            "How long it took to establish the initial connection",
+        );
+        let t = &c.initial_connect_time;
+        let _ = writeln!(out, "{name}_sum {}", fmt_f64(t.sum_seconds()));
+        let _ = writeln!(out, "{name}_count {}", t.count());
+        for (name, help, value) in [
+            (
+                "choria_connector_initial_connection_attempts",
+                "How many connection attempts were made before a connection was established",
+                c.initial_connection_attempts.get(),
+            ),
+            (
+                "choria_connector_reconnections",
+                "Number of times the connector reconnected to the middleware",
+                c.reconnections.get(),
+            ),
+        ] {
+            family(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
+
+    fn encode_election(&self, out: &mut String) {
+        let guard = self.election.read().unwrap_or_else(|e| e.into_inner());
+        let Some(source) = guard.as_ref() else {
+            return;
+        };
+        let sample = (source.read)();
+        let labels = format!(
+            "election=\"{}\",identity=\"{}\"",
+            escape_label(&source.election),
+            escape_label(&source.identity)
+        );
+        let campaigns = [
+            ("candidate", sample.campaigns_as_candidate),
+            ("leader", sample.campaigns_as_leader),
+        ];
+        if campaigns.iter().any(|(_, n)| *n > 0) {
+            let name = "choria_election_campaigns";
+            family(
+                out,
+                name,
+                "counter",
+                "The number of campaigns a specific candidate voted in",
+            );
+            for (state, n) in campaigns {
+                if n > 0 {
+                    let _ = writeln!(out, "{name}{{{labels},state=\"{state}\"}} {n}");
+                }
+            }
+        }
+        if let Some(interval) = sample.interval {
+            let name = "choria_election_interval_seconds";
+            family(
+                out,
+                name,
+                "gauge",
+                "The number of seconds between campaigns",
+            );
+            let _ = writeln!(
+                out,
+                "{name}{{{labels}}} {}",
+                fmt_f64(interval.as_secs_f64())
+            );
+        }
+        if let Some(leader) = sample.leader {
+            let name = "choria_election_leader";
+            family(
+                out,
+                name,
+                "gauge",
+                "Indicates if a specific instance is the current leader",
+            );
+            let _ = writeln!(out, "{name}{{{labels}}} {}", u8::from(leader));
+        }
+    }
+}
+
+/// The `# HELP` and `# TYPE` lines of one metric family.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Go's `strconv.FormatFloat(v, 'g', -1, 64)` for the values a duration sum takes.
@@ -512,6 +709,105 @@ mod tests {
         // The fifteen metrics of the Go provisioner, plus the lock-held and invalid-identity
         // counters.
         assert_eq!(HELP.len(), 17);
+    }
+
+    #[test]
+    fn connector_series_are_always_exported_unlabelled() {
+        let m = Metrics::new("lon");
+        let text = m.encode();
+        for (name, kind) in [
+            ("choria_connector_connection_closed", "counter"),
+            ("choria_connector_errors", "counter"),
+            ("choria_connector_initial_connect_time", "summary"),
+            ("choria_connector_initial_connection_attempts", "counter"),
+            ("choria_connector_reconnections", "counter"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        assert!(text.contains("choria_connector_reconnections 0\n"));
+        m.connector.reconnections.inc_by(2);
+        m.connector.errors.inc();
+        m.connector.connection_closed.inc();
+        m.connector.initial_connection_attempts.inc_by(3);
+        m.connector
+            .initial_connect_time
+            .observe(Duration::from_millis(1250));
+        let text = m.encode();
+        for line in [
+            "choria_connector_reconnections 2\n",
+            "choria_connector_errors 1\n",
+            "choria_connector_connection_closed 1\n",
+            "choria_connector_initial_connection_attempts 3\n",
+            "choria_connector_initial_connect_time_sum 1.25\n",
+            "choria_connector_initial_connect_time_count 1\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn election_series_appear_as_go_choria_creates_them() {
+        let m = Metrics::new("lon");
+        assert!(!m.encode().contains("choria_election"));
+        let sample = Arc::new(RwLock::new(ElectionSample::default()));
+        let read = Arc::clone(&sample);
+        m.set_election_source("provisioner", "p1.example.net", move || {
+            *read.read().unwrap_or_else(|e| e.into_inner())
+        });
+        // Nothing campaigned yet: no series at all, as Go's vectors have no children.
+        assert!(!m.encode().contains("choria_election"));
+        let labels = "election=\"provisioner\",identity=\"p1.example.net\"";
+        *sample.write().unwrap_or_else(|e| e.into_inner()) = ElectionSample {
+            campaigns_as_candidate: 2,
+            campaigns_as_leader: 0,
+            leader: None,
+            interval: Some(Duration::from_millis(750)),
+        };
+        let text = m.encode();
+        assert!(text.contains("# TYPE choria_election_campaigns counter\n"));
+        assert!(text.contains(&format!(
+            "choria_election_campaigns{{{labels},state=\"candidate\"}} 2\n"
+        )));
+        assert!(!text.contains("state=\"leader\""), "{text}");
+        assert!(text.contains(&format!(
+            "choria_election_interval_seconds{{{labels}}} 0.75\n"
+        )));
+        assert!(!text.contains("choria_election_leader"), "{text}");
+        *sample.write().unwrap_or_else(|e| e.into_inner()) = ElectionSample {
+            campaigns_as_candidate: 3,
+            campaigns_as_leader: 5,
+            leader: Some(true),
+            interval: Some(Duration::from_millis(500)),
+        };
+        let text = m.encode();
+        assert!(text.contains(&format!(
+            "choria_election_campaigns{{{labels},state=\"leader\"}} 5\n"
+        )));
+        assert!(text.contains("# TYPE choria_election_leader gauge\n"));
+        assert!(text.contains(&format!("choria_election_leader{{{labels}}} 1\n")));
+        sample.write().unwrap_or_else(|e| e.into_inner()).leader = Some(false);
+        assert!(m
+            .encode()
+            .contains(&format!("choria_election_leader{{{labels}}} 0\n")));
+    }
+
+    #[test]
+    fn process_series_are_exported() {
+        let text = Metrics::new("lon").encode();
+        for (name, kind) in [
+            ("process_cpu_seconds_total", "counter"),
+            ("process_open_fds", "gauge"),
+            ("process_max_fds", "gauge"),
+            ("process_virtual_memory_bytes", "gauge"),
+            ("process_virtual_memory_max_bytes", "gauge"),
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_start_time_seconds", "gauge"),
+            ("process_network_receive_bytes_total", "counter"),
+            ("process_network_transmit_bytes_total", "counter"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        assert!(!text.contains("go_"), "no Go runtime series: {text}");
     }
 
     #[test]
