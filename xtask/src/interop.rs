@@ -6,7 +6,15 @@
 //! helper and the configuration files written for the Go provisioner. Each server must then have
 //! rewritten its configuration as the helper said, published a `provisioned` lifecycle event,
 //! and come back up out of provisioning mode, answering in its new collective.
+//!
+//! The `go-deployment` flow runs the provisioner on files as a Go site has them: the YAML with
+//! Go-style keys (`Helper:`, `Features:`) and YAML 1.1 booleans, logging to a file; a
+//! `choria.cfg` with no security provider (so `puppet`, reading a Puppet-style ssldir as
+//! `root.mcollective`, the name the Go package's root unit gives it) and no broker, found by SRV
+//! records served by a real DNS server (dnsmasq) on loopback; and the site's helper signing CSRs
+//! with a CA key only its owner can read.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,10 +37,18 @@ pub enum Flow {
     Ed25519,
     /// The helper supplies the private key, encrypted for the server.
     Key,
+    /// A Go site's files: Go-style YAML, puppet security, brokers by SRV, a log file.
+    GoDeployment,
 }
 
 impl Flow {
-    const ALL: [Flow; 4] = [Flow::Plain, Flow::Pki, Flow::Ed25519, Flow::Key];
+    const ALL: [Flow; 5] = [
+        Flow::Plain,
+        Flow::Pki,
+        Flow::Ed25519,
+        Flow::Key,
+        Flow::GoDeployment,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -40,13 +56,14 @@ impl Flow {
             Flow::Pki => "pki",
             Flow::Ed25519 => "ed25519",
             Flow::Key => "key",
+            Flow::GoDeployment => "go-deployment",
         }
     }
 
     fn mode(self) -> Mode {
         match self {
             Flow::Plain | Flow::Key => Mode::Plain,
-            Flow::Pki => Mode::Pki,
+            Flow::Pki | Flow::GoDeployment => Mode::Pki,
             Flow::Ed25519 => Mode::Ed25519,
         }
     }
@@ -115,15 +132,34 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
     let _watch = ProcessGuard::spawn("choria tool event", &mut watch_cmd)?;
     std::thread::sleep(Duration::from_millis(500));
 
-    let mut prov_cmd = ProvisionerProcess::command(
-        &bins.join("choria-provisioner"),
-        &[],
-        Path::new(&get("provisioner_config")?),
-        Path::new(&get("client_config")?),
-    );
+    let (yaml, cfg) = if flow == Flow::GoDeployment {
+        go_site_files(&env, dir)?
+    } else {
+        (
+            PathBuf::from(get("provisioner_config")?),
+            PathBuf::from(get("client_config")?),
+        )
+    };
+    let mut prov_cmd =
+        ProvisionerProcess::command(&bins.join("choria-provisioner"), &[], &yaml, &cfg);
     if flow == Flow::Key {
         prov_cmd.env("HELPER_SUPPLY_KEY", "1");
     }
+    // The Go site's brokers are found by SRV, served by a real DNS server on loopback.
+    let _dns = if flow == Flow::GoDeployment {
+        let port: u16 = get("broker_port")?.parse().context("broker_port")?;
+        let (dns, addr) = start_dns(dir, port)?;
+        // As systemd sets it for the packaged unit (User=root): the puppet provider's certname
+        // is root.mcollective, as under the Go package.
+        prov_cmd
+            .env(DNS_SERVER_ENV, addr)
+            .env("USER", "root")
+            .env_remove("MCOLLECTIVE_CERTNAME")
+            .env_remove("CHORIA_SRV_DOMAIN");
+        Some(dns)
+    } else {
+        None
+    };
     let out = dir.join("choria-provisioner.out");
     let grace = Duration::from_secs(3);
     let mut prov = ProvisionerProcess::spawn("choria-provisioner", &mut prov_cmd, &out, 0, grace)?;
@@ -181,6 +217,9 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
             Mode::Plain => {}
         }
     }
+    if flow == Flow::GoDeployment {
+        check_go_log(&dir.join("provisioner/go-site.log"))?;
+    }
 
     // The servers announced it.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -200,6 +239,123 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         std::thread::sleep(Duration::from_millis(250));
     }
     prov.proc.terminate(Duration::from_secs(10));
+    Ok(())
+}
+
+/// The environment variable pointing the provisioner's SRV lookups at a given DNS server
+/// (`host:port`), documented with the broker settings.
+const DNS_SERVER_ENV: &str = "CHORIA_PROVISIONER_DNS_SERVER";
+
+/// The SRV domain of the Go site.
+const SITE_DOMAIN: &str = "example.net";
+
+/// The certname go-choria's puppet provider gives a client run by root (USER=root).
+const ROOT_CERTNAME: &str = "root.mcollective";
+
+/// The Go site's files, written beside the environment's: the provisioner YAML as a Go site
+/// writes it and a `choria.cfg` naming neither a broker nor a security provider. Returns
+/// (yaml, choria.cfg).
+fn go_site_files(env: &GoEnv, dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let get = |k: &str| {
+        env.get(k)
+            .map(str::to_string)
+            .with_context(|| format!("env.conf has no {k}"))
+    };
+    let ssldir = env.puppet_ssldir(ROOT_CERTNAME)?;
+    // The site's helper signs with a CA key only its owner can read.
+    let ca_key = PathBuf::from(get("ca_key")?);
+    std::fs::set_permissions(&ca_key, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", ca_key.display()))?;
+    let pdir = dir.join("provisioner");
+    let yaml = pdir.join("go-site.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "---\n\
+             # refer to https://github.com/choria-io/provisioner for\n\
+             # full details about the structure and contents of the config file\n\
+             Workers: 4\n\
+             Interval: 1m\n\
+             logfile: {log}\n\
+             loglevel: debug\n\
+             Helper: {helper}\n\
+             Token: {token}\n\
+             choria_insecure: no\n\
+             leader_election: no\n\
+             Site: TEST\n\
+             monitor_port: 0\n\
+             broker_provisioning_password: {token}\n\
+             JWT_Verify_Cert: {verify}\n\
+             Features:\n  PKI: yes\n  JWT: on\n  ed25519: off\n",
+            log = pdir.join("go-site.log").display(),
+            helper = get("helper")?,
+            token = get("token")?,
+            verify = get("jwt_verify_cert")?,
+        ),
+    )?;
+    let cfg = pdir.join("go-site.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "# no plugin.security.provider (puppet) and no plugin.choria.middleware_hosts (SRV)\n\
+             identity = provisioner.{SITE_DOMAIN}\n\
+             loglevel = warn\n\
+             plugin.choria.srv_domain = {SITE_DOMAIN}\n\
+             plugin.choria.ssldir = {}\n",
+            ssldir.display()
+        ),
+    )?;
+    Ok((yaml, cfg))
+}
+
+/// dnsmasq on a free loopback port serving the site's SRV record for the broker (target
+/// `localhost`, which the broker's certificate names). Returns the process and `host:port`.
+fn start_dns(dir: &Path, broker_port: u16) -> Result<(ProcessGuard, String)> {
+    let bin = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .context("dnsmasq is not installed (Debian package dnsmasq-base): the go-deployment flow finds its broker by SRV")?;
+    let port = test_support::free_port();
+    let log = std::fs::File::create(dir.join("dnsmasq.log"))?;
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--no-daemon",
+        "--conf-file=/dev/null",
+        &format!("--port={port}"),
+        "--listen-address=127.0.0.1",
+        "--bind-interfaces",
+        "--no-resolv",
+        "--no-hosts",
+        "--log-queries",
+        "--log-facility=-",
+        &format!("--pid-file={}", dir.join("dnsmasq.pid").display()),
+        &format!("--srv-host=_mcollective-server._tcp.{SITE_DOMAIN},localhost,{broker_port},0,0"),
+    ])
+    .stdin(Stdio::null())
+    .stdout(log.try_clone()?)
+    .stderr(log);
+    let dns = ProcessGuard::spawn("dnsmasq", &mut cmd)?;
+    test_support::ports::wait_port(port, Duration::from_secs(10))
+        .context("dnsmasq did not start")?;
+    Ok((dns, format!("127.0.0.1:{port}")))
+}
+
+/// The log file a Go site names holds logrus-style JSON lines (each an object with `level` and
+/// `msg`), as the Go provisioner writes them and log shippers parse them.
+fn check_go_log(log: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(log)
+        .with_context(|| format!("the provisioner wrote no {}", log.display()))?;
+    if text.trim().is_empty() {
+        bail!("{} is empty", log.display());
+    }
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}: not a JSON line: {line}", log.display()))?;
+        if !v["level"].is_string() || !v["msg"].is_string() {
+            bail!("{}: a line without level or msg: {line}", log.display());
+        }
+    }
     Ok(())
 }
 

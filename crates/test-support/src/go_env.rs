@@ -175,6 +175,33 @@ impl GoEnv {
             .map(ProcessGuard::pid)
     }
 
+    /// A Puppet-style ssldir under the environment's directory (`DIR/puppet-ssl`) for a client
+    /// named `certname`, as `choria enroll` or a Puppet agent leaves it and go-choria's `puppet`
+    /// security provider reads it: `certs/<certname>.pem` (signed by the environment's CA),
+    /// `private_keys/<certname>.pem` (mode 0600) and `certs/ca.pem`.
+    pub fn puppet_ssldir(&self, certname: &str) -> Result<PathBuf> {
+        let pki = self.dir.join("pki");
+        let ssl = self.dir.join("puppet-ssl");
+        let name = format!("puppet-{certname}");
+        leaf_cert(&pki, &name, certname, &format!("DNS:{certname}"))?;
+        mkdir(&ssl.join("certs"))?;
+        mkdir(&ssl.join("private_keys"))?;
+        let key = ssl.join("private_keys").join(format!("{certname}.pem"));
+        for (from, to) in [
+            (
+                pki.join(format!("{name}-cert.pem")),
+                ssl.join("certs").join(format!("{certname}.pem")),
+            ),
+            (pki.join(format!("{name}-key.pem")), key.clone()),
+            (pki.join("ca.pem"), ssl.join("certs").join("ca.pem")),
+        ] {
+            std::fs::copy(&from, &to)
+                .ctx(|| format!("copying {} to {}", from.display(), to.display()))?;
+        }
+        crate::owner_only(&key)?;
+        Ok(ssl)
+    }
+
     /// Leave every process running (for `cargo xtask peers env`); [`stop`] ends them.
     pub fn detach(mut self) {
         for p in std::mem::take(&mut self.procs) {
