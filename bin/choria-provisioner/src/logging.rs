@@ -90,7 +90,7 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<()> {
                 .create(true)
                 .append(true)
                 .open(Path::new(path))
-                .with_context(|| format!("cannot open the log file {path}"))?;
+                .with_context(|| format!("cannot open log file {path}"))?;
             builder
                 .with_ansi(false)
                 .event_format(LogrusJson)

@@ -576,7 +576,7 @@ async fn logs_go_to_the_logfile() {
     let text = std::fs::read_to_string(&logfile).unwrap();
     assert!(text.contains("Choria Provisioner version"), "{text}");
     assert!(
-        text.contains("unknown configuration key \"feature\""),
+        text.contains("unknown configuration key \\\"feature\\\""),
         "{text}"
     );
     assert!(text.contains("stopped"), "{text}");
