@@ -3,31 +3,43 @@
 
 use std::time::Duration;
 
-use choria_rpc_client::agents::{ConfigureInput as WireConfigure, GencsrInput};
+use choria_rpc_client::agents::{self, ConfigureInput as WireConfigure, GencsrInput};
 use choria_rpc_client::rpc::{RequestError as WireError, RequestErrorKind as WireKind, RpcClient};
 use provision_core::helper_protocol::{CsrReply, Ed25519Reply};
 use provision_core::rpc::{
     Action, ActionMessage, ConfigureRequest, Inventory, JwtReply, NodeRpc, RpcError, RpcErrorKind,
 };
 
-/// Request timeouts as the Go provisioner's generated clients use them: the discovery timeout
-/// plus the agent's DDL timeout.
-#[derive(Debug, Clone, Copy)]
+/// Request timeouts as the Go provisioner's generated clients compute them: the Choria
+/// configuration's `discovery_timeout` plus the agent's DDL timeout
+/// ([`agents::request_timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    /// `rpcutil` requests (2 s + 2 s).
+    /// `rpcutil` requests (`discovery_timeout` + 2 s).
     pub rpcutil: Duration,
-    /// `choria_provision` requests (2 s + 20 s).
+    /// `choria_provision` requests (`discovery_timeout` + 20 s).
     pub provision: Duration,
 }
 
-impl Default for Timeouts {
-    fn default() -> Self {
+impl Timeouts {
+    /// The timeouts for a Choria configuration's `discovery_timeout`.
+    pub fn from_discovery_timeout(discovery_timeout: Duration) -> Self {
         Timeouts {
-            rpcutil: Duration::from_secs(4),
-            provision: Duration::from_secs(22),
+            rpcutil: agents::request_timeout(discovery_timeout, agents::RPCUTIL_DDL_TIMEOUT),
+            provision: agents::request_timeout(discovery_timeout, agents::PROVISION_DDL_TIMEOUT),
         }
     }
 }
+
+/// The timeouts for go-choria's default `discovery_timeout` of 2 s: 4 s and 22 s.
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts::from_discovery_timeout(DEFAULT_DISCOVERY_TIMEOUT)
+    }
+}
+
+/// go-choria's default `discovery_timeout`.
+const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// [`NodeRpc`] over one shared [`RpcClient`].
 #[derive(Clone)]
@@ -202,5 +214,25 @@ impl NodeRpc for ChoriaNodeRpc {
             .await
             .map_err(|e| map(identity, Action::Shutdown, e))?;
         Ok(ActionMessage { message: r.message })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_the_discovery_timeout_plus_the_ddl_timeout() {
+        let t = Timeouts::default();
+        assert_eq!(t.rpcutil, Duration::from_secs(4));
+        assert_eq!(t.provision, Duration::from_secs(22));
+        let t = Timeouts::from_discovery_timeout(Duration::from_secs(5));
+        assert_eq!(t.rpcutil, Duration::from_secs(7));
+        assert_eq!(t.provision, Duration::from_secs(25));
+        let t = Timeouts::from_discovery_timeout(Duration::from_millis(1500));
+        assert_eq!(t.rpcutil, Duration::from_millis(3500));
+        assert_eq!(t.provision, Duration::from_millis(21500));
+        let t = Timeouts::from_discovery_timeout(Duration::MAX);
+        assert_eq!((t.rpcutil, t.provision), (Duration::MAX, Duration::MAX));
     }
 }

@@ -14,6 +14,23 @@ use crate::rpc::{RequestError, RequestErrorKind, RpcClient};
 /// Agent name of the provisioning agent.
 pub const PROVISION_AGENT: &str = "choria_provision";
 
+/// Agent name of the utility agent.
+pub const RPCUTIL_AGENT: &str = "rpcutil";
+
+/// The `timeout` of the `choria_provision` agent's DDL (go-choria's generated client).
+pub const PROVISION_DDL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The `timeout` of the `rpcutil` agent's DDL (go-choria's generated client).
+pub const RPCUTIL_DDL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long go-choria's RPC client waits for the replies to one request: the Choria
+/// configuration's `discovery_timeout` (a measure of the network's round trip, discovery being
+/// the smallest request) plus the agent DDL's `timeout` (how long the action may run). Every
+/// action of an agent gets the same timeout.
+pub fn request_timeout(discovery_timeout: Duration, ddl_timeout: Duration) -> Duration {
+    discovery_timeout.saturating_add(ddl_timeout)
+}
+
 /// `rpcutil#inventory` reply data: typed fields plus the whole data object as received.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InventoryOutput {
@@ -214,7 +231,7 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<InventoryOutput, RequestError> {
         let (w, raw): (InventoryWire, _) = self
-            .typed(identity, "rpcutil", "inventory", &NoInputs {}, timeout)
+            .typed(identity, RPCUTIL_AGENT, "inventory", &NoInputs {}, timeout)
             .await?;
         Ok(InventoryOutput {
             agents: w.agents,

@@ -56,7 +56,7 @@ pub mod backoff;
 mod choose;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -154,18 +154,33 @@ pub enum ElectionEvent {
     },
 }
 
-/// Counters matching go-choria's election metrics (`choria_election_campaigns`,
-/// `choria_election_leader`, `choria_election_interval_seconds`).
+/// The statistics behind go-choria's election series (`providers/election/streams/stats.go`),
+/// updated at the moments go-choria updates them:
+///
+/// - `choria_election_campaigns{state="candidate"}` ([`Self::campaigns_as_candidate`]) and
+///   `{state="leader"}` ([`Self::campaigns_as_leader`]): one at the start of every campaign,
+///   by the state campaigned in (the round after a winning create is a leader campaign);
+/// - `choria_election_leader` ([`Self::leader_gauge`]): set to 1 by a winning create (before
+///   the win is announced), to 0 by a failed update; never set before the first win, and left
+///   as it is when the campaign stops (the key is left to expire);
+/// - `choria_election_interval_seconds` ([`Self::interval_gauge`]): the policy's first delay
+///   when campaigning starts (after the start-up splay), then the delay drawn after every
+///   campaign (the ¾-TTL interval without a backoff policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ElectionStats {
     /// Campaigns made as a candidate (creates attempted).
     pub campaigns_as_candidate: u64,
     /// Campaigns made as the leader (updates attempted).
     pub campaigns_as_leader: u64,
-    /// Whether this candidate holds the key (set on the winning create, like go-choria's gauge).
+    /// Whether this candidate holds the key now (set on the winning create, cleared by a
+    /// failed update and when the campaign stops).
     pub holds_key: bool,
-    /// The delay before the next campaign.
+    /// The delay before the next campaign (zero before campaigning).
     pub interval: Duration,
+    /// go-choria's leader gauge: `None` until the key was first won.
+    pub leader_gauge: Option<bool>,
+    /// go-choria's interval gauge: `None` until campaigning started.
+    pub interval_gauge: Option<Duration>,
 }
 
 /// Bucket facts read when the campaign starts.
@@ -424,7 +439,8 @@ impl ElectionBuilder {
                 campaigns_candidate: AtomicU64::new(0),
                 campaigns_leader: AtomicU64::new(0),
                 holds_key: AtomicBool::new(false),
-                interval_ms: AtomicU64::new(0),
+                leader_gauge: AtomicU8::new(GAUGE_UNSET),
+                interval_nanos: AtomicU64::new(INTERVAL_UNSET),
             }),
         })
     }
@@ -457,7 +473,25 @@ struct Inner {
     campaigns_candidate: AtomicU64,
     campaigns_leader: AtomicU64,
     holds_key: AtomicBool,
-    interval_ms: AtomicU64,
+    /// go-choria's leader gauge: [`GAUGE_UNSET`], 0 or 1.
+    leader_gauge: AtomicU8,
+    /// go-choria's interval gauge in nanoseconds, or [`INTERVAL_UNSET`].
+    interval_nanos: AtomicU64,
+}
+
+const GAUGE_UNSET: u8 = u8::MAX;
+const INTERVAL_UNSET: u64 = u64::MAX;
+
+impl Inner {
+    fn set_leader_gauge(&self, leader: bool) {
+        self.leader_gauge.store(u8::from(leader), Ordering::Relaxed);
+    }
+
+    fn set_interval_gauge(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(INTERVAL_UNSET - 1);
+        self.interval_nanos
+            .store(nanos.min(INTERVAL_UNSET - 1), Ordering::Relaxed);
+    }
 }
 
 /// Why a create or update did not go through.
@@ -530,11 +564,20 @@ impl Election {
     /// Current counters.
     pub fn stats(&self) -> ElectionStats {
         let i = &self.inner;
+        let interval_gauge = match i.interval_nanos.load(Ordering::Relaxed) {
+            INTERVAL_UNSET => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        };
         ElectionStats {
             campaigns_as_candidate: i.campaigns_candidate.load(Ordering::Relaxed),
             campaigns_as_leader: i.campaigns_leader.load(Ordering::Relaxed),
             holds_key: i.holds_key.load(Ordering::Relaxed),
-            interval: Duration::from_millis(i.interval_ms.load(Ordering::Relaxed)),
+            interval: interval_gauge.unwrap_or_default(),
+            leader_gauge: match i.leader_gauge.load(Ordering::Relaxed) {
+                GAUGE_UNSET => None,
+                v => Some(v == 1),
+            },
+            interval_gauge,
         }
     }
 
@@ -670,6 +713,12 @@ impl Election {
             return;
         }
 
+        // go-choria sets the interval gauge when it starts ticking, before the first campaign.
+        i.set_interval_gauge(match &i.backoff {
+            Some(policy) => policy.duration(0),
+            None => info.campaign_interval,
+        });
+
         let mut tries: usize = 0;
         let mut revision: Option<u64> = None;
         let mut notify_next = false;
@@ -687,6 +736,7 @@ impl Election {
                             tries = 0;
                             notify_next = true;
                             i.holds_key.store(true, Ordering::Relaxed);
+                            i.set_leader_gauge(true);
                             tracing::debug!(election = %i.key, identity = %i.identity, revision = rev, "created election key");
                         }
                         Err(_) => tries = tries.saturating_add(1),
@@ -716,6 +766,7 @@ impl Election {
                             revision = None;
                             notify_next = false;
                             i.holds_key.store(false, Ordering::Relaxed);
+                            i.set_leader_gauge(false);
                             i.state.send_replace(LeaderState::Candidate);
                             tracing::warn!(election = %i.key, identity = %i.identity, error = %failure.detail, "lost leadership");
                             let _ = i.events.send(ElectionEvent::Lost {
@@ -730,8 +781,7 @@ impl Election {
                 Some(policy) => policy.duration(tries),
                 None => info.campaign_interval,
             };
-            i.interval_ms
-                .store(delay.as_millis() as u64, Ordering::Relaxed);
+            i.set_interval_gauge(delay);
             if !sleep_or_cancel(delay, cancel).await {
                 break;
             }
@@ -937,6 +987,91 @@ mod tests {
             let err = validate_ttl(ttl).unwrap_err();
             assert!(err.starts_with(reason), "{ttl:?}: {err}");
         }
+    }
+
+    /// The statistics move when go-choria moves its series: the leader gauge is absent until a
+    /// win, 1 from the winning create, 0 after a failed update; campaigns are counted by the
+    /// state they were made in; the interval gauge is set once campaigning starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stats_follow_go_choria_series() {
+        use async_nats::jetstream::kv;
+        let server = test_support::NatsServer::start();
+        let admin = async_nats::connect(server.url()).await.unwrap();
+        let store = jetstream::new(admin)
+            .create_key_value(kv::Config {
+                bucket: DEFAULT_BUCKET.to_string(),
+                history: 1,
+                max_age: Duration::from_secs(60),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let election = Election::builder(client, PROVISIONER_ELECTION, "p1.example.net")
+            .splay(Duration::ZERO)
+            .won_delay(Duration::ZERO)
+            .build()
+            .unwrap();
+        let before = election.stats();
+        assert_eq!(before, ElectionStats::default());
+        assert_eq!((before.leader_gauge, before.interval_gauge), (None, None));
+
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn({
+            let election = election.clone();
+            let cancel = cancel.clone();
+            async move { election.run(cancel).await }
+        });
+        let mut state = election.state();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            state.wait_for(|s| *s == LeaderState::Leader),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let won = election.stats();
+        assert_eq!(won.leader_gauge, Some(true), "{won:?}");
+        assert_eq!(won.campaigns_as_candidate, 1, "{won:?}");
+        assert!(won.campaigns_as_leader >= 1, "{won:?}");
+        let interval = won.interval_gauge.unwrap();
+        // A leader's next campaign is TwentySec's first step, 500 ms ± 50 %.
+        assert!(
+            interval >= Duration::from_millis(250) && interval < Duration::from_millis(750),
+            "{interval:?}"
+        );
+
+        // Another writer takes the key: the leader's next update fails.
+        store
+            .put(PROVISIONER_ELECTION, "intruder".into())
+            .await
+            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            state.wait_for(|s| *s == LeaderState::Candidate),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let lost = election.stats();
+        assert_eq!(lost.leader_gauge, Some(false), "{lost:?}");
+        assert!(!lost.holds_key);
+
+        // Candidate campaigns go on (the key is taken) and are counted as such.
+        let candidate_before = lost.campaigns_as_candidate;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while election.stats().campaigns_as_candidate <= candidate_before {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap();
+        cancel.cancel();
+        task.await.unwrap().unwrap();
+        // Stopping leaves go-choria's gauges as they were.
+        let stopped = election.stats();
+        assert_eq!(stopped.leader_gauge, Some(false));
+        assert!(stopped.interval_gauge.is_some());
     }
 
     #[test]
