@@ -1,34 +1,57 @@
-//! The one shared NATS connection: TLS from the security provider's files (plain when
-//! insecure), user and password, endless reconnects with backoff, named after the identity,
-//! with library inboxes under `<main_collective>.reply`.
+//! The one shared NATS connection: brokers found as go-choria finds them ([`crate::brokers`]),
+//! TLS from the security provider's files (plain when insecure), user and password, a NATS
+//! credentials file or the choria provider's JWT, endless reconnects with backoff, named after
+//! the identity, with library inboxes under `<main_collective>.reply`. The first connection can
+//! be retried for ever with go-choria's backoff ([`connect_with_retry`]), and the connector's
+//! counts (go-choria's `choria_connector_*` series) are kept in [`ConnectorStats`].
 
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_nats::{ConnectOptions, Event, ServerAddr};
+use tokio::sync::watch;
 
+use crate::brokers::{BrokerError, BrokerPlan, Brokers, SrvSettings};
 use crate::config::{ChoriaConfig, ChoriaConfigError, SecurityProvider};
+
+/// The environment variable naming a NATS credentials file; it wins over
+/// `plugin.nats.credentials`, as in go-choria.
+pub const CREDENTIALS_ENV: &str = "MCOLLECTIVE_NATS_CREDENTIALS";
+/// A credentials file larger than this is refused (a real one is well under 4 KiB).
+pub const MAX_CREDENTIALS_SIZE: u64 = 64 * 1024;
+/// go-choria's `backoff.FiveSec` table, the pause after each failed initial connection try
+/// (the last one repeating), each randomised to between half and one and a half times its
+/// value.
+pub const INITIAL_BACKOFF_MILLIS: [u64; 11] = [
+    500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
+];
 
 /// Why the connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectionError {
-    /// The configuration does not allow a connection (no hosts, bad URL...).
+    /// The configuration does not allow a connection (security files...).
     #[error(transparent)]
     Config(#[from] ChoriaConfigError),
+    /// The broker settings (middleware hosts, SRV domain, DNS server) cannot be used.
+    #[error(transparent)]
+    Brokers(#[from] BrokerError),
     /// A middleware URL is not a valid NATS address.
     #[error("invalid middleware url {url}: {reason}")]
     InvalidUrl {
-        /// The URL.
+        /// The URL (its password, if any, redacted).
         url: String,
         /// Why.
         reason: String,
     },
-    /// NATS credentials files (`plugin.nats.credentials`) are not supported.
-    #[error(
-        "nats credentials file {path} is not supported, use plugin.nats.user and plugin.nats.pass"
-    )]
-    CredentialsUnsupported {
+    /// The NATS credentials file cannot be used. The message never holds its contents.
+    #[error("nats credentials file {}: {reason}", path.display())]
+    Credentials {
         /// The file.
-        path: String,
+        path: PathBuf,
+        /// Why, in words.
+        reason: String,
     },
     /// The broker did not confirm earlier operations in time.
     #[error("broker round trip failed: {reason}")]
@@ -39,18 +62,28 @@ pub enum ConnectionError {
     /// [`connect_with_retry`] was cancelled before a connection was made.
     #[error("connecting to {urls} was cancelled")]
     Cancelled {
-        /// The URLs tried.
+        /// The brokers tried.
         urls: String,
     },
     /// Connecting to the broker failed.
-    #[error("cannot connect to {urls}: {source}")]
+    #[error("cannot connect to {urls}: {reason}")]
     Connect {
-        /// The URLs tried.
+        /// The URLs tried (passwords redacted).
         urls: String,
+        /// The client's error, with any password redacted.
+        reason: String,
         /// The client error.
         #[source]
         source: async_nats::ConnectError,
     },
+}
+
+impl ConnectionError {
+    /// Whether trying again may help (the broker did not answer or refused us), as opposed to
+    /// settings that can never work.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ConnectionError::Connect { .. })
+    }
 }
 
 /// Wait until the broker has processed everything this connection sent before, in particular
@@ -82,8 +115,10 @@ pub async fn round_trip(
 /// Everything the connection needs, derived from a [`ChoriaConfig`] (or built by hand).
 #[derive(Clone)]
 pub struct ConnectionSettings {
-    /// Broker URLs.
+    /// Broker URLs; when empty, the brokers are looked up with `srv`, else `puppet:4222`.
     pub urls: Vec<String>,
+    /// SRV lookup of the brokers when `urls` is empty (`None`: `plugin.choria.use_srv` off).
+    pub srv: Option<SrvSettings>,
     /// Connection name (the identity).
     pub name: String,
     /// NATS user and password.
@@ -93,8 +128,8 @@ pub struct ConnectionSettings {
     /// Client JWT and ed25519 seed (the choria provider): the JWT goes out as `auth_token`
     /// and as the user JWT, with the broker's nonce signed by the seed.
     pub jwt_auth: Option<JwtAuth>,
-    /// NATS 2 credentials file.
-    pub credentials: Option<std::path::PathBuf>,
+    /// NATS 2 credentials file (user JWT and nkey seed), read again at every connection try.
+    pub credentials: Option<PathBuf>,
     /// TLS material; `None` for plain TCP.
     pub tls: Option<TlsSettings>,
     /// Per-attempt connect timeout.
@@ -107,9 +142,14 @@ impl std::fmt::Debug for ConnectionSettings {
     // Passwords and tokens stay out of logs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnectionSettings")
-            .field("urls", &self.urls)
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+            )
+            .field("srv", &self.srv)
             .field("name", &self.name)
             .field("user", &self.user_password.as_ref().map(|(u, _)| u))
+            .field("credentials", &self.credentials)
             .field("tls", &self.tls)
             .field("inbox_prefix", &self.inbox_prefix)
             .finish_non_exhaustive()
@@ -140,38 +180,96 @@ pub struct TlsSettings {
     pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
+/// A URL with the password of its user part, if any, replaced by `<redacted>`.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (Some(s), r),
+        None => (None, url),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:<redacted>@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_string(),
+    };
+    match scheme {
+        Some(s) => format!("{s}://{authority}{path}"),
+        None => format!("{authority}{path}"),
+    }
+}
+
+/// Read a credentials file, bounded, and check it holds a user JWT and an nkey seed. Errors
+/// name the file and never show its contents.
+pub fn read_credentials(path: &Path) -> Result<String, ConnectionError> {
+    use std::io::Read;
+    let fail = |reason: String| ConnectionError::Credentials {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+    let mut text = String::new();
+    file.take(MAX_CREDENTIALS_SIZE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| fail(format!("cannot read: {}", e.kind())))?;
+    if text.len() as u64 > MAX_CREDENTIALS_SIZE {
+        return Err(fail(format!(
+            "larger than {MAX_CREDENTIALS_SIZE} bytes, not a credentials file"
+        )));
+    }
+    // async-nats parses it again; this only turns its errors into words without contents.
+    ConnectOptions::with_credentials(&text).map_err(|_| {
+        fail("not a NATS credentials file (a user JWT and an nkey seed, as nsc writes them)".into())
+    })?;
+    Ok(text)
+}
+
 impl ConnectionSettings {
     /// What [`connect`] refuses before trying the network: a broker URL that is not a NATS
-    /// address, or a credentials file.
+    /// address, or an unreadable or malformed credentials file.
     pub fn validate(&self) -> Result<(), ConnectionError> {
-        self.server_addrs().map(|_| ())
-    }
-
-    fn server_addrs(&self) -> Result<Vec<ServerAddr>, ConnectionError> {
-        let addrs = self
-            .urls
-            .iter()
-            .map(|u| {
-                u.parse::<ServerAddr>()
-                    .map_err(|e| ConnectionError::InvalidUrl {
-                        url: u.clone(),
-                        reason: e.to_string(),
-                    })
-            })
-            .collect::<Result<_, _>>()?;
+        server_addrs(&self.urls)?;
         if let Some(path) = &self.credentials {
-            // Credentials files need nonce signing with nkeys, which this build does not
-            // include.
-            return Err(ConnectionError::CredentialsUnsupported {
-                path: path.display().to_string(),
-            });
+            read_credentials(path)?;
         }
-        Ok(addrs)
+        Ok(())
     }
 
-    /// Settings for a configuration: TLS from the file provider's (or choria provider's)
-    /// files unless TLS is disabled, NATS user and password, name = identity.
+    /// How the brokers are found.
+    pub fn broker_plan(&self) -> BrokerPlan {
+        if self.urls.is_empty() {
+            BrokerPlan::lookup(self.srv.clone())
+        } else {
+            BrokerPlan::urls(self.urls.clone())
+        }
+    }
+
+    /// The brokers, or how they will be found, for messages (passwords redacted).
+    pub fn describe_brokers(&self) -> String {
+        redact_url(&self.broker_plan().describe())
+    }
+
+    /// Settings for a configuration: brokers as [`BrokerPlan::from_config`] finds them, TLS
+    /// from the file provider's (or choria provider's) files unless TLS is disabled, NATS user
+    /// and password, the credentials file ([`CREDENTIALS_ENV`], else
+    /// `plugin.nats.credentials`), name = identity.
     pub fn from_config(cfg: &ChoriaConfig) -> Result<Self, ConnectionError> {
+        Self::from_config_env(
+            cfg,
+            BrokerPlan::from_config(cfg)?,
+            std::env::var(CREDENTIALS_ENV).ok(),
+        )
+    }
+
+    /// [`ConnectionSettings::from_config`] with the broker plan and the credentials variable
+    /// given.
+    pub fn from_config_env(
+        cfg: &ChoriaConfig,
+        plan: BrokerPlan,
+        credentials_env: Option<String>,
+    ) -> Result<Self, ConnectionError> {
         let tls = if cfg.disable_tls {
             None
         } else {
@@ -198,18 +296,62 @@ impl ConnectionSettings {
             }
             _ => None,
         };
+        let credentials = credentials_env
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .map(|v| crate::config::expand_home(&v))
+            .or_else(|| cfg.nats_credentials.clone());
         Ok(ConnectionSettings {
-            urls: cfg.middleware_urls()?,
+            urls: plan.configured().to_vec(),
+            srv: plan.srv().cloned(),
             name: cfg.identity.clone(),
             user_password: cfg.nats_user.clone().zip(cfg.nats_pass.clone()),
             token: None,
             jwt_auth,
-            credentials: cfg.nats_credentials.clone(),
+            credentials,
             tls,
             connect_timeout: cfg.connect_timeout,
             inbox_prefix: format!("{}.reply", cfg.main_collective),
         })
     }
+
+    /// Replace every secret this connection knows (the NATS password, passwords in broker
+    /// URLs) in `text` with `<redacted>`.
+    fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        let url_passwords = self.urls.iter().filter_map(|u| {
+            let rest = u.split_once("://").map_or(u.as_str(), |(_, r)| r);
+            let authority = rest.split('/').next().unwrap_or(rest);
+            authority
+                .rsplit_once('@')
+                .and_then(|(ui, _)| ui.split_once(':'))
+                .map(|(_, p)| p.to_string())
+        });
+        let secrets: Vec<String> = self
+            .user_password
+            .iter()
+            .map(|(_, p)| p.clone())
+            .chain(self.token.clone())
+            .chain(url_passwords)
+            .filter(|p| !p.is_empty())
+            .collect();
+        for s in secrets {
+            out = out.replace(&s, "<redacted>");
+        }
+        out
+    }
+}
+
+fn server_addrs(urls: &[String]) -> Result<Vec<ServerAddr>, ConnectionError> {
+    urls.iter()
+        .map(|u| {
+            u.parse::<ServerAddr>()
+                .map_err(|e| ConnectionError::InvalidUrl {
+                    url: redact_url(u),
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
 }
 
 /// Delay before reconnect attempt `attempt`: grows by a second per attempt up to 20 s, with
@@ -223,12 +365,166 @@ pub fn reconnect_delay(attempt: usize) -> Duration {
     base.mul_f64(1.0 - jitter)
 }
 
-/// Open the shared connection. The initial connect fails with an error; once connected, the
-/// client reconnects forever, logging every disconnect and reconnect.
+/// The pause after failed initial connection try `try_number` (1 for the first): go-choria's
+/// `backoff.FiveSec` entry, randomised to between half and one and a half times its value
+/// (so never more than 7.5 s).
+pub fn initial_backoff(try_number: usize) -> Duration {
+    let last = INITIAL_BACKOFF_MILLIS.len() - 1;
+    let base = INITIAL_BACKOFF_MILLIS
+        .get(try_number.min(last))
+        .copied()
+        .unwrap_or(5000);
+    Duration::from_millis(base / 2 + rand::random::<u64>() % base.max(1))
+}
+
+/// The connector's counts, go-choria's `choria_connector_*` series: shared by clones, updated
+/// by [`connect_observed`] and [`connect_with_retry_observed`] and by the connection's events,
+/// readable at any time ([`ConnectorStats::snapshot`]) or followed ([`ConnectorStats::watch`]).
+#[derive(Clone)]
+pub struct ConnectorStats {
+    inner: Arc<StatsInner>,
+}
+
+struct StatsInner {
+    initial_connection_attempts: AtomicU64,
+    reconnections: AtomicU64,
+    connection_closed: AtomicU64,
+    errors: AtomicU64,
+    initial_connect_time: Mutex<Option<Duration>>,
+    watch: watch::Sender<ConnectorSnapshot>,
+}
+
+/// One reading of [`ConnectorStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnectorSnapshot {
+    /// `choria_connector_initial_connection_attempts`: failed initial connection tries
+    /// (go-choria counts after each failure).
+    pub initial_connection_attempts: u64,
+    /// `choria_connector_reconnections`: connections made again after a disconnection.
+    pub reconnections: u64,
+    /// `choria_connector_connection_closed`: connections closed for good.
+    pub connection_closed: u64,
+    /// `choria_connector_errors`: asynchronous errors (slow consumer, server or client errors).
+    pub errors: u64,
+    /// `choria_connector_initial_connect_time`: how long the initial connection took, retries
+    /// included, once it ended (connected or given up).
+    pub initial_connect_time: Option<Duration>,
+}
+
+impl Default for ConnectorStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ConnectorStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.snapshot().fmt(f)
+    }
+}
+
+impl ConnectorStats {
+    /// Counts at zero.
+    pub fn new() -> Self {
+        let (watch, _) = watch::channel(ConnectorSnapshot::default());
+        ConnectorStats {
+            inner: Arc::new(StatsInner {
+                initial_connection_attempts: AtomicU64::new(0),
+                reconnections: AtomicU64::new(0),
+                connection_closed: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+                initial_connect_time: Mutex::new(None),
+                watch,
+            }),
+        }
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> ConnectorSnapshot {
+        let i = &self.inner;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConnectorSnapshot {
+            initial_connection_attempts: g(&i.initial_connection_attempts),
+            reconnections: g(&i.reconnections),
+            connection_closed: g(&i.connection_closed),
+            errors: g(&i.errors),
+            initial_connect_time: *i
+                .initial_connect_time
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// A receiver that sees every change of the counts.
+    pub fn watch(&self) -> watch::Receiver<ConnectorSnapshot> {
+        self.inner.watch.subscribe()
+    }
+
+    fn bump(&self, counter: impl Fn(&StatsInner) -> &AtomicU64) {
+        counter(&self.inner).fetch_add(1, Ordering::Relaxed);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let now = self.snapshot();
+        self.inner.watch.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
+    }
+
+    fn initial_connect_done(&self, took: Duration) {
+        let mut t = self
+            .inner
+            .initial_connect_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if t.is_none() {
+            *t = Some(took);
+        }
+        drop(t);
+        self.publish();
+    }
+}
+
+/// Open the shared connection with one try: the brokers are resolved (configured, SRV or
+/// `puppet:4222`), then each is tried once. Once connected, the client reconnects forever,
+/// logging every disconnect and reconnect.
 pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client, ConnectionError> {
-    let addrs = settings.server_addrs()?;
-    let mut opts = ConnectOptions::new();
+    connect_observed(settings, &ConnectorStats::new()).await
+}
+
+/// [`connect`], counting the connection's reconnections, closes and errors in `stats`.
+pub async fn connect_observed(
+    settings: &ConnectionSettings,
+    stats: &ConnectorStats,
+) -> Result<async_nats::Client, ConnectionError> {
+    let brokers = settings.broker_plan().resolve().await;
+    connect_to(settings, &brokers, stats).await
+}
+
+async fn connect_to(
+    settings: &ConnectionSettings,
+    brokers: &Brokers,
+    stats: &ConnectorStats,
+) -> Result<async_nats::Client, ConnectionError> {
+    let addrs = server_addrs(&brokers.urls)?;
+    let mut opts = match &settings.credentials {
+        // Read at every try, so a rotated file is picked up.
+        Some(path) => {
+            let text = read_credentials(path)?;
+            ConnectOptions::with_credentials(&text).map_err(|_| ConnectionError::Credentials {
+                path: path.clone(),
+                reason: "not a NATS credentials file".into(),
+            })?
+        }
+        None => ConnectOptions::new(),
+    };
     let name = settings.name.clone();
+    let events = stats.clone();
+    // The first Connected event is the initial connection; every later one a reconnection.
+    let seen_connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
     opts = opts
         .name(&settings.name)
         .custom_inbox_prefix(&settings.inbox_prefix)
@@ -238,15 +534,29 @@ pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client
         .ping_interval(Duration::from_secs(30))
         .event_callback(move |event| {
             let name = name.clone();
+            let stats = events.clone();
+            let seen_connected = Arc::clone(&seen_connected);
             async move {
                 match event {
                     Event::Connected => {
-                        tracing::info!(connection = %name, "nats connection (re)established")
+                        if seen_connected.swap(true, Ordering::Relaxed) {
+                            stats.bump(|s| &s.reconnections);
+                            tracing::warn!(connection = %name, "nats connection re-established after a disconnection");
+                        } else {
+                            tracing::info!(connection = %name, "nats connection established");
+                        }
                     }
                     Event::Disconnected => {
                         tracing::warn!(connection = %name, "nats connection lost, reconnecting")
                     }
-                    Event::Closed => tracing::info!(connection = %name, "nats connection closed"),
+                    Event::Closed => {
+                        stats.bump(|s| &s.connection_closed);
+                        tracing::info!(connection = %name, "nats connection closed")
+                    }
+                    e @ (Event::SlowConsumer(_) | Event::ServerError(_) | Event::ClientError(_)) => {
+                        stats.bump(|s| &s.errors);
+                        tracing::error!(connection = %name, event = %e, "nats connection error")
+                    }
                     other => {
                         tracing::warn!(connection = %name, event = %other, "nats connection event")
                     }
@@ -280,41 +590,80 @@ pub async fn connect(settings: &ConnectionSettings) -> Result<async_nats::Client
             opts = opts.add_client_certificate(cert.clone(), key.clone());
         }
     }
-    opts.connect(addrs)
-        .await
-        .map_err(|source| ConnectionError::Connect {
-            urls: settings.urls.join(","),
+    opts.connect(addrs).await.map_err(|source| {
+        let urls = brokers
+            .urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(", ");
+        ConnectionError::Connect {
+            urls,
+            reason: settings.scrub(&source.to_string()),
             source,
-        })
+        }
+    })
 }
 
-/// Like [`connect`], but retries a failing initial connect with a backoff of up to 5 s (as
-/// go-choria does) until it succeeds or `shutdown` is cancelled. Configuration errors (bad
-/// URLs, unsupported credentials) are returned at once.
+/// Like [`connect`], but retries a failing initial connection for ever, as go-choria does,
+/// until it succeeds or `shutdown` is cancelled. Settings errors (bad URLs, an unusable
+/// credentials file) are returned at once.
 pub async fn connect_with_retry(
     settings: &ConnectionSettings,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<async_nats::Client, ConnectionError> {
-    let mut attempt = 0usize;
-    loop {
+    connect_with_retry_observed(settings, shutdown, &ConnectorStats::new()).await
+}
+
+/// [`connect_with_retry`], counting in `stats`. Each try resolves the brokers again (an SRV
+/// record set may change while we wait) and is logged with the broker list; each failure is
+/// counted, logged with the try number and the pause before the next try (go-choria's FiveSec
+/// backoff, jittered), never with a password.
+pub async fn connect_with_retry_observed(
+    settings: &ConnectionSettings,
+    shutdown: &tokio_util::sync::CancellationToken,
+    stats: &ConnectorStats,
+) -> Result<async_nats::Client, ConnectionError> {
+    let started = Instant::now();
+    let cancelled = || ConnectionError::Cancelled {
+        urls: settings.describe_brokers(),
+    };
+    let mut tries = 0usize;
+    let result = loop {
+        tries += 1;
+        let attempt = async {
+            let brokers = settings.broker_plan().resolve().await;
+            let urls = brokers
+                .urls
+                .iter()
+                .map(|u| redact_url(u))
+                .collect::<Vec<_>>()
+                .join(", ");
+            tracing::info!("Attempting to connect to: {urls} (from {})", brokers.source);
+            connect_to(settings, &brokers, stats).await
+        };
         let res = tokio::select! {
-            r = connect(settings) => r,
-            _ = shutdown.cancelled() => return Err(ConnectionError::Cancelled { urls: settings.urls.join(",") }),
+            r = attempt => r,
+            _ = shutdown.cancelled() => break Err(cancelled()),
         };
         match res {
-            Ok(c) => return Ok(c),
-            Err(e @ ConnectionError::Connect { .. }) => {
-                attempt += 1;
-                let delay = reconnect_delay(attempt).min(Duration::from_secs(5));
-                tracing::warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "initial broker connection failed");
+            Ok(c) => break Ok(c),
+            Err(e) if e.is_retryable() => {
+                stats.bump(|s| &s.initial_connection_attempts);
+                let delay = initial_backoff(tries);
+                tracing::warn!(
+                    "Initial connection to the Broker failed on try {tries}: {e}; trying again in {delay:.1?}"
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled() => return Err(ConnectionError::Cancelled { urls: settings.urls.join(",") }),
+                    _ = shutdown.cancelled() => break Err(cancelled()),
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => break Err(e),
         }
-    }
+    };
+    stats.initial_connect_done(started.elapsed());
+    result
 }
 
 #[cfg(test)]
@@ -325,6 +674,7 @@ mod tests {
     fn settings(urls: &[&str]) -> ConnectionSettings {
         ConnectionSettings {
             urls: urls.iter().map(|u| u.to_string()).collect(),
+            srv: None,
             name: "p1".into(),
             user_password: None,
             token: None,
@@ -348,12 +698,84 @@ mod tests {
             matches!(err, ConnectionError::InvalidUrl { ref url, .. } if url.ends_with("notaport")),
             "{err}"
         );
+        let dir = tempfile::tempdir().unwrap();
         let mut creds = settings(&["nats://b:4222"]);
-        creds.credentials = Some("/etc/p.creds".into());
+        creds.credentials = Some(dir.path().join("missing.creds"));
         let err = creds.validate().unwrap_err();
         assert!(
-            matches!(err, ConnectionError::CredentialsUnsupported { .. }),
+            matches!(err, ConnectionError::Credentials { .. })
+                && err.to_string().contains("missing.creds"),
             "{err}"
         );
+        // A file that is not a credentials file is refused without showing what it holds.
+        let bogus = dir.path().join("bogus.creds");
+        std::fs::write(&bogus, "not-a-seed-7f3a9c\n").unwrap();
+        creds.credentials = Some(bogus);
+        let err = creds.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("bogus.creds") && !err.contains("7f3a9c"),
+            "{err}"
+        );
+        let big = dir.path().join("big.creds");
+        std::fs::write(&big, vec![b'a'; 70_000]).unwrap();
+        creds.credentials = Some(big);
+        let err = creds.validate().unwrap_err().to_string();
+        assert!(err.contains("larger than"), "{err}");
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("nats://alice:s3cret-91@b1:4222"),
+            "nats://alice:<redacted>@b1:4222"
+        );
+        assert_eq!(redact_url("nats://b1:4222"), "nats://b1:4222");
+        assert_eq!(redact_url("tok@b1:4222"), "tok@b1:4222");
+        let mut s = settings(&["nats://bob:url-pass-44@b1:4222"]);
+        s.user_password = Some(("alice".into(), "nats-pass-17".into()));
+        let scrubbed = s.scrub("failed with nats-pass-17 and url-pass-44");
+        assert!(
+            !scrubbed.contains("pass-17") && !scrubbed.contains("pass-44"),
+            "{scrubbed}"
+        );
+        let text = format!("{s:?} {}", s.describe_brokers());
+        assert!(
+            !text.contains("pass-17") && !text.contains("url-pass-44"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn initial_backoff_follows_go_five_sec_with_jitter() {
+        for _ in 0..200 {
+            let first = initial_backoff(1);
+            assert!(
+                first >= Duration::from_millis(375) && first < Duration::from_millis(1125),
+                "{first:?}"
+            );
+            let late = initial_backoff(1000);
+            assert!(
+                late >= Duration::from_millis(2500) && late < Duration::from_millis(7500),
+                "{late:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_the_environment_first() {
+        let cfg = ChoriaConfig::parse_str(
+            "plugin.choria.middleware_hosts = b1:4222\nplugin.nats.credentials = /etc/file.creds\nplugin.security.provider = file\n",
+        )
+        .unwrap();
+        let plan = BrokerPlan::from_parts(&cfg, None, None).unwrap();
+        let s = ConnectionSettings::from_config_env(&cfg, plan.clone(), None).unwrap();
+        assert_eq!(s.credentials.as_deref(), Some(Path::new("/etc/file.creds")));
+        let s =
+            ConnectionSettings::from_config_env(&cfg, plan.clone(), Some("/run/env.creds".into()))
+                .unwrap();
+        assert_eq!(s.credentials.as_deref(), Some(Path::new("/run/env.creds")));
+        let s = ConnectionSettings::from_config_env(&cfg, plan, Some(String::new())).unwrap();
+        assert_eq!(s.credentials.as_deref(), Some(Path::new("/etc/file.creds")));
+        assert_eq!(s.urls, ["nats://b1:4222"]);
     }
 }

@@ -10,6 +10,7 @@
 //! * [`mcorpc`]: the MCollective RPC bodies inside the envelopes; [`lifecycle`]: lifecycle
 //!   events in the Choria and CloudEvents formats.
 //! * [`config`]: the Choria client configuration file and the provisioner's overrides.
+//! * [`brokers`]: where the brokers are (configured, SRV records, `puppet:4222`).
 //! * [`connection`]: the one shared NATS connection.
 //! * [`rpc`]: [`rpc::RpcClient`], a cheap-to-clone handle for directed requests, discovery and
 //!   lifecycle events; [`agents`] adds typed `rpcutil` and `choria_provision` calls to it.
@@ -34,6 +35,7 @@
 
 #![deny(missing_docs)]
 pub mod agents;
+pub mod brokers;
 pub mod config;
 pub mod connection;
 pub mod election;

@@ -29,6 +29,7 @@ type Handler = Arc<dyn Fn(&Request, &str) -> Vec<Bytes> + Send + Sync>;
 fn settings(url: &str) -> ConnectionSettings {
     ConnectionSettings {
         urls: vec![url.to_string()],
+        srv: None,
         name: IDENTITY.to_string(),
         user_password: None,
         token: None,

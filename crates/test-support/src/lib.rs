@@ -4,7 +4,9 @@
 //! - [`process`]: [`ProcessGuard`], a child process stopped (optionally with its whole process
 //!   group) when dropped.
 //! - [`nats`]: a real `nats-server` ([`NatsServer`]) and a three-server JetStream cluster
-//!   ([`NatsCluster`]) on loopback.
+//!   ([`NatsCluster`]) on loopback, and one in operator (JWT) mode with credentials files
+//!   ([`nats::NatsOperator`]).
+//! - [`dns`]: a real DNS server (dnsmasq) on loopback serving a test's SRV records.
 //! - [`metrics`]: the Prometheus text parser and a plain HTTP GET for `/metrics`.
 //! - [`logs`]: a process's log read from an offset, its length and its tail.
 //! - [`provisioner`]: the provisioner's configuration files and the provisioner as a process
@@ -20,6 +22,7 @@
 //! it), and `PATH`.
 #![deny(missing_docs)]
 
+pub mod dns;
 pub mod go_env;
 pub mod logs;
 pub mod metrics;

@@ -266,3 +266,218 @@ impl NatsCluster {
         }
     }
 }
+
+/// A NATS JWT (`ed25519-nkey`) with `claims` (iss, sub, iat, jti and name added), signed by
+/// `issuer`.
+fn nats_jwt(
+    issuer: &nkeys::KeyPair,
+    subject: &str,
+    name: &str,
+    nats: serde_json::Value,
+) -> Result<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let claims = serde_json::json!({
+        "jti": format!("TEST{now}X{serial}X{}", std::process::id()),
+        "iat": now,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let header = b64.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let signing_input = format!("{header}.{}", b64.encode(claims.to_string()));
+    let sig = issuer
+        .sign(signing_input.as_bytes())
+        .map_err(|e| Error::Failed(format!("signing the {name} JWT: {e}")))?;
+    Ok(format!("{signing_input}.{}", b64.encode(sig)))
+}
+
+/// The text of a NATS credentials file (as `nsc` writes it) for `jwt` and `seed`.
+pub fn creds_file_text(jwt: &str, seed: &str) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\
+         NKEYs are sensitive and should be treated as secrets.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n\n\
+         *************************************************************\n"
+    )
+}
+
+/// A nats-server in operator (JWT) mode on loopback: an operator, a system account and one
+/// account (`PROVISIONING`) preloaded in a memory resolver, users of that account with
+/// credentials files made on demand ([`NatsOperator::user_creds`]), and a leafnode port so a
+/// plain server can bridge clients that cannot use credentials into the account
+/// ([`NatsOperator::start_leaf`]). No user/password login exists here: a client needs a
+/// credentials file. Killed on drop.
+pub struct NatsOperator {
+    _proc: ProcessGuard,
+    port: u16,
+    leaf_port: u16,
+    http_port: u16,
+    account: nkeys::KeyPair,
+    dir: tempfile::TempDir,
+}
+
+impl NatsOperator {
+    /// Start the server (operator, accounts and resolver generated fresh).
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::tempdir().ctx(|| "creating a temporary directory".into())?;
+        let operator = nkeys::KeyPair::new_operator();
+        let system = nkeys::KeyPair::new_account();
+        let account = nkeys::KeyPair::new_account();
+        let op_jwt = nats_jwt(
+            &operator,
+            &operator.public_key(),
+            "TEST-OPERATOR",
+            serde_json::json!({
+                "type": "operator",
+                "version": 2,
+                "system_account": system.public_key(),
+            }),
+        )?;
+        let account_claims = |jetstream: bool| {
+            let mut limits = serde_json::json!({
+                "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                "wildcards": true, "conn": -1, "leaf": -1,
+            });
+            if jetstream {
+                limits["mem_storage"] = serde_json::json!(-1);
+                limits["disk_storage"] = serde_json::json!(-1);
+                limits["streams"] = serde_json::json!(-1);
+                limits["consumer"] = serde_json::json!(-1);
+            }
+            serde_json::json!({
+                "limits": limits,
+                "default_permissions": {"pub": {}, "sub": {}},
+                "type": "account",
+                "version": 2,
+            })
+        };
+        let sys_jwt = nats_jwt(
+            &operator,
+            &system.public_key(),
+            "SYS",
+            account_claims(false),
+        )?;
+        let acc_jwt = nats_jwt(
+            &operator,
+            &account.public_key(),
+            "PROVISIONING",
+            account_claims(true),
+        )?;
+        let op_file = dir.path().join("operator.jwt");
+        crate::write(&op_file, &op_jwt)?;
+        let (port, leaf_port, http_port) = (free_port(), free_port(), free_port());
+        let conf = dir.path().join("nats.conf");
+        crate::write(
+            &conf,
+            &format!(
+                "listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http_port}\n\
+                 jetstream {{\n  store_dir: \"{store}\"\n}}\n\
+                 operator: \"{op}\"\nsystem_account: {sys}\n\
+                 resolver: MEMORY\nresolver_preload: {{\n  {sys}: \"{sys_jwt}\"\n  {acc}: \"{acc_jwt}\"\n}}\n\
+                 leafnodes {{\n  listen: 127.0.0.1:{leaf_port}\n}}\n",
+                store = dir.path().join("jetstream").display(),
+                op = op_file.display(),
+                sys = system.public_key(),
+                acc = account.public_key(),
+            ),
+        )?;
+        let proc = spawn(&conf, Some(&dir.path().join("nats-server.log")))?;
+        Ok(NatsOperator {
+            _proc: proc,
+            port,
+            leaf_port,
+            http_port,
+            account,
+            dir,
+        })
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats-server.log")).unwrap_or_default()
+    }
+
+    /// A new user of the account and its credentials file `<name>.creds` (mode 0600) in the
+    /// server's directory.
+    pub fn user_creds(&self, name: &str) -> Result<PathBuf> {
+        let user = nkeys::KeyPair::new_user();
+        let jwt = nats_jwt(
+            &self.account,
+            &user.public_key(),
+            name,
+            serde_json::json!({
+                "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+                "type": "user", "version": 2,
+            }),
+        )?;
+        let seed = user
+            .seed()
+            .map_err(|e| Error::Failed(format!("the seed of user {name}: {e}")))?;
+        let path = self.dir.path().join(format!("{name}.creds"));
+        crate::write(&path, &creds_file_text(&jwt, &seed))?;
+        crate::owner_only(&path)?;
+        Ok(path)
+    }
+
+    /// Start a plain nats-server (no authentication) joined to the account as a leafnode with
+    /// `creds`, and wait until the link is up: clients of the leaf share subjects with the
+    /// account's clients.
+    pub fn start_leaf(&self, creds: &Path) -> Result<LeafNats> {
+        let port = free_port();
+        let dir = self.dir.path().join(format!("leaf-{port}"));
+        crate::mkdir(&dir)?;
+        let conf = dir.join("nats.conf");
+        crate::write(
+            &conf,
+            &format!(
+                "listen: 127.0.0.1:{port}\nleafnodes {{\n  remotes: [\n    {{ url: \"nats-leaf://127.0.0.1:{}\", credentials: \"{}\" }}\n  ]\n}}\n",
+                self.leaf_port,
+                creds.display()
+            ),
+        )?;
+        let proc = spawn(&conf, Some(&dir.join("nats-server.log")))?;
+        let linked = crate::wait_until(Duration::from_secs(15), Duration::from_millis(50), || {
+            metrics::http_get(self.http_port, "/leafz").is_some_and(|(_, body)| {
+                body.split_once("\"leafnodes\":")
+                    .and_then(|(_, rest)| rest.trim_start().split([',', '\n']).next())
+                    .and_then(|n| n.trim().parse::<usize>().ok())
+                    .is_some_and(|n| n >= 1)
+            })
+        });
+        if !linked {
+            return Err(Error::Failed(format!(
+                "the leafnode did not link to the operator-mode server; logs under {}",
+                self.dir.path().display()
+            )));
+        }
+        Ok(LeafNats { _proc: proc, port })
+    }
+}
+
+/// A plain nats-server linked as a leafnode into a [`NatsOperator`]'s account. Killed on drop.
+pub struct LeafNats {
+    _proc: ProcessGuard,
+    port: u16,
+}
+
+impl LeafNats {
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
