@@ -148,7 +148,7 @@ pub enum ProvisionErrorKind {
         reason: String,
     },
     /// The helper returned no configuration.
-    #[error("empty configuration")]
+    #[error("configuration failed: empty configuration")]
     EmptyConfiguration,
     /// Internal: another provisioner holds the lock (turned into [`Outcome::LockHeld`]).
     #[error("provisioning lock held by another provisioner during {0}")]
@@ -157,6 +157,7 @@ pub enum ProvisionErrorKind {
 
 /// A failed RPC in the Go provisioner's words: `choria_provision#jwt failed: ...`, inside
 /// `could not fetch and validate JWT: NODE: `, `could not fetch ed25519 public key: `,
+/// `rpc_util#inventory failed: `,
 /// `configuration failed: ` or `restart failed: ` for those steps.
 fn rpc_failure(e: &RpcError) -> String {
     let failed = format!("{} failed: {}", e.action, e.kind);
@@ -168,6 +169,8 @@ fn rpc_failure(e: &RpcError) -> String {
         Action::Gen25519 => format!("could not fetch ed25519 public key: {failed}"),
         Action::Configure => format!("configuration failed: {failed}"),
         Action::Restart => format!("restart failed: {failed}"),
+        // Go names the agent `rpc_util` here (and `rpcutil` in its per-try lines).
+        Action::Inventory => format!("rpc_util#inventory failed: {}", e.kind),
         _ => failed,
     }
 }
