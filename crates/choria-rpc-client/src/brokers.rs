@@ -653,4 +653,124 @@ mod tests {
         assert_eq!(domain_from_resolv_conf("nameserver 10.0.0.1\n"), None);
         assert_eq!(domain_from_resolv_conf("domain bad..name\n"), None);
     }
+
+    /// A plan looking up `domain` on the test's DNS server.
+    fn srv_plan(dns: &test_support::dns::DnsServer, extra: &str) -> BrokerPlan {
+        BrokerPlan::from_parts(
+            &cfg(&format!("plugin.choria.srv_domain = example.net\n{extra}")),
+            None,
+            Some(dns.addr()),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn srv_records_from_a_real_dns_server_are_used_in_priority_order() {
+        use test_support::dns::{DnsServer, SrvRecord};
+        let name = "_mcollective-server._tcp.example.net";
+        let Some(dns) = DnsServer::start_or_skip(
+            "srv_records_from_a_real_dns_server_are_used_in_priority_order",
+            &[
+                SrvRecord::new(name, "b-late.example.net", 4223).prio(20, 0),
+                SrvRecord::new(name, "b-first.example.net", 4222).prio(5, 0),
+                SrvRecord::new(name, "b-mid.example.net", 4224).prio(10, 5),
+                // The second name is not asked once the first one answers.
+                SrvRecord::new(
+                    "_x-puppet-mcollective._tcp.example.net",
+                    "other.example.net",
+                    4222,
+                ),
+            ],
+        ) else {
+            return;
+        };
+        let found = srv_plan(&dns, "").resolve().await;
+        assert_eq!(found.source, BrokerSource::Srv(name.into()));
+        assert_eq!(
+            found.urls,
+            [
+                "nats://b-first.example.net:4222",
+                "nats://b-mid.example.net:4224",
+                "nats://b-late.example.net:4223"
+            ]
+        );
+        // Configured hosts win over any record; SRV off means no lookup at all.
+        let found = srv_plan(
+            &dns,
+            "plugin.choria.middleware_hosts = cfg.example.net:4222",
+        )
+        .resolve()
+        .await;
+        assert_eq!(found.source, BrokerSource::Configured);
+        assert_eq!(found.urls, ["nats://cfg.example.net:4222"]);
+        let found = srv_plan(&dns, "plugin.choria.use_srv = false")
+            .resolve()
+            .await;
+        assert_eq!(found.source, BrokerSource::Fallback);
+        assert_eq!(found.urls, [FALLBACK_BROKER]);
+    }
+
+    #[tokio::test]
+    async fn the_puppet_name_is_asked_second_and_nothing_found_falls_back_to_puppet() {
+        use test_support::dns::{DnsServer, SrvRecord};
+        let name = "_x-puppet-mcollective._tcp.example.net";
+        let Some(dns) = DnsServer::start_or_skip(
+            "the_puppet_name_is_asked_second_and_nothing_found_falls_back_to_puppet",
+            &[
+                SrvRecord::new(name, "puppet-broker.example.net", 4333),
+                // Records under another domain are not ours.
+                SrvRecord::new(
+                    "_mcollective-server._tcp.example.org",
+                    "wrong.example.org",
+                    4222,
+                ),
+                // "." is "no service here" and is never used.
+                SrvRecord::new("_mcollective-server._tcp.none.example.net", ".", 4222),
+            ],
+        ) else {
+            return;
+        };
+        let found = srv_plan(&dns, "").resolve().await;
+        assert_eq!(found.source, BrokerSource::Srv(name.into()));
+        assert_eq!(found.urls, ["nats://puppet-broker.example.net:4333"]);
+
+        for domain in ["example.com", "none.example.net"] {
+            let plan = BrokerPlan::from_parts(
+                &cfg(&format!("plugin.choria.srv_domain = {domain}")),
+                None,
+                Some(dns.addr()),
+            )
+            .unwrap();
+            let started = std::time::Instant::now();
+            let found = plan.resolve().await;
+            assert_eq!(found.source, BrokerSource::Fallback, "{domain}");
+            assert_eq!(found.urls, [FALLBACK_BROKER]);
+            assert!(
+                started.elapsed() < SRV_LOOKUP_DEADLINE,
+                "{domain}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dns_server_that_does_not_answer_falls_back_within_the_deadline() {
+        // A UDP socket that reads nothing: every query times out.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let plan = BrokerPlan::from_parts(
+            &cfg("plugin.choria.srv_domain = example.net"),
+            None,
+            Some(addr),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let found = plan.resolve().await;
+        assert_eq!(found.source, BrokerSource::Fallback);
+        assert!(
+            started.elapsed() <= SRV_LOOKUP_DEADLINE + Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
