@@ -1,5 +1,6 @@
 //! The daemon's monitor listener: where it binds (`monitor_address`), what `check` says about
-//! it and the identity and CSR name rules.
+//! it and the identity and CSR name rules, and the series a running provisioner exports besides
+//! its own: go-choria's connector and election series and the standard process series.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -7,9 +8,10 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
+use test_support::metrics::{parse, Sample};
 
 fn get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
@@ -24,6 +26,64 @@ fn get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))
+}
+
+/// A GET answered in full: (status, body).
+fn get_body(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The one unlabelled sample `name` of a scrape.
+fn value(samples: &[Sample], name: &str) -> f64 {
+    let found: Vec<&Sample> = samples.iter().filter(|s| s.name == name).collect();
+    assert_eq!(found.len(), 1, "{name}: {found:?}");
+    assert!(found[0].labels.is_empty(), "{name}: {found:?}");
+    found[0].value
+}
+
+/// Every line of an exposition is a comment or a sample that parses, and each family has its
+/// HELP and TYPE once.
+fn assert_well_formed(text: &str) {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    let samples = lines.iter().filter(|l| !l.starts_with('#')).count();
+    assert_eq!(
+        parse(text).len(),
+        samples,
+        "a sample line does not parse:\n{text}"
+    );
+    let mut types = std::collections::BTreeSet::new();
+    for l in lines.iter().filter(|l| l.starts_with("# TYPE ")) {
+        let name = l.split_whitespace().nth(2).unwrap();
+        assert!(types.insert(name), "{name} typed twice:\n{text}");
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP"
+        );
+    }
 }
 
 fn ipv6_loopback_available() -> bool {
@@ -58,6 +118,173 @@ async fn without_monitor_address_ipv4_and_ipv6_clients_are_answered() {
     if v6 {
         assert_eq!(v6_status, Some(200), "no answer on [::1]:{port}");
     }
+    prov.stop_with("TERM").await;
+}
+
+/// A running provisioner's `/metrics`, fetched over IPv4 and IPv6, carries the process series
+/// (read from its own `/proc`) and go-choria's connector series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_over_ipv4_and_ipv6_carry_the_process_and_connector_series() {
+    let env = Env::new();
+    let before = now();
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let after = now();
+    prov.wait_ready().await;
+    let port = prov.port;
+    let pid = prov.0.pid();
+    let v6 = ipv6_loopback_available();
+    let (v4, v6_answer) = tokio::task::spawn_blocking(move || {
+        (
+            get_body((Ipv4Addr::LOCALHOST, port).into(), "/metrics").unwrap(),
+            v6.then(|| get_body((Ipv6Addr::LOCALHOST, port).into(), "/metrics").unwrap()),
+        )
+    })
+    .await
+    .unwrap();
+    let mut pages = vec![v4];
+    pages.extend(v6_answer);
+    for (status, text) in &pages {
+        assert_eq!(*status, 200, "{text}");
+        assert_well_formed(text);
+        let samples = parse(text);
+
+        let start = value(&samples, "process_start_time_seconds");
+        assert!(
+            start >= before - 1.0 && start <= after + 1.0,
+            "start time {start} not within [{before}, {after}]"
+        );
+        let open = value(&samples, "process_open_fds");
+        let max = value(&samples, "process_max_fds");
+        assert!(open >= 3.0 && open <= max, "open {open}, max {max}");
+        // The provisioner's own descriptors, counted the same way.
+        let own = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count() as f64;
+        assert!((open - own).abs() < 16.0, "open {open}, /proc says {own}");
+        let rss = value(&samples, "process_resident_memory_bytes");
+        let vsize = value(&samples, "process_virtual_memory_bytes");
+        assert!(rss > 1e6 && vsize >= rss, "rss {rss}, vsize {vsize}");
+        assert!(value(&samples, "process_virtual_memory_max_bytes") > 0.0);
+        assert!(value(&samples, "process_cpu_seconds_total") >= 0.0);
+        assert!(value(&samples, "process_network_receive_bytes_total") >= 0.0);
+        assert!(value(&samples, "process_network_transmit_bytes_total") >= 0.0);
+        for (name, kind) in [
+            ("process_cpu_seconds_total", "counter"),
+            ("process_start_time_seconds", "gauge"),
+            ("choria_connector_reconnections", "counter"),
+            ("choria_connector_initial_connect_time", "summary"),
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        // Go runtime series are not imitated.
+        assert!(!samples.iter().any(|s| s.name.starts_with("go_")), "{text}");
+
+        // One connection, made at the first try, never lost.
+        assert_eq!(value(&samples, "choria_connector_reconnections"), 0.0);
+        assert_eq!(value(&samples, "choria_connector_connection_closed"), 0.0);
+        assert_eq!(value(&samples, "choria_connector_errors"), 0.0);
+        assert_eq!(
+            value(&samples, "choria_connector_initial_connection_attempts"),
+            0.0
+        );
+        assert_eq!(
+            value(&samples, "choria_connector_initial_connect_time_count"),
+            1.0
+        );
+        let connect_time = value(&samples, "choria_connector_initial_connect_time_sum");
+        assert!(connect_time > 0.0 && connect_time < 10.0, "{connect_time}");
+        // No election without leader_election.
+        assert!(
+            !samples
+                .iter()
+                .any(|s| s.name.starts_with("choria_election_")),
+            "{text}"
+        );
+    }
+    prov.stop_with("TERM").await;
+}
+
+/// With `leader_election`, go-choria's election series appear labelled with the election and
+/// the identity: campaigns by state, the leader gauge once the key is won, the interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_series_are_exported_as_go_choria_labels_them() {
+    let env = Env::new();
+    let nc = async_nats::connect(env.url()).await.unwrap();
+    async_nats::jetstream::new(nc)
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: "CHORIA_LEADER_ELECTION".into(),
+            max_age: Duration::from_secs(5),
+            history: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut o = ProvOptions::new(example_helper("helper-plain.py"));
+    o.identity = "provisioner-a".into();
+    o.leader_election = true;
+    let mut prov = env.start(&o);
+    prov.wait_ready().await;
+    let leads = || {
+        prov.get("/readyz")
+            .is_some_and(|(_, body)| body.trim().ends_with("leader"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), leads).await,
+        "never led:\n{}",
+        prov.output()
+    );
+    let text = prov.metrics();
+    assert_well_formed(&text);
+    let samples = parse(&text);
+    let election = |name: &str, state: Option<&str>| -> Vec<&Sample> {
+        samples
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && s.label("election") == Some("provisioner")
+                    && s.label("identity") == Some("provisioner-a")
+                    && s.label("state") == state
+            })
+            .collect()
+    };
+    let leader = election("choria_election_leader", None);
+    assert_eq!(leader.len(), 1, "{text}");
+    assert_eq!(leader[0].value, 1.0);
+    assert_eq!(leader[0].labels.len(), 2, "{:?}", leader[0]);
+    let as_candidate = election("choria_election_campaigns", Some("candidate"));
+    assert_eq!(as_candidate.len(), 1, "{text}");
+    assert!(as_candidate[0].value >= 1.0);
+    let as_leader = election("choria_election_campaigns", Some("leader"));
+    assert_eq!(as_leader.len(), 1, "{text}");
+    assert!(as_leader[0].value >= 1.0);
+    let interval = election("choria_election_interval_seconds", None);
+    assert_eq!(interval.len(), 1, "{text}");
+    // A leader campaigns on TwentySec's first step: 500 ms ± 50 %.
+    assert!(
+        interval[0].value >= 0.25 && interval[0].value < 0.75,
+        "{:?}",
+        interval[0]
+    );
+    for (name, kind) in [
+        ("choria_election_campaigns", "counter"),
+        ("choria_election_leader", "gauge"),
+        ("choria_election_interval_seconds", "gauge"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+    }
+    // Campaigns go on while it leads.
+    let first = as_leader[0].value;
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            test_support::metrics::metric_with(
+                &prov.metrics(),
+                "choria_election_campaigns",
+                "state",
+                "leader",
+            ) > first
+        })
+        .await
+    );
     prov.stop_with("TERM").await;
 }
 
