@@ -1,13 +1,14 @@
 //! The provisioner's YAML configuration: the Go provisioner's keys and defaults, validation with
 //! one clear message per problem, and warnings returned as data.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
-
 use regex::Regex;
+
+#[path = "goyaml.rs"]
+mod goyaml;
+use goyaml::{Field, Kind, Settings, Value};
 
 use crate::identity::IdentityRule;
 use crate::policy::DenyList;
@@ -197,6 +198,19 @@ pub enum ConfigWarning {
     UnknownKey(String),
     /// A key that is accepted for compatibility but does nothing.
     NoEffect(&'static str),
+    /// A setting given by more than one key of one mapping (the same key twice, or spellings
+    /// differing in case); one of them counts, as in the Go provisioner.
+    RepeatedKey {
+        /// The setting (`helper`, `features.pki`).
+        key: String,
+        /// Every key naming it, as written, in the file's order.
+        written: Vec<String>,
+        /// The key whose value counts.
+        used: String,
+    },
+    /// The file holds more than one YAML document; only the first is read, as in the Go
+    /// provisioner.
+    ExtraDocuments,
 }
 
 impl std::fmt::Display for ConfigWarning {
@@ -209,6 +223,26 @@ impl std::fmt::Display for ConfigWarning {
                     "configuration key {k:?} is accepted for compatibility but has no effect"
                 )
             }
+            ConfigWarning::RepeatedKey { key, written, used } => {
+                write!(
+                    f,
+                    "configuration key {key:?} is given {} times (",
+                    written.len()
+                )?;
+                for (i, w) in written.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{w:?}")?;
+                }
+                write!(
+                    f,
+                    "); the value of the last {used:?} counts, as in the Go provisioner"
+                )
+            }
+            ConfigWarning::ExtraDocuments => f.write_str(
+                "the configuration file holds more than one YAML document; only the first is read",
+            ),
         }
     }
 }
@@ -324,114 +358,164 @@ pub struct Loaded {
     pub warnings: Vec<ConfigWarning>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
+#[derive(Default)]
 struct RawFeatures {
-    #[serde(deserialize_with = "nullable")]
     pki: bool,
-    #[serde(deserialize_with = "nullable")]
     jwt: bool,
-    #[serde(deserialize_with = "nullable")]
     ed25519: bool,
-    #[serde(deserialize_with = "nullable")]
     upgrades: bool,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
+/// The settings as the file gives them (defaults where it does not).
+#[derive(Default)]
 struct RawConfig {
-    #[serde(deserialize_with = "nullable")]
     workers: u32,
-    #[serde(deserialize_with = "nullable")]
     work_queue_size: u32,
-    #[serde(deserialize_with = "nullable")]
     interval: Option<String>,
-    #[serde(deserialize_with = "nullable")]
     logfile: String,
-    #[serde(deserialize_with = "nullable")]
     loglevel: String,
-    #[serde(deserialize_with = "nullable")]
     helper: String,
-    #[serde(deserialize_with = "nullable")]
     token: String,
-    #[serde(deserialize_with = "nullable")]
     lifecycle_component: String,
-    #[serde(deserialize_with = "nullable")]
     choria_insecure: bool,
-    #[serde(deserialize_with = "nullable")]
     site: String,
-    #[serde(deserialize_with = "nullable")]
     monitor_port: u16,
-    #[serde(deserialize_with = "nullable")]
     broker_port: u16,
-    #[serde(deserialize_with = "nullable")]
     broker_provisioning_password: String,
-    #[serde(deserialize_with = "nullable")]
     cert_deny_list: Vec<String>,
-    #[serde(deserialize_with = "nullable")]
     jwt_verify_cert: String,
-    #[serde(deserialize_with = "nullable")]
     jwt_signing_key: String,
-    #[serde(deserialize_with = "nullable")]
     jwt_signing_token: String,
-    #[serde(deserialize_with = "nullable")]
     server_jwt_validity: String,
-    #[serde(deserialize_with = "nullable")]
     rego_policy: String,
-    #[serde(deserialize_with = "nullable")]
     leader_election: bool,
-    #[serde(deserialize_with = "nullable")]
     upgrades_repository: String,
-    #[serde(deserialize_with = "nullable")]
     upgrades_optional: bool,
-    #[serde(deserialize_with = "nullable")]
     features: RawFeatures,
-    #[serde(deserialize_with = "nullable")]
     identity_pattern: String,
-    #[serde(deserialize_with = "nullable")]
     csr_extra_dns_names: String,
-    #[serde(deserialize_with = "nullable")]
     monitor_address: String,
 }
 
-const KNOWN_KEYS: [&str; 26] = [
-    "identity_pattern",
-    "csr_extra_dns_names",
-    "monitor_address",
-    "workers",
-    "work_queue_size",
-    "interval",
-    "logfile",
-    "loglevel",
-    "helper",
-    "token",
-    "lifecycle_component",
-    "choria_insecure",
-    "site",
-    "monitor_port",
-    "broker_port",
-    "broker_provisioning_password",
-    "cert_deny_list",
-    "jwt_verify_cert",
-    "jwt_signing_key",
-    "jwt_signing_token",
-    "server_jwt_validity",
-    "rego_policy",
-    "leader_election",
-    "upgrades_repository",
-    "upgrades_optional",
-    "features",
+const fn field(name: &'static str, kind: Kind) -> Field {
+    Field { name, kind }
+}
+
+/// The `features` keys.
+const FEATURE_FIELDS: [Field; 4] = [
+    field("pki", Kind::Bool),
+    field("jwt", Kind::Bool),
+    field("ed25519", Kind::Bool),
+    field("upgrades", Kind::Bool),
 ];
 
-const KNOWN_FEATURES: [&str; 4] = ["pki", "jwt", "ed25519", "upgrades"];
+/// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
+/// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
+const FIELDS: [Field; 26] = [
+    field(
+        "workers",
+        Kind::Int {
+            max: u32::MAX as u64,
+        },
+    ),
+    field(
+        "work_queue_size",
+        Kind::Int {
+            max: u32::MAX as u64,
+        },
+    ),
+    field("interval", Kind::Str),
+    field("logfile", Kind::Str),
+    field("loglevel", Kind::Str),
+    field("helper", Kind::Str),
+    field("token", Kind::Str),
+    field("lifecycle_component", Kind::Str),
+    field("choria_insecure", Kind::Bool),
+    field("site", Kind::Str),
+    field(
+        "monitor_port",
+        Kind::Int {
+            max: u16::MAX as u64,
+        },
+    ),
+    field(
+        "broker_port",
+        Kind::Int {
+            max: u16::MAX as u64,
+        },
+    ),
+    field("broker_provisioning_password", Kind::Str),
+    field("cert_deny_list", Kind::StrList),
+    field("jwt_verify_cert", Kind::Str),
+    field("jwt_signing_key", Kind::Str),
+    field("jwt_signing_token", Kind::Str),
+    field("server_jwt_validity", Kind::Str),
+    field("rego_policy", Kind::Str),
+    field("leader_election", Kind::Bool),
+    field("upgrades_repository", Kind::Str),
+    field("upgrades_optional", Kind::Bool),
+    field("features", Kind::Map(&FEATURE_FIELDS)),
+    field("identity_pattern", Kind::Str),
+    field("csr_extra_dns_names", Kind::Str),
+    field("monitor_address", Kind::Str),
+];
 
-/// YAML `null` (an empty value) leaves the default in place, as the Go loader does.
-fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+impl RawConfig {
+    fn from_settings(s: &Settings) -> RawConfig {
+        let text = |name| match s.get(name) {
+            Some(Value::Str(v)) => v.clone(),
+            _ => String::new(),
+        };
+        let flag = |s: &Settings, name| matches!(s.get(name), Some(Value::Bool(true)));
+        let int = |name| match s.get(name) {
+            Some(Value::Int(v)) => *v,
+            _ => 0,
+        };
+        let features = match s.get("features") {
+            Some(Value::Map(f)) => RawFeatures {
+                pki: flag(f, "pki"),
+                jwt: flag(f, "jwt"),
+                ed25519: flag(f, "ed25519"),
+                upgrades: flag(f, "upgrades"),
+            },
+            _ => RawFeatures::default(),
+        };
+        RawConfig {
+            // The schema bounds every integer to its type.
+            workers: u32::try_from(int("workers")).unwrap_or(u32::MAX),
+            work_queue_size: u32::try_from(int("work_queue_size")).unwrap_or(u32::MAX),
+            interval: match s.get("interval") {
+                Some(Value::Str(v)) => Some(v.clone()),
+                _ => None,
+            },
+            logfile: text("logfile"),
+            loglevel: text("loglevel"),
+            helper: text("helper"),
+            token: text("token"),
+            lifecycle_component: text("lifecycle_component"),
+            choria_insecure: flag(s, "choria_insecure"),
+            site: text("site"),
+            monitor_port: u16::try_from(int("monitor_port")).unwrap_or(u16::MAX),
+            broker_port: u16::try_from(int("broker_port")).unwrap_or(u16::MAX),
+            broker_provisioning_password: text("broker_provisioning_password"),
+            cert_deny_list: match s.get("cert_deny_list") {
+                Some(Value::StrList(v)) => v.clone(),
+                _ => Vec::new(),
+            },
+            jwt_verify_cert: text("jwt_verify_cert"),
+            jwt_signing_key: text("jwt_signing_key"),
+            jwt_signing_token: text("jwt_signing_token"),
+            server_jwt_validity: text("server_jwt_validity"),
+            rego_policy: text("rego_policy"),
+            leader_election: flag(s, "leader_election"),
+            upgrades_repository: text("upgrades_repository"),
+            upgrades_optional: flag(s, "upgrades_optional"),
+            features,
+            identity_pattern: text("identity_pattern"),
+            csr_extra_dns_names: text("csr_extra_dns_names"),
+            monitor_address: text("monitor_address"),
+        }
+    }
 }
 
 impl Config {
@@ -487,9 +571,10 @@ impl Config {
         Ok(Loaded { config, warnings })
     }
 
-    /// The typed form of `text` and the warnings about its keys.
+    /// The typed form of `text`, read as the Go provisioner reads it ([`goyaml`]), and the
+    /// warnings about its keys.
     fn parse(text: &str, path: &Path) -> Result<(RawConfig, Vec<ConfigWarning>), ConfigError> {
-        let syntax = |e: serde_yaml_ng::Error| {
+        let decoded = goyaml::decode(text, &FIELDS).map_err(|e| {
             let (line, column) = e
                 .location()
                 .map(|l| (l.line(), l.column()))
@@ -500,22 +585,26 @@ impl Config {
                 column,
                 message: e.to_string(),
             }
-        };
-        // Parsed twice: once untyped to name unknown keys, once into the typed form so type
-        // errors keep their position in the file.
-        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(syntax)?;
-        let mut warnings = Vec::new();
-        if let serde_yaml_ng::Value::Mapping(map) = &value {
-            collect_unknown(map, &KNOWN_KEYS, "", &mut warnings);
-            if let Some(serde_yaml_ng::Value::Mapping(f)) = map.get("features") {
-                collect_unknown(f, &KNOWN_FEATURES, "features.", &mut warnings);
-            }
+        })?;
+        let mut warnings: Vec<ConfigWarning> = decoded
+            .unknown
+            .into_iter()
+            .map(ConfigWarning::UnknownKey)
+            .collect();
+        warnings.extend(
+            decoded
+                .repeated
+                .into_iter()
+                .map(|r| ConfigWarning::RepeatedKey {
+                    key: r.setting,
+                    written: r.written,
+                    used: r.used,
+                }),
+        );
+        if decoded.extra_documents {
+            warnings.push(ConfigWarning::ExtraDocuments);
         }
-        let raw: RawConfig = if value.is_null() {
-            RawConfig::default()
-        } else {
-            serde_yaml_ng::from_str(text).map_err(syntax)?
-        };
+        let raw = RawConfig::from_settings(&decoded.settings);
         if !raw.rego_policy.is_empty() {
             warnings.push(ConfigWarning::NoEffect("rego_policy"));
         }
@@ -670,26 +759,6 @@ impl Config {
             file: path.to_path_buf(),
         };
         (config, errors)
-    }
-}
-
-fn collect_unknown(
-    map: &serde_yaml_ng::Mapping,
-    known: &[&str],
-    prefix: &str,
-    out: &mut Vec<ConfigWarning>,
-) {
-    let mut seen = BTreeSet::new();
-    for k in map.keys() {
-        let name = match k {
-            serde_yaml_ng::Value::String(s) => s.clone(),
-            other => serde_yaml_ng::to_string(other)
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default(),
-        };
-        if !known.contains(&name.as_str()) && seen.insert(name.clone()) {
-            out.push(ConfigWarning::UnknownKey(format!("{prefix}{name}")));
-        }
     }
 }
 
