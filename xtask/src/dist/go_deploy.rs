@@ -519,6 +519,10 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     fs::write(&yaml, &edited)?;
     let log = sysroot.join(GO_LOG.trim_start_matches('/'));
     fs::write(&log, "{\"msg\":\"a Go log line\"}\n")?;
+    // The Go package ships no choria.cfg: the site's own is on disk, owned by no package.
+    let cfg = sysroot.join("etc/choria-provisioner/choria.cfg");
+    let site_cfg = "identity = provisioner.example.net\nplugin.choria.srv_domain = example.net\n";
+    fs::write(&cfg, site_cfg)?;
 
     let o = rpm(&["-U", "--nodeps", "--noscripts"]).arg(ours).output()?;
     if !o.status.success() {
@@ -539,6 +543,11 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     if fs::read_to_string(&yaml)? != edited {
         bail!("replacing the Go package lost the edited choria-provisioner.yaml");
     }
+    if fs::read_to_string(&cfg)? != site_cfg || !cfg.with_extension("cfg.rpmnew").exists() {
+        bail!(
+            "replacing the Go package did not keep the site's choria.cfg (packaged one as .rpmnew)"
+        );
+    }
     if fs::read_to_string(&log).unwrap_or_default() != "{\"msg\":\"a Go log line\"}\n" {
         bail!("replacing the Go package removed or changed {GO_LOG}");
     }
@@ -546,7 +555,7 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     if !unit.contains("CapabilityBoundingSet=") {
         bail!("replacing the Go package left the Go unit in place");
     }
-    println!("ok: our RPM ({}) replaces the Go 0.16.0-1.el8 RPM in place, keeping the edited configuration and {GO_LOG}", q.trim());
+    println!("ok: our RPM ({}) replaces the Go 0.16.0-1.el8 RPM in place, keeping the edited configuration, the site's choria.cfg and {GO_LOG}", q.trim());
     let o = rpm(&["-U", "--nodeps", "--noscripts"])
         .arg(&go_rpm)
         .output()?;
