@@ -17,8 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use choria_rpc_client::connection::{
+    connect_with_retry_observed, ConnectionError, ConnectionSettings, ConnectorSnapshot,
+    ConnectorStats,
+};
 use choria_rpc_client::election::{self, Election, ElectionEvent};
-use choria_rpc_client::rpc::RpcClient;
+use choria_rpc_client::rpc::{RpcClient, RpcOptions};
 use provision_core::{Backoff, Config, Fleet, Observer, PauseState, Provisioner, Source};
 use provisioner_metrics::{Metrics, Role};
 use tokio::sync::Notify;
@@ -154,10 +158,40 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     }
 
     let helper = SubprocessHelper::new(&config.helper).map_err(anyhow::Error::new)?;
-    let client = tokio::select! {
-        c = RpcClient::connect(&choria) => c.map_err(anyhow::Error::new)?,
-        _ = shutdown.cancelled() => return Ok(()),
+    // Settings and security are checked before the network: what can never work stops here.
+    let security = choria.security().map_err(anyhow::Error::new)?;
+    let connection = ConnectionSettings::from_config(&choria).map_err(anyhow::Error::new)?;
+    connection.validate().map_err(anyhow::Error::new)?;
+    // The first connection is tried for ever, as go-choria does, while /healthz answers 200
+    // and /readyz 503; a signal ends the wait.
+    metrics.set_connected(false);
+    let connector = ConnectorStats::new();
+    background.spawn(follow_connector(
+        connector.watch(),
+        Arc::clone(&metrics),
+        stopped.clone(),
+    ));
+    info!(
+        "connecting to the broker: {}",
+        connection.describe_brokers()
+    );
+    let nats = match connect_with_retry_observed(&connection, &shutdown, &connector).await {
+        Ok(nats) => nats,
+        Err(ConnectionError::Cancelled { .. }) => {
+            info!("shutting down before the broker connection was made");
+            stopped.cancel();
+            while background.join_next().await.is_some() {}
+            if let Some(serving) = &monitor {
+                serving.stopped().await;
+            }
+            info!("stopped");
+            return Ok(());
+        }
+        Err(e) => return Err(anyhow::Error::new(e)),
     };
+    let client = RpcClient::new(nats, security, RpcOptions::from_config(&choria))
+        .await
+        .map_err(anyhow::Error::new)?;
     background.spawn(follow_connection(
         client.clone(),
         Arc::clone(&metrics),
@@ -184,7 +218,10 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     let provisioner = Provisioner::new(
         Arc::clone(&config),
         pause.clone(),
-        ChoriaNodeRpc::new(client.clone(), Timeouts::default()),
+        ChoriaNodeRpc::new(
+            client.clone(),
+            Timeouts::from_discovery_timeout(choria.discovery_timeout),
+        ),
         helper,
         Arc::clone(&metrics),
         FileKeys::new(Arc::clone(&config)),
@@ -300,6 +337,41 @@ async fn follow_connection(client: RpcClient, metrics: Arc<Metrics>, stopped: Ca
         metrics.set_connected(*up.borrow_and_update());
         tokio::select! {
             changed = up.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stopped.cancelled() => return,
+        }
+    }
+}
+
+/// Copy the connector's counts into go-choria's `choria_connector_*` series as they change,
+/// until `stopped`.
+async fn follow_connector(
+    mut counts: tokio::sync::watch::Receiver<ConnectorSnapshot>,
+    metrics: Arc<Metrics>,
+    stopped: CancellationToken,
+) {
+    let mut seen = ConnectorSnapshot::default();
+    loop {
+        let now = *counts.borrow_and_update();
+        let c = &metrics.connector;
+        c.initial_connection_attempts.inc_by(
+            now.initial_connection_attempts
+                .saturating_sub(seen.initial_connection_attempts),
+        );
+        c.reconnections
+            .inc_by(now.reconnections.saturating_sub(seen.reconnections));
+        c.connection_closed
+            .inc_by(now.connection_closed.saturating_sub(seen.connection_closed));
+        c.errors.inc_by(now.errors.saturating_sub(seen.errors));
+        if let (Some(took), None) = (now.initial_connect_time, seen.initial_connect_time) {
+            c.initial_connect_time.observe(took);
+        }
+        seen = now;
+        tokio::select! {
+            changed = counts.changed() => {
                 if changed.is_err() {
                     return;
                 }
@@ -447,6 +519,19 @@ async fn elect<R, H, O, C>(
             return;
         }
     };
+    {
+        // go-choria's choria_election_* series, read from the election at scrape time.
+        let e = election.clone();
+        metrics.set_election_source(election.key(), election.identity(), move || {
+            let s = e.stats();
+            provisioner_metrics::ElectionSample {
+                campaigns_as_candidate: s.campaigns_as_candidate,
+                campaigns_as_leader: s.campaigns_as_leader,
+                leader: s.leader_gauge,
+                interval: s.interval_gauge,
+            }
+        });
+    }
     let mut events = election.subscribe();
     // `leading`: whether this provisioner provisions as the leader, as the follower last set it.
     let lead = |leader: bool, leading: &mut bool| {

@@ -778,4 +778,90 @@ mod tests {
         assert_eq!(s.credentials.as_deref(), Some(Path::new("/etc/file.creds")));
         assert_eq!(s.urls, ["nats://b1:4222"]);
     }
+
+    #[tokio::test]
+    async fn connects_to_the_broker_its_srv_records_name_and_counts_reconnections() {
+        use test_support::dns::{DnsServer, SrvRecord};
+        let mut nats = test_support::NatsServer::start();
+        let Some(dns) = DnsServer::start_or_skip(
+            "connects_to_the_broker_its_srv_records_name_and_counts_reconnections",
+            &[SrvRecord::new(
+                "_mcollective-server._tcp.example.net",
+                "localhost",
+                nats.port(),
+            )],
+        ) else {
+            return;
+        };
+        let mut cfg = ChoriaConfig::parse_str(
+            "identity = p1\nplugin.security.provider = file\nplugin.choria.srv_domain = example.net\n",
+        )
+        .unwrap();
+        cfg.disable_tls = true;
+        let plan = BrokerPlan::from_parts(&cfg, None, Some(dns.addr())).unwrap();
+        let settings = ConnectionSettings::from_config_env(&cfg, plan, None).unwrap();
+        assert!(settings.urls.is_empty());
+        let stats = ConnectorStats::new();
+        let mut counts = stats.watch();
+        let nc = connect_with_retry_observed(
+            &settings,
+            &tokio_util::sync::CancellationToken::new(),
+            &stats,
+        )
+        .await
+        .unwrap();
+        round_trip(&nc, Duration::from_secs(5)).await.unwrap();
+        let first = stats.snapshot();
+        assert_eq!(
+            first.initial_connection_attempts, 0,
+            "connected at the first try"
+        );
+        assert!(first.initial_connect_time.is_some());
+        assert_eq!(
+            first.reconnections, 0,
+            "the first connection is not a reconnection"
+        );
+
+        // A broker restart is one reconnection, seen through the watch.
+        nats.restart();
+        let seen = tokio::time::timeout(
+            Duration::from_secs(30),
+            counts.wait_for(|s| s.reconnections == 1),
+        )
+        .await;
+        assert!(
+            seen.is_ok(),
+            "no reconnection counted: {:?}",
+            stats.snapshot()
+        );
+        round_trip(&nc, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(stats.snapshot().initial_connection_attempts, 0);
+    }
+
+    #[tokio::test]
+    async fn failed_initial_tries_are_counted_and_the_time_recorded_when_given_up() {
+        let dead = settings(&[&format!("nats://127.0.0.1:{}", test_support::free_port())]);
+        let stats = ConnectorStats::new();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let stop = shutdown.clone();
+        let mut counts = stats.watch();
+        let waiter = tokio::spawn(async move {
+            let _ = counts
+                .wait_for(|s| s.initial_connection_attempts >= 2)
+                .await;
+            stop.cancel();
+        });
+        let err = connect_with_retry_observed(&dead, &shutdown, &stats)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ConnectionError::Cancelled { .. }), "{err}");
+        waiter.await.unwrap();
+        let s = stats.snapshot();
+        assert!(s.initial_connection_attempts >= 2, "{s:?}");
+        assert!(
+            s.initial_connect_time
+                .is_some_and(|t| t >= Duration::from_millis(300)),
+            "{s:?}"
+        );
+    }
 }
