@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use test_support::dns::{DnsServer, SrvRecord};
 use test_support::go_env::{self, EnvOptions, GoEnv};
 use test_support::provisioner::ProvisionerProcess;
 use test_support::{Mode, ProcessGuard};
@@ -148,7 +149,8 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
     // The Go site's brokers are found by SRV, served by a real DNS server on loopback.
     let _dns = if flow == Flow::GoDeployment {
         let port: u16 = get("broker_port")?.parse().context("broker_port")?;
-        let (dns, addr) = start_dns(dir, port)?;
+        let dns = start_dns(port)?;
+        let addr = dns.addr();
         // As systemd sets it for the packaged unit (User=root): the puppet provider's certname
         // is root.mcollective, as under the Go package.
         prov_cmd
@@ -243,7 +245,8 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
 }
 
 /// The environment variable pointing the provisioner's SRV lookups at a given DNS server
-/// (`host:port`), documented with the broker settings.
+/// (`host:port`), documented with the broker settings (choria-rpc-client's
+/// `brokers::DNS_SERVER_ENV`; xtask does not depend on the client).
 const DNS_SERVER_ENV: &str = "CHORIA_PROVISIONER_DNS_SERVER";
 
 /// The SRV domain of the Go site.
@@ -308,37 +311,17 @@ fn go_site_files(env: &GoEnv, dir: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((yaml, cfg))
 }
 
-/// dnsmasq on a free loopback port serving the site's SRV record for the broker (target
-/// `localhost`, which the broker's certificate names). Returns the process and `host:port`.
-fn start_dns(dir: &Path, broker_port: u16) -> Result<(ProcessGuard, String)> {
-    let bin = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .context("dnsmasq is not installed (Debian package dnsmasq-base): the go-deployment flow finds its broker by SRV")?;
-    let port = test_support::free_port();
-    let log = std::fs::File::create(dir.join("dnsmasq.log"))?;
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "--no-daemon",
-        "--conf-file=/dev/null",
-        &format!("--port={port}"),
-        "--listen-address=127.0.0.1",
-        "--bind-interfaces",
-        "--no-resolv",
-        "--no-hosts",
-        "--log-queries",
-        "--log-facility=-",
-        &format!("--pid-file={}", dir.join("dnsmasq.pid").display()),
-        &format!("--srv-host=_mcollective-server._tcp.{SITE_DOMAIN},localhost,{broker_port},0,0"),
-    ])
-    .stdin(Stdio::null())
-    .stdout(log.try_clone()?)
-    .stderr(log);
-    let dns = ProcessGuard::spawn("dnsmasq", &mut cmd)?;
-    test_support::ports::wait_port(port, Duration::from_secs(10))
-        .context("dnsmasq did not start")?;
-    Ok((dns, format!("127.0.0.1:{port}")))
+/// A real DNS server (dnsmasq) on loopback serving the site's SRV record for the broker, with
+/// target `localhost`, which the broker's certificate names.
+fn start_dns(broker_port: u16) -> Result<DnsServer> {
+    let record = SrvRecord::new(
+        &format!("_mcollective-server._tcp.{SITE_DOMAIN}"),
+        "localhost",
+        broker_port,
+    );
+    DnsServer::start(&[record]).context(
+        "the go-deployment flow finds its broker by SRV and needs dnsmasq (Debian's dnsmasq-base)",
+    )
 }
 
 /// The log file a Go site names holds logrus-style JSON lines (each an object with `level` and
