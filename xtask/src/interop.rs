@@ -296,6 +296,9 @@ fn go_site_files(env: &GoEnv, dir: &Path) -> Result<(PathBuf, PathBuf)> {
             verify = get("jwt_verify_cert")?,
         ),
     )?;
+    // As the Go package installs it: readable by its owner (and group) only.
+    std::fs::set_permissions(&yaml, std::fs::Permissions::from_mode(0o640))
+        .with_context(|| format!("cannot restrict {}", yaml.display()))?;
     let cfg = pdir.join("go-site.cfg");
     std::fs::write(
         &cfg,
