@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::gojson::{self, Field, Kind};
+
 /// The reply of the node's `choria_provision#gencsr` action, passed to the helper as `csr`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CsrReply {
@@ -305,9 +307,14 @@ pub struct HelperInput {
 
 /// What the helper writes on stdout (the Go `host.ConfigResponse`).
 ///
-/// Decoding follows Go's `encoding/json`: missing keys and `null` leave the zero value, unknown
-/// keys are ignored. Encoding writes every key, maps and `server_claims` as `null` when absent.
+/// Decoding follows Go's `encoding/json`, as the Go provisioner reads a helper's reply: keys in
+/// any case (`Defer`, `MSG`, `Server_Claims`, at every level), missing keys and `null` leave
+/// the zero value, of two keys naming one field the later counts, unknown keys are ignored.
+/// Encoding writes every key, maps and `server_claims` as `null` when absent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+// The derived code is this type's inherent `serialize`/`deserialize`; the trait
+// implementations below put Go's reading in front of it.
+#[serde(remote = "Self")]
 pub struct HelperReply {
     /// Do not provision now; the node is tried again on a later discovery.
     #[serde(default, deserialize_with = "null_default")]
@@ -346,6 +353,69 @@ pub struct HelperReply {
     #[serde(rename = "upgrade", default, deserialize_with = "null_default")]
     pub upgrade: String,
 }
+
+impl Serialize for HelperReply {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        HelperReply::serialize(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for HelperReply {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let tree = gojson::Tree::deserialize(d)?;
+        let value = gojson::canonical(tree, &REPLY_FIELDS).map_err(serde::de::Error::custom)?;
+        HelperReply::deserialize(value).map_err(serde::de::Error::custom)
+    }
+}
+
+const fn field(name: &'static str, kind: Kind) -> Field {
+    Field { name, kind }
+}
+
+/// The Go `host.ConfigResponse`, as `encoding/json` decodes it.
+const REPLY_FIELDS: [Field; 12] = [
+    field("defer", Kind::Bool),
+    field("shutdown", Kind::Bool),
+    field("msg", Kind::Str),
+    field("key", Kind::Str),
+    field("certificate", Kind::Str),
+    field("ca", Kind::Str),
+    field("ssldir", Kind::Str),
+    field("server_claims", Kind::Struct(&SERVER_CLAIMS_FIELDS)),
+    field("configuration", Kind::StrMap),
+    field("action_policies", Kind::StrMap),
+    field("opa_policies", Kind::StrMap),
+    field("upgrade", Kind::Str),
+];
+
+/// The tokens package's `ServerClaims` with the fields of its embedded `StandardClaims` and
+/// golang-jwt's `RegisteredClaims`.
+const SERVER_CLAIMS_FIELDS: [Field; 16] = [
+    field("identity", Kind::Str),
+    field("collectives", Kind::StrList),
+    field("permissions", Kind::Struct(&SERVER_PERMISSIONS_FIELDS)),
+    field("ou", Kind::Str),
+    field("pub_subjects", Kind::StrList),
+    field("purpose", Kind::Str),
+    field("tcs", Kind::Str),
+    field("public_key", Kind::Str),
+    field("issexp", Kind::Date),
+    field("iss", Kind::Str),
+    field("sub", Kind::Str),
+    field("aud", Kind::Audience),
+    field("exp", Kind::Date),
+    field("nbf", Kind::Date),
+    field("iat", Kind::Date),
+    field("jti", Kind::Str),
+];
+
+/// The tokens package's `ServerPermissions`.
+const SERVER_PERMISSIONS_FIELDS: [Field; 4] = [
+    field("submission", Kind::Bool),
+    field("streams", Kind::Bool),
+    field("governor", Kind::Bool),
+    field("service_host", Kind::Bool),
+];
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -482,6 +552,111 @@ mod tests {
         assert_eq!(r.msg, "");
         assert_eq!(r.configuration.unwrap()["a"], "b");
         assert!(r.server_claims.is_none());
+    }
+
+    /// Each row: a reply, and what the Go provisioner's `encoding/json` made of it (observed
+    /// with the Go `host.ConfigResponse` and tokens v0.0.4), as our encoding of the result.
+    #[test]
+    fn reply_is_decoded_as_go_decodes_it() {
+        let rows: &[(&str, &str)] = &[
+            // Keys in any case, map keys kept as written.
+            (
+                r#"{"Defer": true, "MSG": "x", "Configuration": {"A": "b"}}"#,
+                r#"{"defer":true,"msg":"x","configuration":{"A":"b"}}"#,
+            ),
+            // Unicode simple folding: the long s is an s.
+            (
+                "{\"\u{17f}hutdown\": true, \"Key\": \"k\", \"upgradE\": \"1.2\"}",
+                r#"{"shutdown":true,"key":"k","upgrade":"1.2"}"#,
+            ),
+            // Of two keys naming one field the later counts; null keeps a string.
+            (r#"{"msg":"a","Msg":"b"}"#, r#"{"msg":"b"}"#),
+            (r#"{"Msg":"b","msg":null}"#, r#"{"msg":"b"}"#),
+            // A struct given twice is merged, at every level in any case.
+            (
+                r#"{"server_claims":{"identity":"n1"},"Server_Claims":{"OU":"x","Permissions":{"Streams":true}}}"#,
+                r#"{"server_claims":{"identity":"n1","permissions":{"streams":true},"ou":"x"}}"#,
+            ),
+            // null clears a pointer and a map.
+            (
+                r#"{"server_claims":{"ou":"x"},"SERVER_CLAIMS":null}"#,
+                r#"{}"#,
+            ),
+            (
+                r#"{"configuration":{"a":"1"},"configuration":null}"#,
+                r#"{}"#,
+            ),
+            // A map given twice is merged; a null entry is the empty string.
+            (
+                r#"{"configuration":{"a":"1"},"Configuration":{"b":"2","a":null}}"#,
+                r#"{"configuration":{"a":"","b":"2"}}"#,
+            ),
+            // NumericDate takes a string holding a number; ClaimStrings ignores null.
+            (
+                r#"{"server_claims":{"EXP":"1700000000.5"}}"#,
+                r#"{"server_claims":{"exp":1700000000}}"#,
+            ),
+            (
+                r#"{"server_claims":{"aud":"x","Aud":null}}"#,
+                r#"{"server_claims":{"aud":["x"]}}"#,
+            ),
+            (
+                r#"{"server_claims":{"Collectives":["a",null]}}"#,
+                r#"{"server_claims":{"collectives":["a",""]}}"#,
+            ),
+        ];
+        for (reply, want) in rows {
+            let got: HelperReply = serde_json::from_str(reply).unwrap();
+            let want: HelperReply =
+                HelperReply::deserialize(&mut serde_json::Deserializer::from_str(want)).unwrap();
+            assert_eq!(got, want, "{reply}");
+        }
+    }
+
+    #[test]
+    fn reply_with_a_wrong_type_is_refused_as_go_refuses_it() {
+        // Go reports the first value of a wrong type even when a later key gives a good one.
+        for reply in [
+            r#"{"defer":"yes","Defer":true}"#,
+            r#"{"configuration":{"a":1},"Configuration":{"a":"2"}}"#,
+            r#"{"server_claims":{"aud":5}}"#,
+            r#"{"server_claims":{"exp":"soon"}}"#,
+            r#"{"Server_Claims":7}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<HelperReply>(reply).is_err(),
+                "{reply} decoded"
+            );
+        }
+        // The message names the field and the kinds, never the value (a reply carries keys).
+        let err = serde_json::from_str::<HelperReply>(
+            r#"{"Configuration":{"a":"1"},"configuration":{"b":["-----BEGIN PRIVATE KEY-----"]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("configuration.b: expected a string, found an array"),
+            "{err}"
+        );
+        assert!(!err.contains("PRIVATE"), "{err}");
+        // A bare null decodes to an empty reply in Go, so the node would be configured with
+        // nothing; it is refused here as the helper fault it is.
+        assert!(serde_json::from_str::<HelperReply>("null").is_err());
+        assert!(serde_json::from_str::<HelperReply>("[]").is_err());
+    }
+
+    #[test]
+    fn a_reply_encodes_and_decodes_to_itself() {
+        let r: HelperReply = serde_json::from_str(
+            r#"{"DEFER":false,"Msg":"m","Server_Claims":{"Identity":"n1","EXP":5,"aud":"a"},"OPA_Policies":{"x.rego":"p"}}"#,
+        )
+        .unwrap();
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(
+            text.contains(r#""server_claims":{"identity":"n1""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<HelperReply>(&text).unwrap(), r);
     }
 
     #[test]
