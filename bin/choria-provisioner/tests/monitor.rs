@@ -204,6 +204,81 @@ async fn metrics_over_ipv4_and_ipv6_carry_the_process_and_connector_series() {
     prov.stop_with("TERM").await;
 }
 
+/// The connector series count what go-choria counts: failed tries of the first connection
+/// while the broker is down, the time the first connection took once it came, and a
+/// reconnection after a broker restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connector_series_count_a_late_broker_and_a_reconnection() {
+    let mut env = Env::new();
+    env.nats.stop();
+    let spawned = std::time::Instant::now();
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let scrape = |prov: &Prov| parse(&prov.metrics());
+    let sample = |samples: &[Sample], name: &str| {
+        samples
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value)
+            .unwrap_or(-1.0)
+    };
+    // The listener answers while the first connection is being tried.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            sample(
+                &scrape(&prov),
+                "choria_connector_initial_connection_attempts",
+            ) >= 2.0
+        })
+        .await,
+        "no failed connection tries counted:\n{}\n{}",
+        prov.metrics(),
+        prov.output()
+    );
+    let waiting = scrape(&prov);
+    assert_eq!(
+        sample(&waiting, "choria_connector_initial_connect_time_count"),
+        0.0
+    );
+    // The first connection has been tried for at least a second when the broker comes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.nats.start_again().unwrap();
+    prov.wait_ready().await;
+    let up = scrape(&prov);
+    assert_eq!(
+        sample(&up, "choria_connector_initial_connect_time_count"),
+        1.0
+    );
+    let took = sample(&up, "choria_connector_initial_connect_time_sum");
+    assert!(took >= 1.0, "the first connection took {took} s");
+    assert!(took <= spawned.elapsed().as_secs_f64(), "{took}");
+    let attempts = sample(&up, "choria_connector_initial_connection_attempts");
+    assert!(attempts >= 2.0, "{attempts}");
+    assert_eq!(sample(&up, "choria_connector_reconnections"), 0.0);
+
+    env.nats.restart();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            sample(&scrape(&prov), "choria_connector_reconnections") >= 1.0
+        })
+        .await,
+        "no reconnection counted:\n{}\n{}",
+        prov.metrics(),
+        prov.output()
+    );
+    let after = scrape(&prov);
+    // The first connection's series do not move again.
+    assert_eq!(
+        sample(&after, "choria_connector_initial_connect_time_count"),
+        1.0
+    );
+    assert_eq!(
+        sample(&after, "choria_connector_initial_connection_attempts"),
+        attempts
+    );
+    assert_eq!(sample(&after, "choria_connector_connection_closed"), 0.0);
+    prov.stop_with("TERM").await;
+}
+
 /// With `leader_election`, go-choria's election series appear labelled with the election and
 /// the identity: campaigns by state, the leader gauge once the key is won, the interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +360,55 @@ async fn election_series_are_exported_as_go_choria_labels_them() {
         })
         .await
     );
+
+    // A standby that never led: candidate campaigns only, and no leader gauge at all.
+    let mut o = ProvOptions::new(example_helper("helper-plain.py"));
+    o.identity = "provisioner-b".into();
+    o.leader_election = true;
+    let mut standby = env.start(&o);
+    standby.wait_ready().await;
+    let candidate_campaigns = |p: &Prov| {
+        parse(&p.metrics())
+            .iter()
+            .filter(|s| {
+                s.name == "choria_election_campaigns"
+                    && s.label("identity") == Some("provisioner-b")
+                    && s.label("state") == Some("candidate")
+            })
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || candidate_campaigns(&standby)
+            >= 3.0)
+        .await,
+        "{}",
+        standby.metrics()
+    );
+    let text = standby.metrics();
+    let samples = parse(&text);
+    assert!(
+        !samples
+            .iter()
+            .any(|s| s.name == "choria_election_leader" || s.label("state") == Some("leader")),
+        "{text}"
+    );
+    // A fourth campaign started, so at least three failed: the wait is TwentySec's fourth step
+    // or a later one, 1.5 s ± 50 % at least.
+    let interval = samples
+        .iter()
+        .find(|s| s.name == "choria_election_interval_seconds")
+        .unwrap();
+    assert_eq!(interval.label("identity"), Some("provisioner-b"));
+    assert!(interval.value >= 0.75, "{interval:?}");
+    assert!(is_ready_role(&standby, "standby"));
+    standby.stop_with("TERM").await;
     prov.stop_with("TERM").await;
+}
+
+fn is_ready_role(p: &Prov, role: &str) -> bool {
+    p.get("/readyz")
+        .is_some_and(|(_, body)| body.trim().ends_with(role))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
