@@ -25,7 +25,7 @@
 //! error with its line and column. The file is walked twice: first for the keys (to know which
 //! occurrence of a key counts), then for the values that count.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -290,24 +290,23 @@ fn assemble(
     };
     // Unknown keys (each once, in file order) and settings written more than once.
     let mut by_field: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut seen: HashSet<String> = decoded.unknown.iter().cloned().collect();
+    let mut unknown = |text: &str, decoded: &mut Decoded| {
+        let name = format!("{prefix}{text}");
+        if seen.insert(name.clone()) {
+            decoded.unknown.push(name);
+        }
+    };
     for text in &plan.written {
         match field_for(schema, text) {
             Some(f) => by_field.entry(f.name).or_default().push(text.clone()),
-            None => {
-                let name = format!("{prefix}{text}");
-                if !decoded.unknown.contains(&name) {
-                    decoded.unknown.push(name);
-                }
-            }
+            None => unknown(text, decoded),
         }
     }
     // Keys brought in by a merge key are warned about too when they name nothing.
     for text in plan.live.values() {
         if field_for(schema, text).is_none() {
-            let name = format!("{prefix}{text}");
-            if !decoded.unknown.contains(&name) {
-                decoded.unknown.push(name);
-            }
+            unknown(text, decoded);
         }
     }
     // JSON object keys come out of the Go conversion sorted by their bytes.
@@ -910,7 +909,13 @@ impl<'de> Visitor<'de> for IntVisitor {
     }
 
     fn visit_u128<E: de::Error>(self, v: u128) -> Result<u64, E> {
-        self.check(i128::try_from(v).unwrap_or(i128::MAX))
+        match i128::try_from(v) {
+            Ok(v) => self.check(v),
+            Err(_) => Err(E::invalid_value(
+                de::Unexpected::Other(&format!("integer {v}")),
+                &self,
+            )),
+        }
     }
 
     fn visit_i128<E: de::Error>(self, v: i128) -> Result<u64, E> {
