@@ -204,6 +204,111 @@ async fn metrics_over_ipv4_and_ipv6_carry_the_process_and_connector_series() {
     prov.stop_with("TERM").await;
 }
 
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0")
+}
+
+/// Under the packaged unit's `ProcSubset=pid` (`/proc` mounted with `subset=pid`, so no
+/// `/proc/stat` and no boot time) every process series is still exported and the start time is
+/// still right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_series_under_proc_subset_pid() {
+    if !running_as_root() {
+        eprintln!("skipped: mounting /proc with subset=pid in a mount namespace needs root");
+        return;
+    }
+    let env = Env::new();
+    let o = ProvOptions::new(example_helper("helper-plain.py"));
+    let (yaml, cfg, port) = env.write_config(&o);
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t proc -o subset=pid proc /proc && exec \"$0\" \"$@\"",
+        BIN,
+        "--config",
+    ])
+    .arg(&yaml)
+    .arg("--choria-config")
+    .arg(&cfg)
+    .env("CHORIA_BROKERS", env.url());
+    let before = now();
+    let mut prov = Prov(
+        test_support::provisioner::ProvisionerProcess::spawn(
+            "subset-pid",
+            &mut cmd,
+            &env.path().join("subset-pid.out"),
+            port,
+            Duration::ZERO,
+        )
+        .unwrap(),
+    );
+    let after = now();
+    prov.wait_ready().await;
+    // It really runs with the restricted /proc.
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", prov.pid())).unwrap();
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.contains(" /proc ") && l.contains("subset=pid")),
+        "{mounts}"
+    );
+    let text = prov.metrics();
+    let samples = parse(&text);
+    for name in [
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_max_fds",
+        "process_virtual_memory_bytes",
+        "process_virtual_memory_max_bytes",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_network_receive_bytes_total",
+        "process_network_transmit_bytes_total",
+    ] {
+        assert!(
+            samples.iter().any(|s| s.name == name),
+            "{name} missing:\n{text}"
+        );
+    }
+    let start = value(&samples, "process_start_time_seconds");
+    assert!(
+        start >= before - 1.0 && start <= after + 1.0,
+        "start time {start} not within [{before}, {after}]"
+    );
+    // As the Go client computes it from the host's boot time and the process's start tick;
+    // `btime` is in whole seconds, so that value itself may be up to a second early.
+    let btime: f64 = std::fs::read_to_string("/proc/stat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", prov.pid())).unwrap();
+    let ticks: f64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let expected = btime + ticks / 100.0;
+    assert!(
+        (start - expected).abs() < 1.05,
+        "start time {start}, Go's computation gives {expected}"
+    );
+    prov.stop_with("TERM").await;
+}
+
 /// The connector series count what go-choria counts: failed tries of the first connection
 /// while the broker is down, the time the first connection took once it came, and a
 /// reconnection after a broker restart.
