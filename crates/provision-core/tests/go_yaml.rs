@@ -317,3 +317,85 @@ Cert_Deny_List:
         vec![ConfigWarning::UnknownKey("defaults".into())]
     );
 }
+
+mod generated {
+    use super::*;
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &[
+        "helper",
+        "Helper",
+        "HELPER",
+        "workers",
+        "Workers",
+        "leader_election",
+        "features",
+        "Features",
+        "pki",
+        "PKI",
+        "cert_deny_list",
+        "<<",
+        "\u{17f}ite",
+        "unknown",
+        "~",
+        "\"helper\"",
+        "interval",
+        "monitor_port",
+    ];
+    const VALUES: &[&str] = &[
+        "yes",
+        "No",
+        "ON",
+        "~",
+        "",
+        "010",
+        "0x1F",
+        "1e3",
+        "4.5",
+        "-1",
+        "\"yes\"",
+        "[a, ~]",
+        "{pki: true}",
+        "&a {helper: x}",
+        "*a",
+        "[*a]",
+        "'quoted'",
+        "1_000",
+        ".nan",
+        "!!str x",
+        "|\n  block",
+        "[",
+        "5m",
+        "99999999999999999999999",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Whatever mix of keys, spellings and values: an error or a configuration, never a
+        /// panic, and the same result every time.
+        #[test]
+        fn any_mix_loads_or_is_refused_the_same_way_each_time(
+            lines in proptest::collection::vec((0..KEYS.len(), 0..VALUES.len(), 0..3usize), 0..12)
+        ) {
+            let mut yaml = String::new();
+            for (k, v, indent) in lines {
+                yaml.push_str(&"  ".repeat(indent.min(1)));
+                yaml.push_str(KEYS[k]);
+                yaml.push_str(": ");
+                yaml.push_str(VALUES[v]);
+                yaml.push('\n');
+            }
+            let first = Config::from_yaml(&yaml, "gen.yaml");
+            let second = Config::from_yaml(&yaml, "gen.yaml");
+            match (first, second) {
+                (Ok(a), Ok(b)) => {
+                    prop_assert_eq!(format!("{:?}", a.config), format!("{:?}", b.config));
+                    prop_assert_eq!(a.warnings, b.warnings);
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => prop_assert!(false, "{yaml:?}: {a:?} then {b:?}"),
+            }
+        }
+    }
+}
