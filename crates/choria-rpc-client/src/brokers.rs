@@ -213,7 +213,9 @@ impl BrokerPlan {
         let use_srv = raw("plugin.choria.use_srv")
             .filter(|v| !v.is_empty())
             .is_none_or(parse_bool);
-        let srv = if use_srv {
+        // Only a lookup that will happen is checked: with hosts configured, the SRV settings
+        // are never used (as in go-choria).
+        let srv = if use_srv && configured.is_empty() {
             // go-choria: the environment variable wins whenever it is set, even empty.
             let (domain, from) = match srv_domain_env {
                 Some(d) => (d, SRV_DOMAIN_ENV),
@@ -586,6 +588,13 @@ mod tests {
             assert!(matches!(err, BrokerError::SrvDomain { .. }), "{bad}: {err}");
             assert!(err.to_string().len() < 250, "bounded: {err}");
         }
+        // Settings of a lookup that never happens do not matter.
+        BrokerPlan::from_parts(
+            &cfg("plugin.choria.middleware_hosts = b1:4222\nplugin.choria.srv_domain = a..b"),
+            None,
+            Some("not-an-address".into()),
+        )
+        .unwrap();
         let err =
             BrokerPlan::from_parts(&cfg(""), None, Some("dns.example.net:53".into())).unwrap_err();
         assert!(matches!(err, BrokerError::DnsServer { .. }), "{err}");

@@ -21,6 +21,8 @@ use crate::config::{ChoriaConfig, ChoriaConfigError, SecurityProvider};
 pub const CREDENTIALS_ENV: &str = "MCOLLECTIVE_NATS_CREDENTIALS";
 /// A credentials file larger than this is refused (a real one is well under 4 KiB).
 pub const MAX_CREDENTIALS_SIZE: u64 = 64 * 1024;
+/// The longest client error text carried in a [`ConnectionError::Connect`].
+const MAX_REASON_CHARS: usize = 512;
 /// go-choria's `backoff.FiveSec` table, the pause after each failed initial connection try
 /// (the last one repeating), each randomised to between half and one and a half times its
 /// value.
@@ -337,6 +339,10 @@ impl ConnectionSettings {
             .collect();
         for s in secrets {
             out = out.replace(&s, "<redacted>");
+        }
+        // The text may quote the broker; keep it to one bounded line.
+        if out.chars().count() > MAX_REASON_CHARS {
+            out = out.chars().take(MAX_REASON_CHARS).collect::<String>() + "...";
         }
         out
     }
@@ -738,6 +744,8 @@ mod tests {
             !scrubbed.contains("pass-17") && !scrubbed.contains("pass-44"),
             "{scrubbed}"
         );
+        let long = s.scrub(&"x".repeat(10_000));
+        assert!(long.len() <= MAX_REASON_CHARS + 3, "{}", long.len());
         let text = format!("{s:?} {}", s.describe_brokers());
         assert!(
             !text.contains("pass-17") && !text.contains("url-pass-44"),
