@@ -220,7 +220,7 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         }
     }
     if flow == Flow::GoDeployment {
-        check_go_log(&dir.join("provisioner/go-site.log"))?;
+        check_go_log(&dir.join("provisioner/go-site.log"), &env.identities)?;
     }
 
     // The servers announced it.
@@ -328,18 +328,30 @@ fn start_dns(broker_port: u16) -> Result<DnsServer> {
 }
 
 /// The log file a Go site names holds logrus-style JSON lines (each an object with `level` and
-/// `msg`), as the Go provisioner writes them and log shippers parse them.
-fn check_go_log(log: &Path) -> Result<()> {
+/// `msg`), as the Go provisioner writes them and log shippers parse them, with Go's
+/// `Provisioned <identity>` at info for every server.
+fn check_go_log(log: &Path, identities: &[String]) -> Result<()> {
     let text = std::fs::read_to_string(log)
         .with_context(|| format!("the provisioner wrote no {}", log.display()))?;
     if text.trim().is_empty() {
         bail!("{} is empty", log.display());
     }
+    let mut lines = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{}: not a JSON line: {line}", log.display()))?;
         if !v["level"].is_string() || !v["msg"].is_string() {
             bail!("{}: a line without level or msg: {line}", log.display());
+        }
+        lines.push((v["level"].clone(), v["msg"].clone()));
+    }
+    for id in identities {
+        let want = format!("Provisioned {id}");
+        if !lines
+            .iter()
+            .any(|(level, msg)| level == "info" && *msg == want.as_str())
+        {
+            bail!("{}: no info line {want:?}", log.display());
         }
     }
     Ok(())
