@@ -4,11 +4,11 @@
 //! and one it fails does not.
 
 use anyhow::{bail, Result};
-use choria_rpc_client::config::ChoriaConfig;
+use choria_rpc_client::config::{ChoriaConfig, SecurityProvider};
 use provision_core::Config;
 
 use crate::cli::{RunArgs, VERSION};
-use crate::settings::{CheckedSettings, Problem};
+use crate::settings::{quoted, security_files, CheckedSettings, Problem};
 
 /// Run the checks, print the plan and the findings, fail when there is any problem.
 pub fn main(debug: bool, args: RunArgs) -> Result<()> {
@@ -70,12 +70,12 @@ fn plan(cfg: &Config) -> String {
         if cfg.identity_pattern.is_empty() {
             "the built-in grammar (DNS-like labels of letters, digits, '-' and '_')".to_string()
         } else {
-            format!("identity_pattern {:?}", cfg.identity_pattern)
+            format!("identity_pattern {}", quoted(&cfg.identity_pattern))
         },
         if cfg.csr_extra_dns_names.is_empty() {
             "none (every DNS name must be the identity)".to_string()
         } else {
-            format!("csr_extra_dns_names {:?}", cfg.csr_extra_dns_names)
+            format!("csr_extra_dns_names {}", quoted(&cfg.csr_extra_dns_names))
         },
     )
 }
@@ -115,16 +115,64 @@ fn choria_plan(c: &ChoriaConfig) -> String {
         .middleware_urls()
         .map(|u| u.join(", "))
         .unwrap_or_else(|e| format!("({e})"));
-    format!(
-        "Choria configuration {}\n  identity: {}\n  caller: choria={}\n  brokers: {}\n  tls: {}\n  \
-         security: {}{}\n  collective: {}\n",
-        c.path.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+    let caller = match c.caller_certname() {
+        Some(name) => format!("choria={name}"),
+        None => "unknown (see the problems below)".to_string(),
+    };
+    let mut out = format!(
+        "Choria configuration {}\n  identity: {}\n  caller: {caller}\n  brokers: {}\n  tls: {}\n  \
+         security: {}{}\n",
+        c.path
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
         c.identity,
-        c.certname(),
         urls,
-        if c.disable_tls { "off (choria_insecure)" } else { "on" },
-        format!("{:?}", c.security_provider).to_lowercase(),
-        if c.insecure { ", requests unsigned" } else { "" },
-        c.main_collective,
-    )
+        if c.disable_tls {
+            "off (choria_insecure)"
+        } else {
+            "on"
+        },
+        c.security_provider,
+        if c.insecure {
+            ", requests unsigned"
+        } else {
+            ""
+        },
+    );
+    if !c.insecure {
+        out.push_str(&security_plan(c));
+    }
+    out.push_str(&format!("  collective: {}\n", c.main_collective));
+    out
+}
+
+/// Where the security provider's files are: for the puppet provider its ssldir and certname
+/// and where each came from, then each file by its full path.
+fn security_plan(c: &ChoriaConfig) -> String {
+    let mut out = String::new();
+    if c.security_provider == SecurityProvider::Puppet {
+        match c.puppet_settings() {
+            Ok(p) => out.push_str(&format!(
+                "  ssldir: {} ({})\n  certname: {} ({})\n",
+                p.ssldir.display(),
+                p.ssldir_from,
+                p.certname,
+                p.certname_from
+            )),
+            // The reason is one of the problems listed below.
+            Err(_) => out.push_str("  ssldir and certname: unknown (see the problems below)\n"),
+        }
+    }
+    if let Ok(files) = security_files(c) {
+        for (what, path) in files {
+            let label = what.strip_prefix("the puppet provider's ").unwrap_or(what);
+            out.push_str(&format!(
+                "  {label}: {}\n",
+                path.map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "(not set)".to_string())
+            ));
+        }
+    }
+    out
 }

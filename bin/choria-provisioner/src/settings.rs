@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use choria_rpc_client::config::{ChoriaConfig, ProvisionerOverrides, SecurityProvider};
+use choria_rpc_client::config::{
+    ChoriaConfig, ProvisionerOverrides, PuppetError, SecurityProvider,
+};
 use choria_rpc_client::connection::{ConnectionError, ConnectionSettings};
 use provision_core::{Config, ConfigWarning, KeyMaterial as _};
 
@@ -187,7 +189,8 @@ pub fn preflight(settings: &Settings) -> Vec<Problem> {
 fn check_helper(helper: &str, f: &mut Findings) {
     let Some(words) = shlex::split(helper) else {
         f.fatal(format!(
-            "helper {helper:?} cannot be parsed as a command line"
+            "helper {} cannot be parsed as a command line",
+            quoted(helper)
         ));
         return;
     };
@@ -260,7 +263,11 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
             );
         }
         if let Some(k) = &c.file_key {
-            key_file_readable(k, "plugin.security.file.key", &mut out);
+            let what = match c.security_provider {
+                SecurityProvider::Puppet => "the puppet provider's private key",
+                _ => "plugin.security.file.key",
+            };
+            key_file_readable(k, what, &mut out);
         }
         if let Some(s) = &c.choria_seed_file {
             key_file_readable(s, "plugin.security.choria.seed_file", &mut out);
@@ -425,46 +432,128 @@ fn preflight_choria(c: &ChoriaConfig) -> Vec<Problem> {
     if c.insecure {
         return f.0;
     }
-    match c.security_provider {
-        SecurityProvider::File => {
-            for (what, p) in [
-                ("plugin.security.file.certificate", &c.file_certificate),
-                ("plugin.security.file.key", &c.file_key),
-                ("plugin.security.file.ca", &c.file_ca),
-            ] {
-                match p {
-                    None => f.fatal(format!("{what} is not set")),
-                    Some(p) => match std::fs::read_to_string(p) {
-                        Ok(text) if text.contains("-----BEGIN ") => {}
-                        Ok(_) => f.fatal(format!("{what} {} holds no PEM data", p.display())),
-                        Err(e) => f.fatal(format!("{what} {}: {e}", p.display())),
-                    },
-                }
-            }
-        }
-        SecurityProvider::Choria => {
-            for (what, p) in [
-                ("plugin.security.choria.token_file", &c.choria_token_file),
-                ("plugin.security.choria.seed_file", &c.choria_seed_file),
-            ] {
-                match p {
-                    None => f.fatal(format!("{what} is not set")),
-                    Some(p) => {
-                        if let Err(e) = std::fs::read(p) {
-                            f.fatal(format!("{what} {}: {e}", p.display()));
-                        }
-                    }
-                }
-            }
-        }
-        ref other => f.fatal(format!(
-            "security provider {other:?} is not supported; use file or choria"
-        )),
-    }
-    if let Err(e) = c.security() {
+    if let Some(e) = c.security_provider.unsupported() {
         f.fatal(format!("Choria security: {e}"));
+        return f.0;
+    }
+    let files = match security_files(c) {
+        Ok(files) => files,
+        Err(e) => {
+            f.fatal(format!("Choria security: {e}"));
+            return f.0;
+        }
+    };
+    // Each file once, by what names it; the provider's own reading follows only when they are
+    // all there, so a missing file is one problem, not two.
+    let mut all_there = true;
+    for (what, p) in &files {
+        let problem = match p {
+            None => Some(format!("{what} is not set")),
+            Some(p) => match read_head(p) {
+                Ok(data)
+                    if !data.windows(11).any(|w| w == b"-----BEGIN ") && pem_expected(what) =>
+                {
+                    Some(format!("{what} {} holds no PEM data", p.display()))
+                }
+                Ok(_) => None,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Some(format!("{what} {} does not exist", p.display()))
+                }
+                Err(e) => Some(format!("{what} {}: {e}", p.display())),
+            },
+        };
+        if let Some(problem) = problem {
+            // The first missing puppet file says where the name and directory came from.
+            let hint = match (&c.security_provider, &c.puppet) {
+                (SecurityProvider::Puppet, Some(Ok(puppet))) if all_there => format!(
+                    " (certname {} from {}; ssldir from {})",
+                    quoted(&puppet.certname),
+                    puppet.certname_from,
+                    puppet.ssldir_from
+                ),
+                _ => String::new(),
+            };
+            all_there = false;
+            f.fatal(format!("{problem}{hint}"));
+        }
+    }
+    if all_there {
+        if let Err(e) = c.security() {
+            f.fatal(format!("Choria security: {e}"));
+        }
     }
     f.0
+}
+
+/// The first MiB of a security file: enough to see its PEM armour, bounded whatever the path
+/// names.
+fn read_head(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut data = Vec::new();
+    std::fs::File::open(path)?
+        .take(1 << 20)
+        .read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// Whether the file `what` names is PEM text (certificates and keys; not the choria provider's
+/// hex seed or JWT).
+fn pem_expected(what: &str) -> bool {
+    !what.starts_with("plugin.security.choria.")
+}
+
+/// The files the security provider reads, each with what names it (the setting, or for the
+/// puppet provider the file's role), `None` when its setting is missing.
+pub fn security_files(
+    c: &ChoriaConfig,
+) -> Result<Vec<(&'static str, Option<PathBuf>)>, PuppetError> {
+    Ok(match &c.security_provider {
+        SecurityProvider::Puppet => {
+            let p = c.puppet_settings()?;
+            vec![
+                ("the puppet provider's certificate", Some(p.certificate())),
+                ("the puppet provider's private key", Some(p.key())),
+                ("the puppet provider's CA", Some(p.ca())),
+            ]
+        }
+        SecurityProvider::Choria => vec![
+            (
+                "plugin.security.choria.token_file",
+                c.choria_token_file.clone(),
+            ),
+            (
+                "plugin.security.choria.seed_file",
+                c.choria_seed_file.clone(),
+            ),
+        ],
+        SecurityProvider::Pkcs11 | SecurityProvider::CertManager | SecurityProvider::Other(_) => {
+            Vec::new()
+        }
+        SecurityProvider::File => vec![
+            (
+                "plugin.security.file.certificate",
+                c.file_certificate.clone(),
+            ),
+            ("plugin.security.file.key", c.file_key.clone()),
+            ("plugin.security.file.ca", c.file_ca.clone()),
+        ],
+    })
+}
+
+/// Text from a file or the environment for `check` and errors: in double quotes, control
+/// characters and quotes escaped, at most 256 characters.
+pub fn quoted(text: &str) -> String {
+    const MAX: usize = 256;
+    let mut out = String::with_capacity(text.len().min(MAX) + 2);
+    out.push('"');
+    for c in text.chars().take(MAX) {
+        out.extend(c.escape_debug());
+    }
+    if text.chars().count() > MAX {
+        out.push_str("...");
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]

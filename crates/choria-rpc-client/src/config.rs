@@ -213,9 +213,13 @@ impl std::fmt::Display for SslDirSource {
         f.write_str(match self {
             SslDirSource::Setting => "plugin.choria.ssldir",
             SslDirSource::RootDefault => {
-                "Puppet's default for root; set plugin.choria.ssldir if puppet.conf moves it"
+                "Puppet's default for root, puppet is not asked; set plugin.choria.ssldir if \
+                 puppet.conf moves it"
             }
-            SslDirSource::UserDefault => "Puppet's default for a non-root user, under HOME",
+            SslDirSource::UserDefault => {
+                "Puppet's default for a non-root user, under HOME; set plugin.choria.ssldir to \
+                 use another"
+            }
         })
     }
 }
@@ -815,6 +819,23 @@ impl ChoriaConfig {
         }
     }
 
+    /// The puppet provider's ssldir and certname: as resolved when the file was read, resolved
+    /// again only when the provider was changed afterwards.
+    pub fn puppet_settings(&self) -> Result<PuppetSettings, PuppetError> {
+        match &self.puppet {
+            Some(r) => r.clone(),
+            None => PuppetSettings::resolve(
+                self.raw
+                    .get("plugin.choria.ssldir")
+                    .filter(|v| !v.is_empty())
+                    .map(|v| expand_home(v))
+                    .as_deref(),
+                running_as_root(),
+                process_env,
+            ),
+        }
+    }
+
     /// The file provider's certname ([`file_certname`] with this process's user and
     /// environment).
     pub fn certname(&self) -> String {
@@ -863,20 +884,7 @@ impl ChoriaConfig {
                 Ok(Security::choria_from_files(token, seed)?)
             }
             SecurityProvider::Puppet => {
-                // Resolved when the file was read; again here only when the provider was
-                // changed afterwards.
-                let p = match &self.puppet {
-                    Some(r) => r.clone()?,
-                    None => PuppetSettings::resolve(
-                        self.raw
-                            .get("plugin.choria.ssldir")
-                            .filter(|v| !v.is_empty())
-                            .map(|v| expand_home(v))
-                            .as_deref(),
-                        running_as_root(),
-                        process_env,
-                    )?,
-                };
+                let p = self.puppet_settings()?;
                 Ok(Security::x509_from_files(
                     format!("choria={}", p.certname),
                     &p.certificate(),
