@@ -23,12 +23,14 @@ use choria_rpc_client::connection::{
 };
 use choria_rpc_client::election::{self, Election, ElectionEvent};
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
-use provision_core::{Backoff, Config, Fleet, Observer, PauseState, Provisioner, Source};
+use provision_core::{
+    AddResult, Backoff, Config, Fleet, Observer, PauseState, Provisioner, Source,
+};
 use provisioner_metrics::{Metrics, Role};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cli::{RunArgs, VERSION};
 use crate::helper::SubprocessHelper;
@@ -51,10 +53,15 @@ const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     let settings = Settings::load(&args, debug)?;
-    logging::init(&settings.choria.loglevel, &settings.choria.logfile, debug)?;
+    // As in Go, the provisioner configuration's own `loglevel` and `logfile`, whatever the
+    // Choria configuration says.
+    logging::init(&settings.config.loglevel, &settings.config.logfile, debug)?;
     info!(
-        "Choria Provisioner version {VERSION} starting with configuration {}",
-        settings.config.file.display()
+        version = VERSION,
+        "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",
+        settings.config.file.display(),
+        go_duration(settings.config.interval),
+        settings.config.workers
     );
     refuse_problems(&settings)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -78,6 +85,17 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
         error!("{}", crate::one_line(e));
     }
     result
+}
+
+/// `d` as an operator writes a Choria duration: `5m`, `1h`, `90s`.
+fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{d:?}"),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 /// Logs every finding of the preflight `check` runs, and refuses to start on a fatal one: the
@@ -154,7 +172,11 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
             std::net::IpAddr::V4(a) if a.is_unspecified() => " (every interface, IPv4 only)",
             _ => "",
         };
-        info!("serving /metrics, /healthz and /readyz on {bound}{scope}");
+        info!(
+            component = "provisioner",
+            "Listening for /metrics on {}: serving /metrics, /healthz and /readyz on {bound}{scope}",
+            bound.port()
+        );
     }
 
     let helper = SubprocessHelper::new(&config.helper).map_err(anyhow::Error::new)?;
@@ -204,7 +226,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         client.options().collective
     );
     if let Err(e) = client.publish_startup("provisioner", VERSION).await {
-        warn!("could not publish the startup event: {e}");
+        error!("Could not publish startup event: {e}");
     }
 
     let pause = PauseState::new(config.leader_election);
@@ -400,7 +422,7 @@ async fn listen<R, H, O, C>(
         {
             Ok(s) => break s,
             Err(e) => {
-                error!("cannot subscribe to startup events, retrying: {e}");
+                error!("Could not listen for lifecycle events: {e}; retrying in 5s");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
                     _ = shutdown.cancelled() => return,
@@ -423,7 +445,13 @@ async fn listen<R, H, O, C>(
         };
         // The identity and the pause state are checked by the work queue: an invalid identity
         // is counted and refused, and nothing is queued while paused.
-        fleet.add(&ev.event.identity, Source::Event);
+        if fleet.add(&ev.event.identity, Source::Event) == AddResult::Queued {
+            // At debug: anyone with a provisioning JWT can announce thousands of names.
+            debug!(
+                "Adding {} to the provision list after receiving an event",
+                ev.event.identity
+            );
+        }
     }
 }
 
@@ -443,18 +471,23 @@ async fn discover<R, H, C>(
 {
     let mut early: Option<tokio::time::Instant> = None;
     loop {
-        if !pause.paused() {
+        if pause.paused() {
+            warn!("Skipping discovery while paused");
+        } else {
             metrics.discover_cycle();
+            info!("Looking for provisionable hosts");
             match client.discover_provisionable().await {
                 Ok(nodes) => {
                     info!("discovered {} nodes waiting for provisioning", nodes.len());
                     for id in &nodes {
-                        fleet.add(id, Source::Discovery);
+                        if fleet.add(id, Source::Discovery) == AddResult::Queued {
+                            info!("Adding {id} to the provision list after discovering it");
+                        }
                     }
                 }
                 Err(e) => {
                     metrics.discovery_error();
-                    error!("discovery failed: {e}");
+                    error!("Could not discover nodes: {e}");
                 }
             }
         }
@@ -503,6 +536,8 @@ async fn elect<R, H, O, C>(
     O: Observer,
     C: provision_core::Clock,
 {
+    let name = election::PROVISIONER_ELECTION;
+    info!(election = name, "Starting leader election against '{name}'");
     let chosen = Election::choose(
         client.nats().clone(),
         election::PROVISIONER_ELECTION,
@@ -515,7 +550,7 @@ async fn elect<R, H, O, C>(
         Ok(Some(e)) => e,
         Ok(None) => return,
         Err(e) => {
-            error!("cannot set up leader election: {e}");
+            error!(election = name, "Leader election failed to start: {e}");
             return;
         }
     };
@@ -537,13 +572,18 @@ async fn elect<R, H, O, C>(
     let lead = |leader: bool, leading: &mut bool| {
         *leading = leader;
         if leader {
-            info!("became the leader, resuming provisioning");
+            warn!(election = name, "Became leader after winning election");
             metrics.set_role(Role::Leader);
             pause.resume();
             discover_now.notify_one();
+            info!(
+                election = name,
+                "Triggered a discovery after becoming leader"
+            );
         } else {
             warn!(
-                "lost leadership, pausing and clearing {} queued nodes",
+                election = name,
+                "Lost leadership: pausing and clearing {} queued nodes",
                 fleet.queued()
             );
             metrics.set_role(Role::Standby);
@@ -588,4 +628,18 @@ async fn elect<R, H, O, C>(
         }
     };
     tokio::join!(campaign, follow);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn intervals_read_as_written() {
+        assert_eq!(go_duration(Duration::from_secs(60)), "1m");
+        assert_eq!(go_duration(Duration::from_secs(300)), "5m");
+        assert_eq!(go_duration(Duration::from_secs(7200)), "2h");
+        assert_eq!(go_duration(Duration::from_secs(90)), "90s");
+    }
 }

@@ -286,7 +286,7 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
         dir.path(),
         "p.yaml",
         &format!(
-            "helper: {}\ntoken: x\nchoria_insecure: true\nfeatures:\n  jwt: false\n",
+            "helper: {}\ntoken: x\nchoria_insecure: true\nfeatures:\n  jwt: false\nloglevel: info\n",
             example_helper("helper-plain.py")
         ),
     );
@@ -307,7 +307,7 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
         0,
     );
     assert!(
-        prov.wait_log("starting with configuration", Duration::from_secs(20))
+        prov.wait_log("starting using configuration file", Duration::from_secs(20))
             .await
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -537,4 +537,206 @@ fn run_refuses_to_start_on_every_problem_check_reports() {
     let line = one_line_failure(&provisioner(&["--config", &yaml, "--choria-config", &cfg]));
     assert!(!line.contains("problem"), "{line}");
     assert!(line.contains("127.0.0.1:1"), "{line}");
+}
+
+/// The binary with `args`, `set` in its environment and `unset` removed from it.
+fn provisioner_env(args: &[&str], set: &[(&str, &str)], unset: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env("RUST_BACKTRACE", "1");
+    for (k, v) in set {
+        cmd.env(k, v);
+    }
+    for k in unset {
+        cmd.env_remove(k);
+    }
+    cmd.output().unwrap()
+}
+
+/// A provisioner configuration that leaves TLS and signing on (no `choria_insecure`), so the
+/// Choria security provider is used.
+fn secure_yaml(dir: &Path) -> String {
+    let signer = Signer::new(dir);
+    write(
+        dir,
+        "secure.yaml",
+        &format!(
+            "helper: {}\ntoken: x\njwt_verify_cert: {}\nfeatures:\n  jwt: true\n",
+            example_helper("helper-plain.py"),
+            signer.public_hex
+        ),
+    )
+}
+
+/// `check`'s output holds no Rust `Debug` form and no line twice.
+fn assert_words_once(out: &str) {
+    for debug in [
+        "Other(",
+        "Some(",
+        "None",
+        "Puppet",
+        "Pkcs11",
+        "CertManager",
+        "(\"",
+    ] {
+        assert!(!out.contains(debug), "{debug:?} in:\n{out}");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(seen.insert(line), "printed twice: {line:?}\n{out}");
+    }
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        .unwrap()
+}
+
+/// The smallest Choria configuration there is selects go-choria's default provider, puppet:
+/// `check` shows its ssldir, certname and files, and names each missing file once, in words.
+#[test]
+fn check_with_only_brokers_and_identity_uses_the_puppet_provider_and_says_each_problem_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = secure_yaml(dir.path());
+    let cfg = write(
+        dir.path(),
+        "choria.cfg",
+        "plugin.choria.middleware_hosts = nats://broker.example.net:4222\nidentity = prov1.example.net\n",
+    );
+    let home = dir.path().join("home");
+    let user = "cli-check-8f3a";
+    let o = provisioner_env(
+        &["check", "--config", &yaml, "--choria-config", &cfg],
+        &[("USER", user), ("HOME", &home.display().to_string())],
+        &["MCOLLECTIVE_CERTNAME"],
+    );
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    assert_words_once(&out);
+    let ssldir = if running_as_root() {
+        std::path::PathBuf::from("/etc/puppetlabs/puppet/ssl")
+    } else {
+        home.join(".puppetlabs/etc/puppet/ssl")
+    };
+    let certname = format!("{user}.mcollective");
+    let cert = ssldir.join(format!("certs/{certname}.pem"));
+    for want in [
+        "security: puppet".to_string(),
+        format!("caller: choria={certname}"),
+        format!("certname: {certname} (USER, as <USER>.mcollective)"),
+        format!("ssldir: {}", ssldir.display()),
+        format!("certificate: {}", cert.display()),
+    ] {
+        assert!(out.contains(&want), "{want:?} missing:\n{out}");
+    }
+    let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
+    assert_eq!(problems.len(), 3, "certificate, key and CA:\n{out}");
+    assert!(
+        problems[0].contains(&format!(
+            "the puppet provider's certificate {} does not exist",
+            cert.display()
+        )),
+        "{out}"
+    );
+    assert!(problems[1].contains(&format!("private_keys/{certname}.pem does not exist")));
+    assert!(problems[2].contains("certs/ca.pem does not exist"), "{out}");
+    assert!(
+        stderr(&o).trim().ends_with("3 problem(s) found"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Without `MCOLLECTIVE_CERTNAME` or `USER` the puppet provider cannot name its certificate:
+/// one problem saying what to set, and the caller is not guessed.
+#[test]
+fn without_a_certname_the_puppet_provider_says_what_to_set_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = secure_yaml(dir.path());
+    let cfg = write(
+        dir.path(),
+        "choria.cfg",
+        "identity = prov1.example.net\nplugin.choria.middleware_hosts = nats://b.example.net:4222\n\
+         plugin.security.provider = puppet\nplugin.choria.ssldir = /nonexistent/ssl\n",
+    );
+    let o = provisioner_env(
+        &["check", "--config", &yaml, "--choria-config", &cfg],
+        &[],
+        &["USER", "MCOLLECTIVE_CERTNAME"],
+    );
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    assert_words_once(&out);
+    assert!(out.contains("caller: unknown"), "{out}");
+    let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
+    assert_eq!(problems.len(), 1, "{out}");
+    assert!(
+        problems[0].contains("set MCOLLECTIVE_CERTNAME") && problems[0].contains("USER"),
+        "{out}"
+    );
+}
+
+/// pkcs11, certmanager and names go-choria does not know are one problem each, in words,
+/// saying what to use instead; the daemon refuses to start with the same words.
+#[test]
+fn unsupported_providers_are_one_problem_naming_what_to_use_and_stop_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = secure_yaml(dir.path());
+    for (provider, wants) in [
+        (
+            "pkcs11",
+            vec![
+                "the pkcs11 security provider is not supported",
+                "plugin.security.provider = file",
+                "plugin.security.file.key",
+            ],
+        ),
+        (
+            "certmanager",
+            vec![
+                "the certmanager security provider is not supported",
+                "plugin.security.provider = file",
+                "plugin.security.file.certificate",
+            ],
+        ),
+        (
+            "vault",
+            vec![
+                "security provider vault is unknown",
+                "puppet (the default), file and choria",
+            ],
+        ),
+    ] {
+        // Nothing listens there: the daemon must refuse before it tries the broker.
+        let cfg = write(
+            dir.path(),
+            "choria.cfg",
+            &format!(
+                "identity = p1\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n\
+                 plugin.security.provider = {provider}\n"
+            ),
+        );
+        let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+        assert!(!o.status.success(), "{provider}");
+        let out = stdout(&o);
+        assert_words_once(&out);
+        assert!(out.contains(&format!("security: {provider}\n")), "{out}");
+        let problems: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("problem: "))
+            .collect();
+        assert_eq!(problems.len(), 1, "{out}");
+        for want in &wants {
+            assert!(problems[0].contains(want), "{want:?} missing:\n{out}");
+        }
+        let line = one_line_failure(&provisioner(&["--config", &yaml, "--choria-config", &cfg]));
+        assert!(
+            line.contains("refusing to start, 1 problem(s) found"),
+            "{line}"
+        );
+        assert!(line.contains(problems[0]), "{line}");
+    }
 }

@@ -354,7 +354,9 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
         0.0,
         "a deferral is not a helper error"
     );
-    assert!(prov.output().contains("configuration defered: the CMDB does not know"));
+    assert!(prov
+        .output()
+        .contains("configuration defered: the CMDB does not know"));
 
     // The next cycle: the nodes announce themselves again and the helper now configures them.
     env.announce(&fleet.identities()).await;
@@ -574,7 +576,10 @@ async fn logs_go_to_the_logfile() {
     );
     prov.stop_with("TERM").await;
     let text = std::fs::read_to_string(&logfile).unwrap();
-    assert!(text.contains("Choria Provisioner version"), "{text}");
+    assert!(
+        text.contains("Choria Provisioner starting using configuration file"),
+        "{text}"
+    );
     assert!(
         text.contains("unknown configuration key \\\"feature\\\""),
         "{text}"

@@ -158,7 +158,7 @@ async fn an_election_bucket_created_after_start_is_found() {
     ));
     prov.wait_ready().await;
     assert!(
-        prov.wait_log("leader election", Duration::from_secs(20))
+        prov.wait_log("provisioning stays paused", Duration::from_secs(20))
             .await,
         "a missing bucket is reported"
     );

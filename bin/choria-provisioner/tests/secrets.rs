@@ -213,7 +213,7 @@ async fn the_daemon_logs_the_same_warnings_at_start() {
         port,
     );
     assert!(
-        prov.wait_log("starting with configuration", Duration::from_secs(20))
+        prov.wait_log("starting using configuration file", Duration::from_secs(20))
             .await
     );
     let yaml_warning = format!(

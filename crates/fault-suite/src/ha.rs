@@ -141,7 +141,10 @@ pub fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
         .log(p)
         .lines()
         .find(|l| l.contains("\"level\":\"error\"") && l.contains("eader election"))
-        .map(|l| l.split_once("\"msg\":").map_or(l, |x| x.1).to_string())
+        .map(|l| {
+            let msg = l.split_once("\"msg\":\"").map_or(l, |x| x.1);
+            msg.split("\",\"").next().unwrap_or(msg).to_string()
+        })
         .unwrap_or_default();
     create_election_bucket(run.nats_port, Duration::from_secs(10))?;
     let t2 = run.wait_metric(
@@ -231,7 +234,8 @@ pub fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
         );
     }
     ensure!(
-        run.log(other).contains("became the leader"),
+        run.log(other)
+            .contains("Became leader after winning election"),
         "the new leader did not log its election"
     );
     let _ = killed;
