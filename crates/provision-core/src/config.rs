@@ -205,8 +205,11 @@ pub enum ConfigWarning {
         key: String,
         /// Every key naming it, as written, in the file's order.
         written: Vec<String>,
-        /// The key whose value counts.
+        /// The key whose value counts (the last applied, for a merged mapping).
         used: String,
+        /// A mapping (`features`) given under several spellings: they are merged, each
+        /// overriding the ones applied before it.
+        merged: bool,
     },
     /// The file holds more than one YAML document; only the first is read, as in the Go
     /// provisioner.
@@ -223,7 +226,12 @@ impl std::fmt::Display for ConfigWarning {
                     "configuration key {k:?} is accepted for compatibility but has no effect"
                 )
             }
-            ConfigWarning::RepeatedKey { key, written, used } => {
+            ConfigWarning::RepeatedKey {
+                key,
+                written,
+                used,
+                merged,
+            } => {
                 write!(
                     f,
                     "configuration key {key:?} is given {} times (",
@@ -235,10 +243,17 @@ impl std::fmt::Display for ConfigWarning {
                     }
                     write!(f, "{w:?}")?;
                 }
-                write!(
-                    f,
-                    "); the value of the last {used:?} counts, as in the Go provisioner"
-                )
+                if *merged {
+                    f.write_str(
+                        "); the mappings are merged in the byte order of their keys, a later one \
+                         overriding an earlier one, as in the Go provisioner",
+                    )
+                } else {
+                    write!(
+                        f,
+                        "); the value of the last {used:?} counts, as in the Go provisioner"
+                    )
+                }
             }
             ConfigWarning::ExtraDocuments => f.write_str(
                 "the configuration file holds more than one YAML document; only the first is read",
@@ -599,6 +614,7 @@ impl Config {
                     key: r.setting,
                     written: r.written,
                     used: r.used,
+                    merged: r.merged,
                 }),
         );
         if decoded.extra_documents {

@@ -92,8 +92,10 @@ pub(crate) struct Repeated {
     pub(crate) setting: String,
     /// Every key naming it, as written, in the file's order.
     pub(crate) written: Vec<String>,
-    /// The key whose value counts.
+    /// The key whose value counts (the last applied, for a merged mapping).
     pub(crate) used: String,
+    /// A mapping given under several spellings: they are merged.
+    pub(crate) merged: bool,
 }
 
 /// What a file holds.
@@ -348,8 +350,14 @@ fn assemble(
     for (name, written) in by_field {
         if written.len() > 1 {
             if let Some(used) = used.get(name) {
+                let spellings: HashSet<&String> = written.iter().collect();
+                let merged = spellings.len() > 1
+                    && schema
+                        .iter()
+                        .any(|f| f.name == name && matches!(f.kind, Kind::Map(_)));
                 decoded.repeated.push(Repeated {
                     setting: format!("{prefix}{name}"),
+                    merged,
                     written,
                     used: used.to_string(),
                 });

@@ -266,10 +266,44 @@ fn keys_go_ignores_are_warned_about_and_repeated_keys_are_named() {
                 key: "helper".into(),
                 written: vec!["Helper".into(), "helper".into()],
                 used: "helper".into(),
+                merged: false,
             },
         ]
     );
     assert!(l.warnings[3].to_string().contains("\"helper\" counts"));
+    // A mapping under two spellings is merged, and the warning says so.
+    let l = Config::from_yaml(
+        "Features: {pki: true}
+features: {jwt: true}
+",
+        "p.yaml",
+    )
+    .unwrap();
+    assert!(l.config.features.pki && l.config.features.jwt);
+    assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
+    assert!(
+        l.warnings[0]
+            .to_string()
+            .contains("the mappings are merged"),
+        "{}",
+        l.warnings[0]
+    );
+    // The same spelling twice: the last replaces the first.
+    let l = Config::from_yaml(
+        "features: {pki: true}
+features: {jwt: true}
+",
+        "p.yaml",
+    )
+    .unwrap();
+    assert!(!l.config.features.pki && l.config.features.jwt);
+    assert!(
+        l.warnings[0]
+            .to_string()
+            .contains("the last \"features\" counts"),
+        "{}",
+        l.warnings[0]
+    );
     // A key brought in by a merge and given again is the usual way of overriding: no warning.
     let l = Config::from_yaml("base: &b {helper: x}\n<<: *b\nhelper: y\n", "p.yaml").unwrap();
     assert_eq!(l.config.helper, "y");
