@@ -1,5 +1,7 @@
-//! The provisioner's YAML configuration: the Go provisioner's keys and defaults, validation with
-//! one clear message per problem, and warnings returned as data.
+//! The provisioner's YAML configuration: the Go provisioner's keys and defaults, the file read as
+//! the Go provisioner reads it (keys in any case, YAML 1.1 booleans and integers, repeated and
+//! merge keys: the `goyaml` module), validation with one clear message per problem, and warnings
+//! returned as data.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
