@@ -683,8 +683,10 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
     fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Occurrence, D::Error> {
         let value = match self.field.kind {
             Kind::Str => Value::Str(d.deserialize_str(StrVisitor)?),
-            Kind::Bool => Value::Bool(d.deserialize_any(BoolVisitor)?),
-            Kind::Int { max } => Value::Int(d.deserialize_any(IntVisitor { max })?),
+            // Booleans and integers from the scalar's text, resolved by yaml.v2's rules (which
+            // also reads an explicit `!!bool yes` or `!!int "010"` as Go does).
+            Kind::Bool => Value::Bool(d.deserialize_str(BoolVisitor)?),
+            Kind::Int { max } => Value::Int(d.deserialize_str(IntVisitor { max })?),
             Kind::StrList => Value::StrList(d.deserialize_seq(ListVisitor)?),
             Kind::Map(schema) => {
                 d.deserialize_map(NestedValuesVisitor {
@@ -773,7 +775,14 @@ impl<'de> Visitor<'de> for BoolVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
-        yaml11_bool(v).ok_or_else(|| E::invalid_value(de::Unexpected::Str(v), &self))
+        match (yaml11_bool(v), yaml11_number(v)) {
+            (Some(b), _) => Ok(b),
+            (None, Some(_)) => Err(E::invalid_type(
+                de::Unexpected::Other(&format!("number {v}")),
+                &self,
+            )),
+            (None, None) => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+        }
     }
 }
 

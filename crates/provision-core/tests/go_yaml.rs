@@ -73,6 +73,7 @@ const TABLE: &[Row] = &[
     row("leader_election: 1", Refuses("json: cannot unmarshal number into Go struct field Config.leader_election of type bool"), AsGo),
     row("leader_election: maybe", Refuses("json: cannot unmarshal string into Go struct field Config.leader_election of type bool"), AsGo),
     row("leader_election: \"yes\"", Refuses("json: cannot unmarshal string into Go struct field Config.leader_election of type bool"), Ours::Reads(&[("leader_election", "true")], QUOTED_MEANING)),
+    row("leader_election: !!bool yes", Reads(&[("leader_election", "true")]), AsGo),
     row("leader_election: ~", Reads(&[("leader_election", "false")]), AsGo),
     row("leader_election:", Reads(&[("leader_election", "false")]), AsGo),
     row("features:\n  JWT: yes\n  Upgrades: on", Reads(&[("features.jwt", "true"), ("features.upgrades", "true"), ("features.pki", "false")]), AsGo),
@@ -116,6 +117,7 @@ const TABLE: &[Row] = &[
     row("workers: 1e1", Reads(&[("workers", "10")]), AsGo),
     row("workers: 1e3", Reads(&[("workers", "1000")]), AsGo),
     row("workers: 4.0", Reads(&[("workers", "4")]), AsGo),
+    row("workers: !!int \"010\"", Reads(&[("workers", "8")]), AsGo),
     row("workers: 4.5", Refuses("json: cannot unmarshal number 4.5 into Go struct field Config.workers of type int"), AsGo),
     row("workers: 1e21", Refuses("json: cannot unmarshal number 1e+21 into Go struct field Config.workers of type int"), AsGo),
     row("workers: 0x", Refuses("json: cannot unmarshal string into Go struct field Config.workers of type int"), AsGo),
@@ -126,6 +128,7 @@ const TABLE: &[Row] = &[
     row("monitor_port: 70000", Reads(&[("monitor_port", "70000")]), Ours::Refuses("expected a whole number from 0 to 65535", "no port has that number; Go's listener fails")),
     // Text: any string; Go refuses numbers and booleans, which we read as written.
     row("token: 2001-12-14", Reads(&[("token", "2001-12-14")]), AsGo),
+    row("token: !!str 5", Reads(&[("token", "5")]), AsGo),
     row("helper: |\n  /bin/x --a", Reads(&[("helper", "/bin/x --a")]), AsGo),
     row("token: \"12345\"", Reads(&[("token", "12345")]), AsGo),
     row("token: 12345", Refuses("json: cannot unmarshal number into Go struct field Config.token of type string"), Ours::Reads(&[("token", "12345")], QUOTED_MEANING)),
