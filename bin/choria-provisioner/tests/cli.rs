@@ -534,9 +534,42 @@ fn run_refuses_to_start_on_every_problem_check_reports() {
     );
     let checked = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     assert!(checked.status.success(), "{}", stdout(&checked));
-    let line = one_line_failure(&provisioner(&["--config", &yaml, "--choria-config", &cfg]));
-    assert!(!line.contains("problem"), "{line}");
-    assert!(line.contains("127.0.0.1:1"), "{line}");
+    // The first connection is retried for ever, as go-choria does: the daemon keeps trying
+    // 127.0.0.1:1 instead of refusing to start.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let out = dir.path().join("run.out");
+    let mut child = Killed(
+        Command::new(BIN)
+            .args(["--config", &yaml, "--choria-config", &cfg])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(dir.path().join("run.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default()
+            + &std::fs::read_to_string(dir.path().join("run.err")).unwrap_or_default();
+        if text.contains("Initial connection to the Broker failed")
+            || std::time::Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!text.contains("refusing to start"), "{text}");
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(
+        text.contains("Initial connection to the Broker failed"),
+        "{text}"
+    );
+    assert!(child.0.try_wait().unwrap().is_none(), "exited:\n{text}");
 }
 
 /// The binary with `args`, `set` in its environment and `unset` removed from it.
