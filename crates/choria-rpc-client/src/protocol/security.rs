@@ -1,5 +1,6 @@
-//! Security modes: insecure, the x509 `file` provider (protocol v1) and the `choria` provider
-//! (ed25519 seed plus JWT, protocol v2).
+//! Security modes: insecure, x509 (protocol v1: the `file` provider, and the `puppet` provider,
+//! which is the same with the files of its ssldir) and the `choria` provider (ed25519 seed plus
+//! JWT, protocol v2).
 //!
 //! Signing covers the exact request bytes that get embedded. Server-side verification
 //! ([`verify_request`]) checks the signature only: for v1 with the public key of the embedded
@@ -51,7 +52,7 @@ pub enum Security {
         /// The caller id, normally `choria=<certname>`.
         caller_id: String,
     },
-    /// The x509 `file` provider: v1, RSA PKCS#1 v1.5 SHA-256 signatures.
+    /// The x509 `file` and `puppet` providers: v1, RSA PKCS#1 v1.5 SHA-256 signatures.
     X509 {
         /// The caller id, `choria=<certname>`.
         caller_id: String,
@@ -130,7 +131,8 @@ impl Security {
         })
     }
 
-    /// x509 mode from the file provider's certificate and key files.
+    /// x509 mode from a certificate and key file (the file provider's, or the puppet
+    /// provider's in its ssldir). Errors name the file.
     pub fn x509_from_files(
         caller_id: impl Into<String>,
         cert: &Path,
