@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 use choria_rpc_client::config::{ChoriaConfig, SecurityProvider};
+use choria_rpc_client::connection::ConnectionSettings;
 use provision_core::Config;
 
 use crate::cli::{RunArgs, VERSION};
@@ -111,9 +112,8 @@ fn human(d: std::time::Duration) -> String {
 }
 
 fn choria_plan(c: &ChoriaConfig) -> String {
-    let urls = c
-        .middleware_urls()
-        .map(|u| u.join(", "))
+    let urls = ConnectionSettings::from_config(c)
+        .map(|s| s.describe_brokers())
         .unwrap_or_else(|e| format!("({e})"));
     let caller = match c.caller_certname() {
         Some(name) => format!("choria={name}"),

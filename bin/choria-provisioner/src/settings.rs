@@ -219,11 +219,11 @@ fn check_helper(helper: &str, f: &mut Findings) {
 /// daemon logs the same list at start.
 ///
 /// Key files (`jwt_signing_key`, the file provider's key, the choria provider's seed) should be
-/// the service user's alone: any group or other permission is reported. The provisioner YAML
+/// the owner's alone (root under the packaged unit): any group or other permission is reported. The provisioner YAML
 /// (when it sets `token` or `broker_provisioning_password`) and the Choria configuration (when
-/// it sets `plugin.nats.pass`) are installed readable by the service's group: they are reported
-/// when others can read them, or a group other than the service's (the group this process runs
-/// as, or the packages' `choria-provisioner` group).
+/// it sets `plugin.nats.pass`) are installed `root:root` 0640: they are reported when others can
+/// read them, or a group other than the service's (the group this process runs as, or a
+/// `choria-provisioner` group left by an earlier package).
 fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> Vec<String> {
     let mut out = Vec::new();
     let service_groups = service_groups();
@@ -315,8 +315,8 @@ fn config_file_readable(
     };
     out.push(format!(
         "{what} {} holds {secret} and is readable by {who} (mode {mode:o}); \
-         make it readable by the service's group only (chmod 0640, group choria-provisioner) \
-         or by its owner only (chmod 0600)",
+         make it readable by root only (chmod 0640 or 0600, owner and group root, as the \
+         packages install it)",
         path.display()
     ));
 }
@@ -376,6 +376,15 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
     if cfg.token.is_empty() {
         f.warn("no token is set: servers whose provisioning JWT carries a token will refuse every request");
     }
+    if !cfg.loglevel.is_empty()
+        && !["debug", "info", "warn", "error", "fatal"].contains(&cfg.loglevel.as_str())
+    {
+        f.warn(format!(
+            "loglevel {} is not one of debug, info, warn, error, fatal: the log is written at \
+             warning level (as the Go provisioner does)",
+            quoted(&cfg.loglevel)
+        ));
+    }
     // The same reader the daemon's cycle uses for every node.
     let keys = FileKeys::new(Arc::new(cfg.clone()));
     if cfg.features.jwt {
@@ -418,15 +427,11 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
 
 fn preflight_choria(c: &ChoriaConfig) -> Vec<Problem> {
     let mut f = Findings::default();
-    match c.middleware_urls() {
-        Err(e) => f.fatal(format!("Choria configuration: {e}")),
-        // What the connection refuses before trying the network (bad URLs, credentials files).
-        Ok(_) => {
-            if let Err(e) = ConnectionSettings::from_config(c).and_then(|s| s.validate()) {
-                if !matches!(e, ConnectionError::Config(_)) {
-                    f.fatal(format!("Choria configuration: {e}"));
-                }
-            }
+    // What the connection refuses before trying the network: bad middleware hosts, a bad SRV
+    // domain or CHORIA_PROVISIONER_DNS_SERVER, an unreadable or malformed credentials file.
+    if let Err(e) = ConnectionSettings::from_config(c).and_then(|s| s.validate()) {
+        if !matches!(e, ConnectionError::Config(_)) {
+            f.fatal(format!("Choria configuration: {e}"));
         }
     }
     if c.insecure {

@@ -78,7 +78,6 @@ async fn assert_fleet_provisioned(fleet: &SimFleet, n: usize, prov: &Prov) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the preflight (settings.rs) still refuses a choria.cfg without middleware_hosts"]
 async fn brokers_found_through_srv_records_provision_the_fleet() {
     let nats = NatsServer::start();
     // The first name has no records, the second (Puppet's) points at the broker through two
@@ -133,7 +132,6 @@ async fn brokers_found_through_srv_records_provision_the_fleet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the preflight (settings.rs) still refuses a choria.cfg without middleware_hosts"]
 async fn without_srv_records_the_provisioner_falls_back_to_puppet_4222() {
     let Some(dns) = DnsServer::start_or_skip(
         "without_srv_records_the_provisioner_falls_back_to_puppet_4222",

@@ -217,7 +217,7 @@ fn check_on_a_broken_setup_lists_every_problem() {
         "invalid lifecycle component \"a.b\"",
         "is not an executable file",
         "jwt_verify_cert",
-        "middleware hosts",
+        "the puppet security provider",
     ] {
         assert!(
             problems.iter().any(|p| p.contains(want)),

@@ -29,9 +29,6 @@ pub enum ChoriaConfigError {
         /// Why.
         reason: String,
     },
-    /// No middleware hosts are configured (SRV lookups are not supported).
-    #[error("no middleware hosts configured: set plugin.choria.middleware_hosts (srv lookups are not supported)")]
-    NoMiddlewareHosts,
     /// A middleware host entry cannot be parsed.
     #[error("invalid middleware host {0:?}: expected host:port or scheme://host:port")]
     InvalidMiddlewareHost(String),
@@ -896,19 +893,6 @@ impl ChoriaConfig {
                 .unwrap_or_else(|| ChoriaConfigError::UnsupportedProvider(other.to_string()))),
         }
     }
-
-    /// Middleware URLs (`nats://host:port`), from `plugin.choria.middleware_hosts`; a host
-    /// without a scheme gets `nats`. With no hosts configured this is an error, as SRV
-    /// lookups are not done.
-    pub fn middleware_urls(&self) -> Result<Vec<String>, ChoriaConfigError> {
-        if self.middleware_hosts.is_empty() {
-            return Err(ChoriaConfigError::NoMiddlewareHosts);
-        }
-        self.middleware_hosts
-            .iter()
-            .map(|h| parse_middleware_host(h))
-            .collect()
-    }
 }
 
 /// Normalise one middleware host entry to `scheme://host:port`.
@@ -986,7 +970,10 @@ ttl = 120
         assert_eq!(c.connect_timeout, Duration::from_secs(90));
         assert_eq!(c.raw["plugin.security.issuer.acme.public"], "abcd");
         assert_eq!(
-            c.middleware_urls().unwrap(),
+            c.middleware_hosts
+                .iter()
+                .map(|h| parse_middleware_host(h).unwrap())
+                .collect::<Vec<_>>(),
             vec![
                 "nats://broker1:4222",
                 "tls://broker2.example.net:4443",
@@ -1054,10 +1041,7 @@ ttl = 120
         assert_eq!(c.security_provider, SecurityProvider::Puppet);
         assert!(c.puppet.is_some(), "puppet paths not resolved");
         assert!(!c.identity.is_empty());
-        assert!(matches!(
-            c.middleware_urls(),
-            Err(ChoriaConfigError::NoMiddlewareHosts)
-        ));
+        assert!(c.middleware_hosts.is_empty());
         let c = ChoriaConfig::parse_str("plugin.security.provider = choria").unwrap();
         assert_eq!(c.collectives, vec!["choria"]);
     }

@@ -70,9 +70,12 @@ impl HelperRunner {
             source,
         })?;
         let out = self.run_raw(&bytes).await?;
-        serde_json::from_slice(&out).map_err(|source| HelperError::InvalidJson {
-            helper: self.program().to_string(),
-            source,
+        // Go's encoding/json replaces invalid UTF-8 with U+FFFD rather than refusing the reply.
+        serde_json::from_str(&String::from_utf8_lossy(&out)).map_err(|source| {
+            HelperError::InvalidJson {
+                helper: self.program().to_string(),
+                source,
+            }
         })
     }
 
