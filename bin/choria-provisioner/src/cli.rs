@@ -71,6 +71,33 @@ pub enum Command {
     /// Check both configuration files, the helper and every key named, print what the daemon
     /// would do, and exit non-zero listing every problem
     Check(RunArgs),
+    /// Work with the rego_policy
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+/// The `policy` sub commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PolicyCommand {
+    /// Evaluate the configured rego_policy against a recorded helper input and print the
+    /// decision and reason
+    Eval(PolicyEvalArgs),
+}
+
+/// Flags of `policy eval`.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyEvalArgs {
+    /// The provisioner configuration file (YAML) naming rego_policy
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub config: PathBuf,
+
+    /// A helper input as JSON (as record_helper_inputs writes it)
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub input: PathBuf,
+
+    /// Also show every rule of the package that produced a value
+    #[arg(long)]
+    pub explain: bool,
 }
 
 /// Flags of `run` and `check`.

@@ -49,6 +49,8 @@ const CONGESTION_CHECK_EVERY: Duration = Duration::from_secs(2);
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// How often the rego_policy's files are checked for changes.
+const POLICY_POLL: Duration = Duration::from_secs(1);
 
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn main(debug: bool, args: RunArgs) -> Result<()> {
@@ -249,6 +251,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         FileKeys::new(Arc::clone(&config)),
         Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
     );
+    let (provisioner, policy) = crate::rego::admission(&config, provisioner)?;
     let fleet = Fleet::with_capacity(provisioner, queue_size);
     let discover_now = Arc::new(Notify::new());
 
@@ -272,6 +275,9 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         Arc::clone(&discover_now),
         shutdown.clone(),
     ));
+    if let Some(policy) = policy {
+        tasks.spawn(policy.watch(POLICY_POLL, shutdown.clone()));
+    }
     if config.leader_election {
         tasks.spawn(elect(
             client.clone(),

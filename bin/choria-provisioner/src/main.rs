@@ -11,6 +11,8 @@ mod helper;
 mod keys;
 mod logging;
 mod node_rpc;
+mod policy_cli;
+mod rego;
 mod settings;
 
 use std::process::ExitCode;
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
     let result = match command {
         cli::Command::Run(args) => daemon::main(cli.debug, args),
         cli::Command::Check(args) => check::main(cli.debug, args),
+        cli::Command::Policy(cli::PolicyCommand::Eval(args)) => policy_cli::eval(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -419,6 +419,11 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
             }
         }
     }
+    if !cfg.rego_policy.is_empty() {
+        if let Err(e) = crate::rego::RegoPolicy::load(&cfg.rego_policy) {
+            f.fatal(e.to_string());
+        }
+    }
     if cfg.features.upgrades && cfg.upgrades_repository.is_empty() && !cfg.upgrades_optional {
         f.warn("features.upgrades is on but upgrades_repository is empty: upgrades will fail");
     }

@@ -236,7 +236,7 @@ fn check_on_a_broken_setup_lists_every_problem() {
 async fn unknown_keys_are_warned_by_name() {
     let env = Env::new();
     let opts = ProvOptions::new(example_helper("helper-plain.py"))
-        .yaml("feature:\n  pki: true\nrego_policy: /etc/x.rego\nworkerz: 3");
+        .yaml("feature:\n  pki: true\nbroker_port: 4222\nworkerz: 3");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     let out = prov.output();
@@ -246,7 +246,7 @@ async fn unknown_keys_are_warned_by_name() {
             "{key}: {out}"
         );
     }
-    assert!(out.contains("\"rego_policy\" is accepted for compatibility but has no effect"));
+    assert!(out.contains("\"broker_port\" is accepted for compatibility but has no effect"));
     prov.stop_with("TERM").await;
 }
 

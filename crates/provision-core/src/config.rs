@@ -110,6 +110,12 @@ pub struct Config {
     /// `monitor_address` (not a Go key): the address the monitor listener binds; empty means
     /// every interface, IPv4 and IPv6, as Go's `:port`.
     pub monitor_address: String,
+    /// `rego_policy`: a `.rego` file or a directory of them deciding which nodes may be
+    /// provisioned; empty means every node that passes the built-in checks.
+    pub rego_policy: String,
+    /// `record_helper_inputs` (not a Go key): a directory the daemon writes each node's helper
+    /// input to (token removed), for `policy eval`; empty means none are recorded.
+    pub record_helper_inputs: String,
     /// The file this was loaded from.
     pub file: PathBuf,
 }
@@ -155,6 +161,8 @@ impl std::fmt::Debug for Config {
             csr_extra_dns_names,
             csr_extra_dns_rule,
             monitor_address,
+            rego_policy,
+            record_helper_inputs,
             file,
         } = self;
         f.debug_struct("Config")
@@ -188,6 +196,8 @@ impl std::fmt::Debug for Config {
             .field("csr_extra_dns_names", csr_extra_dns_names)
             .field("csr_extra_dns_rule", csr_extra_dns_rule)
             .field("monitor_address", monitor_address)
+            .field("rego_policy", rego_policy)
+            .field("record_helper_inputs", record_helper_inputs)
             .field("file", file)
             .finish()
     }
@@ -412,6 +422,7 @@ struct RawConfig {
     identity_pattern: String,
     csr_extra_dns_names: String,
     monitor_address: String,
+    record_helper_inputs: String,
 }
 
 const fn field(name: &'static str, kind: Kind) -> Field {
@@ -428,7 +439,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 26] = [
+const FIELDS: [Field; 27] = [
     field(
         "workers",
         Kind::Int {
@@ -475,6 +486,7 @@ const FIELDS: [Field; 26] = [
     field("identity_pattern", Kind::Str),
     field("csr_extra_dns_names", Kind::Str),
     field("monitor_address", Kind::Str),
+    field("record_helper_inputs", Kind::Str),
 ];
 
 impl RawConfig {
@@ -531,6 +543,7 @@ impl RawConfig {
             identity_pattern: text("identity_pattern"),
             csr_extra_dns_names: text("csr_extra_dns_names"),
             monitor_address: text("monitor_address"),
+            record_helper_inputs: text("record_helper_inputs"),
         }
     }
 }
@@ -623,9 +636,6 @@ impl Config {
             warnings.push(ConfigWarning::ExtraDocuments);
         }
         let raw = RawConfig::from_settings(&decoded.settings);
-        if !raw.rego_policy.is_empty() {
-            warnings.push(ConfigWarning::NoEffect("rego_policy"));
-        }
         if raw.broker_port != 0 {
             warnings.push(ConfigWarning::NoEffect("broker_port"));
         }
@@ -774,6 +784,8 @@ impl Config {
             csr_extra_dns_names: raw.csr_extra_dns_names,
             csr_extra_dns_rule,
             monitor_address,
+            rego_policy: raw.rego_policy.trim().to_string(),
+            record_helper_inputs: raw.record_helper_inputs.trim().to_string(),
             file: path.to_path_buf(),
         };
         (config, errors)
@@ -1130,10 +1142,12 @@ features:
             vec![
                 ConfigWarning::UnknownKey("feature".into()),
                 ConfigWarning::UnknownKey("features.pkj".into()),
-                ConfigWarning::NoEffect("rego_policy"),
                 ConfigWarning::NoEffect("broker_port"),
             ]
         );
+        // rego_policy has an effect now: it is read, trimmed, and no longer warned about.
+        assert_eq!(l.config.rego_policy, "x.rego");
+        assert_eq!(l.config.record_helper_inputs, "");
         assert!(l.warnings[0].to_string().contains("\"feature\""));
     }
 

@@ -96,6 +96,7 @@
 //! ```
 
 #![deny(missing_docs)]
+pub mod admission;
 pub mod clock;
 pub mod config;
 pub mod fleet;
@@ -113,6 +114,7 @@ pub use choria_crypto;
 /// this path).
 pub use choria_crypto::jwt;
 
+pub use admission::{Admission, AllowAll, Decision};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded};
 pub use fleet::{AddResult, Fleet, Source};

@@ -42,6 +42,9 @@ pub trait Observer: Send + Sync + 'static {
     fn waiting_nodes(&self, _n: usize) {}
     /// Whether provisioning is paused (`paused`).
     fn paused(&self, _paused: bool) {}
+    /// The admission policy decided for a node (a denial is counted as `policy_denied`). The
+    /// hook a node history or audit record would record the decision through.
+    fn admission(&self, _identity: &str, _decision: &crate::admission::Decision) {}
 }
 
 /// A shared observer (for example metrics also served over HTTP) observes through its `Arc`.
@@ -96,6 +99,9 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn paused(&self, paused: bool) {
         (**self).paused(paused)
+    }
+    fn admission(&self, identity: &str, decision: &crate::admission::Decision) {
+        (**self).admission(identity, decision)
     }
 }
 

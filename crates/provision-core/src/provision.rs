@@ -11,6 +11,7 @@ use helper_protocol::{
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use crate::admission::{Admission, Decision};
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::Config;
 use crate::fleet::Source;
@@ -133,6 +134,9 @@ pub enum ProvisionErrorKind {
     /// what operators match in the log still matches.
     #[error("configuration defered: {0}")]
     Deferred(String),
+    /// The admission policy refused the node: it never reached the helper.
+    #[error("refused by policy: {0}")]
+    Denied(String),
     /// The server JWT could not be issued.
     #[error("could not issue server JWT: {0}")]
     ServerJwt(PolicyError),
@@ -311,6 +315,7 @@ pub struct Provisioner<R, H, O, C = SystemClock> {
     keys: Arc<dyn KeyMaterial>,
     random: Arc<dyn Random>,
     backoff: Backoff,
+    admission: Option<Arc<dyn Admission>>,
 }
 
 impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
@@ -335,6 +340,7 @@ impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
             keys: Arc::new(keys),
             random: Arc::new(SystemRandom),
             backoff,
+            admission: None,
         }
     }
 }
@@ -352,12 +358,20 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             keys: self.keys,
             random: self.random,
             backoff: self.backoff,
+            admission: self.admission,
         }
     }
 
     /// Replaces the source of nonces and jitter.
     pub fn with_random(mut self, random: impl Random) -> Self {
         self.random = Arc::new(random);
+        self
+    }
+
+    /// Asks `admission` whether each node may go on to the helper, after the built-in checks.
+    /// Without one every node goes on.
+    pub fn with_admission(mut self, admission: Arc<dyn Admission>) -> Self {
+        self.admission = Some(admission);
         self
     }
 
@@ -627,6 +641,26 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 .unwrap_or_default(),
             jwt: host.claims.clone(),
         };
+        if let Some(admission) = &self.admission {
+            let mut shown = input.clone();
+            if let Some(claims) = shown.jwt.as_mut() {
+                // The policy never sees the provisioning token.
+                claims.token.clear();
+            }
+            let decision = admission.decide(&shown);
+            self.observer.admission(id, &decision);
+            match decision {
+                Decision::Allow => {}
+                Decision::Deny(reason) => {
+                    let reason = escaped(&reason).to_string();
+                    warn!(identity = id, "Refused by policy: {reason}");
+                    return Err(ProvisionErrorKind::Denied(reason));
+                }
+                Decision::Defer(reason) => {
+                    return Err(ProvisionErrorKind::Deferred(escaped(&reason).to_string()));
+                }
+            }
+        }
         let started = Instant::now();
         let reply = self.helper.run(&input).await;
         self.observer.helper_time(started.elapsed());

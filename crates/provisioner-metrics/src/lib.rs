@@ -147,6 +147,9 @@ pub struct Metrics {
     /// `choria_provisioner_invalid_identities`: announced or discovered node identities refused
     /// before anything was done for them (not in the Go set).
     pub invalid_identities: Counter,
+    /// `choria_provisioner_policy_denied`: nodes refused by the admission policy (`rego_policy`,
+    /// not in the Go set).
+    pub policy_denied: Counter,
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -275,6 +278,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "Indicates if the provisioner is paused",
     ),
     (
+        "choria_provisioner_policy_denied",
+        "counter",
+        "How many nodes the admission policy refused before the helper ran",
+    ),
+    (
         "choria_provisioner_provision_errors",
         "counter",
         "How many provision related errors were encountered",
@@ -326,6 +334,7 @@ impl Metrics {
             helper_shutdown_requests: Counter::default(),
             lock_held: Counter::default(),
             invalid_identities: Counter::default(),
+            policy_denied: Counter::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -449,6 +458,9 @@ impl Metrics {
                 "choria_provisioner_lock_held" => plain(self.lock_held.get().to_string(), &mut out),
                 "choria_provisioner_invalid_identities" => {
                     plain(self.invalid_identities.get().to_string(), &mut out)
+                }
+                "choria_provisioner_policy_denied" => {
+                    plain(self.policy_denied.get().to_string(), &mut out)
                 }
                 "choria_provisioner_paused" => plain(self.paused.get().to_string(), &mut out),
                 "choria_provisioner_provision_errors" => {
@@ -648,6 +660,11 @@ impl provision_core::Observer for Metrics {
     fn invalid_identity(&self) {
         self.invalid_identities.inc();
     }
+    fn admission(&self, _identity: &str, decision: &provision_core::Decision) {
+        if matches!(decision, provision_core::Decision::Deny(_)) {
+            self.policy_denied.inc();
+        }
+    }
     fn lock_held(&self) {
         self.lock_held.inc();
     }
@@ -706,9 +723,9 @@ mod tests {
         ));
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
-        // The fifteen metrics of the Go provisioner, plus the lock-held and invalid-identity
-        // counters.
-        assert_eq!(HELP.len(), 17);
+        // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
+        // policy-denied counters.
+        assert_eq!(HELP.len(), 18);
     }
 
     #[test]

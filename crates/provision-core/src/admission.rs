@@ -1,0 +1,81 @@
+//! Admission: whether a node that passed the built-in checks may go on to the helper. The cycle
+//! asks an [`Admission`] after the provisioning JWT, ed25519 proof, inventory and CSR checks
+//! and before the helper runs, with the input the helper would get. The core knows no policy
+//! language: the binary implements the trait with its Rego policy; no admission configured
+//! means every node goes on, as before.
+
+use helper_protocol::HelperInput;
+
+/// What an [`Admission`] decided for one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The node goes on to the helper.
+    Allow,
+    /// The node is refused: it never reaches the helper and is never configured.
+    Deny(String),
+    /// The node is left for now and tried again on a later discovery, as when the helper
+    /// defers it.
+    Defer(String),
+}
+
+impl Decision {
+    /// `allow`, `deny` or `defer`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Deny(_) => "deny",
+            Decision::Defer(_) => "defer",
+        }
+    }
+
+    /// The reason given, empty for an allow.
+    pub fn reason(&self) -> &str {
+        match self {
+            Decision::Allow => "",
+            Decision::Deny(r) | Decision::Defer(r) => r,
+        }
+    }
+}
+
+/// Decides whether a node may be provisioned, from the helper's input. Called once per cycle on
+/// a worker: an implementation must bound its own time.
+pub trait Admission: Send + Sync + 'static {
+    /// The decision for the node described by `input`.
+    fn decide(&self, input: &HelperInput) -> Decision;
+}
+
+/// Admits every node: today's behaviour when no policy is configured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllowAll;
+
+impl Admission for AllowAll {
+    fn decide(&self, _input: &HelperInput) -> Decision {
+        Decision::Allow
+    }
+}
+
+impl<T: Admission + ?Sized> Admission for std::sync::Arc<T> {
+    fn decide(&self, input: &HelperInput) -> Decision {
+        (**self).decide(input)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_all_allows_and_labels_read_as_documented() {
+        let input = HelperInput {
+            identity: "n1".into(),
+            csr: None,
+            ed25519_pubkey: None,
+            inventory: String::new(),
+            jwt: None,
+        };
+        assert_eq!(AllowAll.decide(&input), Decision::Allow);
+        assert_eq!(Decision::Deny("x".into()).label(), "deny");
+        assert_eq!(Decision::Defer("later".into()).reason(), "later");
+        assert_eq!(Decision::Allow.reason(), "");
+    }
+}
