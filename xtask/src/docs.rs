@@ -12,7 +12,8 @@
 //! It then runs the documentation tests in `xtask/tests/`: the YAML examples through the
 //! provisioner's configuration loader (`docs_config`), the helper examples against the helper
 //! contract (`docs_helpers`), and the monitoring page and dashboards against the real metrics
-//! exposition (`docs_metrics`).
+//! exposition (`docs_metrics`), and the sample policies of `docs/examples/policies/` against
+//! their recorded inputs (`bin/choria-provisioner/tests/docs_policies.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -67,6 +68,19 @@ pub fn main(build: bool) -> Result<()> {
             "--test",
             "docs_metrics",
         ]))?;
+        // The sample policies against their recorded inputs, through `policy eval`.
+        crate::tools::run(
+            Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(&root)
+                .args([
+                    "test",
+                    "-q",
+                    "-p",
+                    "choria-provisioner",
+                    "--test",
+                    "docs_policies",
+                ]),
+        )?;
     }
     Ok(())
 }
@@ -276,7 +290,12 @@ fn clap_cli(bin: &Path) -> Result<Option<Cli>> {
     let mut global = flags_in(&top);
     global.extend(["--help".to_string(), "--version".to_string()]);
     for sub in clap_subcommands(&top) {
-        let mut f = flags_in(&help(bin, &[&sub])?);
+        let sub_help = help(bin, &[&sub])?;
+        let mut f = flags_in(&sub_help);
+        // A command with its own subcommands (`policy eval`): their flags count for it.
+        for nested in clap_subcommands(&sub_help) {
+            f.extend(flags_in(&help(bin, &[&sub, &nested])?));
+        }
         f.extend(global.iter().cloned());
         cli.commands.insert(sub, f);
     }

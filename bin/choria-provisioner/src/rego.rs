@@ -135,6 +135,27 @@ fn fingerprint(path: &Path) -> Result<Fingerprint, PolicyError> {
     Ok(out)
 }
 
+/// The interpreter's multi-line message (location, source excerpt, error) as
+/// `FILE:LINE:COL: error: MESSAGE`.
+fn one_line(message: &str) -> String {
+    let at = message
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("-->").map(str::trim));
+    let error = message
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("error:"));
+    match (at, error) {
+        (Some(at), Some(error)) => format!("{at}: {error}"),
+        _ => message
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
 /// Reads and compiles the policy at `path`.
 fn compile(path: &Path) -> Result<Compiled, PolicyError> {
     let fingerprint = fingerprint(path)?;
@@ -162,7 +183,7 @@ fn compile(path: &Path) -> Result<Compiled, PolicyError> {
             .add_policy(file.display().to_string(), text)
             .map_err(|e| PolicyError::Compile {
                 path: file.clone(),
-                message: e.to_string(),
+                message: one_line(&e.to_string()),
             })?;
     }
     let declared = engine
@@ -500,7 +521,8 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
             .expect("does not compile")
             .to_string();
         assert!(e.contains("bad.rego"), "{e}");
-        assert!(e.contains(":3:"), "line 3 named: {e}");
+        assert!(e.contains("bad.rego:3:"), "line 3 named: {e}");
+        assert!(!e.contains('\n'), "one line: {e}");
     }
 
     #[test]
