@@ -38,6 +38,10 @@ pub struct Args {
     /// Instead: the memory of N nodes waiting behind a stuck helper.
     #[arg(long, value_name = "N")]
     waiting: Option<usize>,
+    /// Instead: three runs without a policy and three with this rego_policy, alternating;
+    /// prints the medians and the loss in nodes a minute.
+    #[arg(long, value_name = "FILE")]
+    rego_policy: Option<PathBuf>,
 }
 
 /// What one contender achieved.
@@ -74,6 +78,17 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
 
 /// Run one contender (`go_bin` None = ours) against a fresh fleet.
 fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Result<Figures> {
+    contender_with(args, bins, go_bin, label, "")
+}
+
+/// [`contender`] with more provisioner YAML.
+fn contender_with(
+    args: &Args,
+    bins: &Path,
+    go_bin: Option<&Path>,
+    label: &str,
+    extra_yaml: &str,
+) -> Result<Figures> {
     let dir = root().join("target/bench").join(label);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -90,7 +105,7 @@ fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Re
             broker: &url,
             identity: "provisioner",
             leader_election: false,
-            extra_yaml: "",
+            extra_yaml,
         },
     )?;
     let sim_log = dir.join("fleet-sim.log");
@@ -182,6 +197,9 @@ pub fn main(args: Args) -> Result<()> {
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
     }
+    if let Some(policy) = &args.rego_policy {
+        return rego_policy_probe(&args, &bins, policy);
+    }
     let ours = contender(&args, &bins, None, "rust")?;
     let go = if args.vs_go || args.go_bin.is_some() {
         let go_bin = match &args.go_bin {
@@ -228,6 +246,54 @@ pub fn main(args: Args) -> Result<()> {
         ours.cpu_s,
         ours.rss_mib
     );
+    Ok(())
+}
+
+/// The median of three or more figures.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Three runs without a policy and three with `policy`, alternating so that a change in the
+/// machine's load falls on both; the medians and the loss in nodes a minute.
+fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
+    let policy = std::fs::canonicalize(policy)
+        .with_context(|| format!("cannot read rego policy {}", policy.display()))?;
+    let yaml = format!("rego_policy: {}\n", policy.display());
+    let (mut none, mut with) = (Vec::new(), Vec::new());
+    for round in 1..=3 {
+        let n = contender_with(args, bins, None, &format!("rust-no-policy-{round}"), "")?;
+        let w = contender_with(
+            args,
+            bins,
+            None,
+            &format!("rust-rego-policy-{round}"),
+            &yaml,
+        )?;
+        for (f, label) in [(&n, "no policy"), (&w, "rego policy")] {
+            if f.provisioned < args.nodes || f.failures > 0.0 {
+                bail!(
+                    "{label} round {round}: {}/{} provisioned, {} failures",
+                    f.provisioned,
+                    args.nodes,
+                    f.failures
+                );
+            }
+        }
+        none.push(n.per_min);
+        with.push(w.per_min);
+    }
+    let (n, w) = (median(none.clone()), median(with.clone()));
+    let loss = if n > 0.0 { (n - w) / n * 100.0 } else { 0.0 };
+    println!(
+        "bench: rego_policy mode={} nodes={} no_policy_per_min={n:.0} rego_policy_per_min={w:.0} loss_pct={loss:.1} runs_no_policy={none:.0?} runs_rego_policy={with:.0?}",
+        args.mode.name(),
+        args.nodes,
+    );
+    if loss > 10.0 {
+        bail!("the rego_policy costs {loss:.1}% of the nodes a minute (at most 10%)");
+    }
     Ok(())
 }
 
