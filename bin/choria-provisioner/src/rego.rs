@@ -546,6 +546,29 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
     }
 
     #[test]
+    fn a_policy_past_the_time_limit_denies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = write(
+            dir.path(),
+            "slow.rego",
+            "package choria.provisioner\n\
+             n := count([1 | some i in numbers.range(1, 5000); some j in numbers.range(1, 5000)])\n\
+             decision := {\"allow\": n > 0}\n",
+        );
+        let pol = RegoPolicy::load(&p).expect("compiles");
+        let adm = PolicyAdmission::new(Some(Arc::new(pol)), None);
+        let hi = HelperInput {
+            identity: "n1".into(),
+            ..Default::default()
+        };
+        // Stopped by the limit, not after the 25 million iterations.
+        match adm.decide(&hi) {
+            Decision::Deny(r) => assert!(r.contains("exceeded time limit"), "{r}"),
+            d => panic!("expected a deny, got {d:?}"),
+        }
+    }
+
+    #[test]
     fn no_network_or_environment_builtins() {
         let dir = tempfile::tempdir().expect("tempdir");
         for (name, text) in [
