@@ -274,14 +274,38 @@ impl RegoPolicy {
         }
     }
 
-    /// Evaluates the policy for `input` (a helper input as JSON, the inventory parsed).
+    /// Evaluates the policy for `input` (a helper input as JSON, the inventory parsed). Each
+    /// worker thread keeps its own copy of the current version's interpreter, so an evaluation
+    /// neither clones the policy nor waits for another worker.
     pub fn evaluate(&self, input: Value) -> Result<Decision, String> {
-        let mut engine = self.current().engine.clone();
-        engine.set_input(input);
-        let v = engine
-            .eval_rule(DECISION_RULE.to_string())
-            .map_err(|e| format!("policy error: {e}"))?;
-        Ok(decision_of(&v))
+        thread_local! {
+            static ENGINE: std::cell::RefCell<Option<(Arc<Compiled>, Engine)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let current = self.current();
+        ENGINE.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let fresh = match &*slot {
+                Some((c, _)) => !Arc::ptr_eq(c, &current),
+                None => true,
+            };
+            if fresh {
+                let engine = current.engine.clone();
+                *slot = Some((Arc::clone(&current), engine));
+            }
+            let Some((_, engine)) = slot.as_mut() else {
+                return Err("policy error: no interpreter".to_string());
+            };
+            engine.set_input(input);
+            match engine.eval_rule(DECISION_RULE.to_string()) {
+                Ok(v) => Ok(decision_of(&v)),
+                Err(e) => {
+                    // An interrupted evaluation's copy is not used again.
+                    *slot = None;
+                    Err(format!("policy error: {e}"))
+                }
+            }
+        })
     }
 
     /// Every rule of the package with its value for `input`: the rules that fired.
