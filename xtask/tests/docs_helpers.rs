@@ -184,9 +184,11 @@ fn examples(dir: &Path, ca: &Path) -> Vec<Example> {
             }
         }
     }
+    // Files only: docs/examples/policies/ holds the sample policies, not helpers.
     let mut files: Vec<_> = std::fs::read_dir(root().join("docs/examples"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
         .collect();
     files.sort();
     for path in files {
