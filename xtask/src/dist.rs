@@ -271,6 +271,23 @@ fn deb_arch() -> Result<&'static str> {
     })
 }
 
+/// `rpmbuild -bb SPEC` building under `top` into `top/RPMS`, the package named by `name_fmt`;
+/// no post-install analysis (EL-only helpers that would inspect /bin/sh scripts).
+fn rpmbuild(top: &Path, spec: &Path, name_fmt: &str) -> Command {
+    let mut cmd = Command::new("rpmbuild");
+    cmd.arg("-bb")
+        .arg("--define")
+        .arg(format!("_topdir {}", top.display()))
+        .arg("--define")
+        .arg(format!("_rpmdir {}", top.join("RPMS").display()))
+        .arg("--define")
+        .arg(format!("_build_name_fmt {name_fmt}"))
+        .arg("--define")
+        .arg("__os_install_post %{nil}")
+        .arg(spec);
+    cmd
+}
+
 fn rpm_arch() -> Result<&'static str> {
     Ok(match std::env::consts::ARCH {
         "x86_64" => "x86_64",
@@ -438,18 +455,11 @@ fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> 
         .replace("@STAGE@", &stage.to_string_lossy());
     let spec_file = top.join("SPECS").join(format!("{NAME}.spec"));
     fs::write(&spec_file, spec)?;
-    run(Command::new("rpmbuild")
-        .arg("-bb")
-        .arg("--define")
-        .arg(format!("_topdir {}", top.display()))
-        .arg("--define")
-        .arg(format!("_rpmdir {}", top.join("RPMS").display()))
-        .arg("--define")
-        .arg("_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm")
-        // No dependency on /bin/sh scripts being analysed by EL-only helpers.
-        .arg("--define")
-        .arg("__os_install_post %{nil}")
-        .arg(&spec_file))?;
+    run(&mut rpmbuild(
+        &top,
+        &spec_file,
+        "%%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
+    ))?;
     let built = top
         .join("RPMS")
         .join(rpm.file_name().context("rpm path without a name")?);

@@ -491,18 +491,7 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     fs::create_dir_all(top.join("SPECS"))?;
     let spec = top.join("SPECS/go.spec");
     fs::write(&spec, GO_SPEC.replace("@ARCH@", super::rpm_arch()?))?;
-    run(Command::new("rpmbuild")
-        .arg("-bb")
-        .arg("--define")
-        .arg(format!("_topdir {}", top.display()))
-        .arg("--define")
-        .arg(format!("_rpmdir {}", top.join("RPMS").display()))
-        .arg("--define")
-        .arg("_build_name_fmt go.rpm")
-        .arg("--define")
-        .arg("__os_install_post %{nil}")
-        .arg(&spec)
-        .stdout(Stdio::null()))?;
+    run(super::rpmbuild(&top, &spec, "go.rpm").stdout(Stdio::null()))?;
     let go_rpm = top.join("RPMS/go.rpm");
     let sysroot = top.join("root");
     fs::create_dir_all(&sysroot)?;
