@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use test_support::metrics::{parse, Sample};
+use test_support::metrics::{http_get_at, parse, Sample};
 
 fn get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
@@ -26,28 +26,6 @@ fn get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))
-}
-
-/// A GET answered in full: (status, body).
-fn get_body(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 fn now() -> f64 {
@@ -135,8 +113,12 @@ async fn metrics_over_ipv4_and_ipv6_carry_the_process_and_connector_series() {
     let v6 = ipv6_loopback_available();
     let (v4, v6_answer) = tokio::task::spawn_blocking(move || {
         (
-            get_body((Ipv4Addr::LOCALHOST, port).into(), "/metrics").unwrap(),
-            v6.then(|| get_body((Ipv6Addr::LOCALHOST, port).into(), "/metrics").unwrap()),
+            http_get_at((Ipv4Addr::LOCALHOST, port).into(), "/metrics")
+                .expect("/metrics over IPv4"),
+            v6.then(|| {
+                http_get_at((Ipv6Addr::LOCALHOST, port).into(), "/metrics")
+                    .expect("/metrics over IPv6")
+            }),
         )
     })
     .await

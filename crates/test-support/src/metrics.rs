@@ -104,7 +104,12 @@ pub fn metric_with(text: &str, name: &str, key: &str, value: &str) -> f64 {
 
 /// A plain HTTP/1.1 GET on loopback: (status, body).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    http_get_at((std::net::Ipv4Addr::LOCALHOST, port).into(), path)
+}
+
+/// A plain HTTP/1.1 GET to `addr` (IPv4 or IPv6): (status, body).
+pub fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,
