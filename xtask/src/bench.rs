@@ -42,6 +42,16 @@ pub struct Args {
     /// prints the medians and the loss in nodes a minute.
     #[arg(long, value_name = "FILE")]
     rego_policy: Option<PathBuf>,
+    /// Instead: active-active scaling on a three-server cluster, one replica then R; prints
+    /// the ratio last (bench_replicas.rs).
+    #[arg(long, value_name = "R")]
+    replicas: Option<usize>,
+    /// The helper's latency per node in --replicas runs, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    helper_delay: u64,
+    /// Workers per replica in --replicas runs.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    replica_workers: usize,
 }
 
 /// What one contender achieved.
@@ -199,6 +209,16 @@ pub fn main(args: Args) -> Result<()> {
     }
     if let Some(policy) = &args.rego_policy {
         return rego_policy_probe(&args, &bins, policy);
+    }
+    if let Some(replicas) = args.replicas {
+        return crate::bench_replicas::main(
+            &bins,
+            replicas,
+            args.helper_delay,
+            args.nodes,
+            args.replica_workers,
+            Duration::from_secs(args.timeout),
+        );
     }
     let ours = contender(&args, &bins, None, "rust")?;
     let go = if args.vs_go || args.go_bin.is_some() {

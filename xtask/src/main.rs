@@ -4,6 +4,7 @@
 //! processes, metrics, the Go environment) lives in `test-support`.
 
 mod bench;
+mod bench_replicas;
 mod demo;
 mod dist;
 mod docs;

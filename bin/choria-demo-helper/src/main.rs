@@ -5,6 +5,8 @@
 //! set, a certificate signed by that CA; with an ed25519 key in the input, a `choria` security
 //! configuration for the server JWT the provisioner signs. `CHORIA_UPGRADE_TO` asks for an upgrade
 //! to that version; `CHORIA_DEFER` set to a substring defers every identity containing it.
+//! `CHORIA_HELPER_DELAY_MS` waits that long (at most a minute) before answering, standing for a
+//! remote CA; `CHORIA_HELPER_RECORD` names a file each run appends its identity to.
 //!
 //! Everything in the input comes from the node, that is from anyone holding a provisioning JWT.
 //! Before anything else the identity is held to the provisioner's built-in grammar (labels of
@@ -77,6 +79,25 @@ fn helper() -> Result<(), String> {
         Some(Err(why)) => return defer(&format!("refused: {why}")),
         Some(Ok(identity)) => identity,
     };
+
+    // Benchmarks and the active-active scenarios: a fixed latency standing for a remote CA,
+    // and a record of every identity the helper ran for (one appended line each).
+    if let Some(ms) = env("CHORIA_HELPER_DELAY_MS") {
+        let ms: u64 = ms.parse().map_err(|_| {
+            format!("CHORIA_HELPER_DELAY_MS {ms:?} is not a number of milliseconds")
+        })?;
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
+    }
+    if let Some(path) = env("CHORIA_HELPER_RECORD") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {path}: {e}"))?;
+        f.write_all(format!("{identity}\n").as_bytes())
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
 
     if let Some(pattern) = env("CHORIA_DEFER") {
         if identity.contains(&pattern) {

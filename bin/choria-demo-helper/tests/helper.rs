@@ -53,6 +53,30 @@ fn defer_and_upgrade_switches() {
 }
 
 #[test]
+fn delay_and_record_switches() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("runs.txt");
+    let record = record.to_str().unwrap();
+    for id in ["a-1.example.net", "b-2.example.net"] {
+        let input = json!({"identity": id, "csr": null, "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
+        let started = std::time::Instant::now();
+        let reply = run(
+            &input,
+            &[
+                ("CHORIA_HELPER_DELAY_MS", "300"),
+                ("CHORIA_HELPER_RECORD", record),
+            ],
+        );
+        assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+        assert_eq!(reply["configuration"]["identity"], id);
+    }
+    assert_eq!(
+        std::fs::read_to_string(record).unwrap(),
+        "a-1.example.net\nb-2.example.net\n"
+    );
+}
+
+#[test]
 fn pki_reply_carries_a_certificate_signed_by_the_ca() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();

@@ -49,7 +49,7 @@ fn plan(cfg: &Config) -> String {
         "provisioner configuration {}\n  \
          features: jwt {} pki {} ed25519 {} upgrades {}\n  \
          workers: {} (queue {})\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
-         leader election: {}\n  monitoring: {}\n  site: {}\n  identities: {}\n  \
+         leader election: {}\n{}  monitoring: {}\n  site: {}\n  identities: {}\n  \
          extra CSR DNS names: {}\n",
         cfg.file.display(),
         on(f.jwt),
@@ -62,6 +62,7 @@ fn plan(cfg: &Config) -> String {
         cfg.helper,
         cfg.lifecycle_component,
         on(cfg.leader_election),
+        active_active(cfg),
         monitoring(cfg),
         if cfg.site.is_empty() {
             "(none)"
@@ -78,6 +79,24 @@ fn plan(cfg: &Config) -> String {
         } else {
             format!("csr_extra_dns_names {}", quoted(&cfg.csr_extra_dns_names))
         },
+    )
+}
+
+/// The active-active line: what the replicas share on the broker and what to create when the
+/// account may not.
+fn active_active(cfg: &Config) -> String {
+    use choria_rpc_client::claims::{create_command, CLAIMS_BUCKET, MAX_BUCKET_REPLICAS};
+    if !cfg.active_active {
+        return "  active-active: off\n".to_string();
+    }
+    format!(
+        "  active-active: on, every replica provisions; nodes are claimed in the Choria Streams \
+         bucket {CLAIMS_BUCKET} (claim lifetime {}), created at start when the account may, \
+         otherwise create it with: {}\n  \
+         active-active needs every provisioner of the site to be this one: a deployment with Go \
+         provisioners stays on leader_election\n",
+        human(cfg.claim_lifetime),
+        create_command(CLAIMS_BUCKET, cfg.claim_lifetime, MAX_BUCKET_REPLICAS)
     )
 }
 

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use choria_rpc_client::claims::ClaimStore;
 use choria_rpc_client::connection::{
     connect_with_retry_observed, ConnectionError, ConnectionSettings, ConnectorSnapshot,
     ConnectorStats,
@@ -32,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::aa;
 use crate::cli::{RunArgs, VERSION};
 use crate::helper::SubprocessHelper;
 use crate::keys::FileKeys;
@@ -231,6 +233,50 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         error!("Could not publish startup event: {e}");
     }
 
+    let ha = HaMode::of(&config);
+    info!("high availability: {}", ha.label());
+    // Active-active: the claims bucket is opened (or created) before any node is taken; until
+    // it is there every attempt is logged and nothing is provisioned.
+    let claim_store = if ha == HaMode::ActiveActive {
+        let chosen = ClaimStore::choose(
+            client.nats().clone(),
+            &choria.identity,
+            config.claim_lifetime,
+            &election::backoff::FIVE_SEC,
+            &shutdown,
+            |e| error!("active-active: {e}; provisioning waits until this is fixed"),
+        )
+        .await
+        .map_err(anyhow::Error::new)?;
+        match chosen {
+            Some(store) => {
+                info!(
+                    "active-active: claiming nodes in bucket {} through {} as replica {}, claim lifetime {:?}",
+                    store.bucket(),
+                    store.api(),
+                    store.replica(),
+                    store.lifetime()
+                );
+                Some(store)
+            }
+            None => {
+                info!("shutting down before the claims bucket was opened");
+                stopped.cancel();
+                while background.join_next().await.is_some() {}
+                if let Some(serving) = &monitor {
+                    serving.stopped().await;
+                }
+                info!("stopped");
+                return Ok(());
+            }
+        }
+    } else {
+        None
+    };
+    let spreader = claim_store
+        .as_ref()
+        .map(|store| Arc::new(aa::Spreader::new(store.clone(), Arc::clone(&config))));
+
     let pause = PauseState::new(config.leader_election);
     metrics.set_role(if config.leader_election {
         Role::Standby
@@ -251,6 +297,13 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         FileKeys::new(Arc::clone(&config)),
         Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
     );
+    let provisioner = match (&claim_store, &spreader) {
+        (Some(store), Some(spreader)) => provisioner.with_claims(Arc::new(aa::ReplicaClaims::new(
+            store.clone(),
+            Arc::clone(spreader),
+        ))),
+        _ => provisioner,
+    };
     let (provisioner, policy) = crate::rego::admission(&config, provisioner)?;
     let fleet = Fleet::with_capacity(provisioner, queue_size);
     let discover_now = Arc::new(Notify::new());
@@ -264,12 +317,22 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         client.clone(),
         Arc::clone(&config),
         Arc::clone(&fleet),
+        spreader.clone(),
         shutdown.clone(),
     ));
+    if let (Some(store), Some(spreader)) = (&claim_store, &spreader) {
+        tasks.spawn(Arc::clone(spreader).run(Arc::clone(&fleet), shutdown.clone()));
+        tasks.spawn(aa::keep_alive(
+            store.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ));
+    }
     tasks.spawn(discover(
         client.clone(),
         Arc::clone(&config),
         Arc::clone(&fleet),
+        spreader.clone(),
         pause.clone(),
         Arc::clone(&metrics),
         Arc::clone(&discover_now),
@@ -414,6 +477,7 @@ async fn listen<R, H, O, C>(
     client: RpcClient,
     config: Arc<Config>,
     fleet: Arc<Fleet<R, H, O, C>>,
+    spreader: Option<Arc<aa::Spreader>>,
     shutdown: CancellationToken,
 ) where
     R: provision_core::NodeRpc,
@@ -451,7 +515,13 @@ async fn listen<R, H, O, C>(
         };
         // The identity and the pause state are checked by the work queue: an invalid identity
         // is counted and refused, and nothing is queued while paused.
-        if fleet.add(&ev.event.identity, Source::Event) == AddResult::Queued {
+        if add_node(
+            &fleet,
+            spreader.as_deref(),
+            &ev.event.identity,
+            Source::Event,
+        ) == AddResult::Queued
+        {
             // At debug: anyone with a provisioning JWT can announce thousands of names.
             debug!(
                 "Adding {} to the provision list after receiving an event",
@@ -461,11 +531,67 @@ async fn listen<R, H, O, C>(
     }
 }
 
+/// Queue a found node: straight into the fleet, or (active-active) through the spreader, which
+/// queues this replica's first choices at once and the others later.
+fn add_node<R, H, O, C>(
+    fleet: &Fleet<R, H, O, C>,
+    spreader: Option<&aa::Spreader>,
+    identity: &str,
+    source: Source,
+) -> AddResult
+where
+    R: provision_core::NodeRpc,
+    H: provision_core::Helper,
+    O: Observer,
+    C: provision_core::Clock,
+{
+    match spreader {
+        Some(s) => s.offer(fleet, identity, source),
+        None => fleet.add(identity, source),
+    }
+}
+
+/// The high-availability mode the daemon runs in, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HaMode {
+    /// One provisioner, always active.
+    Single,
+    /// `leader_election`: the leader provisions, the others stand by.
+    LeaderElection,
+    /// `active_active`: every replica provisions, each node claimed in the claims bucket.
+    ActiveActive,
+}
+
+impl HaMode {
+    /// The mode `config` asks for (the two keys are exclusive, checked when it is loaded).
+    pub fn of(config: &Config) -> Self {
+        if config.active_active {
+            HaMode::ActiveActive
+        } else if config.leader_election {
+            HaMode::LeaderElection
+        } else {
+            HaMode::Single
+        }
+    }
+
+    /// How the mode is named in logs and `check`.
+    pub fn label(self) -> &'static str {
+        match self {
+            HaMode::Single => "none (a single provisioner)",
+            HaMode::LeaderElection => "leader election (active-standby)",
+            HaMode::ActiveActive => {
+                "active-active (every replica provisions, nodes claimed in Choria Streams)"
+            }
+        }
+    }
+}
+
 /// Broadcast discovery at start, every interval, and when asked (after winning an election).
 async fn discover<R, H, C>(
     client: RpcClient,
     config: Arc<Config>,
     fleet: Arc<Fleet<R, H, Arc<Metrics>, C>>,
+    spreader: Option<Arc<aa::Spreader>>,
     pause: PauseState,
     metrics: Arc<Metrics>,
     now: Arc<Notify>,
@@ -486,7 +612,9 @@ async fn discover<R, H, C>(
                 Ok(nodes) => {
                     info!("discovered {} nodes waiting for provisioning", nodes.len());
                     for id in &nodes {
-                        if fleet.add(id, Source::Discovery) == AddResult::Queued {
+                        if add_node(&fleet, spreader.as_deref(), id, Source::Discovery)
+                            == AddResult::Queued
+                        {
                             info!("Adding {id} to the provision list after discovering it");
                         }
                     }

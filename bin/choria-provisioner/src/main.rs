@@ -4,6 +4,7 @@
 //! anything binds, sets up logging, and hands over to [`daemon`] (or [`check`]). Every error
 //! reaches the operator as one line on stderr and a non-zero exit code.
 
+mod aa;
 mod check;
 mod cli;
 mod daemon;

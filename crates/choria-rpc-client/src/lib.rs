@@ -36,6 +36,7 @@
 #![deny(missing_docs)]
 pub mod agents;
 pub mod brokers;
+pub mod claims;
 pub mod config;
 pub mod connection;
 pub mod election;

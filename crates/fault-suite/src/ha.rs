@@ -55,6 +55,11 @@ pub fn lock_held(env: &Env, name: &str) -> Result<String> {
 
 /// Create the election KV bucket's stream over a raw NATS connection (JetStream API).
 pub fn create_election_bucket(port: u16, ttl: Duration) -> Result<()> {
+    create_replicated_election_bucket(port, ttl, 1)
+}
+
+/// [`create_election_bucket`] with `replicas` copies (a cluster).
+pub fn create_replicated_election_bucket(port: u16, ttl: Duration, replicas: usize) -> Result<()> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let req = serde_json::json!({
@@ -69,7 +74,7 @@ pub fn create_election_bucket(port: u16, ttl: Duration) -> Result<()> {
         "max_msg_size": -1,
         "storage": "file",
         "discard": "new",
-        "num_replicas": 1,
+        "num_replicas": replicas,
         "duplicate_window": 2_000_000_000u64,
         "allow_rollup_hdrs": true,
         "deny_delete": true,

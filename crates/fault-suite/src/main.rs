@@ -18,6 +18,7 @@
 //! The scenarios are a table ([`scenarios::scenarios`]) of functions grouped by theme, on a
 //! harness ([`harness`]) over `test-support`.
 
+mod active_active;
 mod broker;
 mod floods;
 mod ha;

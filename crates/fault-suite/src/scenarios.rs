@@ -3,6 +3,10 @@
 
 use anyhow::Result;
 
+use crate::active_active::{
+    aa_late_replica, aa_replica_killed, aa_server_stopped, aa_three_replicas,
+    ha_cluster_server_killed,
+};
 use crate::broker::{broker_restart, provisioner_sigkill};
 use crate::floods::{event_flood, load, queue_full};
 use crate::ha::{election_bucket_missing, ha_leader_killed, lock_held};
@@ -270,6 +274,37 @@ pub fn scenarios() -> Vec<Scenario> {
             about: "20,000 startup events for bogus nodes (a tenth with hostile identities), then a real fleet of 200",
             run: event_flood,
             long: false,
+        },
+        // Active-active on a three-server cluster (active_active.rs).
+        Scenario {
+            name: "aa-three-replicas",
+            about: "three active-active replicas on a 3-server cluster share 2,000 nodes",
+            run: aa_three_replicas,
+            long: false,
+        },
+        Scenario {
+            name: "aa-replica-killed",
+            about: "three active-active replicas; one is SIGKILLed mid-run",
+            run: aa_replica_killed,
+            long: true,
+        },
+        Scenario {
+            name: "aa-server-stopped",
+            about: "three active-active replicas; the nats-server one of them is connected to is stopped mid-run",
+            run: aa_server_stopped,
+            long: false,
+        },
+        Scenario {
+            name: "aa-late-replica",
+            about: "two active-active replicas, a third started mid-run",
+            run: aa_late_replica,
+            long: false,
+        },
+        Scenario {
+            name: "ha-cluster-server-killed",
+            about: "leader election on a 3-server cluster; the leader's server is killed mid-run",
+            run: ha_cluster_server_killed,
+            long: true,
         },
     ]
 }

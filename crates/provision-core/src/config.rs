@@ -35,6 +35,14 @@ pub const DEFAULT_SERVER_JWT_VALIDITY: Duration = Duration::from_secs(365 * 24 *
 pub const DEFAULT_WORK_QUEUE_SIZE: usize = 250_000;
 /// The shortest discovery interval accepted (as the Go provisioner).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
+/// Default `claim_lifetime` (active-active): how long a claim on a node lives without being
+/// kept, and so how long a dead replica's claims block the others.
+pub const DEFAULT_CLAIM_LIFETIME: Duration = Duration::from_secs(30);
+/// The shortest `claim_lifetime`: a claim is kept every third of it, and a JetStream
+/// round-trip must fit comfortably.
+pub const MIN_CLAIM_LIFETIME: Duration = Duration::from_secs(6);
+/// The longest `claim_lifetime`.
+pub const MAX_CLAIM_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// Optional features (the `features` map).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,6 +100,11 @@ pub struct Config {
     pub server_jwt_validity: Duration,
     /// Take part in leader election.
     pub leader_election: bool,
+    /// `active_active` (not a Go key): every replica provisions, each node claimed in the
+    /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
+    pub active_active: bool,
+    /// `claim_lifetime` (not a Go key): how long a claim lives unless kept (active-active).
+    pub claim_lifetime: Duration,
     /// The `release_update` repository.
     pub upgrades_repository: String,
     /// Upgrade failures are logged and provisioning continues.
@@ -153,6 +166,8 @@ impl std::fmt::Debug for Config {
             jwt_signing_token,
             server_jwt_validity,
             leader_election,
+            active_active,
+            claim_lifetime,
             upgrades_repository,
             upgrades_optional,
             features,
@@ -188,6 +203,8 @@ impl std::fmt::Debug for Config {
             .field("jwt_signing_token", jwt_signing_token)
             .field("server_jwt_validity", server_jwt_validity)
             .field("leader_election", leader_election)
+            .field("active_active", active_active)
+            .field("claim_lifetime", claim_lifetime)
             .field("upgrades_repository", upgrades_repository)
             .field("upgrades_optional", upgrades_optional)
             .field("features", features)
@@ -337,6 +354,12 @@ pub enum ConfigError {
         /// The regular expression compiler's message.
         reason: String,
     },
+    /// `active_active` and `leader_election` are both on.
+    #[error("active_active and leader_election cannot both be on: choose one high-availability mode (a deployment with Go provisioners stays on leader_election)")]
+    ActiveActiveAndElection,
+    /// `claim_lifetime` is outside 6 s to 1 h.
+    #[error("claim_lifetime {0:?} is out of range: it must be between 6s and 1h")]
+    ClaimLifetime(String),
     /// `monitor_address` is not an IP address.
     #[error("invalid monitor_address {0:?}: it must be an IPv4 or IPv6 address, for example 127.0.0.1 or ::1")]
     MonitorAddress(String),
@@ -416,6 +439,8 @@ struct RawConfig {
     server_jwt_validity: String,
     rego_policy: String,
     leader_election: bool,
+    active_active: bool,
+    claim_lifetime: String,
     upgrades_repository: String,
     upgrades_optional: bool,
     features: RawFeatures,
@@ -439,7 +464,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 27] = [
+const FIELDS: [Field; 29] = [
     field(
         "workers",
         Kind::Int {
@@ -487,6 +512,8 @@ const FIELDS: [Field; 27] = [
     field("csr_extra_dns_names", Kind::Str),
     field("monitor_address", Kind::Str),
     field("record_helper_inputs", Kind::Str),
+    field("active_active", Kind::Bool),
+    field("claim_lifetime", Kind::Str),
 ];
 
 impl RawConfig {
@@ -544,6 +571,8 @@ impl RawConfig {
             csr_extra_dns_names: text("csr_extra_dns_names"),
             monitor_address: text("monitor_address"),
             record_helper_inputs: text("record_helper_inputs"),
+            active_active: flag(s, "active_active"),
+            claim_lifetime: text("claim_lifetime"),
         }
     }
 }
@@ -717,6 +746,28 @@ impl Config {
                     DEFAULT_SERVER_JWT_VALIDITY
                 })
         };
+        if raw.active_active && raw.leader_election {
+            errors.push(ConfigError::ActiveActiveAndElection);
+        }
+        let claim_lifetime = if raw.claim_lifetime.trim().is_empty() {
+            DEFAULT_CLAIM_LIFETIME
+        } else {
+            match parse_duration(raw.claim_lifetime.trim()) {
+                Ok(d) if (MIN_CLAIM_LIFETIME..=MAX_CLAIM_LIFETIME).contains(&d) => d,
+                Ok(_) => {
+                    errors.push(ConfigError::ClaimLifetime(raw.claim_lifetime.clone()));
+                    DEFAULT_CLAIM_LIFETIME
+                }
+                Err(reason) => {
+                    errors.push(ConfigError::Duration {
+                        key: "claim_lifetime",
+                        value: raw.claim_lifetime.clone(),
+                        reason,
+                    });
+                    DEFAULT_CLAIM_LIFETIME
+                }
+            }
+        };
         let interval = if interval < MIN_INTERVAL {
             errors.push(ConfigError::IntervalTooSmall(interval_text));
             MIN_INTERVAL
@@ -776,6 +827,8 @@ impl Config {
             jwt_signing_token: raw.jwt_signing_token,
             server_jwt_validity,
             leader_election: raw.leader_election,
+            active_active: raw.active_active,
+            claim_lifetime,
             upgrades_repository: raw.upgrades_repository,
             upgrades_optional: raw.upgrades_optional,
             features,
@@ -1177,5 +1230,35 @@ features:
         assert_eq!(parse_duration("xd"), Err(DurationError::Number));
         assert_eq!(parse_duration("1H"), Err(DurationError::Unit("H".into())));
         assert_eq!(parse_duration("-5m"), Err(DurationError::Negative));
+    }
+
+    #[test]
+    fn active_active_is_read_and_refused_beside_leader_election() {
+        let c = load("active_active: true\nclaim_lifetime: 45s\n")
+            .unwrap()
+            .config;
+        assert!(c.active_active && !c.leader_election);
+        assert_eq!(c.claim_lifetime, Duration::from_secs(45));
+        let c = load("site: lon\n").unwrap().config;
+        assert!(!c.active_active);
+        assert_eq!(c.claim_lifetime, DEFAULT_CLAIM_LIFETIME);
+
+        let both = load("active_active: true\nleader_election: true\n").unwrap_err();
+        assert!(
+            matches!(both, ConfigError::ActiveActiveAndElection),
+            "{both}"
+        );
+        assert!(both.to_string().contains("leader_election"), "{both}");
+        for (lifetime, what) in [
+            ("2s", "out of range"),
+            ("2h", "out of range"),
+            ("5q", "invalid claim_lifetime"),
+        ] {
+            let e = load(&format!(
+                "active_active: true\nclaim_lifetime: {lifetime}\n"
+            ))
+            .unwrap_err();
+            assert!(e.to_string().contains(what), "{lifetime}: {e}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::clock::Clock;
 use crate::identity::{escaped, IdentityError, LogSummary};
@@ -562,6 +562,23 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 o.lock_held();
                 info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving {id} to it");
                 Some(LOCK_HOLD)
+            }
+            // Active-active: nothing was sent to the node. A finished one restarts; an
+            // unfinished one is forgotten (the claims store decides when it is tried again).
+            Ok(Outcome::ClaimedElsewhere { by, done }) => {
+                o.claim_taken();
+                debug!(identity = %id, "{id} is claimed by {}{}, leaving it", escaped(&by), if done { " (done)" } else { "" });
+                done.then_some(SUCCESS_HOLD)
+            }
+            Err(e)
+                if matches!(
+                    e.kind,
+                    ProvisionErrorKind::Claim(_) | ProvisionErrorKind::ClaimLost(_)
+                ) =>
+            {
+                o.claim_error();
+                warn!(identity = %id, "Could not provision {id}: {}", e.kind);
+                None
             }
             // Nothing at all serves an announced node's subject: no server of that name is
             // connected. Anyone can announce such nodes by the thousand, so these are

@@ -11,6 +11,8 @@
 //!   holds keys loaded once).
 //! * [`observer`]: [`Observer`], the metric hooks.
 //! * [`clock`]: [`Clock`] (wall time) and [`Random`] (nonces and jitter).
+//! * [`claims`]: [`Claims`], the shared store through which active-active replicas claim a
+//!   node before provisioning it (optional).
 //!
 //! And the engine itself:
 //!
@@ -97,6 +99,7 @@
 
 #![deny(missing_docs)]
 pub mod admission;
+pub mod claims;
 pub mod clock;
 pub mod config;
 pub mod fleet;
@@ -115,6 +118,7 @@ pub use choria_crypto;
 pub use choria_crypto::jwt;
 
 pub use admission::{Admission, AllowAll, Decision};
+pub use claims::{ClaimError, ClaimOutcome, Claims, Ticket};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded};
 pub use fleet::{AddResult, Fleet, Source};

@@ -45,6 +45,11 @@ pub trait Observer: Send + Sync + 'static {
     /// The admission policy decided for a node (a denial is counted as `policy_denied`). The
     /// hook a node history or audit record would record the decision through.
     fn admission(&self, _identity: &str, _decision: &crate::admission::Decision) {}
+    /// Active-active: another replica held a node's claim, so it was left to it.
+    fn claim_taken(&self) {}
+    /// Active-active: a node was not started because its claim could not be taken, confirmed
+    /// or kept (the claims store is unreachable).
+    fn claim_error(&self) {}
 }
 
 /// A shared observer (for example metrics also served over HTTP) observes through its `Arc`.
@@ -102,6 +107,12 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn admission(&self, identity: &str, decision: &crate::admission::Decision) {
         (**self).admission(identity, decision)
+    }
+    fn claim_taken(&self) {
+        (**self).claim_taken()
+    }
+    fn claim_error(&self) {
+        (**self).claim_error()
     }
 }
 

@@ -2,6 +2,7 @@
 //! then upgrade, configure and restart it, each step gated by its feature and by the pause state.
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::admission::{Admission, Decision};
+use crate::claims::{ClaimError, ClaimOutcome, Claims};
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::Config;
 use crate::fleet::Source;
@@ -96,6 +98,13 @@ pub enum Outcome {
         /// The action that found the lock.
         action: Action,
     },
+    /// Active-active: another replica holds the node's claim; nothing was sent to the node.
+    ClaimedElsewhere {
+        /// The replica named in the claim.
+        by: String,
+        /// That replica finished the node (it is restarting).
+        done: bool,
+    },
 }
 
 /// Why a node's cycle failed.
@@ -154,6 +163,14 @@ pub enum ProvisionErrorKind {
     /// The helper returned no configuration.
     #[error("configuration failed: empty configuration")]
     EmptyConfiguration,
+    /// Active-active: the node's claim could not be taken or confirmed (the claims store is
+    /// unreachable): the node is not started.
+    #[error("not started: {0}")]
+    Claim(ClaimError),
+    /// Active-active: the claim could not be kept while the cycle ran, so the next step was
+    /// not started (another replica may own the node now).
+    #[error("claim lost before {0}, not going on")]
+    ClaimLost(&'static str),
     /// Internal: another provisioner holds the lock (turned into [`Outcome::LockHeld`]).
     #[error("provisioning lock held by another provisioner during {0}")]
     LockHeld(Action),
@@ -316,6 +333,7 @@ pub struct Provisioner<R, H, O, C = SystemClock> {
     random: Arc<dyn Random>,
     backoff: Backoff,
     admission: Option<Arc<dyn Admission>>,
+    claims: Option<Arc<dyn Claims>>,
 }
 
 impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
@@ -341,6 +359,7 @@ impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
             random: Arc::new(SystemRandom),
             backoff,
             admission: None,
+            claims: None,
         }
     }
 }
@@ -359,6 +378,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             random: self.random,
             backoff: self.backoff,
             admission: self.admission,
+            claims: self.claims,
         }
     }
 
@@ -373,6 +393,18 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     pub fn with_admission(mut self, admission: Arc<dyn Admission>) -> Self {
         self.admission = Some(admission);
         self
+    }
+
+    /// Active-active: claims each node in `claims` before anything is sent to it, keeps the
+    /// claim while the cycle runs, marks it done after success and releases it after failure.
+    pub fn with_claims(mut self, claims: Arc<dyn Claims>) -> Self {
+        self.claims = Some(claims);
+        self
+    }
+
+    /// Whether nodes are claimed before they are provisioned (active-active).
+    pub fn claims_nodes(&self) -> bool {
+        self.claims.is_some()
     }
 
     /// Replaces the delays between RPC tries.
@@ -403,7 +435,11 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
 
     /// Runs the whole cycle for `host`.
     pub async fn provision(&self, host: &mut Host) -> Result<Outcome, ProvisionError> {
-        match self.cycle(host).await {
+        let res = match &self.claims {
+            None => self.cycle(host, None).await,
+            Some(claims) => self.claimed_cycle(&**claims, host).await,
+        };
+        match res {
             Ok(o) => Ok(o),
             Err(ProvisionErrorKind::LockHeld(action)) => Ok(Outcome::LockHeld { action }),
             Err(kind) => Err(ProvisionError {
@@ -514,8 +550,85 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             .to_string()
     }
 
+    /// The cycle under a claim: nothing is sent to the node unless this replica's claim went
+    /// through; the claim is kept every [`Claims::keep_every`] while the cycle runs (a claim that
+    /// cannot be kept stops the cycle before its next step), then marked done or released.
+    async fn claimed_cycle(
+        &self,
+        claims: &dyn Claims,
+        host: &mut Host,
+    ) -> Result<Outcome, ProvisionErrorKind> {
+        // The store's key is made from the identity: check it before the store sees it.
+        self.config
+            .identity_rule
+            .check(&host.identity)
+            .map_err(ProvisionErrorKind::Identity)?;
+        let mut ticket = match claims
+            .claim(&host.identity)
+            .await
+            .map_err(ProvisionErrorKind::Claim)?
+        {
+            ClaimOutcome::Claimed(t) => t,
+            ClaimOutcome::Taken { by, done } => {
+                return Ok(Outcome::ClaimedElsewhere { by, done });
+            }
+        };
+        let lost = AtomicBool::new(false);
+        let res = {
+            let cycle = self.cycle(host, Some(&lost));
+            tokio::pin!(cycle);
+            let every = claims.keep_every();
+            let ticket = &mut ticket;
+            let keep = async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Err(e) = claims.keep(ticket).await {
+                        return e;
+                    }
+                }
+            };
+            tokio::pin!(keep);
+            let mut keeping = true;
+            loop {
+                tokio::select! {
+                    r = &mut cycle => break r,
+                    e = &mut keep, if keeping => {
+                        keeping = false;
+                        lost.store(true, Ordering::Release);
+                        warn!(identity = %escaped(&e.identity), "Could not keep the claim, the cycle stops before its next step: {e}");
+                    }
+                }
+            }
+        };
+        let id = host.identity.clone();
+        // A finished node is left to restart; anything else is given back so any replica may
+        // take it (an upgraded node comes back in provisioning mode).
+        let finished = matches!(res, Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown));
+        let ended = if finished {
+            claims.done(ticket).await
+        } else {
+            claims.release(ticket).await
+        };
+        if let Err(e) = ended {
+            warn!(identity = %escaped(&id), "{e}");
+        }
+        res
+    }
+
     /// The cycle's steps in order: identify the node, consult the helper, enrol, configure.
-    async fn cycle(&self, host: &mut Host) -> Result<Outcome, ProvisionErrorKind> {
+    /// `lost` (active-active) stops it before the helper or the configuration once set.
+    async fn cycle(
+        &self,
+        host: &mut Host,
+        lost: Option<&AtomicBool>,
+    ) -> Result<Outcome, ProvisionErrorKind> {
+        let claim_held = |step: &'static str| {
+            if lost.is_some_and(|l| l.load(Ordering::Acquire)) {
+                Err(ProvisionErrorKind::ClaimLost(step))
+            } else {
+                Ok(())
+            }
+        };
         // Checked again here (the work queue checked it before queueing) so that nothing is
         // sent, asked of the helper or signed for an invalid identity whoever built the host.
         self.config
@@ -523,11 +636,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             .check(&host.identity)
             .map_err(ProvisionErrorKind::Identity)?;
         self.identify(host).await?;
+        claim_held("the helper")?;
         let reply = match self.consult_helper(host).await? {
             ControlFlow::Continue(reply) => reply,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
         let enrolment = self.enroll(host, &reply)?;
+        claim_held("configuration")?;
         self.configure(host, reply, enrolment).await
     }
 

@@ -150,6 +150,17 @@ pub struct Metrics {
     /// `choria_provisioner_policy_denied`: nodes refused by the admission policy (`rego_policy`,
     /// not in the Go set).
     pub policy_denied: Counter,
+    /// `choria_provisioner_claim_operations`: JetStream operations made to claim nodes
+    /// (active-active, not in the Go set).
+    pub claim_operations: Counter,
+    /// `choria_provisioner_claims_taken`: nodes left to the replica holding their claim.
+    pub claims_taken: Counter,
+    /// `choria_provisioner_claim_errors`: nodes not started because their claim could not be
+    /// taken, confirmed or kept.
+    pub claim_errors: Counter,
+    /// `choria_provisioner_active_replicas`: live active-active replicas seen in the claims
+    /// bucket, this one included (0 outside active-active).
+    pub active_replicas: Gauge,
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -223,9 +234,29 @@ impl std::fmt::Debug for ElectionSource {
 
 const HELP: &[(&str, &str, &str)] = &[
     (
+        "choria_provisioner_active_replicas",
+        "gauge",
+        "How many active-active replicas are live in the claims bucket, this one included",
+    ),
+    (
         "choria_provisioner_busy_workers",
         "gauge",
         "How many workers are busy provisioning nodes",
+    ),
+    (
+        "choria_provisioner_claim_errors",
+        "counter",
+        "How many nodes were not started because their claim could not be taken, confirmed or kept",
+    ),
+    (
+        "choria_provisioner_claim_operations",
+        "counter",
+        "How many JetStream operations were made to claim nodes",
+    ),
+    (
+        "choria_provisioner_claims_taken",
+        "counter",
+        "How many nodes were left to the active-active replica holding their claim",
     ),
     (
         "choria_provisioner_discover_cycles",
@@ -335,6 +366,10 @@ impl Metrics {
             lock_held: Counter::default(),
             invalid_identities: Counter::default(),
             policy_denied: Counter::default(),
+            claim_operations: Counter::default(),
+            claims_taken: Counter::default(),
+            claim_errors: Counter::default(),
+            active_replicas: Gauge::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -456,6 +491,18 @@ impl Metrics {
                     );
                 }
                 "choria_provisioner_lock_held" => plain(self.lock_held.get().to_string(), &mut out),
+                "choria_provisioner_claim_operations" => {
+                    plain(self.claim_operations.get().to_string(), &mut out)
+                }
+                "choria_provisioner_claims_taken" => {
+                    plain(self.claims_taken.get().to_string(), &mut out)
+                }
+                "choria_provisioner_claim_errors" => {
+                    plain(self.claim_errors.get().to_string(), &mut out)
+                }
+                "choria_provisioner_active_replicas" => {
+                    plain(self.active_replicas.get().to_string(), &mut out)
+                }
                 "choria_provisioner_invalid_identities" => {
                     plain(self.invalid_identities.get().to_string(), &mut out)
                 }
@@ -667,6 +714,12 @@ impl provision_core::Observer for Metrics {
     }
     fn lock_held(&self) {
         self.lock_held.inc();
+    }
+    fn claim_taken(&self) {
+        self.claims_taken.inc();
+    }
+    fn claim_error(&self) {
+        self.claim_errors.inc();
     }
     fn discovered(&self) {
         self.discovered.inc();

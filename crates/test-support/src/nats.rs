@@ -200,6 +200,12 @@ impl NatsCluster {
 
     /// Start a cluster of `size` servers.
     pub fn start_sized(size: usize) -> Result<Self> {
+        Self::start_with(size, "")
+    }
+
+    /// Start a cluster of `size` servers with `extra` added to every server's configuration
+    /// (for example `max_payload: 4MB`).
+    pub fn start_with(size: usize, extra: &str) -> Result<Self> {
         let tmp = tempfile::tempdir().ctx(|| "creating a temporary directory".into())?;
         let ports: Vec<(u16, u16, u16)> = (0..size)
             .map(|_| (free_port(), free_port(), free_port()))
@@ -214,7 +220,7 @@ impl NatsCluster {
             crate::mkdir(&dir)?;
             let extra = format!(
                 "server_name: n{n}\nhttp: 127.0.0.1:{http}\n\
-                 cluster {{\n  name: test\n  listen: 127.0.0.1:{cluster}\n  routes: [{}]\n}}\n",
+                 cluster {{\n  name: test\n  listen: 127.0.0.1:{cluster}\n  routes: [{}]\n}}\n{extra}\n",
                 routes.join(", ")
             );
             let conf = dir.join("nats.conf");

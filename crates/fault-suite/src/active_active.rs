@@ -1,0 +1,481 @@
+//! Active-active on a three-server NATS cluster with JetStream (the claims bucket at three
+//! replicas): three replicas sharing a fleet, one of them SIGKILLed mid-run, the server one
+//! replica is connected to stopped mid-run, a replica started late, and the leader-election
+//! mode on the same cluster with the leader's server killed. Every scenario checks the
+//! simulator's report (each node provisioned, configured once) and the helper's record (the
+//! demo helper appends the identity of every run: each node's helper ran once).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use test_support::metrics::{metric_sum, scrape};
+use test_support::provisioner::{Output, ProvisionerProcess};
+use test_support::simulator::{Report, Simulator};
+use test_support::stack::{write_run_files, ProvisionerOptions, RunFiles};
+use test_support::{logs, Mode, NatsCluster};
+
+use crate::harness::{wait_for, Env, DOMAIN};
+
+/// The claim lifetime of the scenarios: short, so a dead replica's claims expire quickly.
+const LIFETIME_SECS: u64 = 9;
+
+/// One scenario's stack: the cluster, the run's files and the replicas.
+struct AaRun {
+    dir: PathBuf,
+    bins: PathBuf,
+    cluster: NatsCluster,
+    files: RunFiles,
+    /// The helper's record: one identity per helper run.
+    record: PathBuf,
+    helper_delay_ms: u64,
+    replicas: Vec<ProvisionerProcess>,
+}
+
+impl AaRun {
+    fn new(env: &Env, name: &str, election: bool, helper_delay_ms: u64) -> Result<AaRun> {
+        let dir = env.base.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let cluster = NatsCluster::start_with(3, "max_payload: 4MB")?;
+        let helper = env.bins.join("choria-demo-helper").display().to_string();
+        let extra = if election {
+            String::new()
+        } else {
+            format!("active_active: true\nclaim_lifetime: {LIFETIME_SECS}s\n")
+        };
+        let files = write_run_files(
+            &dir,
+            &env.bins,
+            &ProvisionerOptions {
+                mode: Mode::Plain,
+                workers: 8,
+                helper: &helper,
+                broker: &cluster.url(),
+                identity: "provisioner",
+                leader_election: election,
+                extra_yaml: &extra,
+            },
+        )?;
+        test_support::owner_only(&files.provisioner_yaml)?;
+        Ok(AaRun {
+            record: dir.join("helper-runs.txt"),
+            dir,
+            bins: env.bins.clone(),
+            cluster,
+            files,
+            helper_delay_ms,
+            replicas: Vec::new(),
+        })
+    }
+
+    /// Start replica `identity`, connected to `broker` (the whole cluster, or one server whose
+    /// peers it learns from the server), and wait until it listens for startup events.
+    fn start(&mut self, identity: &str, broker: &str) -> Result<usize> {
+        let files = self.files.for_identity(&self.dir, identity)?;
+        let cfg = std::fs::read_to_string(&files.choria_cfg)?.replace(
+            &format!("middleware_hosts = {}", self.cluster.url()),
+            &format!("middleware_hosts = {broker}"),
+        );
+        std::fs::write(&files.choria_cfg, cfg)?;
+        let log = self.dir.join(format!("{identity}.log"));
+        let start_len = logs::len(&log);
+        let mut cmd = ProvisionerProcess::command(
+            &self.bins.join("choria-provisioner"),
+            &[],
+            &files.provisioner_yaml,
+            &files.choria_cfg,
+        );
+        files.helper_env(&mut cmd, &self.cluster.url());
+        cmd.env("CHORIA_HELPER_RECORD", &self.record);
+        if self.helper_delay_ms > 0 {
+            cmd.env("CHORIA_HELPER_DELAY_MS", self.helper_delay_ms.to_string());
+        }
+        let proc = ProvisionerProcess::spawn_with(
+            identity,
+            &mut cmd,
+            &self.dir.join(format!("{identity}.out")),
+            Output::Append,
+            files.monitor_port,
+            Duration::from_secs(3),
+        )?
+        .with_log(&log);
+        self.replicas.push(proc);
+        let idx = self.replicas.len() - 1;
+        self.replicas[idx].wait_log_from(
+            "listening for startup events",
+            start_len,
+            &format!("{identity} to listen for startup events"),
+            Duration::from_secs(60),
+        )?;
+        Ok(idx)
+    }
+
+    fn metric(&self, idx: usize, name: &str) -> f64 {
+        metric_sum(&scrape(self.replicas[idx].port), name)
+    }
+
+    fn start_sim(&self, nodes: usize) -> Result<Simulator> {
+        let mut cmd = Simulator::command(&self.bins);
+        cmd.args([
+            "--broker",
+            &self.cluster.url(),
+            "--nodes",
+            &nodes.to_string(),
+        ])
+        .args(["--mode", Mode::Plain.name(), "--token", &self.files.token])
+        .args(["--identity-prefix", "n", "--domain", DOMAIN])
+        .args(["--restart-delay", "0s", "--progress", "1s"])
+        .arg("--provisioning-signer")
+        .arg(&self.files.signer_seed);
+        Ok(Simulator::start(
+            &mut cmd,
+            &self.dir.join("report.json"),
+            &self.dir.join("fleet-sim.log"),
+        )?)
+    }
+
+    /// Wait until the simulator counts `nodes` provisioned, failing when any of `watch` exits.
+    fn wait_fleet(
+        &mut self,
+        sim: &Simulator,
+        watch: &[usize],
+        nodes: usize,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        wait_for(what, timeout, || {
+            for &i in watch {
+                self.replicas[i].alive()?;
+            }
+            Ok(sim.provisioned() >= nodes)
+        })
+    }
+
+    /// How many times the helper ran for each identity.
+    fn helper_runs(&self) -> BTreeMap<String, usize> {
+        let mut runs = BTreeMap::new();
+        for id in std::fs::read_to_string(&self.record)
+            .unwrap_or_default()
+            .lines()
+        {
+            *runs.entry(id.to_string()).or_insert(0) += 1;
+        }
+        runs
+    }
+
+    fn stop(&mut self, which: &[usize]) -> Result<()> {
+        for &i in which {
+            self.replicas[i].stop_cleanly(Duration::from_secs(20))?;
+            self.replicas[i].ensure_no_panic()?;
+        }
+        Ok(())
+    }
+}
+
+/// Every node provisioned and configured once; the helper ran once per node, apart from at most
+/// `rerun_allowed` nodes (those in flight on a killed replica). The number of helper reruns.
+fn check_once(
+    report: &Report,
+    runs: &BTreeMap<String, usize>,
+    nodes: usize,
+    rerun_allowed: usize,
+) -> Result<usize> {
+    ensure!(
+        report.len() == nodes,
+        "the report has {} nodes, not {nodes}",
+        report.len()
+    );
+    let mut twice = Vec::new();
+    for (id, n) in report {
+        ensure!(
+            n.provisioned,
+            "{id} not provisioned: {:?} {:?}",
+            n.actions,
+            n.problems
+        );
+        if n.ok_count("configure") != 1 {
+            twice.push(format!(
+                "{id}: configured {} times",
+                n.ok_count("configure")
+            ));
+        }
+        ensure!(runs.contains_key(id), "the helper never ran for {id}");
+    }
+    ensure!(
+        twice.is_empty(),
+        "nodes configured more than once: {twice:?}"
+    );
+    let reruns: Vec<_> = runs.iter().filter(|(_, &n)| n > 1).collect();
+    ensure!(
+        reruns.len() <= rerun_allowed,
+        "the helper ran more than once for {} nodes (at most {rerun_allowed} allowed): {:?}",
+        reruns.len(),
+        reruns.iter().take(10).collect::<Vec<_>>()
+    );
+    Ok(reruns.len())
+}
+
+/// The JetStream operations per node, summed over `replicas`.
+fn ops_per_node(run: &AaRun, replicas: &[usize], nodes: usize) -> f64 {
+    let ops: f64 = replicas
+        .iter()
+        .map(|&i| run.metric(i, "choria_provisioner_claim_operations"))
+        .sum();
+    ops / nodes as f64
+}
+
+pub fn aa_three_replicas(env: &Env, name: &str) -> Result<String> {
+    let mut run = AaRun::new(env, name, false, 0)?;
+    let url = run.cluster.url();
+    let all: Vec<usize> = ["provisioner-a", "provisioner-b", "provisioner-c"]
+        .iter()
+        .map(|id| run.start(id, &url))
+        .collect::<Result<_>>()?;
+    wait_for("three live replicas", Duration::from_secs(30), || {
+        Ok(all
+            .iter()
+            .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 3.0))
+    })?;
+    let nodes = 2000;
+    let sim = run.start_sim(nodes)?;
+    let t = run.wait_fleet(
+        &sim,
+        &all,
+        nodes,
+        "2000 nodes provisioned by three replicas",
+        Duration::from_secs(400),
+    )?;
+    let per: Vec<f64> = all
+        .iter()
+        .map(|&i| run.metric(i, "choria_provisioner_provisioned"))
+        .collect();
+    let ops = ops_per_node(&run, &all, nodes);
+    let report = sim.finish()?;
+    check_once(&report, &run.helper_runs(), nodes, 0)?;
+    ensure!(
+        per.iter().sum::<f64>() == nodes as f64,
+        "the replicas counted {per:?} provisioned, not {nodes} in all"
+    );
+    ensure!(
+        per.iter().all(|&p| p >= nodes as f64 / 10.0),
+        "the work was not spread: {per:?}"
+    );
+    ensure!(ops <= 6.0, "{ops:.2} JetStream operations per node");
+    run.stop(&all)?;
+    Ok(format!(
+        "{nodes} nodes in {:.1}s by three replicas ({per:?}); each configured once, each helper run once; {ops:.2} JetStream operations per node",
+        t.as_secs_f64()
+    ))
+}
+
+pub fn aa_replica_killed(env: &Env, name: &str) -> Result<String> {
+    // A latency-bound helper keeps nodes in flight when the kill comes.
+    let mut run = AaRun::new(env, name, false, 200)?;
+    let url = run.cluster.url();
+    let all: Vec<usize> = ["provisioner-a", "provisioner-b", "provisioner-c"]
+        .iter()
+        .map(|id| run.start(id, &url))
+        .collect::<Result<_>>()?;
+    wait_for("three live replicas", Duration::from_secs(30), || {
+        Ok(all
+            .iter()
+            .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 3.0))
+    })?;
+    let nodes = 600;
+    let sim = run.start_sim(nodes)?;
+    let victim = all[0];
+    let survivors = [all[1], all[2]];
+    wait_for(
+        "the first replica to provision 40 nodes",
+        Duration::from_secs(120),
+        || {
+            run.replicas[victim].alive()?;
+            Ok(run.metric(victim, "choria_provisioner_provisioned") >= 40.0)
+        },
+    )?;
+    let _ = run.replicas[victim].proc.child.kill();
+    let _ = run.replicas[victim].proc.child.wait();
+    let killed = Instant::now();
+    let done_at_kill = sim.provisioned();
+    // The victim's unfinished nodes: at most its 8 workers' were reached (those wait out the
+    // nodes' 2-minute provisioning lock); every other node must be taken over within the claim
+    // lifetime plus a few seconds of work.
+    let workers = 8;
+    run.wait_fleet(
+        &sim,
+        &survivors,
+        nodes - workers,
+        "the survivors to take over",
+        Duration::from_secs(120),
+    )?;
+    let bulk = killed.elapsed();
+    let t = run.wait_fleet(
+        &sim,
+        &survivors,
+        nodes,
+        "every node provisioned after the kill",
+        Duration::from_secs(330),
+    )?;
+    let report = sim.finish()?;
+    let reruns = check_once(&report, &run.helper_runs(), nodes, workers)?;
+    let lock_held: f64 = survivors
+        .iter()
+        .map(|&i| run.metric(i, "choria_provisioner_lock_held"))
+        .sum();
+    let ops = ops_per_node(&run, &survivors, nodes);
+    run.stop(&survivors)?;
+    Ok(format!(
+        "replica killed at {done_at_kill}/{nodes}; all but its in-flight nodes done {:.1}s after the kill, all {nodes} after {:.1}s; {reruns} helper reruns (nodes in flight on the dead replica), {lock_held} lock refusals; each node configured once; survivors' {ops:.2} JetStream operations per node",
+        bulk.as_secs_f64(),
+        killed.elapsed().as_secs_f64().max(t.as_secs_f64())
+    ))
+}
+
+pub fn aa_server_stopped(env: &Env, name: &str) -> Result<String> {
+    let mut run = AaRun::new(env, name, false, 20)?;
+    let urls = run.cluster.urls();
+    // The first replica knows only server 0; it learns the others from it.
+    let a = run.start("provisioner-a", &urls[0])?;
+    let b = run.start("provisioner-b", &urls[1])?;
+    let c = run.start("provisioner-c", &urls[2])?;
+    let all = [a, b, c];
+    wait_for("three live replicas", Duration::from_secs(30), || {
+        Ok(all
+            .iter()
+            .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 3.0))
+    })?;
+    let nodes = 1000;
+    let sim = run.start_sim(nodes)?;
+    wait_for(
+        "the first replica to provision 50 nodes",
+        Duration::from_secs(120),
+        || {
+            run.replicas[a].alive()?;
+            Ok(run.metric(a, "choria_provisioner_provisioned") >= 50.0)
+        },
+    )?;
+    let before = run.metric(a, "choria_provisioner_provisioned");
+    run.cluster.stop(0);
+    let stopped = Instant::now();
+    let t = run.wait_fleet(
+        &sim,
+        &all,
+        nodes,
+        "every node provisioned with a server down",
+        Duration::from_secs(300),
+    )?;
+    let after = run.metric(a, "choria_provisioner_provisioned");
+    let reconnected = run.metric(a, "choria_connector_reconnections");
+    ensure!(reconnected >= 1.0, "replica a never reconnected");
+    let report = sim.finish()?;
+    // The fleet's own connection to the stopped server drops replies in flight: a node whose
+    // restart reply was lost may be configured by a cycle counted as failed, but never twice.
+    let reruns = check_once(&report, &run.helper_runs(), nodes, 16)?;
+    ensure!(
+        after > before,
+        "the replica on the stopped server provisioned nothing after reconnecting ({before} before)"
+    );
+    run.stop(&all)?;
+    Ok(format!(
+        "server 0 stopped at {before} nodes of replica a; it reconnected ({reconnected} reconnections counted) and provisioned {} more; all {nodes} done {:.1}s after the stop; {reruns} helper reruns; each node configured once",
+        after - before,
+        stopped.elapsed().as_secs_f64().min(t.as_secs_f64() + 1.0)
+    ))
+}
+
+pub fn aa_late_replica(env: &Env, name: &str) -> Result<String> {
+    let mut run = AaRun::new(env, name, false, 20)?;
+    let url = run.cluster.url();
+    let a = run.start("provisioner-a", &url)?;
+    let b = run.start("provisioner-b", &url)?;
+    let nodes = 1200;
+    let sim = run.start_sim(nodes)?;
+    wait_for(
+        "100 nodes provisioned by two replicas",
+        Duration::from_secs(120),
+        || Ok(sim.provisioned() >= 100),
+    )?;
+    let joined_at = sim.provisioned();
+    let c = run.start("provisioner-c", &url)?;
+    let all = [a, b, c];
+    let t = run.wait_fleet(
+        &sim,
+        &all,
+        nodes,
+        "every node provisioned after a replica joined",
+        Duration::from_secs(300),
+    )?;
+    let late = run.metric(c, "choria_provisioner_provisioned");
+    let report = sim.finish()?;
+    check_once(&report, &run.helper_runs(), nodes, 0)?;
+    ensure!(late > 0.0, "the late replica took no node");
+    run.stop(&all)?;
+    Ok(format!(
+        "a third replica joined at {joined_at}/{nodes} and provisioned {late}; all done {:.1}s later; each node configured once, each helper run once",
+        t.as_secs_f64()
+    ))
+}
+
+/// Leader election (active-standby) on the cluster: the leader's server is killed mid-run.
+pub fn ha_cluster_server_killed(env: &Env, name: &str) -> Result<String> {
+    let mut run = AaRun::new(env, name, true, 20)?;
+    let port = run.cluster.urls()[1]
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .context("no port in the cluster's URL")?;
+    crate::ha::create_replicated_election_bucket(port, Duration::from_secs(10), 3)?;
+    let urls = run.cluster.urls();
+    let a = run.start("provisioner-a", &urls[0])?;
+    let b = run.start("provisioner-b", &urls[1])?;
+    let leader = |run: &AaRun| -> Option<usize> {
+        [a, b].into_iter().find(|&i| {
+            let m = scrape(run.replicas[i].port);
+            m.contains("choria_provisioner_paused")
+                && metric_sum(&m, "choria_provisioner_paused") == 0.0
+        })
+    };
+    wait_for("a leader", Duration::from_secs(60), || {
+        Ok(leader(&run).is_some())
+    })?;
+    let first = leader(&run).context("the leader vanished")?;
+    let nodes = 400;
+    let sim = run.start_sim(nodes)?;
+    wait_for(
+        "the leader to provision 30 nodes",
+        Duration::from_secs(120),
+        || {
+            run.replicas[first].alive()?;
+            Ok(run.metric(first, "choria_provisioner_provisioned") >= 30.0)
+        },
+    )?;
+    // Each replica was given one server: stop the leader's.
+    run.cluster.stop(if first == a { 0 } else { 1 });
+    let stopped = Instant::now();
+    let t = run.wait_fleet(
+        &sim,
+        &[a, b],
+        nodes,
+        "every node provisioned after the leader's server died",
+        Duration::from_secs(330),
+    )?;
+    let report = sim.finish()?;
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.actions);
+        ensure!(
+            n.ok_count("configure") == 1,
+            "{id} configured {} times",
+            n.ok_count("configure")
+        );
+    }
+    let led: Vec<f64> = [a, b]
+        .iter()
+        .map(|&i| run.metric(i, "choria_provisioner_provisioned"))
+        .collect();
+    run.stop(&[a, b])?;
+    Ok(format!(
+        "the leader's server was killed; the fleet finished {:.1}s later (provisioned per replica {led:?}), each node configured once",
+        stopped.elapsed().as_secs_f64().min(t.as_secs_f64() + 1.0)
+    ))
+}

@@ -1,0 +1,188 @@
+//! `cargo xtask bench --replicas R [--helper-delay MS]`: does active-active scale out? The same
+//! fleet is provisioned by one replica, then by `R` replicas, on a three-server JetStream cluster,
+//! with the demo helper made latency-bound (a fixed delay per node standing for a remote CA) and
+//! the same workers per replica. Throughput is taken between 10 % and 90 % of the fleet, from
+//! the replicas' `/metrics`, so start-up and the last stragglers do not blur it. The last line
+//! prints the ratio, the JetStream operations per node and the nodes each replica took.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use test_support::provisioner::ProvisionerProcess;
+use test_support::NatsCluster;
+
+use crate::stack::{self, Mode, Proc, ProvisionerOptions};
+use crate::tools::root;
+
+/// What one run achieved.
+struct Run {
+    per_min: f64,
+    ops_per_node: f64,
+    per_replica: Vec<f64>,
+}
+
+/// The scaling benchmark: one replica, then `replicas`.
+pub fn main(
+    bins: &Path,
+    replicas: usize,
+    helper_delay_ms: u64,
+    nodes: usize,
+    workers: usize,
+    timeout: Duration,
+) -> Result<()> {
+    if replicas == 0 {
+        bail!("--replicas needs at least 1");
+    }
+    let one = run(bins, 1, helper_delay_ms, nodes, workers, timeout)?;
+    let many = run(bins, replicas, helper_delay_ms, nodes, workers, timeout)?;
+    let ratio = if one.per_min > 0.0 {
+        many.per_min / one.per_min
+    } else {
+        0.0
+    };
+    println!(
+        "bench: replicas={replicas} nodes={nodes} workers_per_replica={workers} helper_delay_ms={helper_delay_ms} one_per_min={:.0} replicas_per_min={:.0} ops_per_node_one={:.2} ops_per_node_replicas={:.2} per_replica={:?} scaling_ratio={ratio:.2}",
+        one.per_min, many.per_min, one.ops_per_node, many.ops_per_node, many.per_replica
+    );
+    Ok(())
+}
+
+fn run(
+    bins: &Path,
+    replicas: usize,
+    helper_delay_ms: u64,
+    nodes: usize,
+    workers: usize,
+    timeout: Duration,
+) -> Result<Run> {
+    let label = format!("replicas-{replicas}");
+    let dir = root().join("target/bench").join(&label);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let cluster = NatsCluster::start_with(3, "max_payload: 4MB")?;
+    let url = cluster.url();
+    let helper = bins.join("choria-demo-helper");
+    let files = stack::write_run_files(
+        &dir,
+        bins,
+        &ProvisionerOptions {
+            mode: Mode::Plain,
+            workers,
+            helper: &helper.display().to_string(),
+            broker: &url,
+            identity: "provisioner",
+            leader_election: false,
+            extra_yaml: "active_active: true\nclaim_lifetime: 30s\n",
+        },
+    )?;
+    test_support::owner_only(&files.provisioner_yaml)?;
+    let mut procs = Vec::new();
+    for n in 0..replicas {
+        let identity = format!("replica-{n}");
+        let f = files.for_identity(&dir, &identity)?;
+        let mut cmd = f.provisioner_command(&bins.join("choria-provisioner"));
+        f.helper_env(&mut cmd, &url);
+        cmd.env("CHORIA_HELPER_DELAY_MS", helper_delay_ms.to_string());
+        let log = dir.join(format!("{identity}.log"));
+        let mut p = ProvisionerProcess::spawn(
+            &identity,
+            &mut cmd,
+            &dir.join(format!("{identity}.out")),
+            f.monitor_port,
+            Duration::from_secs(5),
+        )?
+        .with_log(&log);
+        p.wait_log_from(
+            "listening for startup events",
+            0,
+            &format!("{identity} to start"),
+            Duration::from_secs(60),
+        )?;
+        procs.push(p);
+    }
+    // Every replica sees the others before the fleet comes.
+    test_support::wait_for(
+        "the replicas to see each other",
+        Duration::from_secs(60),
+        || {
+            Ok(procs
+                .iter()
+                .all(|p| p.metric_sum("choria_provisioner_active_replicas") >= replicas as f64))
+        },
+    )?;
+    let sim_log = dir.join("fleet-sim.log");
+    let mut sim_cmd = files.fleet_sim(bins, &url, nodes, Mode::Plain, "bench", &sim_log)?;
+    sim_cmd
+        .args(["--restart-delay", "0s", "--timeout"])
+        .arg(format!("{}s", timeout.as_secs()))
+        .stdout(Stdio::null());
+    let _sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    let started = Instant::now();
+    let (low, high) = (nodes as f64 * 0.1, nodes as f64 * 0.9);
+    let (mut t_low, mut t_high) = (None, None);
+    let mut done = 0.0;
+    while t_high.is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+        if started.elapsed() > timeout {
+            bail!(
+                "{label}: {done}/{nodes} provisioned after {timeout:?}; see {}",
+                dir.display()
+            );
+        }
+        for p in &mut procs {
+            if p.exited().is_some() {
+                bail!("{label}: a replica exited; see {}", dir.display());
+            }
+        }
+        done = procs
+            .iter()
+            .map(|p| p.metric_sum("choria_provisioner_provisioned"))
+            .sum();
+        if t_low.is_none() && done >= low {
+            t_low = Some((Instant::now(), done));
+        }
+        if done >= high {
+            t_high = Some((Instant::now(), done));
+        }
+    }
+    let (Some((tl, dl)), Some((th, dh))) = (t_low, t_high) else {
+        bail!("{label}: no throughput window");
+    };
+    let secs = th.duration_since(tl).as_secs_f64().max(0.001);
+    let per_min = (dh - dl) / secs * 60.0;
+    // Let the fleet finish so the operation count covers every node.
+    let _ = test_support::wait_for("the fleet to finish", Duration::from_secs(120), || {
+        Ok(procs
+            .iter()
+            .map(|p| p.metric_sum("choria_provisioner_provisioned"))
+            .sum::<f64>()
+            >= nodes as f64)
+    });
+    // The claim counters are copied into /metrics every second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let ops: f64 = procs
+        .iter()
+        .map(|p| p.metric_sum("choria_provisioner_claim_operations"))
+        .sum();
+    let per_replica: Vec<f64> = procs
+        .iter()
+        .map(|p| p.metric_sum("choria_provisioner_provisioned"))
+        .collect();
+    let total: f64 = per_replica.iter().sum();
+    eprintln!(
+        "bench: {label}: {per_min:.0} nodes/min between 10% and 90% ({:.1}s), {total}/{nodes} provisioned, {:.2} JetStream operations per node, per replica {per_replica:?}",
+        secs,
+        ops / total.max(1.0)
+    );
+    for mut p in procs {
+        p.proc.terminate(Duration::from_secs(10));
+    }
+    drop(cluster);
+    Ok(Run {
+        per_min,
+        ops_per_node: ops / total.max(1.0),
+        per_replica,
+    })
+}
