@@ -107,9 +107,11 @@ fn run(
         "the replicas to see each other",
         Duration::from_secs(60),
         || {
-            Ok(procs
-                .iter()
-                .all(|p| p.metric_sum("choria_provisioner_active_replicas") >= replicas as f64))
+            Ok::<bool, anyhow::Error>(
+                procs.iter().all(|p| {
+                    p.metric_sum("choria_provisioner_active_replicas") >= replicas as f64
+                }),
+            )
         },
     )?;
     let sim_log = dir.join("fleet-sim.log");
@@ -154,7 +156,7 @@ fn run(
     let per_min = (dh - dl) / secs * 60.0;
     // Let the fleet finish so the operation count covers every node.
     let _ = test_support::wait_for("the fleet to finish", Duration::from_secs(120), || {
-        Ok(procs
+        Ok::<bool, anyhow::Error>(procs
             .iter()
             .map(|p| p.metric_sum("choria_provisioner_provisioned"))
             .sum::<f64>()

@@ -168,13 +168,17 @@ impl Spreader {
         O: provision_core::Observer,
         C: provision_core::Clock,
     {
-        if self.store.first_choice(identity)
-            || self.config.identity_rule.check(identity).is_err()
-            || fleet.is_known(identity)
-        {
+        if self.config.identity_rule.check(identity).is_err() || fleet.is_known(identity) {
             return fleet.add(identity, source);
         }
-        self.delay(identity, source, self.takeover_after);
+        if !self.store.healthy() {
+            // Cut off from the bucket: nothing is claimed, so nothing is queued either.
+            self.delay(identity, source, self.again_after);
+        } else if self.store.first_choice(identity) {
+            return fleet.add(identity, source);
+        } else {
+            self.delay(identity, source, self.takeover_after);
+        }
         AddResult::Known
     }
 
@@ -199,11 +203,6 @@ impl Spreader {
         later.insert(Arc::from(identity), (Instant::now() + after, source));
     }
 
-    /// Nodes waiting for later.
-    pub fn waiting(&self) -> usize {
-        self.lock().len()
-    }
-
     /// Queue the nodes whose time has come, every [`TICK`], until `shutdown`.
     pub async fn run<R, H, O, C>(
         self: Arc<Self>,
@@ -219,6 +218,10 @@ impl Spreader {
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = shutdown.cancelled() => return,
+            }
+            if !self.store.healthy() {
+                // Nothing can be claimed: the nodes wait here, bounded, until the bucket answers.
+                continue;
             }
             let now = Instant::now();
             let due: Vec<(Arc<str>, Source)> = {

@@ -351,8 +351,10 @@ impl ClaimStore {
         lifetime: Duration,
     ) -> Result<(), ClaimsError> {
         let mut detail = String::new();
-        // As many replicas as the cluster has, up to three: a single server refuses three.
-        for replicas in [MAX_BUCKET_REPLICAS, 1] {
+        // As many replicas as the cluster has, up to three: fewer only when the servers say the
+        // cluster is too small (a transient failure is retried later, never settled with one
+        // copy on a cluster of three).
+        for replicas in (1..=MAX_BUCKET_REPLICAS).rev() {
             let created = js
                 .create_key_value(kv::Config {
                     bucket: bucket.to_string(),
@@ -370,7 +372,15 @@ impl ClaimStore {
                     tracing::info!("created claims bucket {bucket} with {replicas} replicas and a claim lifetime of {lifetime:?}");
                     return Ok(());
                 }
-                Err(e) => detail = e.to_string(),
+                Err(e) => {
+                    detail = e.to_string();
+                    let lower = detail.to_lowercase();
+                    if !(lower.contains("non-clustered")
+                        || lower.contains("insufficient resources"))
+                    {
+                        break;
+                    }
+                }
             }
         }
         Err(ClaimsError::BucketMissing {

@@ -12,11 +12,22 @@ use test_support::NatsCluster;
 
 const LIFETIME: Duration = Duration::from_secs(6);
 
+/// A replica's store on `url`. Right after the cluster forms, JetStream may not yet place a
+/// three-replica stream ("no suitable peers for placement"): the daemon retries opening, so
+/// does this.
 async fn replica(url: &str, name: &str) -> ClaimStore {
     let client = async_nats::connect(url).await.unwrap();
-    ClaimStore::open(client, None, CLAIMS_BUCKET, name, LIFETIME)
-        .await
-        .unwrap()
+    let started = Instant::now();
+    loop {
+        match ClaimStore::open(client.clone(), None, CLAIMS_BUCKET, name, LIFETIME).await {
+            Ok(store) => return store,
+            Err(e) if started.elapsed() < Duration::from_secs(20) => {
+                eprintln!("retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 fn won(c: &Claim) -> Option<(String, u64)> {

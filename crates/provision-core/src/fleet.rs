@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use crate::clock::Clock;
 use crate::identity::{escaped, IdentityError, LogSummary};
@@ -164,6 +164,7 @@ pub struct Fleet<R, H, O, C> {
     refusals: LogSummary,
     full: LogSummary,
     unanswered: LogSummary,
+    unclaimed: LogSummary,
 }
 
 impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
@@ -185,6 +186,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             refusals: LogSummary::new("node identities refused"),
             full: LogSummary::new("nodes dropped from a full work queue"),
             unanswered: LogSummary::new("announced nodes that no server serves (no responders)"),
+            unclaimed: LogSummary::new("nodes not started because their claim failed"),
         })
     }
 
@@ -519,6 +521,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         self.refusals.flush();
         self.full.flush();
         self.unanswered.flush();
+        self.unclaimed.flush();
     }
 
     /// Provisions `host`; `_in_flight` counts the cycle for [`Fleet::drain`] until it ends.
@@ -576,8 +579,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                     ProvisionErrorKind::Claim(_) | ProvisionErrorKind::ClaimLost(_)
                 ) =>
             {
+                // A claims store that stops answering fails every node taken meanwhile.
                 o.claim_error();
-                warn!(identity = %id, "Could not provision {id}: {}", e.kind);
+                self.unclaimed
+                    .record(|| format!("Could not provision {id}: {}", e.kind));
                 None
             }
             // Nothing at all serves an announced node's subject: no server of that name is
