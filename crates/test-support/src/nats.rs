@@ -239,9 +239,24 @@ impl NatsCluster {
                 routed && metrics::http_get(*http, "/healthz").is_some_and(|(st, _)| st == 200)
             })
         });
-        if !formed {
+        // JetStream places a replicated stream only once its meta leader has every peer
+        // current: until then creating one fails with "no suitable peers for placement".
+        let placed = formed
+            && crate::wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
+                ports.iter().any(|(_, _, http)| {
+                    metrics::http_get(*http, "/jsz").is_some_and(|(st, body)| {
+                        st == 200
+                            && body.contains("\"replicas\"")
+                            && body.matches("\"current\": true").count()
+                                + body.matches("\"current\":true").count()
+                                + 1
+                                >= size
+                    })
+                })
+            });
+        if !formed || !placed {
             return Err(Error::Failed(format!(
-                "the {size}-server cluster did not form; logs under {}",
+                "the {size}-server cluster did not form (routes {formed}, jetstream peers {placed}); logs under {}",
                 tmp.path().display()
             )));
         }
