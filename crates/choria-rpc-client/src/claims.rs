@@ -608,9 +608,24 @@ impl ClaimStore {
             .await
     }
 
-    /// Mark the node done at `revision`.
+    /// Mark the node done at `revision`. When the claim aged out meanwhile (a JetStream outage
+    /// longer than the keeps could bridge) and nobody took the node, the mark is written anyway,
+    /// so the others do not start a node that is restarting.
     pub async fn done(&self, identity: &str, key: &str, revision: u64) -> Result<u64, ClaimsError> {
-        self.rewrite(identity, key, revision, "done", "done").await
+        let first = match self.rewrite(identity, key, revision, "done", "done").await {
+            Ok(rev) => return Ok(rev),
+            Err(e) => e,
+        };
+        let i = &self.inner;
+        i.node_ops.fetch_add(1, Ordering::Relaxed);
+        let expected = match i.store.entry(key.to_string()).await {
+            Ok(None) => 0,
+            Ok(Some(e)) if e.operation != Operation::Put => e.revision,
+            _ => return Err(first),
+        };
+        self.rewrite(identity, key, expected, "done", "done")
+            .await
+            .map_err(|_| first)
     }
 
     /// Delete our claim at `revision` so any replica may take the node.

@@ -579,11 +579,24 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             tokio::pin!(cycle);
             let every = claims.keep_every();
             let ticket = &mut ticket;
+            // A failed keep is tried again every sixth of the period (a stream changing leader
+            // answers within seconds); the claim is given up only when the last kept write is
+            // two periods old, a third of its lifetime before it expires.
             let keep = async move {
+                let mut kept = Instant::now();
+                let mut wait = every;
                 loop {
-                    tokio::time::sleep(every).await;
-                    if let Err(e) = claims.keep(ticket).await {
-                        return e;
+                    tokio::time::sleep(wait).await;
+                    match claims.keep(ticket).await {
+                        Ok(()) => {
+                            kept = Instant::now();
+                            wait = every;
+                        }
+                        Err(e) if kept.elapsed() + every / 6 >= every * 2 => return e,
+                        Err(e) => {
+                            debug!(identity = %escaped(&e.identity), "keeping the claim failed, trying again: {e}");
+                            wait = every / 6;
+                        }
                     }
                 }
             };
