@@ -202,8 +202,15 @@ fn contender_with(
 
 /// Run the benchmark.
 pub fn main(args: Args) -> Result<()> {
-    eprintln!("bench: release build");
-    let bins = stack::build_binaries(true)?;
+    // The scaling run is latency-bound by its helper delay: debug binaries measure it as well.
+    let replicas_bins = if args.replicas.is_some() {
+        eprintln!("bench: debug build (the --replicas run is bound by the helper's latency)");
+        stack::build_binaries(false)?
+    } else {
+        eprintln!("bench: release build");
+        stack::build_binaries(true)?
+    };
+    let bins = replicas_bins.clone();
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
     }
@@ -212,7 +219,7 @@ pub fn main(args: Args) -> Result<()> {
     }
     if let Some(replicas) = args.replicas {
         return crate::bench_replicas::main(
-            &bins,
+            &replicas_bins,
             replicas,
             args.helper_delay,
             args.nodes,

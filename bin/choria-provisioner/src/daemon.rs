@@ -333,7 +333,6 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         Arc::clone(&config),
         Arc::clone(&fleet),
         spreader.clone(),
-        pause.clone(),
         Arc::clone(&metrics),
         Arc::clone(&discover_now),
         shutdown.clone(),
@@ -592,7 +591,6 @@ async fn discover<R, H, C>(
     config: Arc<Config>,
     fleet: Arc<Fleet<R, H, Arc<Metrics>, C>>,
     spreader: Option<Arc<aa::Spreader>>,
-    pause: PauseState,
     metrics: Arc<Metrics>,
     now: Arc<Notify>,
     shutdown: CancellationToken,
@@ -601,6 +599,8 @@ async fn discover<R, H, C>(
     H: provision_core::Helper,
     C: provision_core::Clock,
 {
+    // The pause state the provisioner checks (leader election pauses it).
+    let pause = fleet.provisioner().pause_state().clone();
     let mut early: Option<tokio::time::Instant> = None;
     loop {
         if pause.paused() {

@@ -194,6 +194,44 @@ fn check_on_a_good_setup_prints_the_plan() {
     assert!(!out.contains("problem:"), "{out}");
 }
 
+/// `check` prints what active-active needs on the broker (the bucket and the `nats` command that
+/// creates it) and that Go provisioners stay on leader election; both modes at once is refused.
+#[test]
+fn check_explains_active_active_and_refuses_it_beside_leader_election() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let base = std::fs::read_to_string(&yaml).unwrap();
+    let aa = write(
+        dir.path(),
+        "aa.yaml",
+        &format!("{base}active_active: true\nclaim_lifetime: 45s\n"),
+    );
+    let o = provisioner(&["check", "--config", &aa, "--choria-config", &cfg]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for want in [
+        "active-active: on",
+        "CHORIA_PROVISIONER_CLAIMS (claim lifetime 45s)",
+        "nats kv add CHORIA_PROVISIONER_CLAIMS --history 1 --ttl 45s --replicas 3 --storage file",
+        "a deployment with Go provisioners stays on leader_election",
+    ] {
+        assert!(out.contains(want), "{want:?} missing:\n{out}");
+    }
+    let both = write(
+        dir.path(),
+        "both.yaml",
+        &format!("{base}active_active: true\nleader_election: true\n"),
+    );
+    let o = provisioner(&["check", "--config", &both, "--choria-config", &cfg]);
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    assert!(
+        out.lines().any(|l| l.starts_with("problem:")
+            && l.contains("active_active and leader_election cannot both be on")),
+        "{out}"
+    );
+}
+
 #[test]
 fn check_on_a_broken_setup_lists_every_problem() {
     let dir = tempfile::tempdir().unwrap();

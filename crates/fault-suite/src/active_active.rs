@@ -306,6 +306,17 @@ pub fn aa_replica_killed(env: &Env, name: &str) -> Result<String> {
     let _ = run.replicas[victim].proc.child.wait();
     let killed = Instant::now();
     let done_at_kill = sim.provisioned();
+    // The dead replica leaves the survivors' live set when its heartbeat ages out of the
+    // bucket (the claim lifetime): from then on its share is theirs at once.
+    let gone = wait_for(
+        "the survivors to see two replicas",
+        Duration::from_secs(60),
+        || {
+            Ok(survivors
+                .iter()
+                .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 2.0))
+        },
+    )?;
     // The victim's unfinished nodes: at most its 8 workers' were reached (those wait out the
     // nodes' 2-minute provisioning lock); every other node must be taken over within the claim
     // lifetime plus a few seconds of work.
@@ -334,7 +345,8 @@ pub fn aa_replica_killed(env: &Env, name: &str) -> Result<String> {
     let ops = ops_per_node(&run, &survivors, nodes);
     run.stop(&survivors)?;
     Ok(format!(
-        "replica killed at {done_at_kill}/{nodes}; all but its in-flight nodes done {:.1}s after the kill, all {nodes} after {:.1}s; {reruns} helper reruns (nodes in flight on the dead replica), {lock_held} lock refusals; each node configured once; survivors' {ops:.2} JetStream operations per node",
+        "replica killed at {done_at_kill}/{nodes}; out of the survivors' live set {:.1}s after the kill (claim lifetime {LIFETIME_SECS}s); all but its in-flight nodes done {:.1}s after the kill, all {nodes} after {:.1}s; {reruns} helper reruns (nodes in flight on the dead replica), {lock_held} lock refusals; each node configured once; survivors' {ops:.2} JetStream operations per node",
+        gone.as_secs_f64(),
         bulk.as_secs_f64(),
         killed.elapsed().as_secs_f64().max(t.as_secs_f64())
     ))
@@ -469,21 +481,16 @@ pub fn ha_cluster_server_killed(env: &Env, name: &str) -> Result<String> {
         Duration::from_secs(330),
     )?;
     let report = sim.finish()?;
-    for (id, n) in &report {
-        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.actions);
-        ensure!(
-            n.ok_count("configure") == 1,
-            "{id} configured {} times",
-            n.ok_count("configure")
-        );
-    }
+    // As in aa-server-stopped: a `configure` whose reply was lost with the server is tried again
+    // by the same cycle (one helper run); no node is configured by two cycles.
+    let (_, retried) = check_once(&report, &run.helper_runs(), nodes, 0, 24)?;
     let led: Vec<f64> = [a, b]
         .iter()
         .map(|&i| run.metric(i, "choria_provisioner_provisioned"))
         .collect();
     run.stop(&[a, b])?;
     Ok(format!(
-        "the leader's server was killed; the fleet finished {:.1}s later (provisioned per replica {led:?}), each node configured once",
+        "the leader's server was killed; the fleet finished {:.1}s later (provisioned per replica {led:?}); no node configured by two cycles, each helper run once ({retried} configure tries repeated after a lost reply)",
         stopped.elapsed().as_secs_f64().min(t.as_secs_f64() + 1.0)
     ))
 }

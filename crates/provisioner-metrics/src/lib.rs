@@ -777,8 +777,23 @@ mod tests {
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
-        // policy-denied counters.
-        assert_eq!(HELP.len(), 18);
+        // policy-denied counters and the four active-active series.
+        assert_eq!(HELP.len(), 22);
+        let m = Metrics::new("lon");
+        provision_core::Observer::claim_taken(&m);
+        provision_core::Observer::claim_error(&m);
+        provision_core::Observer::claim_error(&m);
+        m.claim_operations.inc_by(7);
+        m.active_replicas.set(3);
+        let text = m.encode();
+        for line in [
+            "choria_provisioner_claims_taken{site=\"lon\"} 1\n",
+            "choria_provisioner_claim_errors{site=\"lon\"} 2\n",
+            "choria_provisioner_claim_operations{site=\"lon\"} 7\n",
+            "choria_provisioner_active_replicas{site=\"lon\"} 3\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
     }
 
     #[test]
