@@ -194,8 +194,16 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         };
         info!(
             component = "provisioner",
-            "Listening for /metrics on {}: serving /metrics, /healthz, /readyz, the status page and /api/v1 on {bound}{scope}",
+            "Listening for /metrics on {}: serving /metrics, /healthz and /readyz on {bound}{scope}",
             bound.port()
+        );
+        info!(
+            "the status page (/), node pages (/nodes/) and the JSON API (/api/v1/) are served there too, {}",
+            if config.monitor_token_file.is_empty() {
+                "without a token (monitor_token_file is not set)"
+            } else {
+                "behind the bearer token of monitor_token_file"
+            }
         );
     }
 
