@@ -9,7 +9,8 @@
 //!   this crate uses helper-protocol without that feature).
 //! * [`keys`]: [`KeyMaterial`], the keys of enrolment, asked for every node ([`StaticKeys`]
 //!   holds keys loaded once).
-//! * [`observer`]: [`Observer`], the metric hooks.
+//! * [`observer`]: [`Observer`], the metric hooks, and [`events`]: what it is told about each
+//!   node for a history or an audit trail ([`NodeEvent`], [`Verdict`]).
 //! * [`clock`]: [`Clock`] (wall time) and [`Random`] (nonces and jitter).
 //! * [`claims`]: [`Claims`], the shared store through which active-active replicas claim a
 //!   node before provisioning it (optional).
@@ -102,6 +103,7 @@ pub mod admission;
 pub mod claims;
 pub mod clock;
 pub mod config;
+pub mod events;
 pub mod fleet;
 pub mod identity;
 pub mod keyenc;
@@ -121,6 +123,7 @@ pub use admission::{Admission, AllowAll, Decision};
 pub use claims::{ClaimError, ClaimOutcome, Claims, Ticket};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded};
+pub use events::{Issued, NodeEvent, NodeState, Verdict};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};
