@@ -227,7 +227,7 @@ impl NatsCluster {
             crate::write(&conf, &config(*client, &dir, &extra))?;
             servers.push(spawn(&conf, Some(&dir.join("nats-server.log")))?);
         }
-        let formed = crate::wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+        let formed = crate::wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
             ports.iter().all(|(_, _, http)| {
                 // The body may come chunked: read the one number rather than parse the JSON.
                 let routed = metrics::http_get(*http, "/routez").is_some_and(|(_, body)| {
@@ -239,27 +239,27 @@ impl NatsCluster {
                 routed && metrics::http_get(*http, "/healthz").is_some_and(|(st, _)| st == 200)
             })
         });
-        // JetStream places a replicated stream only once its meta leader has every peer
-        // current: until then creating one fails with "no suitable peers for placement".
-        let placed = formed
-            && crate::wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
-                ports.iter().any(|(_, _, http)| {
-                    metrics::http_get(*http, "/jsz").is_some_and(|(st, body)| {
-                        st == 200
-                            && body.contains("\"replicas\"")
-                            && body.matches("\"current\": true").count()
-                                + body.matches("\"current\":true").count()
-                                + 1
-                                >= size
-                    })
-                })
-            });
-        if !formed || !placed {
+        if !formed {
             return Err(Error::Failed(format!(
-                "the {size}-server cluster did not form (routes {formed}, jetstream peers {placed}); logs under {}",
+                "the {size}-server cluster did not form; logs under {}",
                 tmp.path().display()
             )));
         }
+        // JetStream places a replicated stream only once its meta leader has every peer
+        // current: until then creating one fails with "no suitable peers for placement". Waited
+        // for, but not required (a loaded machine may take longer; callers retry placement).
+        let _placed = crate::wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+            ports.iter().any(|(_, _, http)| {
+                metrics::http_get(*http, "/jsz").is_some_and(|(st, body)| {
+                    st == 200
+                        && body.contains("\"replicas\"")
+                        && body.matches("\"current\": true").count()
+                            + body.matches("\"current\":true").count()
+                            + 1
+                            >= size
+                })
+            })
+        });
         Ok(NatsCluster {
             servers,
             ports: ports.iter().map(|p| p.0).collect(),
