@@ -1,8 +1,10 @@
 //! `cargo xtask bench --replicas R [--helper-delay MS]`: does active-active scale out? The same
 //! fleet is provisioned by one replica, then by `R` replicas, on a three-server JetStream cluster,
 //! with the demo helper made latency-bound (a fixed delay per node standing for a remote CA) and
-//! the same workers per replica. Throughput is taken between 10 % and 90 % of the fleet, from
-//! the replicas' `/metrics`, so start-up and the last stragglers do not blur it. The last line
+//! the same workers per replica. The fleet comes up first and the replicas start together, so
+//! each one's first discovery finds every node and the claims settle who takes which.
+//! Throughput is taken between 10 % and 90 % of the fleet, from the replicas' `/metrics`, so
+//! start-up and the last stragglers do not blur it. The last line
 //! prints the ratio, the JetStream operations per node and the nodes each replica took.
 
 use std::path::Path;
@@ -78,6 +80,16 @@ fn run(
         },
     )?;
     test_support::owner_only(&files.provisioner_yaml)?;
+    let sim_log = dir.join("fleet-sim.log");
+    let mut sim_cmd = files.fleet_sim(bins, &url, nodes, Mode::Plain, "bench", &sim_log)?;
+    sim_cmd
+        .args(["--restart-delay", "0s", "--timeout"])
+        .arg(format!("{}s", timeout.as_secs()))
+        .stdout(Stdio::null());
+    let _sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    // The fleet is up before the replicas, so their first discovery finds every node (the
+    // discovery lane, all workers), as the single-replica run's does.
+    std::thread::sleep(Duration::from_secs(2));
     let mut procs = Vec::new();
     for n in 0..replicas {
         let identity = format!("replica-{n}");
@@ -86,7 +98,7 @@ fn run(
         f.helper_env(&mut cmd, &url);
         cmd.env("CHORIA_HELPER_DELAY_MS", helper_delay_ms.to_string());
         let log = dir.join(format!("{identity}.log"));
-        let mut p = ProvisionerProcess::spawn(
+        let p = ProvisionerProcess::spawn(
             &identity,
             &mut cmd,
             &dir.join(format!("{identity}.out")),
@@ -94,33 +106,16 @@ fn run(
             Duration::from_secs(5),
         )?
         .with_log(&log);
+        procs.push(p);
+    }
+    for p in &mut procs {
         p.wait_log_from(
             "listening for startup events",
             0,
-            &format!("{identity} to start"),
+            "a replica to start",
             Duration::from_secs(60),
         )?;
-        procs.push(p);
     }
-    // Every replica sees the others before the fleet comes.
-    test_support::wait_for(
-        "the replicas to see each other",
-        Duration::from_secs(60),
-        || {
-            Ok::<bool, anyhow::Error>(
-                procs.iter().all(|p| {
-                    p.metric_sum("choria_provisioner_active_replicas") >= replicas as f64
-                }),
-            )
-        },
-    )?;
-    let sim_log = dir.join("fleet-sim.log");
-    let mut sim_cmd = files.fleet_sim(bins, &url, nodes, Mode::Plain, "bench", &sim_log)?;
-    sim_cmd
-        .args(["--restart-delay", "0s", "--timeout"])
-        .arg(format!("{}s", timeout.as_secs()))
-        .stdout(Stdio::null());
-    let _sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
     let started = Instant::now();
     let (low, high) = (nodes as f64 * 0.1, nodes as f64 * 0.9);
     let (mut t_low, mut t_high) = (None, None);
@@ -156,11 +151,13 @@ fn run(
     let per_min = (dh - dl) / secs * 60.0;
     // Let the fleet finish so the operation count covers every node.
     let _ = test_support::wait_for("the fleet to finish", Duration::from_secs(120), || {
-        Ok::<bool, anyhow::Error>(procs
-            .iter()
-            .map(|p| p.metric_sum("choria_provisioner_provisioned"))
-            .sum::<f64>()
-            >= nodes as f64)
+        Ok::<bool, anyhow::Error>(
+            procs
+                .iter()
+                .map(|p| p.metric_sum("choria_provisioner_provisioned"))
+                .sum::<f64>()
+                >= nodes as f64,
+        )
     });
     // The claim counters are copied into /metrics every second.
     std::thread::sleep(Duration::from_millis(1500));

@@ -58,6 +58,16 @@ impl Claims for ReplicaClaims {
     fn claim<'a>(&'a self, identity: &'a str) -> ClaimFuture<'a, Result<ClaimOutcome, ClaimError>> {
         Box::pin(async move {
             let first = self.store.first_choice(identity);
+            let waited = self.spreader.take_released(identity);
+            if !first && !waited {
+                // Queued while this replica saw fewer replicas (at start): leave it to its
+                // first choice for now, as if it had been found now.
+                self.spreader.delay_takeover(identity);
+                return Ok(ClaimOutcome::Taken {
+                    by: "its first choice".to_string(),
+                    done: false,
+                });
+            }
             match self.store.claim(identity, first).await {
                 Ok(Claim::Won { key, revision }) => Ok(ClaimOutcome::Claimed(Ticket {
                     identity: identity.to_string(),
@@ -119,6 +129,8 @@ pub struct Spreader {
     store: ClaimStore,
     config: Arc<Config>,
     later: Mutex<HashMap<Arc<str>, (Instant, Source)>>,
+    /// Nodes queued after their wait: claimed even when another replica is their first choice.
+    released: Mutex<std::collections::HashSet<Arc<str>>>,
     capacity: usize,
     takeover_after: Duration,
     again_after: Duration,
@@ -132,6 +144,7 @@ impl Spreader {
             capacity: config.work_queue_size,
             config,
             later: Mutex::new(HashMap::new()),
+            released: Mutex::new(std::collections::HashSet::new()),
             takeover_after: Self::takeover_after(lifetime),
             again_after: Self::again_after(lifetime),
             store,
@@ -180,6 +193,19 @@ impl Spreader {
             self.delay(identity, source, self.takeover_after);
         }
         AddResult::Known
+    }
+
+    /// Whether `identity` was queued after waiting here (and forget it).
+    pub fn take_released(&self, identity: &str) -> bool {
+        self.released
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(identity)
+    }
+
+    /// Queue `identity` again after [`Self::takeover_after`], as another replica's first choice.
+    pub fn delay_takeover(&self, identity: &str) {
+        self.delay(identity, Source::Discovery, self.takeover_after);
     }
 
     /// Look at `identity` again after [`Self::again_after`].
@@ -237,6 +263,13 @@ impl Spreader {
                 due
             };
             for (id, source) in due {
+                {
+                    let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+                    if released.len() < self.capacity {
+                        released.insert(Arc::clone(&id));
+                    }
+                }
+                // Already queued: that entry takes the mark when it is claimed.
                 fleet.add(&id, source);
             }
         }
