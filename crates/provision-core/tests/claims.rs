@@ -273,7 +273,10 @@ async fn a_claim_that_cannot_be_kept_stops_the_cycle_before_configure() {
                 "{e}"
             );
             assert_eq!(node.count(Action::Configure), 0);
-            assert_eq!(keeps, 1, "a lost claim is not kept again");
+            // A failed keep is tried again every sixth of the period until the last good write
+            // is two periods old, then given up: a handful of tries, not one per period for
+            // the rest of the 200 ms helper.
+            assert!((2..=14).contains(&keeps), "{keeps} keeps");
         } else {
             assert_eq!(res.unwrap(), Outcome::Provisioned);
             assert!(keeps >= 3, "kept {keeps} times during a 200 ms helper");
