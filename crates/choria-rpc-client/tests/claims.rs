@@ -21,7 +21,7 @@ async fn replica(url: &str, name: &str) -> ClaimStore {
     loop {
         match ClaimStore::open(client.clone(), None, CLAIMS_BUCKET, name, LIFETIME).await {
             Ok(store) => return store,
-            Err(e) if started.elapsed() < Duration::from_secs(20) => {
+            Err(e) if started.elapsed() < Duration::from_secs(60) => {
                 eprintln!("retrying: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
