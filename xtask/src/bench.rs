@@ -299,7 +299,11 @@ impl Contender {
         let middle = self
             .runs
             .iter()
-            .min_by(|a, b| (a.per_min - per_min).abs().total_cmp(&(b.per_min - per_min).abs()))
+            .min_by(|a, b| {
+                (a.per_min - per_min)
+                    .abs()
+                    .total_cmp(&(b.per_min - per_min).abs())
+            })
             .cloned()
             .unwrap_or_default();
         Figures {
@@ -358,8 +362,16 @@ pub fn main(args: Args) -> Result<()> {
     };
     for round in 1..=args.runs {
         for c in &mut contenders {
-            let who = if c.go { "go".to_string() } else { format!("rust-{}", c.helper.name()) };
-            let label = if args.runs > 1 { format!("{who}-{round}") } else { who };
+            let who = if c.go {
+                "go".to_string()
+            } else {
+                format!("rust-{}", c.helper.name())
+            };
+            let label = if args.runs > 1 {
+                format!("{who}-{round}")
+            } else {
+                who
+            };
             let go = if c.go { go_bin.as_deref() } else { None };
             c.runs.push(contender(&args, &bins, go, c.helper, &label)?);
         }
@@ -629,7 +641,13 @@ mod webhook {
         }
 
         /// Start the demo helper's server mode for `mode` with the run's CA and issuer.
-        pub fn start(&self, _bins: &Path, _files: &RunFiles, _mode: Mode, _url: &str) -> Result<Proc> {
+        pub fn start(
+            &self,
+            _bins: &Path,
+            _files: &RunFiles,
+            _mode: Mode,
+            _url: &str,
+        ) -> Result<Proc> {
             bail!("the webhook helper is not available in this build")
         }
     }

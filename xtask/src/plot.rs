@@ -46,7 +46,9 @@ pub fn draw(path: &Path, title: &str, lines: &[Line]) -> Result<()> {
             ))
             .map_err(|e| fail(&e))?
             .label(line.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
+            });
     }
     chart
         .configure_series_labels()
@@ -83,7 +85,12 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
-        for text in ["ours, exec helper", "Go provisioner", "10000 nodes, ed25519", "nodes provisioned"] {
+        for text in [
+            "ours, exec helper",
+            "Go provisioner",
+            "10000 nodes, ed25519",
+            "nodes provisioned",
+        ] {
             assert!(svg.contains(text), "{text} missing from the plot");
         }
         // One polyline per contender, plus the legend's marks.
