@@ -116,7 +116,7 @@ pub use choria_crypto::jwt;
 
 pub use admission::{Admission, AllowAll, Decision};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
-pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded};
+pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, WebhookSettings};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};
