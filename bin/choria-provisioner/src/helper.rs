@@ -71,12 +71,6 @@ impl WebhookHelper {
             tries: WEBHOOK_CONNECT_TRIES,
         })
     }
-
-    /// Replaces the number of tries of a request that could not connect.
-    pub fn with_tries(mut self, tries: u32) -> Self {
-        self.tries = tries.max(1);
-        self
-    }
 }
 
 impl Helper for WebhookHelper {

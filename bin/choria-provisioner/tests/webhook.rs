@@ -17,6 +17,9 @@ use test_support::ProcessGuard;
 
 const SECRET: &str = "e2e-webhook-secret-0123456789";
 
+/// How long a fleet gets to be provisioned.
+const WAIT: Duration = Duration::from_secs(60);
+
 /// The secret file, owner-only.
 fn secret_file(dir: &Path) -> PathBuf {
     let p = dir.join("helper.secret");
