@@ -104,7 +104,10 @@ impl Webhook {
     /// secret in `dir`.
     fn start(script: &Path, dir: &Path, ca: &Path) -> Webhook {
         let port = test_support::free_port();
-        let secret = dir.join(format!("{}.secret", script.file_name().unwrap().to_string_lossy()));
+        let secret = dir.join(format!(
+            "{}.secret",
+            script.file_name().unwrap().to_string_lossy()
+        ));
         std::fs::write(&secret, "docs-webhook-secret\n").unwrap();
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
         let server = test_support::ProcessGuard::spawn(
@@ -145,7 +148,11 @@ impl Webhook {
     fn post(&self, client: &WebhookClient, input: &Value) -> (bool, String, String) {
         let body = bytes::Bytes::from(input.to_string());
         match self.runtime.block_on(client.send(body)) {
-            Ok(out) => (true, String::from_utf8_lossy(&out).into_owned(), String::new()),
+            Ok(out) => (
+                true,
+                String::from_utf8_lossy(&out).into_owned(),
+                String::new(),
+            ),
             Err(e) => (false, String::new(), e.to_string()),
         }
     }

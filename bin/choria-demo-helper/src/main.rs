@@ -172,7 +172,9 @@ impl Site {
 
         if let Some(pattern) = &self.defer {
             if identity.contains(pattern.as_str()) {
-                return Ok(json!({"defer": true, "msg": format!("deferred: identity matches {pattern}")}));
+                return Ok(
+                    json!({"defer": true, "msg": format!("deferred: identity matches {pattern}")}),
+                );
             }
         }
 
@@ -196,9 +198,7 @@ impl Site {
                 None | Some(Value::Null) => "/etc/choria/ssl",
                 Some(Value::String(s)) if s.is_empty() => "/etc/choria/ssl",
                 Some(Value::String(s)) if safe_path(s) => s,
-                Some(_) => {
-                    return Ok(defer(&format!("refused: the SSL directory {PATH_RULE}")))
-                }
+                Some(_) => return Ok(defer(&format!("refused: the SSL directory {PATH_RULE}"))),
             }
             .to_string();
             let ca = self.ca()?;

@@ -76,7 +76,11 @@ fn flags(args: &[String]) -> Result<Flags, String> {
             "--client-ca" => &mut f.client_ca,
             other => return Err(format!("unknown flag {other:?}; {USAGE}")),
         };
-        *slot = Some(it.next().ok_or_else(|| format!("{flag} needs a value"))?.clone());
+        *slot = Some(
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value"))?
+                .clone(),
+        );
     }
     Ok(f)
 }
@@ -90,11 +94,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         .ok_or(USAGE)?
         .parse()
         .map_err(|e| format!("--listen: {e}"))?;
-    let secret = f
-        .secret_file
-        .as_deref()
-        .map(read_secret)
-        .transpose()?;
+    let secret = f.secret_file.as_deref().map(read_secret).transpose()?;
     let tls = match (&f.tls_cert, &f.tls_key) {
         (Some(c), Some(k)) => Some(tls_config(c, k, f.client_ca.as_deref())?),
         (None, None) if f.client_ca.is_none() => None,
@@ -141,15 +141,19 @@ fn tls_config(
     let builder = match client_ca {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("--client-ca {ca}: {e}"))? {
+            for c in
+                CertificateDer::pem_file_iter(ca).map_err(|e| format!("--client-ca {ca}: {e}"))?
+            {
                 roots
                     .add(c.map_err(|e| format!("--client-ca {ca}: {e}"))?)
                     .map_err(|e| format!("--client-ca {ca}: {e}"))?;
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .map_err(|e| format!("--client-ca {ca}: {e}"))?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| format!("--client-ca {ca}: {e}"))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -227,36 +231,42 @@ async fn handle(
             json!({"msg": "POST the node's input"}),
         ));
     }
-    let body = match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect())
-        .await
-    {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(_)) => {
-            return Ok(answer(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                json!({"msg": format!("the body is larger than {MAX_BODY} bytes or broken")}),
-            ))
-        }
-        Err(_) => {
-            return Ok(answer(
-                StatusCode::REQUEST_TIMEOUT,
-                json!({"msg": "the body did not arrive in time"}),
-            ))
-        }
-    };
+    let body =
+        match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => {
+                return Ok(answer(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    json!({"msg": format!("the body is larger than {MAX_BODY} bytes or broken")}),
+                ))
+            }
+            Err(_) => {
+                return Ok(answer(
+                    StatusCode::REQUEST_TIMEOUT,
+                    json!({"msg": "the body did not arrive in time"}),
+                ))
+            }
+        };
     if let Some(secret) = &state.secret {
         if let Err(why) = verify(secret, &parts.headers, &body) {
             return Ok(answer(StatusCode::UNAUTHORIZED, json!({"msg": why})));
         }
     }
     if parts.method == Method::GET {
-        return Ok(answer(StatusCode::OK, json!({"msg": "choria-demo-helper is ready"})));
+        return Ok(answer(
+            StatusCode::OK,
+            json!({"msg": "choria-demo-helper is ready"}),
+        ));
     }
     let json_body = parts
         .headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
     if !json_body {
         return Ok(answer(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -82,7 +82,11 @@ async fn mutual_tls_h2_and_signatures() {
         "--client-ca",
         tls("ca.pem").to_str().unwrap(),
     ]);
-    assert!(server.url.starts_with("https://127.0.0.1:"), "{}", server.url);
+    assert!(
+        server.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url
+    );
     let good = WebhookOptions {
         secret_file: Some(shared.clone()),
         ca: Some(tls("ca.pem")),
@@ -97,7 +101,10 @@ async fn mutual_tls_h2_and_signatures() {
     let reply = client.run(&input()).await.unwrap();
     let config = reply.configuration.unwrap();
     assert_eq!(config["identity"], "n1.example.net");
-    assert_eq!(config["plugin.choria.middleware_hosts"], "nats://b1.example.net:4222");
+    assert_eq!(
+        config["plugin.choria.middleware_hosts"],
+        "nats://b1.example.net:4222"
+    );
     assert_eq!(reply.msg, "configured n1.example.net");
 
     // A hostile identity is deferred, as on stdin.
@@ -106,7 +113,11 @@ async fn mutual_tls_h2_and_signatures() {
         ..input()
     };
     let reply = client.run(&hostile).await.unwrap();
-    assert!(reply.defer && reply.msg.starts_with("refused: "), "{}", reply.msg);
+    assert!(
+        reply.defer && reply.msg.starts_with("refused: "),
+        "{}",
+        reply.msg
+    );
 
     // Another secret, or none: 401 with the reason.
     let other = secret(dir.path(), "other", "another-secret");
@@ -132,7 +143,10 @@ async fn mutual_tls_h2_and_signatures() {
     .await
     .unwrap_err();
     assert!(
-        matches!(e.kind(), HelperErrorKind::Connect | HelperErrorKind::Request),
+        matches!(
+            e.kind(),
+            HelperErrorKind::Connect | HelperErrorKind::Request
+        ),
         "{e}"
     );
 }
@@ -140,7 +154,11 @@ async fn mutual_tls_h2_and_signatures() {
 #[tokio::test]
 async fn plain_http_without_a_secret_answers_as_a_stdin_run() {
     let server = serve(&[]);
-    assert!(server.url.starts_with("http://127.0.0.1:"), "{}", server.url);
+    assert!(
+        server.url.starts_with("http://127.0.0.1:"),
+        "{}",
+        server.url
+    );
     let client = WebhookClient::new(&WebhookOptions::new(&server.url)).unwrap();
     let p = client.probe().await.unwrap();
     assert_eq!((p.status, p.version.as_str()), (200, "HTTP/1.1"));
@@ -164,7 +182,13 @@ fn bad_flags_are_refused_with_a_reason() {
             "go together",
         ),
         (
-            &["serve", "--listen", "127.0.0.1:0", "--secret-file", "/nonexistent"][..],
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--secret-file",
+                "/nonexistent",
+            ][..],
             "/nonexistent",
         ),
     ] {

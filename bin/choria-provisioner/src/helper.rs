@@ -155,18 +155,16 @@ pub fn webhook_problems(config: &Config) -> Vec<Problem> {
                 "helper_secret_file {}: {e}",
                 w.secret_file
             ))),
-            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
-                out.push(Problem::Fatal(format!(
-                    "helper_secret_file {} can be read or written by group or others (mode {:o}); \
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => out.push(Problem::Fatal(format!(
+                "helper_secret_file {} can be read or written by group or others (mode {:o}); \
                      make it the owner's alone (chmod 0600)",
-                    w.secret_file,
-                    m.permissions().mode() & 0o777
-                )))
-            }
+                w.secret_file,
+                m.permissions().mode() & 0o777
+            ))),
             Ok(_) => {
-                if let Err(e) = helper_protocol::webhook::read_secret(std::path::Path::new(
-                    &w.secret_file,
-                )) {
+                if let Err(e) =
+                    helper_protocol::webhook::read_secret(std::path::Path::new(&w.secret_file))
+                {
                     out.push(Problem::Fatal(format!("helper_secret_file {e}")));
                 }
             }

@@ -112,7 +112,11 @@ async fn a_webhook_refusing_the_signature_is_a_helper_error_and_nothing_is_confi
 
 fn check(yaml: &Path, cfg: &Path, probe: bool) -> (bool, String) {
     let mut cmd = Command::new(BIN);
-    cmd.arg("check").arg("--config").arg(yaml).arg("--choria-config").arg(cfg);
+    cmd.arg("check")
+        .arg("--config")
+        .arg(yaml)
+        .arg("--choria-config")
+        .arg(cfg);
     if probe {
         cmd.arg("--probe");
     }
@@ -133,8 +137,8 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
     let port = test_support::free_port();
     let secret = secret_file(env.path());
     let url = format!("http://127.0.0.1:{port}/provision");
-    let opts = ProvOptions::new(url.clone())
-        .yaml(&format!("helper_secret_file: {}", secret.display()));
+    let opts =
+        ProvOptions::new(url.clone()).yaml(&format!("helper_secret_file: {}", secret.display()));
     let (yaml, cfg, _) = env.write_config(&opts);
 
     // Owner-only: usable; nothing is reached without --probe.
@@ -159,7 +163,10 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
     // --probe with nothing listening: the refused connection is a problem.
     let (ok, out) = check(&yaml, &cfg, true);
     assert!(!ok, "{out}");
-    assert!(out.contains("problem: probe: cannot connect to webhook"), "{out}");
+    assert!(
+        out.contains("problem: probe: cannot connect to webhook"),
+        "{out}"
+    );
 
     // --probe with the webhook up: the signed GET is answered.
     let _webhook = python_webhook(port, &secret, &env.url());
@@ -174,7 +181,10 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
     std::fs::write(&secret, "another-secret").unwrap();
     let (ok, out) = check(&yaml, &cfg, true);
     assert!(ok, "{out}");
-    assert!(out.contains("warning: the webhook refused the signed probe with HTTP 401"), "{out}");
+    assert!(
+        out.contains("warning: the webhook refused the signed probe with HTTP 401"),
+        "{out}"
+    );
 
     // A URL the client cannot use, and TLS files over plain http.
     let bad = ProvOptions::new("https://user:pw@127.0.0.1/x".to_string())
@@ -184,8 +194,10 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
     assert!(!ok, "{out}");
     assert!(out.contains("carries credentials"), "{out}");
     assert!(!out.contains("pw@"), "{out}");
-    let plain = ProvOptions::new(url.clone())
-        .yaml(&format!("helper_secret_file: {}\nhelper_tls_ca: /etc/ssl/x.pem", secret.display()));
+    let plain = ProvOptions::new(url.clone()).yaml(&format!(
+        "helper_secret_file: {}\nhelper_tls_ca: /etc/ssl/x.pem",
+        secret.display()
+    ));
     let (yaml, cfg, _) = env.write_config(&plain);
     let (_, out) = check(&yaml, &cfg, false);
     assert!(

@@ -20,10 +20,8 @@ pub fn input_bytes(input: &HelperInput) -> Result<Vec<u8>, HelperError> {
 /// U+FFFD (as Go's `encoding/json` does) rather than failing the reply, keys match in any case,
 /// and the last of repeated keys counts.
 pub fn decode_reply(out: &[u8], helper: &str) -> Result<HelperReply, HelperError> {
-    serde_json::from_str(&String::from_utf8_lossy(out)).map_err(|source| {
-        HelperError::InvalidJson {
-            helper: helper.to_string(),
-            source,
-        }
+    serde_json::from_str(&String::from_utf8_lossy(out)).map_err(|source| HelperError::InvalidJson {
+        helper: helper.to_string(),
+        source,
     })
 }

@@ -206,20 +206,27 @@ fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
 }
 
-/// The error's own text and its causes, one line, without the URL reqwest adds.
+/// The error and its causes on one line, without the URL reqwest adds and without the
+/// wrappers that say nothing ("error sending request", "client error (Connect)"), so the
+/// operator reads the cause: `tcp connect error: Connection refused (os error 111)`.
 fn reason(e: reqwest::Error) -> String {
     let e = e.without_url();
-    let mut out = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(&e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        let generic = text.starts_with("error sending request")
+            || text.starts_with("client error (")
+            || text.starts_with("error trying to connect");
+        if !generic && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
         }
-        source = s.source();
+        next = err.source();
     }
-    out.replace('\n', " ")
+    if parts.is_empty() {
+        parts.push(e.to_string());
+    }
+    parts.join(": ").replace('\n', " ")
 }
 
 /// The `msg` of a JSON object body, bounded, control characters escaped; empty otherwise.
@@ -341,7 +348,11 @@ impl WebhookClient {
 
     /// The headers of one request over `body`: content type, request id, timestamp and, with a
     /// secret, the signature.
-    fn request(&self, method: reqwest::Method, body: &[u8]) -> Result<reqwest::RequestBuilder, HelperError> {
+    fn request(
+        &self,
+        method: reqwest::Method,
+        body: &[u8],
+    ) -> Result<reqwest::RequestBuilder, HelperError> {
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)

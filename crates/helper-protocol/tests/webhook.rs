@@ -102,9 +102,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, answer: Answer,
                     "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
                     body.len()
                 );
-                if s.write_all(head.as_bytes()).await.is_err()
-                    || s.write_all(body).await.is_err()
-                {
+                if s.write_all(head.as_bytes()).await.is_err() || s.write_all(body).await.is_err() {
                     return;
                 }
             }
@@ -255,10 +253,7 @@ async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
     .unwrap();
     let reply = client.run(&input()).await.unwrap();
     assert_eq!(reply.msg, "signed");
-    assert_eq!(
-        reply.configuration.unwrap()["identity"],
-        "n1.example.net"
-    );
+    assert_eq!(reply.configuration.unwrap()["identity"], "n1.example.net");
 
     let got = seen.requests.lock().unwrap()[0].clone();
     assert_eq!(got.request_line, "POST /provision HTTP/1.1");
@@ -269,7 +264,9 @@ async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
     assert_eq!(got.header("content-type"), Some("application/json"));
     let id = got.header(REQUEST_ID_HEADER).unwrap();
     assert_eq!(id.len(), 32);
-    assert!(id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert!(id
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     let ts: u64 = got.header(TIMESTAMP_HEADER).unwrap().parse().unwrap();
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -365,7 +362,10 @@ async fn mutual_tls_with_the_configured_ca_and_client_certificate() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e.kind(), HelperErrorKind::Connect | HelperErrorKind::Request),
+        matches!(
+            e.kind(),
+            HelperErrorKind::Connect | HelperErrorKind::Request
+        ),
         "{e}"
     );
     // Without the site's CA the server's certificate is not trusted: nothing is sent.
@@ -434,7 +434,10 @@ async fn a_helper_that_does_not_answer_is_abandoned_at_the_time_limit() {
     let took = started.elapsed();
     assert_eq!(e.kind(), HelperErrorKind::Timeout, "{e}");
     assert!(matches!(e, HelperError::NoAnswer { .. }), "{e}");
-    assert!(took >= Duration::from_millis(650) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(650) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     assert_eq!(seen.requests.lock().unwrap().len(), 1, "no retry once sent");
 }
 
@@ -458,7 +461,10 @@ async fn a_slow_drip_body_still_ends_at_the_time_limit() {
     let e = client.run(&input()).await.unwrap_err();
     let took = started.elapsed();
     assert_eq!(e.kind(), HelperErrorKind::Timeout, "{e}");
-    assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
 }
 
 #[tokio::test]
@@ -526,7 +532,10 @@ async fn a_non_2xx_answer_is_an_error_with_the_status_and_msg() {
         .run(&input())
         .await
         .unwrap_err();
-    assert!(matches!(e, HelperError::Status { status: 302, ref msg, .. } if msg.is_empty()), "{e}");
+    assert!(
+        matches!(e, HelperError::Status { status: 302, ref msg, .. } if msg.is_empty()),
+        "{e}"
+    );
     assert_eq!(seen.requests.lock().unwrap().len(), 1);
 
     // A 2xx with an empty body is the process helper's "zero bytes received".

@@ -64,7 +64,9 @@ impl WebhookPlan {
         log: &Path,
     ) -> Result<ProcessGuard> {
         let out = std::fs::File::create(log).ctx(|| format!("creating {}", log.display()))?;
-        let err = out.try_clone().ctx(|| format!("opening {}", log.display()))?;
+        let err = out
+            .try_clone()
+            .ctx(|| format!("opening {}", log.display()))?;
         let mut cmd = self.command(bins, files, broker);
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         let guard = ProcessGuard::spawn("demo webhook", &mut cmd)?.drop_grace(Duration::ZERO);
