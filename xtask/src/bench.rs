@@ -325,7 +325,8 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
             broker: &url,
             identity: "provisioner",
             leader_election: false,
-            extra_yaml: "",
+            // The node history holds every waiting node, so its cost is in the figure.
+            extra_yaml: &format!("node_history_size: {}\n", n.max(1)),
         },
     )?;
     let mut prov = files.start_provisioner(
@@ -380,11 +381,19 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     } else {
         0.0
     };
+    // What the node history says it holds (counted from its allocations), included above.
+    let history = prov
+        .get("/api/v1/status")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+        .map(|s| s["history"].clone())
+        .unwrap_or_default();
     prov.proc.terminate(Duration::from_secs(5));
     println!(
-        "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0}",
+        "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0} history_nodes={} history_bytes_per_node={}",
         before as f64 / 1048576.0,
         after as f64 / 1048576.0,
+        history["nodes"],
+        history["bytes_per_node"],
     );
     Ok(())
 }

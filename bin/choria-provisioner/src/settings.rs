@@ -176,6 +176,11 @@ pub fn preflight(settings: &Settings) -> Vec<Problem> {
         .map(|w| Problem::Warning(w.to_string()))
         .collect();
     problems.extend(preflight_config(&settings.config));
+    problems.extend(
+        crate::status_cli::preflight(&settings.config)
+            .into_iter()
+            .map(Problem::Fatal),
+    );
     problems.extend(preflight_choria(&settings.choria));
     problems.extend(
         readable_secrets(Some(&settings.config), Some(&settings.choria))
