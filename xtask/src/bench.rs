@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::demo::HelperKind;
 use crate::stack::{self, Mode, Proc, ProvisionerOptions};
 use crate::tools::root;
 
@@ -56,24 +57,6 @@ pub struct Args {
     /// Draw the nodes provisioned over time of every contender (its median run) into this SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-}
-
-/// The helper our provisioner runs with in a benchmark.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HelperKind {
-    /// The compiled demo helper as a process per node.
-    Exec,
-    /// The compiled demo helper's webhook server, over HTTP.
-    Webhook,
-}
-
-impl HelperKind {
-    fn name(self) -> &'static str {
-        match self {
-            HelperKind::Exec => "exec",
-            HelperKind::Webhook => "webhook",
-        }
-    }
 }
 
 /// What one contender achieved.
@@ -149,15 +132,15 @@ fn contender_with(
     let workers = if args.workers == 0 { 64 } else { args.workers };
     let webhook = match helper {
         HelperKind::Exec => None,
-        HelperKind::Webhook => Some(webhook::Endpoint::new(&dir)?),
+        HelperKind::Webhook => Some(test_support::webhook::WebhookPlan::new(&dir)?),
     };
     let helper_cmd = match &webhook {
         None => bins.join("choria-demo-helper").display().to_string(),
-        Some(w) => w.url(),
+        Some(w) => w.url.clone(),
     };
     let extra_yaml = match &webhook {
         None => extra_yaml.to_string(),
-        Some(w) => format!("{}{extra_yaml}", w.yaml()),
+        Some(w) => format!("{}{extra_yaml}", w.extra_yaml()),
     };
     let files = stack::write_run_files(
         &dir,
@@ -174,7 +157,7 @@ fn contender_with(
     )?;
     let _webhook_server = match &webhook {
         None => None,
-        Some(w) => Some(w.start(bins, &files, args.mode, &url)?),
+        Some(w) => Some(w.start(bins, &files, &url, &dir.join("webhook.log"))?),
     };
     let sim_log = dir.join("fleet-sim.log");
     let mut sim_cmd = files.fleet_sim(bins, &url, args.nodes, args.mode, "bench", &sim_log)?;
@@ -538,7 +521,8 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
             broker: &url,
             identity: "provisioner",
             leader_election: false,
-            extra_yaml: "",
+            // The node history holds every waiting node, so its cost is in the figure.
+            extra_yaml: &format!("node_history_size: {}\n", n.max(1)),
         },
     )?;
     let mut prov = files.start_provisioner(
@@ -593,62 +577,20 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     } else {
         0.0
     };
+    // What the node history says it holds (counted from its allocations), included above.
+    let history = prov
+        .get("/api/v1/status")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+        .map(|s| s["history"].clone())
+        .unwrap_or_default();
     prov.proc.terminate(Duration::from_secs(5));
     println!(
-        "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0}",
+        "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0} history_nodes={} history_bytes_per_node={}",
         before as f64 / 1048576.0,
         after as f64 / 1048576.0,
+        history["nodes"],
+        history["bytes_per_node"],
     );
     Ok(())
 }
 
-/// The webhook helper of a run: the demo helper's server mode on a free loopback port, with the
-/// shared secret the provisioner signs its requests with.
-mod webhook {
-    use std::path::{Path, PathBuf};
-
-    use anyhow::{bail, Result};
-
-    use crate::stack::{Mode, Proc};
-    use test_support::stack::RunFiles;
-
-    /// Where the webhook will listen and the secret it shares with the provisioner.
-    pub struct Endpoint {
-        port: u16,
-        secret: PathBuf,
-    }
-
-    impl Endpoint {
-        /// A free port and a new secret file (owner-only) in `dir`.
-        pub fn new(dir: &Path) -> Result<Self> {
-            let secret = dir.join("webhook.secret");
-            std::fs::write(&secret, "bench-webhook-secret\n")?;
-            test_support::owner_only(&secret)?;
-            Ok(Endpoint {
-                port: test_support::free_port(),
-                secret,
-            })
-        }
-
-        /// The provisioner's `helper` setting.
-        pub fn url(&self) -> String {
-            format!("http://127.0.0.1:{}/", self.port)
-        }
-
-        /// The provisioner YAML the webhook needs besides `helper`.
-        pub fn yaml(&self) -> String {
-            format!("helper_secret_file: {}\n", self.secret.display())
-        }
-
-        /// Start the demo helper's server mode for `mode` with the run's CA and issuer.
-        pub fn start(
-            &self,
-            _bins: &Path,
-            _files: &RunFiles,
-            _mode: Mode,
-            _url: &str,
-        ) -> Result<Proc> {
-            bail!("the webhook helper is not available in this build")
-        }
-    }
-}

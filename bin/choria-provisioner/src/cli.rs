@@ -70,10 +70,72 @@ pub enum Command {
     Run(RunArgs),
     /// Check both configuration files, the helper and every key named, print what the daemon
     /// would do, and exit non-zero listing every problem
-    Check(RunArgs),
+    Check(CheckArgs),
     /// Work with the rego_policy
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Show a running provisioner's status: role, queue, workers, totals, history kept
+    Status(ApiArgs),
+    /// List the nodes a running provisioner has seen recently, newest first
+    Nodes(NodesArgs),
+    /// Show one node's state, cause and history on a running provisioner
+    Node(NodeArgs),
+}
+
+/// The packaged configuration file, read by `status`, `nodes` and `node` when neither
+/// `--config` nor `--monitor` is given.
+pub const DEFAULT_CONFIG: &str = "/etc/choria-provisioner/choria-provisioner.yaml";
+
+/// How `status`, `nodes` and `node` reach the daemon.
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// The provisioner configuration file (YAML) naming monitor_port, monitor_address and
+    /// monitor_token_file [default: /etc/choria-provisioner/choria-provisioner.yaml]
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub config: Option<PathBuf>,
+
+    /// The monitor listener's URL instead of the configuration's, as http://HOST:PORT
+    #[arg(long, value_name = "URL")]
+    pub monitor: Option<String>,
+
+    /// A file holding the API's bearer token instead of the configuration's monitor_token_file
+    #[arg(long = "token-file", value_name = "FILE", value_parser = existing_file)]
+    pub token_file: Option<PathBuf>,
+
+    /// Print the API's JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `nodes`.
+#[derive(Debug, Clone, Args)]
+pub struct NodesArgs {
+    /// Only nodes in this state: queued, working, provisioned, upgraded, shut_down, lock_held,
+    /// deferred, refused or failed
+    #[arg(long, value_name = "STATE")]
+    pub state: Option<String>,
+
+    /// Skip this many nodes
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub offset: usize,
+
+    /// Show at most this many nodes (at most 500)
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub limit: usize,
+
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// Flags of `node`.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// The node's identity
+    #[arg(value_name = "IDENTITY")]
+    pub identity: String,
+
+    #[command(flatten)]
+    pub api: ApiArgs,
 }
 
 /// The `policy` sub commands.
@@ -98,6 +160,18 @@ pub struct PolicyEvalArgs {
     /// Also show every rule of the package that produced a value
     #[arg(long)]
     pub explain: bool,
+}
+
+/// Flags of `check`: those of `run`, and `--probe`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// Also reach the helper when it is a webhook: one signed GET, over TLS with the client
+    /// certificate when configured (nothing is provisioned)
+    #[arg(long)]
+    pub probe: bool,
 }
 
 /// Flags of `run` and `check`.

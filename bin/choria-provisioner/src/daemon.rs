@@ -26,14 +26,14 @@ use choria_rpc_client::rpc::{RpcClient, RpcOptions};
 use provision_core::{
     AddResult, Backoff, Config, Fleet, Observer, PauseState, Provisioner, Source,
 };
-use provisioner_metrics::{Metrics, Role};
+use provisioner_metrics::{HistoryLimits, Metrics, NodeTable, Role};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::cli::{RunArgs, VERSION};
-use crate::helper::SubprocessHelper;
+use crate::helper::SiteHelper;
 use crate::keys::FileKeys;
 use crate::logging;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
@@ -152,6 +152,16 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     background.spawn(signals.watch(shutdown.clone(), force.clone(), stopped.clone()));
 
     let metrics = Metrics::new(config.site.clone());
+    let nodes = NodeTable::new(HistoryLimits {
+        max_nodes: config.node_history_size,
+        max_age: config.node_history_max_age,
+    });
+    // The audit file is opened before anything binds: a file that cannot be written stops the
+    // start, as check reports it.
+    let audit_file = match config.audit_file.as_str() {
+        "" => None,
+        f => Some(crate::audit::AuditFile::open(Path::new(f))?),
+    };
     let mut monitor = None;
     if config.monitor_port > 0 {
         // An empty monitor_address is every interface, IPv4 and IPv6 (`[::]` dual-stack, or
@@ -165,8 +175,16 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
                 .with_context(|| format!("invalid monitor_address {:?}", config.monitor_address))?
         };
         let addr = SocketAddr::new(ip, config.monitor_port);
-        let serving =
-            provisioner_metrics::serve(addr, Arc::clone(&metrics), shutdown.clone()).await?;
+        let token = crate::status_cli::read_token(&config.monitor_token_file)?;
+        let api = provisioner_metrics::Monitor {
+            metrics: Arc::clone(&metrics),
+            nodes: Some(Arc::clone(&nodes)),
+            version: VERSION.to_string(),
+            identity: choria.identity.clone(),
+            workers: config.workers,
+            token,
+        };
+        let serving = provisioner_metrics::serve_monitor(&[addr], api, shutdown.clone()).await?;
         let bound = serving.local_addr();
         monitor = Some(serving);
         let scope = match bound.ip() {
@@ -179,9 +197,21 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
             "Listening for /metrics on {}: serving /metrics, /healthz and /readyz on {bound}{scope}",
             bound.port()
         );
+        info!(
+            "the status page (/), node pages (/nodes/) and the JSON API (/api/v1/) are served there too, {}",
+            if config.monitor_token_file.is_empty() {
+                "without a token (monitor_token_file is not set)"
+            } else {
+                "behind the bearer token of monitor_token_file"
+            }
+        );
     }
 
-    let helper = SubprocessHelper::new(&config.helper).map_err(anyhow::Error::new)?;
+    let helper = SiteHelper::from_config(
+        &config,
+        Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
+    )
+    .map_err(anyhow::Error::new)?;
     // Settings and security are checked before the network: what can never work stops here.
     let security = choria.security().map_err(anyhow::Error::new)?;
     let connection = ConnectionSettings::from_config(&choria).map_err(anyhow::Error::new)?;
@@ -231,6 +261,19 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         error!("Could not publish startup event: {e}");
     }
 
+    let stream = if config.audit_stream.is_empty() {
+        None
+    } else {
+        crate::audit::open_stream(&config.audit_stream, &client).await
+    };
+    let (audit, audit_writer) =
+        crate::audit::channel(&choria.identity, &config.site, audit_file, stream);
+    let audit_stop = CancellationToken::new();
+    let mut audit_task = JoinSet::new();
+    if let Some(w) = audit_writer {
+        audit_task.spawn(w.run(audit_stop.clone()));
+    }
+
     let pause = PauseState::new(config.leader_election);
     metrics.set_role(if config.leader_election {
         Role::Standby
@@ -247,7 +290,8 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
             Timeouts::from_discovery_timeout(choria.discovery_timeout),
         ),
         helper,
-        Arc::clone(&metrics),
+        // The metrics, the node history behind the API and the status page, the audit trail.
+        (Arc::clone(&metrics), (Arc::clone(&nodes), audit)),
         FileKeys::new(Arc::clone(&config)),
         Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
     );
@@ -308,6 +352,9 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     }
     work_stop.cancel();
     while workers_task.join_next().await.is_some() {}
+    // Every decision made is written before the process ends.
+    audit_stop.cancel();
+    while audit_task.join_next().await.is_some() {}
     stopped.cancel();
     while background.join_next().await.is_some() {}
     if let Some(serving) = &monitor {
@@ -462,10 +509,10 @@ async fn listen<R, H, O, C>(
 }
 
 /// Broadcast discovery at start, every interval, and when asked (after winning an election).
-async fn discover<R, H, C>(
+async fn discover<R, H, O, C>(
     client: RpcClient,
     config: Arc<Config>,
-    fleet: Arc<Fleet<R, H, Arc<Metrics>, C>>,
+    fleet: Arc<Fleet<R, H, O, C>>,
     pause: PauseState,
     metrics: Arc<Metrics>,
     now: Arc<Notify>,
@@ -473,6 +520,7 @@ async fn discover<R, H, C>(
 ) where
     R: provision_core::NodeRpc,
     H: provision_core::Helper,
+    O: Observer,
     C: provision_core::Clock,
 {
     let mut early: Option<tokio::time::Instant> = None;

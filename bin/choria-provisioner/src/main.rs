@@ -4,6 +4,7 @@
 //! anything binds, sets up logging, and hands over to [`daemon`] (or [`check`]). Every error
 //! reaches the operator as one line on stderr and a non-zero exit code.
 
+mod audit;
 mod check;
 mod cli;
 mod daemon;
@@ -14,6 +15,7 @@ mod node_rpc;
 mod policy_cli;
 mod rego;
 mod settings;
+mod status_cli;
 
 use std::process::ExitCode;
 
@@ -31,6 +33,9 @@ fn main() -> ExitCode {
         cli::Command::Run(args) => daemon::main(cli.debug, args),
         cli::Command::Check(args) => check::main(cli.debug, args),
         cli::Command::Policy(cli::PolicyCommand::Eval(args)) => policy_cli::eval(&args),
+        cli::Command::Status(args) => status_cli::status(&args),
+        cli::Command::Nodes(args) => status_cli::nodes(&args),
+        cli::Command::Node(args) => status_cli::node(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

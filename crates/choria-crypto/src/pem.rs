@@ -60,6 +60,42 @@ pub fn decode_many(text: &str) -> Result<Vec<(String, Vec<u8>)>, PemError> {
         .collect())
 }
 
+/// What identifies an issued certificate in a record: never the certificate itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateSummary {
+    /// The serial number as lower-case hex of its DER integer bytes (as `openssl x509 -serial`
+    /// prints it, in lower case).
+    pub serial: String,
+    /// The SHA-256 of the certificate's DER, lower-case hex (`openssl x509 -fingerprint
+    /// -sha256` without the colons).
+    pub sha256: String,
+    /// `notAfter` in Unix seconds.
+    pub not_after: i64,
+}
+
+/// The serial, SHA-256 fingerprint and expiry of the first `CERTIFICATE` in `text` (a helper
+/// may send the certificate followed by its chain).
+pub fn certificate_summary(text: &str) -> Result<CertificateSummary, PemError> {
+    use sha2::Digest as _;
+    let der = match decode(text, "CERTIFICATE") {
+        Ok(der) => der,
+        Err(first) => decode_many(text)?
+            .into_iter()
+            .find(|(label, _)| label == "CERTIFICATE")
+            .map(|(_, der)| der)
+            .ok_or(first)?,
+    };
+    let cert = x509_cert::Certificate::from_der(&der).map_err(|e| PemError::Der(e.to_string()))?;
+    let tbs = &cert.tbs_certificate;
+    let not_after =
+        i64::try_from(tbs.validity.not_after.to_unix_duration().as_secs()).unwrap_or(i64::MAX);
+    Ok(CertificateSummary {
+        serial: hex::encode(tbs.serial_number.as_bytes()),
+        sha256: hex::encode(sha2::Sha256::digest(&der)),
+        not_after,
+    })
+}
+
 /// `der` in a PEM block labelled `label`, as Go's `pem.Encode` writes it: 64-column base64
 /// lines, `\n` line endings, a final newline.
 pub fn encode(label: &str, der: impl Into<Vec<u8>>) -> String {
@@ -111,6 +147,35 @@ mod tests {
             decode("not pem", "PUBLIC KEY"),
             Err(PemError::Armour(_))
         ));
+    }
+
+    /// Made with `openssl req -x509 ... -set_serial 0x1f2e3d4c5b6a`; the expected figures are
+    /// what `openssl x509 -noout -serial -fingerprint -sha256 -enddate` printed for it.
+    const CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBeDCCAR+gAwIBAgIGHy49TFtqMAoGCCqGSM49BAMCMBkxFzAVBgNVBAMMDmZw
+LmV4YW1wbGUubmV0MB4XDTI2MTIwMTEwMjYzNFoXDTM2MTEyODEwMjYzNFowGTEX
+MBUGA1UEAwwOZnAuZXhhbXBsZS5uZXQwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNC
+AAShEbSjwKGGl68z7rA/iBygWbXX2o8AaTsn1QWQSF1Ls3asiL+TkzAkP2RZmekB
+d5N5DmU8jsd63eVwzAxt/tRgo1MwUTAdBgNVHQ4EFgQUTzDJC/5e5k5BkKGYSYOB
+TH66TxIwHwYDVR0jBBgwFoAUTzDJC/5e5k5BkKGYSYOBTH66TxIwDwYDVR0TAQH/
+BAUwAwEB/zAKBggqhkjOPQQDAgNHADBEAiB3zcv6zBg50h+43JPeQzOJKXEGH1LR
+/iWIvhRTYWQ3jAIgTSuRIcTUyOurDWzzj7IzWwO3YWfK1p8pxZ/41Zcz7lk=
+-----END CERTIFICATE-----
+";
+
+    #[test]
+    fn a_certificate_is_summarised_as_openssl_prints_it() {
+        let want = CertificateSummary {
+            serial: "1f2e3d4c5b6a".into(),
+            sha256: "9c958a8cb3f9ec0371e424c58f5c6c44ed5abeafeed16fc713156c1b980e6b4d".into(),
+            not_after: 2111480794,
+        };
+        assert_eq!(certificate_summary(CERT).unwrap(), want);
+        // The certificate first, then its chain: the first one is summarised.
+        let chain = format!("{CERT}{CERT}");
+        assert_eq!(certificate_summary(&chain).unwrap(), want);
+        assert!(certificate_summary("not a certificate").is_err());
+        assert!(certificate_summary(&encode("PUBLIC KEY", vec![0u8])).is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! * [`connection`]: the one shared NATS connection.
 //! * [`rpc`]: [`rpc::RpcClient`], a cheap-to-clone handle for directed requests, discovery and
 //!   lifecycle events; [`agents`] adds typed `rpcutil` and `choria_provision` calls to it.
-//! * [`election`]: leader election on Choria Streams.
+//! * [`election`]: leader election on Choria Streams; [`audit`]: the audit trail's stream.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,6 +35,7 @@
 
 #![deny(missing_docs)]
 pub mod agents;
+pub mod audit;
 pub mod brokers;
 pub mod config;
 pub mod connection;

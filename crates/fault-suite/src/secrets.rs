@@ -66,7 +66,11 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
     let broker_pw = "bpw-MARKER-8d41a0c5";
     let node_pw = "npw-MARKER-62f0b9d3";
     let helper_s = helper.display().to_string();
-    let extra = format!("broker_provisioning_password: {broker_pw}\n");
+    let audit = dir.join("audit.jsonl");
+    let extra = format!(
+        "broker_provisioning_password: {broker_pw}\naudit_file: {}\n",
+        audit.display()
+    );
     let mut run = setup(
         env,
         name,
@@ -121,6 +125,23 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         Duration::from_secs(60),
     )?;
     let metrics = scrape_all(run.provisioners[p].port);
+    // The node history: the status page, the API's list and every node's history.
+    let port = run.provisioners[p].port;
+    let get = |path: &str| {
+        test_support::metrics::http_get(port, path)
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
+    let mut history = get("/") + &get("/api/v1/status") + &get("/api/v1/nodes?limit=500");
+    let listed: Value = serde_json::from_str(&get("/api/v1/nodes?limit=500")).unwrap_or_default();
+    let mut histories = 0;
+    for n in listed["nodes"].as_array().into_iter().flatten() {
+        let id = n["identity"].as_str().unwrap_or_default();
+        history += &get(&format!("/api/v1/nodes/{id}"));
+        history += &get(&format!("/nodes/{id}"));
+        histories += 1;
+    }
+    ensure!(histories >= nodes, "only {histories} node histories served");
     let report = sim.finish()?;
     let mut server_sigs = Vec::new();
     for (id, n) in &report {
@@ -173,6 +194,8 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         ),
         ("/metrics", metrics),
         ("check", check_out),
+        ("the node history (API and pages)", history),
+        ("the audit file", std::fs::read_to_string(&audit)?),
     ];
     for (what, text) in &places {
         for (m, v) in &markers {
@@ -201,6 +224,17 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         seen += 1;
     }
     ensure!(seen >= nodes, "only {seen} helper inputs recorded");
+    // The audit file still says what each node was given: the server JWT's id and expiry.
+    let audit_text = std::fs::read_to_string(&audit)?;
+    let jwt_ids = audit_text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["decision"] == "provisioned" && r["server_jwt"]["id"].is_string())
+        .count();
+    ensure!(
+        jwt_ids >= nodes,
+        "only {jwt_ids} audit records name the server JWT issued"
+    );
 
     // A key file readable by others is reported by `check`.
     #[cfg(unix)]
@@ -239,7 +273,7 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         "the daemon does not warn at start-up about a world-readable signing key"
     );
     Ok(format!(
-        "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check and {seen} helper inputs (token and node password only inside jwt claims); check and start-up warn on a 0644 key",
+        "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check, the node history, the audit file and {seen} helper inputs (token and node password only inside jwt claims); check and start-up warn on a 0644 key",
         markers.len()
     ))
 }

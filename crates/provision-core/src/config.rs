@@ -33,6 +33,10 @@ pub const DEFAULT_SERVER_JWT_VALIDITY: Duration = Duration::from_secs(365 * 24 *
 /// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
 /// themselves at once still fits in a bounded queue.
 pub const DEFAULT_WORK_QUEUE_SIZE: usize = 250_000;
+/// Nodes the node history keeps at most (`node_history_size`).
+pub const DEFAULT_NODE_HISTORY_SIZE: usize = 10_000;
+/// How long the node history keeps a node after its last update (`node_history_max_age`).
+pub const DEFAULT_NODE_HISTORY_MAX_AGE: Duration = Duration::from_secs(3600);
 /// The shortest discovery interval accepted (as the Go provisioner).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -116,8 +120,36 @@ pub struct Config {
     /// `record_helper_inputs` (not a Go key): a directory the daemon writes each node's helper
     /// input to (token removed), for `policy eval`; empty means none are recorded.
     pub record_helper_inputs: String,
+    /// The webhook helper's settings (not Go keys), used when `helper` is an `http://` or
+    /// `https://` URL.
+    pub webhook: WebhookSettings,
+    // Node status, history and audit trail (not Go keys).
+    /// `node_history_size`: nodes the history behind `/api/v1/nodes` keeps at most.
+    pub node_history_size: usize,
+    /// `node_history_max_age`: a node not updated for this long is forgotten.
+    pub node_history_max_age: Duration,
+    /// `monitor_token_file`: a file holding the bearer token the JSON API and the status pages
+    /// ask for; empty means they answer anyone who reaches the monitor listener.
+    pub monitor_token_file: String,
+    /// `audit_file`: the file one JSON line per decision is appended to; empty means none.
+    pub audit_file: String,
+    /// `audit_stream`: the JetStream stream the same lines are published to; empty means none.
+    pub audit_stream: String,
     /// The file this was loaded from.
     pub file: PathBuf,
+}
+
+/// The webhook helper's files, as written (not Go keys); empty means unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// `helper_secret_file`: the file holding the secret every request is signed with.
+    pub secret_file: String,
+    /// `helper_tls_cert`: a PEM client certificate presented to an `https` helper.
+    pub tls_cert: String,
+    /// `helper_tls_key`: the private key of `helper_tls_cert`.
+    pub tls_key: String,
+    /// `helper_tls_ca`: PEM CA certificates trusted, alone, for an `https` helper.
+    pub tls_ca: String,
 }
 
 /// Shows a secret as `<redacted>` when set and `""` when empty, so a dump says whether it is set.
@@ -163,6 +195,12 @@ impl std::fmt::Debug for Config {
             monitor_address,
             rego_policy,
             record_helper_inputs,
+            webhook,
+            node_history_size,
+            node_history_max_age,
+            monitor_token_file,
+            audit_file,
+            audit_stream,
             file,
         } = self;
         f.debug_struct("Config")
@@ -198,6 +236,13 @@ impl std::fmt::Debug for Config {
             .field("monitor_address", monitor_address)
             .field("rego_policy", rego_policy)
             .field("record_helper_inputs", record_helper_inputs)
+            // File names only: the secret is never read here.
+            .field("webhook", webhook)
+            .field("node_history_size", node_history_size)
+            .field("node_history_max_age", node_history_max_age)
+            .field("monitor_token_file", monitor_token_file)
+            .field("audit_file", audit_file)
+            .field("audit_stream", audit_stream)
             .field("file", file)
             .finish()
     }
@@ -340,6 +385,9 @@ pub enum ConfigError {
     /// `monitor_address` is not an IP address.
     #[error("invalid monitor_address {0:?}: it must be an IPv4 or IPv6 address, for example 127.0.0.1 or ::1")]
     MonitorAddress(String),
+    /// `audit_stream` is not a JetStream stream name.
+    #[error("invalid audit_stream {0:?}: a stream name has no spaces, '.', '*', '>', '/' or '\\'")]
+    AuditStream(String),
     /// A `cert_deny_list` entry is not a valid regular expression.
     #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
     DenyPattern {
@@ -423,6 +471,12 @@ struct RawConfig {
     csr_extra_dns_names: String,
     monitor_address: String,
     record_helper_inputs: String,
+    webhook: WebhookSettings,
+    node_history_size: u32,
+    node_history_max_age: String,
+    monitor_token_file: String,
+    audit_file: String,
+    audit_stream: String,
 }
 
 const fn field(name: &'static str, kind: Kind) -> Field {
@@ -439,7 +493,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 27] = [
+const FIELDS: [Field; 36] = [
     field(
         "workers",
         Kind::Int {
@@ -487,6 +541,22 @@ const FIELDS: [Field; 27] = [
     field("csr_extra_dns_names", Kind::Str),
     field("monitor_address", Kind::Str),
     field("record_helper_inputs", Kind::Str),
+    // The webhook helper.
+    field("helper_secret_file", Kind::Str),
+    field("helper_tls_cert", Kind::Str),
+    field("helper_tls_key", Kind::Str),
+    field("helper_tls_ca", Kind::Str),
+    // Node status, history and audit trail.
+    field(
+        "node_history_size",
+        Kind::Int {
+            max: u32::MAX as u64,
+        },
+    ),
+    field("node_history_max_age", Kind::Str),
+    field("monitor_token_file", Kind::Str),
+    field("audit_file", Kind::Str),
+    field("audit_stream", Kind::Str),
 ];
 
 impl RawConfig {
@@ -544,6 +614,17 @@ impl RawConfig {
             csr_extra_dns_names: text("csr_extra_dns_names"),
             monitor_address: text("monitor_address"),
             record_helper_inputs: text("record_helper_inputs"),
+            webhook: WebhookSettings {
+                secret_file: text("helper_secret_file").trim().to_string(),
+                tls_cert: text("helper_tls_cert").trim().to_string(),
+                tls_key: text("helper_tls_key").trim().to_string(),
+                tls_ca: text("helper_tls_ca").trim().to_string(),
+            },
+            node_history_size: u32::try_from(int("node_history_size")).unwrap_or(u32::MAX),
+            node_history_max_age: text("node_history_max_age"),
+            monitor_token_file: text("monitor_token_file"),
+            audit_file: text("audit_file"),
+            audit_stream: text("audit_stream"),
         }
     }
 }
@@ -756,6 +837,32 @@ impl Config {
             0 => DEFAULT_WORK_QUEUE_SIZE,
             n => n as usize,
         };
+        let node_history_size = match raw.node_history_size {
+            0 => DEFAULT_NODE_HISTORY_SIZE,
+            n => n as usize,
+        };
+        let node_history_max_age = if raw.node_history_max_age.trim().is_empty() {
+            DEFAULT_NODE_HISTORY_MAX_AGE
+        } else {
+            parse_duration(raw.node_history_max_age.trim())
+                .map_err(|reason| ConfigError::Duration {
+                    key: "node_history_max_age",
+                    value: raw.node_history_max_age.clone(),
+                    reason,
+                })
+                .unwrap_or_else(|e| {
+                    errors.push(e);
+                    DEFAULT_NODE_HISTORY_MAX_AGE
+                })
+        };
+        let audit_stream = raw.audit_stream.trim().to_string();
+        if audit_stream
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
+            || audit_stream.len() > 255
+        {
+            errors.push(ConfigError::AuditStream(audit_stream.clone()));
+        }
         let config = Config {
             workers,
             work_queue_size,
@@ -786,6 +893,12 @@ impl Config {
             monitor_address,
             rego_policy: raw.rego_policy.trim().to_string(),
             record_helper_inputs: raw.record_helper_inputs.trim().to_string(),
+            webhook: raw.webhook,
+            node_history_size,
+            node_history_max_age,
+            monitor_token_file: raw.monitor_token_file.trim().to_string(),
+            audit_file: raw.audit_file.trim().to_string(),
+            audit_stream,
             file: path.to_path_buf(),
         };
         (config, errors)

@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info};
 
 use crate::clock::Clock;
+use crate::events::{NodeEvent, Verdict};
 use crate::identity::{escaped, IdentityError, LogSummary};
 use crate::observer::Observer;
 use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
@@ -323,6 +324,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             Source::Discovery => o.discovered(),
             Source::Event => o.event_discovered(),
         }
+        o.node_event(identity, &NodeEvent::Queued { source });
         self.wake.notify_one();
         AddResult::Queued
     }
@@ -424,15 +426,22 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
         let mut stale = Vec::new();
         let next = self.take_next(&mut stale);
         let o = self.provisioner.observer();
-        for (identity, waited) in stale {
+        for (identity, waited, lane) in stale {
             o.provision_error();
             let kind = ProvisionErrorKind::Stale(waited);
             error!(identity = %identity, "Could not provision {identity}: {kind}");
+            o.node_event(
+                &identity,
+                &NodeEvent::Finished(&Verdict::stale(lane, waited)),
+            );
         }
         next
     }
 
-    fn take_next(&self, stale: &mut Vec<(Arc<str>, Duration)>) -> Option<(Host, TaskTrackerToken)> {
+    fn take_next(
+        &self,
+        stale: &mut Vec<(Arc<str>, Duration, Source)>,
+    ) -> Option<(Host, TaskTrackerToken)> {
         let mut t = self.lock();
         if t.draining {
             return None;
@@ -461,7 +470,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 let waited = now.duration_since(added);
                 if waited > max_wait {
                     t.hosts.remove(&id);
-                    stale.push((id, waited));
+                    stale.push((id, waited, lane));
                     continue;
                 }
                 e.state = State::Working;
@@ -537,9 +546,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 host.identity()
             ),
         }
+        o.node_event(
+            host.identity(),
+            &NodeEvent::Started {
+                source: host.source(),
+            },
+        );
         let busy = Busy::enter(&self.busy, o);
+        let began = Instant::now();
         let res = self.provisioner.provision(&mut host).await;
         drop(busy);
+        let verdict = Verdict::of(&res, &host, began.elapsed());
         let id = host.identity();
         let source = host.source();
         let hold = match res {
@@ -578,6 +595,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
                 None
             }
         };
+        // Recorded before the node may be queued again.
+        o.node_event(id, &NodeEvent::Finished(&verdict));
         self.finish(id, source, hold);
     }
 

@@ -9,7 +9,8 @@
 //!   this crate uses helper-protocol without that feature).
 //! * [`keys`]: [`KeyMaterial`], the keys of enrolment, asked for every node ([`StaticKeys`]
 //!   holds keys loaded once).
-//! * [`observer`]: [`Observer`], the metric hooks.
+//! * [`observer`]: [`Observer`], the metric hooks, and [`events`]: what it is told about each
+//!   node for a history or an audit trail ([`NodeEvent`], [`Verdict`]).
 //! * [`clock`]: [`Clock`] (wall time) and [`Random`] (nonces and jitter).
 //!
 //! And the engine itself:
@@ -99,6 +100,7 @@
 pub mod admission;
 pub mod clock;
 pub mod config;
+pub mod events;
 pub mod fleet;
 pub mod identity;
 pub mod keyenc;
@@ -116,7 +118,8 @@ pub use choria_crypto::jwt;
 
 pub use admission::{Admission, AllowAll, Decision};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
-pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded};
+pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, WebhookSettings};
+pub use events::{Issued, NodeEvent, NodeState, Verdict};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};

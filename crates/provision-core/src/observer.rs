@@ -45,6 +45,9 @@ pub trait Observer: Send + Sync + 'static {
     /// The admission policy decided for a node (a denial is counted as `policy_denied`). The
     /// hook a node history or audit record would record the decision through.
     fn admission(&self, _identity: &str, _decision: &crate::admission::Decision) {}
+    /// Something happened to a node: queued, taken by a worker, a step ended, the cycle ended
+    /// (see [`crate::events`]); the hook a node history or an audit trail records through.
+    fn node_event(&self, _identity: &str, _event: &crate::events::NodeEvent<'_>) {}
 }
 
 /// A shared observer (for example metrics also served over HTTP) observes through its `Arc`.
@@ -102,6 +105,89 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn admission(&self, identity: &str, decision: &crate::admission::Decision) {
         (**self).admission(identity, decision)
+    }
+    fn node_event(&self, identity: &str, event: &crate::events::NodeEvent<'_>) {
+        (**self).node_event(identity, event)
+    }
+}
+
+/// Two observers observe everything in turn (metrics and a node history, say): `(a, b)`.
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn rpc_time(&self, label: &'static str, elapsed: Duration) {
+        self.0.rpc_time(label, elapsed);
+        self.1.rpc_time(label, elapsed);
+    }
+    fn rpc_error(&self, label: &'static str) {
+        self.0.rpc_error(label);
+        self.1.rpc_error(label);
+    }
+    fn helper_time(&self, elapsed: Duration) {
+        self.0.helper_time(elapsed);
+        self.1.helper_time(elapsed);
+    }
+    fn helper_error(&self) {
+        self.0.helper_error();
+        self.1.helper_error();
+    }
+    fn helper_shutdown(&self) {
+        self.0.helper_shutdown();
+        self.1.helper_shutdown();
+    }
+    fn provisioned(&self) {
+        self.0.provisioned();
+        self.1.provisioned();
+    }
+    fn provision_error(&self) {
+        self.0.provision_error();
+        self.1.provision_error();
+    }
+    fn lock_held(&self) {
+        self.0.lock_held();
+        self.1.lock_held();
+    }
+    fn invalid_identity(&self) {
+        self.0.invalid_identity();
+        self.1.invalid_identity();
+    }
+    fn discovered(&self) {
+        self.0.discovered();
+        self.1.discovered();
+    }
+    fn event_discovered(&self) {
+        self.0.event_discovered();
+        self.1.event_discovered();
+    }
+    fn discover_cycle(&self) {
+        self.0.discover_cycle();
+        self.1.discover_cycle();
+    }
+    fn discovery_error(&self) {
+        self.0.discovery_error();
+        self.1.discovery_error();
+    }
+    fn busy_workers(&self, n: usize) {
+        self.0.busy_workers(n);
+        self.1.busy_workers(n);
+    }
+    fn work_queue_entries(&self, n: usize) {
+        self.0.work_queue_entries(n);
+        self.1.work_queue_entries(n);
+    }
+    fn waiting_nodes(&self, n: usize) {
+        self.0.waiting_nodes(n);
+        self.1.waiting_nodes(n);
+    }
+    fn paused(&self, paused: bool) {
+        self.0.paused(paused);
+        self.1.paused(paused);
+    }
+    fn admission(&self, identity: &str, decision: &crate::admission::Decision) {
+        self.0.admission(identity, decision);
+        self.1.admission(identity, decision);
+    }
+    fn node_event(&self, identity: &str, event: &crate::events::NodeEvent<'_>) {
+        self.0.node_event(identity, event);
+        self.1.node_event(identity, event);
     }
 }
 

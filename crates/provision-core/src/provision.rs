@@ -14,6 +14,7 @@ use tracing::{debug, error, info, warn};
 use crate::admission::{Admission, Decision};
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::Config;
+use crate::events::{Issued, NodeEvent};
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
 use crate::keyenc::encrypt_private_key_with;
@@ -237,6 +238,8 @@ pub struct Host {
     ed25519: Option<Ed25519Reply>,
     inventory: Option<Inventory>,
     csr: Option<CsrReply>,
+    helper_msg: String,
+    issued: Issued,
 }
 
 impl Host {
@@ -253,6 +256,8 @@ impl Host {
             ed25519: None,
             inventory: None,
             csr: None,
+            helper_msg: String::new(),
+            issued: Issued::None,
         }
     }
 
@@ -293,6 +298,17 @@ impl Host {
     pub fn inventory(&self) -> Option<&Inventory> {
         self.inventory.as_ref()
     }
+
+    /// The helper's `msg` (escaped), once it ran.
+    pub fn helper_msg(&self) -> &str {
+        &self.helper_msg
+    }
+
+    /// What the node was given: the certificate's serial and fingerprint or the server JWT's id
+    /// and expiry.
+    pub fn issued(&self) -> &Issued {
+        &self.issued
+    }
 }
 
 /// What enrolment produced for the `configure` request: the signed server JWT and the helper's
@@ -302,6 +318,7 @@ struct Enrolment {
     server_jwt: String,
     key: String,
     ecdh_public: String,
+    issued: Issued,
 }
 
 /// Runs the cycle for nodes; shared by every worker.
@@ -442,6 +459,19 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let tries = action.tries();
         let mut try_no = 1;
         let mut lock_retried = false;
+        let began = Instant::now();
+        let step = |ok: bool, try_no: u32, detail: &str| {
+            self.observer.node_event(
+                identity,
+                &NodeEvent::Step {
+                    step: label,
+                    ok,
+                    tries: try_no,
+                    elapsed: began.elapsed(),
+                    detail,
+                },
+            )
+        };
         loop {
             self.check_paused(label)?;
             debug!(identity, "Trying action {label} try {try_no}/{tries}");
@@ -458,11 +488,13 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             let delay = match res {
                 Ok(v) => {
                     contact.answered = true;
+                    step(true, try_no, "");
                     return Ok(v);
                 }
                 Err(e) if e.kind == RpcErrorKind::LockHeld => {
                     contact.answered = true;
                     if lock_retried {
+                        step(false, try_no, &e.kind.to_string());
                         return Err(ProvisionErrorKind::LockHeld(action));
                     }
                     lock_retried = true;
@@ -474,6 +506,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                     if !contact.answered && !contact.retry_unanswered && e.kind.is_unanswered() =>
                 {
                     self.observer.rpc_error(label);
+                    step(false, try_no, &e.kind.to_string());
                     return Err(ProvisionErrorKind::FirstContact(e));
                 }
                 Err(e) => {
@@ -492,6 +525,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                     if try_no >= tries {
                         error!(identity, "Maximum {tries} tries reached for action {label}");
                         self.observer.rpc_error(label);
+                        step(false, try_no, &e.kind.to_string());
                         return Err(ProvisionErrorKind::Rpc(e));
                     }
                     let d = self.backoff.delay(try_no, &*self.random);
@@ -527,7 +561,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             ControlFlow::Continue(reply) => reply,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
-        let enrolment = self.enroll(host, &reply)?;
+        let mut enrolment = self.enroll(host, &reply)?;
+        host.issued = std::mem::take(&mut enrolment.issued);
         self.configure(host, reply, enrolment).await
     }
 
@@ -647,8 +682,24 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 // The policy never sees the provisioning token.
                 claims.token.clear();
             }
+            let asked = Instant::now();
             let decision = admission.decide(&shown);
             self.observer.admission(id, &decision);
+            let (ok, reason) = match &decision {
+                Decision::Allow => (true, String::new()),
+                Decision::Deny(r) => (false, format!("deny: {}", escaped(r))),
+                Decision::Defer(r) => (false, format!("defer: {}", escaped(r))),
+            };
+            self.observer.node_event(
+                id,
+                &NodeEvent::Step {
+                    step: "policy",
+                    ok,
+                    tries: 1,
+                    elapsed: asked.elapsed(),
+                    detail: &reason,
+                },
+            );
             match decision {
                 Decision::Allow => {}
                 Decision::Deny(reason) => {
@@ -663,14 +714,30 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         }
         let started = Instant::now();
         let reply = self.helper.run(&input).await;
-        self.observer.helper_time(started.elapsed());
+        let took = started.elapsed();
+        self.observer.helper_time(took);
+        let helper_step = |ok: bool, detail: &str| {
+            self.observer.node_event(
+                id,
+                &NodeEvent::Step {
+                    step: "helper",
+                    ok,
+                    tries: 1,
+                    elapsed: took,
+                    detail,
+                },
+            )
+        };
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
                 self.observer.helper_error();
+                helper_step(false, &e.to_string());
                 return Err(e.into());
             }
         };
+        host.helper_msg = escaped(&reply.msg).to_string();
+        helper_step(!reply.defer, &host.helper_msg);
 
         if reply.defer {
             return Err(ProvisionErrorKind::Deferred(
@@ -754,6 +821,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 now: self.clock.now_unix(),
             })
             .map_err(ProvisionErrorKind::ServerJwt)?;
+            enrolment.issued = Issued::ServerJwt {
+                id: issued.claims.standard.id.clone(),
+                expires: issued.claims.standard.expires_at,
+            };
             enrolment.server_jwt = issued.token;
         }
 
@@ -807,6 +878,16 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let configuration = reply.configuration.take().unwrap_or_default();
         if configuration.is_empty() {
             return Err(ProvisionErrorKind::EmptyConfiguration);
+        }
+        if !reply.certificate.is_empty() {
+            host.issued = match choria_crypto::pem::certificate_summary(&reply.certificate) {
+                Ok(c) => Issued::Certificate {
+                    serial: c.serial,
+                    sha256: c.sha256,
+                    not_after: Some(c.not_after),
+                },
+                Err(e) => Issued::UnreadableCertificate(e.to_string()),
+            };
         }
         let ssldir = match host.csr.as_ref().filter(|c| !c.ssldir.is_empty()) {
             Some(c) => c.ssldir.clone(),

@@ -1,4 +1,5 @@
-//! The monitoring HTTP server: `/metrics`, `/healthz` and `/readyz`.
+//! The monitoring HTTP server: `/metrics`, `/healthz` and `/readyz`, and with a [`Monitor`] the
+//! JSON API (`/api/v1/...`), the status page (`/`) and each node's page (`/nodes/{identity}`).
 //!
 //! The listener is exposed to whoever can reach the port, so it is bounded:
 //!
@@ -39,6 +40,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::api::Monitor;
 use crate::{Metrics, Role};
 
 /// How long a client has to send a complete request head.
@@ -109,6 +111,15 @@ pub async fn serve(
     serve_all(&[addr], metrics, shutdown).await
 }
 
+/// [`serve_all`] with the API and the status pages of `monitor` as well.
+pub async fn serve_monitor(
+    addrs: &[SocketAddr],
+    monitor: Monitor,
+    shutdown: CancellationToken,
+) -> Result<Serving, ServeError> {
+    serve_with(addrs, Arc::new(monitor), shutdown).await
+}
+
 /// [`serve`] on several addresses at once, sharing one connection cap. Either every address is
 /// bound or none is served; the bound addresses are in the same order. `addrs` must not be
 /// empty.
@@ -117,12 +128,20 @@ pub async fn serve_all(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<Serving, ServeError> {
+    serve_with(addrs, Arc::new(Monitor::metrics_only(metrics)), shutdown).await
+}
+
+async fn serve_with(
+    addrs: &[SocketAddr],
+    monitor: Arc<Monitor>,
+    shutdown: CancellationToken,
+) -> Result<Serving, ServeError> {
     let mut listeners = Vec::with_capacity(addrs.len());
     for &addr in addrs {
         listeners.push(bind(addr)?);
     }
     let shared = Arc::new(Shared {
-        metrics,
+        monitor,
         shutdown,
         slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
         open: Mutex::new(BTreeMap::new()),
@@ -185,7 +204,7 @@ fn listen(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener> {
 
 /// What every accept loop and connection of one server shares.
 struct Shared {
-    metrics: Arc<Metrics>,
+    monitor: Arc<Monitor>,
     shutdown: CancellationToken,
     /// One permit per open connection, held by its task until the socket is closed.
     slots: Arc<Semaphore>,
@@ -344,16 +363,16 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, _permit: OwnedSemaph
     // Milliseconds after `born` at which the latest request started.
     let last_request = Arc::new(AtomicU64::new(0));
     let svc = {
-        let metrics = Arc::clone(&shared.metrics);
+        let monitor = Arc::clone(&shared.monitor);
         let busy = Arc::clone(&busy);
         let last_request = Arc::clone(&last_request);
         service_fn(move |req| {
             let guard = Busy::new(&busy);
             let since = u64::try_from(born.elapsed().as_millis()).unwrap_or(u64::MAX);
             last_request.store(since, Ordering::Release);
-            let metrics = Arc::clone(&metrics);
+            let monitor = Arc::clone(&monitor);
             async move {
-                let r = respond(req, metrics).await;
+                let r = respond(req, monitor).await;
                 drop(guard);
                 r
             }
@@ -456,8 +475,9 @@ impl LogLimiter {
 
 async fn respond(
     req: Request<Incoming>,
-    metrics: Arc<Metrics>,
+    monitor: Arc<Monitor>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let metrics: &Metrics = &monitor.metrics;
     let reply = |status: StatusCode, ctype: &'static str, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
@@ -498,6 +518,54 @@ async fn respond(
                     format!("not ready: not connected, {role}\n"),
                 )
             }
+        }
+        path if path == "/" || path.starts_with("/api/") || path.starts_with("/nodes/") => {
+            let auth = req
+                .headers()
+                .get(hyper::header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            if !monitor.authorized(auth) {
+                let mut r = Response::new(Full::new(Bytes::from_static(
+                    b"{\"error\":\"a bearer token is required (Authorization: Bearer TOKEN)\"}\n",
+                )));
+                *r.status_mut() = StatusCode::UNAUTHORIZED;
+                r.headers_mut().insert(
+                    CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                r.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    hyper::header::HeaderValue::from_static("Bearer realm=\"choria-provisioner\""),
+                );
+                return Ok(r);
+            }
+            if path == "/" {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                    .unwrap_or(0);
+                return reply(
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    crate::page::status_page(&monitor, now),
+                );
+            }
+            if let Some(raw) = path.strip_prefix("/nodes/") {
+                let page = crate::api::percent_decode(raw)
+                    .and_then(|id| crate::page::node_page(&monitor, &id));
+                return match page {
+                    Some(p) => reply(StatusCode::OK, "text/html; charset=utf-8", p),
+                    None => reply(
+                        StatusCode::NOT_FOUND,
+                        "text/plain",
+                        "no history for this node\n".into(),
+                    ),
+                };
+            }
+            let (status, body) = monitor.api(path, req.uri().query());
+            let mut text = body.to_string();
+            text.push('\n');
+            reply(status, "application/json", text)
         }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }

@@ -13,7 +13,10 @@
 //! the encoding is done here; it is a few lines of text and keeps the names byte-identical.
 
 #![deny(missing_docs)]
+pub mod api;
 mod http;
+pub mod nodes;
+pub mod page;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -24,7 +27,9 @@ use std::time::Duration;
 
 use crate::process::ProcessCollector;
 
-pub use http::{serve, serve_all, ServeError, Serving};
+pub use api::Monitor;
+pub use http::{serve, serve_all, serve_monitor, ServeError, Serving};
+pub use nodes::{HistoryLimits, NodeTable};
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]
@@ -101,7 +106,8 @@ pub struct ActionStats {
     pub errors: Counter,
 }
 
-/// Leadership as shown by `/readyz`.
+/// Leadership as shown by `/readyz` and `/api/v1/status`: `active` whenever this instance
+/// provisions without being the one leader (no election, or a mode where every replica works).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// Leader election is off: this instance always works.

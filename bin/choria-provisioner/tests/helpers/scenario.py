@@ -11,6 +11,8 @@ usage: scenario.py BEHAVIOUR [ARGUMENT]
   garbage            print something that is not JSON
   hang               sleep far longer than the provisioner's helper timeout
   slow SECONDS       sleep, then answer with a configuration
+  by-name [VERSION]  the behaviour the identity starts with: defer-..., shutdown-...,
+                     upgrade-... (to VERSION), fail-...; any other identity is configured
 
 Environment:
   HELPER_ONLY      only identities containing this text misbehave; the others are configured
@@ -29,6 +31,11 @@ node = json.load(sys.stdin)
 identity = node["identity"]
 behaviour = sys.argv[1] if len(sys.argv) > 1 else "configure"
 argument = sys.argv[2] if len(sys.argv) > 2 else ""
+
+if behaviour == "by-name":
+    behaviour = identity.split("-", 1)[0]
+    if behaviour not in ("defer", "shutdown", "upgrade", "fail"):
+        behaviour = "configure"
 
 only = os.environ.get("HELPER_ONLY")
 if only and only not in identity:

@@ -1,0 +1,498 @@
+//! "Why is node X not provisioned?": the node history through the JSON API, the CLI over it,
+//! the audit file and the status page, end to end against a real nats-server, the provisioner
+//! binary, real helper processes and simulated fleets with faults.
+//!
+//! One provisioner meets, in one run, every kind of end a cycle has here: provisioned, deferred
+//! and shut down by the helper, upgraded (and then provisioned), refused at the provisioning
+//! JWT check, failed at `configure`; each must show the right state, step and cause through
+//! `/api/v1/nodes/{identity}`, `choria-provisioner node` and `nodes`, and one audit line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use choria_fleet_sim::{Mode, ProvisioningJwt};
+use common::*;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn get_json(prov: &Prov, path: &str) -> (u16, Value) {
+    let (status, body) = prov
+        .get(path)
+        .unwrap_or_else(|| panic!("GET {path} failed"));
+    let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, v)
+}
+
+/// Runs the CLI; (success, stdout, stderr).
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn audit_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line {l:?}: {e}")))
+        .collect()
+}
+
+async fn wait_state(prov: &Prov, id: &str, state: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, v) = get_json(prov, &format!("/api/v1/nodes/{id}"));
+        if status == 200 && v["state"] == state {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} never reached {state}: {status} {v}\n{}",
+            prov.output()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
+    let env = Env::new();
+    let ids: Vec<String> = ["ok-1", "defer-1", "shutdown-1", "upgrade-1"]
+        .iter()
+        .map(|n| format!("{n}.example.net"))
+        .collect();
+    let mut main = env.fleet_config(ids.len(), Mode::Plain);
+    main.identities = Some(ids.clone());
+    main.upgradable = true;
+    let main = env.fleet(main).await;
+
+    // Provisioning JWTs signed by a key the provisioner does not trust.
+    let stranger_dir = env.path().join("stranger");
+    std::fs::create_dir_all(&stranger_dir).unwrap();
+    let stranger = Signer::new(&stranger_dir);
+    let mut bad_jwt = env.fleet_config(1, Mode::Plain);
+    bad_jwt.identities = Some(vec!["badjwt-1.example.net".into()]);
+    bad_jwt.provisioning_jwt = ProvisioningJwt::Sign(stranger.jwt_signer());
+    let bad_jwt = env.fleet(bad_jwt).await;
+
+    // A node that aborts every configure.
+    let mut cfg_fail = env.fleet_config(1, Mode::Plain);
+    cfg_fail.identities = Some(vec!["cfgfail-1.example.net".into()]);
+    cfg_fail.faults.fail_action = vec![("configure".into(), 1.0)];
+    let cfg_fail = env.fleet(cfg_fail).await;
+
+    let audit = env.path().join("audit.jsonl");
+    let mut opts = ProvOptions::new(format!("{} by-name 0.31.0", test_helper("scenario.py")))
+        .yaml("upgrades_repository: https://repo.example.net/choria")
+        .yaml(&format!("audit_file: {}", audit.display()));
+    opts.features = vec!["jwt", "upgrades"];
+    let (yaml, _, _) = env.write_config(&opts);
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    let monitor = format!("http://127.0.0.1:{}", prov.port);
+
+    // Provisioned (after its upgrade, the upgraded node too).
+    assert!(
+        main.wait_provisioned(2, WAIT).await,
+        "{:?}\n{}",
+        main.stats(),
+        prov.output()
+    );
+    let ok = wait_state(&prov, "ok-1.example.net", "provisioned").await;
+    assert_eq!(ok["step"], "done");
+    assert_eq!(ok["cause"], "");
+    assert_eq!(ok["found_by"], "discovery");
+    let steps: Vec<&str> = ok["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "step")
+        .map(|e| e["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "choria_provision#jwt",
+            "rpcutil#inventory",
+            "helper",
+            "choria_provision#configure",
+            "choria_provision#restart"
+        ],
+        "{ok}"
+    );
+    let upgraded = wait_state(&prov, "upgrade-1.example.net", "provisioned").await;
+    let finished: Vec<&str> = upgraded["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "finished")
+        .map(|e| e["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(finished, ["upgraded", "provisioned"], "{upgraded}");
+
+    // Deferred and shut down by the helper, with its message.
+    let deferred = wait_state(&prov, "defer-1.example.net", "deferred").await;
+    assert_eq!(deferred["step"], "helper");
+    assert!(
+        deferred["cause"]
+            .as_str()
+            .unwrap()
+            .contains("the CMDB does not know defer-1.example.net yet"),
+        "{deferred}"
+    );
+    assert!(deferred["helper_msg"]
+        .as_str()
+        .unwrap()
+        .contains("does not know"));
+    let shut = wait_state(&prov, "shutdown-1.example.net", "shut_down").await;
+    assert_eq!(shut["step"], "choria_provision#shutdown");
+    assert_eq!(
+        shut["helper_msg"], "shutdown-1.example.net is not wanted here",
+        "{shut}"
+    );
+
+    // Refused at the provisioning JWT check; failed at configure after its five tries.
+    let refused = wait_state(&prov, "badjwt-1.example.net", "refused").await;
+    assert_eq!(refused["step"], "jwt_check");
+    assert!(
+        refused["cause"]
+            .as_str()
+            .unwrap()
+            .starts_with("could not validate JWT"),
+        "{refused}"
+    );
+    let failed = wait_state(&prov, "cfgfail-1.example.net", "failed").await;
+    assert_eq!(failed["step"], "choria_provision#configure");
+    assert!(
+        failed["cause"]
+            .as_str()
+            .unwrap()
+            .starts_with("configuration failed: choria_provision#configure failed"),
+        "{failed}"
+    );
+    let configure_step = failed["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["step"] == "choria_provision#configure")
+        .cloned()
+        .unwrap();
+    assert_eq!(configure_step["ok"], false);
+    assert_eq!(configure_step["tries"], 5, "{configure_step}");
+
+    // The list, filtered and paginated.
+    let (_, all) = get_json(&prov, "/api/v1/nodes?limit=2");
+    assert_eq!(all["total"], 6, "{all}");
+    assert_eq!(all["nodes"].as_array().unwrap().len(), 2);
+    let (_, refused_list) = get_json(&prov, "/api/v1/nodes?state=refused");
+    let listed: Vec<&str> = refused_list["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["badjwt-1.example.net"]);
+    let (status, bad) = get_json(&prov, "/api/v1/nodes?state=sideways");
+    assert_eq!(status, 400, "{bad}");
+    let (status, _) = get_json(&prov, "/api/v1/nodes/never-seen.example.net");
+    assert_eq!(status, 404);
+
+    // The status: role active (no election), counts, the history's cost.
+    let (_, st) = get_json(&prov, "/api/v1/status");
+    assert_eq!(st["role"], "active", "{st}");
+    assert_eq!(st["paused"], false);
+    assert_eq!(st["workers"], 4);
+    assert_eq!(st["totals"]["provisioned"], prov.m("provisioned") as u64);
+    assert_eq!(st["history"]["nodes"], 6);
+    let per_node = st["history"]["bytes_per_node"].as_u64().unwrap();
+    assert!(
+        (200..20_000).contains(&per_node),
+        "{per_node} bytes per node"
+    );
+    assert_eq!(st["history"]["outcomes"]["refused"], 1, "{st}");
+
+    // The CLI, reading the monitor address from the same YAML, and from --monitor.
+    let yaml_s = yaml.display().to_string();
+    let (ok_run, out, err) = cli(&["node", "cfgfail-1.example.net", "--config", &yaml_s]);
+    assert!(ok_run, "{err}");
+    assert!(out.contains("State           failed"), "{out}");
+    assert!(out.contains("choria_provision#configure"), "{out}");
+    assert!(
+        out.contains("configuration failed: choria_provision#configure failed"),
+        "{out}"
+    );
+    let (ok_run, out, err) = cli(&["nodes", "--state", "deferred", "--monitor", &monitor]);
+    assert!(ok_run, "{err}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert!(
+        rows[0].starts_with("IDENTITY") && rows[0].contains("CAUSE"),
+        "{out}"
+    );
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows[1].starts_with("defer-1.example.net  deferred  helper"),
+        "{out}"
+    );
+    let (ok_run, out, err) = cli(&[
+        "nodes",
+        "--json",
+        "--state",
+        "shut_down",
+        "--monitor",
+        &monitor,
+    ]);
+    assert!(ok_run, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nodes"][0]["identity"], "shutdown-1.example.net");
+    let (ok_run, out, err) = cli(&["status", "--config", &yaml_s]);
+    assert!(ok_run, "{err}");
+    assert!(out.contains("Role") && out.contains("active"), "{out}");
+    let (ok_run, out, _) = cli(&["status", "--json", "--monitor", &monitor]);
+    assert!(ok_run);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["history"]["nodes"],
+        6
+    );
+    let (ok_run, _, err) = cli(&["nodes", "--state", "sideways", "--monitor", &monitor]);
+    assert!(!ok_run && err.contains("unknown state"), "{err}");
+    let (ok_run, _, err) = cli(&["node", "never-seen.example.net", "--monitor", &monitor]);
+    assert!(!ok_run, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not found"), "{err}");
+
+    // The status page lists the recent failures, each linking to its history page.
+    let (status, page) = prov.get("/").unwrap();
+    assert_eq!(status, 200);
+    for id in [
+        "cfgfail-1.example.net",
+        "badjwt-1.example.net",
+        "defer-1.example.net",
+    ] {
+        assert!(
+            page.contains(&format!("href=\"/nodes/{id}\"")),
+            "{id}: {page}"
+        );
+    }
+    assert!(!page.contains("href=\"/nodes/ok-1.example.net\""));
+    let (status, node_page) = prov.get("/nodes/badjwt-1.example.net").unwrap();
+    assert_eq!(status, 200);
+    assert!(node_page.contains("jwt_check"), "{node_page}");
+
+    // One audit line per decision, written when made.
+    prov.stop_with("TERM").await;
+    let lines = audit_lines(&audit);
+    let decisions = |id: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["identity"] == id)
+            .map(|l| l["decision"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(decisions("ok-1.example.net"), ["provisioned"]);
+    assert_eq!(
+        decisions("upgrade-1.example.net"),
+        ["upgraded", "provisioned"]
+    );
+    assert_eq!(decisions("defer-1.example.net"), ["deferred"]);
+    assert_eq!(decisions("shutdown-1.example.net"), ["shut_down"]);
+    assert_eq!(decisions("badjwt-1.example.net"), ["refused"]);
+    assert_eq!(decisions("cfgfail-1.example.net"), ["failed"]);
+    let up = lines.iter().find(|l| l["decision"] == "upgraded").unwrap();
+    assert_eq!(up["upgrade"]["to"], "0.31.0");
+    let refused_line = lines.iter().find(|l| l["decision"] == "refused").unwrap();
+    assert_eq!(refused_line["step"], "jwt_check");
+    assert_eq!(refused_line["provisioner"], "provisioner1");
+    assert_eq!(refused_line["site"], "testsite");
+    let text = std::fs::read_to_string(&audit).unwrap();
+    assert!(!text.contains(TOKEN), "the token is in the audit file");
+    assert!(!text.contains("eyJ"), "a JWT is in the audit file");
+
+    // With the daemon gone the CLI says so on one line and fails.
+    let (ok_run, _, err) = cli(&["status", "--config", &yaml_s]);
+    assert!(!ok_run);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+
+    main.shutdown().await;
+    bad_jwt.shutdown().await;
+    cfg_fail.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_wants_the_token_when_one_is_configured() {
+    let env = Env::new();
+    let token_file = env.path().join("monitor.token");
+    std::fs::write(&token_file, "mon-7d1c2a-token\n").unwrap();
+    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+        .yaml(&format!("monitor_token_file: {}", token_file.display()));
+    let (yaml, _, _) = env.write_config(&opts);
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    for path in ["/", "/api/v1/status", "/api/v1/nodes", "/nodes/x"] {
+        let (status, _) = prov.get(path).unwrap();
+        assert_eq!(status, 401, "{path}");
+    }
+    // Metrics and health stay open.
+    assert_eq!(prov.get("/metrics").unwrap().0, 200);
+    assert_eq!(prov.get("/healthz").unwrap().0, 200);
+    // The CLI reads the token file the YAML names.
+    let yaml_s = yaml.display().to_string();
+    let (ok_run, out, err) = cli(&["status", "--json", "--config", &yaml_s]);
+    assert!(ok_run, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["role"], "active");
+    // Without it, one line saying what is missing.
+    let monitor = format!("http://127.0.0.1:{}", prov.port);
+    let (ok_run, _, err) = cli(&["status", "--monitor", &monitor]);
+    assert!(!ok_run);
+    assert!(err.contains("bearer token"), "{err}");
+    prov.stop_with("TERM").await;
+    assert!(
+        !prov.output().contains("mon-7d1c2a-token"),
+        "the token was logged"
+    );
+}
+
+/// The audit line of the one `provisioned` decision for `id`.
+fn provisioned_line<'a>(lines: &'a [Value], id: &str) -> &'a Value {
+    let mine: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["identity"] == id && l["decision"] == "provisioned")
+        .collect();
+    assert_eq!(mine.len(), 1, "{id}: {lines:?}");
+    mine[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
+    let env = Env::new();
+    let (ca, ca_key) = openssl_ca(env.path());
+    let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
+    let audit = env.path().join("audit.jsonl");
+    let mut opts = ProvOptions::new(example_helper("helper-pki.py"))
+        .env("CHORIA_CA_CERT", ca.display().to_string())
+        .env("CHORIA_CA_KEY", ca_key.display().to_string())
+        .yaml(&format!("audit_file: {}", audit.display()));
+    opts.features = vec!["jwt", "pki"];
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(
+        fleet.wait_provisioned(3, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    prov.assert_provisioned(3.0).await;
+    let (_, node) = get_json(&prov, &format!("/api/v1/nodes/{}", fleet.identities()[0]));
+    prov.stop_with("TERM").await;
+    let lines = audit_lines(&audit);
+    for r in fleet.report() {
+        let cert = r.received.unwrap().certificate;
+        let pem = env.path().join(format!("{}.crt", r.identity));
+        std::fs::write(&pem, &cert).unwrap();
+        // What openssl says of the certificate the node received.
+        let out = run(Command::new("openssl")
+            .args([
+                "x509",
+                "-noout",
+                "-serial",
+                "-fingerprint",
+                "-sha256",
+                "-in",
+            ])
+            .arg(&pem));
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap()
+                .replace(':', "")
+                .to_lowercase()
+        };
+        let line = provisioned_line(&lines, &r.identity);
+        let mut serial = field("serial=");
+        // openssl prints the integer, the record its DER bytes (a leading 00 for a high bit).
+        let recorded = line["certificate"]["serial"].as_str().unwrap();
+        if recorded.len() == serial.len() + 2 {
+            serial = format!("00{serial}");
+        }
+        assert_eq!(recorded, serial, "{line}");
+        assert_eq!(
+            line["certificate"]["sha256"],
+            field("sha256 Fingerprint="),
+            "{line}"
+        );
+        assert!(line["certificate"]["not_after"].is_string(), "{line}");
+        assert!(
+            !line.to_string().contains("BEGIN"),
+            "a certificate in {line}"
+        );
+    }
+    assert_eq!(
+        node["issued"]["certificate"]["sha256"]
+            .as_str()
+            .unwrap()
+            .len(),
+        64,
+        "{node}"
+    );
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
+    let env = Env::new();
+    let mut cfg = env.fleet_config(3, Mode::Ed25519);
+    cfg.issuer_public = Some(env.signer.verifier());
+    let fleet = env.fleet(cfg).await;
+    let audit = env.path().join("audit.jsonl");
+    let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
+        .env("CHORIA_ISSUER", env.signer.public_hex.clone())
+        .yaml(&format!("audit_file: {}", audit.display()));
+    opts.features = vec!["ed25519"];
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(
+        fleet.wait_provisioned(3, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    prov.assert_provisioned(3.0).await;
+    prov.stop_with("TERM").await;
+    let lines = audit_lines(&audit);
+    for r in fleet.report() {
+        let claims = r.received.unwrap().server_jwt_claims.unwrap();
+        let line = provisioned_line(&lines, &r.identity);
+        assert_eq!(line["server_jwt"]["id"], claims["jti"], "{line}");
+        let exp = claims["exp"].as_i64().unwrap();
+        let recorded = chrono_like_parse(line["server_jwt"]["expires"].as_str().unwrap());
+        assert_eq!(recorded, exp, "{line}");
+        assert!(!line.to_string().contains("eyJ"), "a JWT in {line}");
+    }
+    fleet.shutdown().await;
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time as the API writes it
+/// (`YYYY-MM-DDTHH:MM:SS.mmmZ`).
+fn chrono_like_parse(t: &str) -> i64 {
+    let n = |r: std::ops::Range<usize>| t[r].parse::<i64>().unwrap();
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    let (hh, mm, ss) = (n(11..13), n(14..16), n(17..19));
+    // Days from civil (H. Hinnant).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    days * 86_400 + hh * 3600 + mm * 60 + ss
+}

@@ -1,0 +1,138 @@
+//! The status page in a real browser: headless Chromium (Debian's `chromium`) loads `/` during
+//! an end-to-end run, and the rendered page and a screenshot are checked. Without Chromium the
+//! test says so and passes, except under CI (`CI` set), where a missing browser fails it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use choria_fleet_sim::{Mode, ProvisioningJwt};
+use common::*;
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            std::env::split_paths(&std::env::var_os("PATH")?)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+}
+
+/// Runs headless Chromium on `url` with `args`; its standard output.
+fn browse(browser: &PathBuf, profile: &std::path::Path, args: &[String], url: &str) -> String {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_renders_the_status_page_with_counters_and_failures() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is not installed (apt-get install chromium): the status page test must run under CI"
+        );
+        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let env = Env::new();
+    let fleet = env.fleet(env.fleet_config(6, Mode::Plain)).await;
+    let stranger_dir = env.path().join("stranger");
+    std::fs::create_dir_all(&stranger_dir).unwrap();
+    let stranger = Signer::new(&stranger_dir);
+    let mut bad = env.fleet_config(2, Mode::Plain);
+    bad.identities = Some(vec![
+        "rogue-1.example.net".into(),
+        "rogue-2.example.net".into(),
+    ]);
+    bad.provisioning_jwt = ProvisioningJwt::Sign(stranger.jwt_signer());
+    let bad = env.fleet(bad).await;
+    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    prov.wait_ready().await;
+    assert!(fleet.wait_provisioned(6, Duration::from_secs(60)).await);
+    assert!(
+        prov.wait_metric("provision_errors", 2.0, Duration::from_secs(60))
+            .await
+    );
+    prov.assert_provisioned(6.0).await;
+
+    let url = format!("http://127.0.0.1:{}/", prov.port);
+    let profile = env.path().join("chromium-profile");
+    let dom = browse(&browser, &profile, &["--dump-dom".into()], &url);
+    for text in [
+        "Choria Provisioner",
+        "role <b>active</b>",
+        "Provisioned<b>6</b>",
+        "Provision errors<b>2</b>",
+        "Recent failures",
+        "rogue-1.example.net",
+        "rogue-2.example.net",
+        "jwt_check",
+        "could not validate JWT",
+        "<svg",
+    ] {
+        assert!(
+            dom.contains(text),
+            "{text:?} is not on the rendered page:\n{dom}"
+        );
+    }
+    // Each failure links to its node's page, which renders its history.
+    let node = browse(
+        &browser,
+        &profile,
+        &["--dump-dom".into()],
+        &format!("{url}nodes/rogue-1.example.net"),
+    );
+    assert!(
+        node.contains("refused") && node.contains("History"),
+        "{node}"
+    );
+
+    // The screenshot the docs show: a PNG of the window's size.
+    let shot = workspace().join("target/status-page.png");
+    let _ = std::fs::remove_file(&shot);
+    browse(
+        &browser,
+        &profile,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1100,900".into(),
+        ],
+        &url,
+    );
+    let png = std::fs::read(&shot).expect("no screenshot written");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1100, 900));
+    assert!(
+        png.len() > 10_000,
+        "a blank screenshot ({} bytes)",
+        png.len()
+    );
+
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+    bad.shutdown().await;
+}

@@ -1,0 +1,136 @@
+//! The audit trail's JetStream stream: every replica of an HA or active-active deployment
+//! publishes its decisions into one replicated stream of the provisioning account.
+//!
+//! The JetStream API is found as the election finds it ([`crate::election`]): the
+//! `choria.streams` import of the provisioning account behind a Choria broker first, then the
+//! account's own JetStream. The stream is looked up, and created (file storage, the subject
+//! [`AUDIT_SUBJECT`]) where the account may create streams. Each record is published and its
+//! acknowledgement awaited, so a record is in the stream when [`AuditStream::publish`] returns.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bytes::Bytes;
+
+use crate::election::PROVISIONING_API_PREFIX;
+
+/// The subject the provisioner publishes audit records on.
+pub const AUDIT_SUBJECT: &str = "choria.provisioner.audit";
+/// How long a JetStream request or a publish acknowledgement is waited for.
+pub const AUDIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The audit stream could not be opened or a record could not be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// Neither JetStream API answered, or the stream could not be found or created.
+    #[error("audit stream {stream}: cannot open it through {api}: {detail}")]
+    Open {
+        /// The stream.
+        stream: String,
+        /// The API tried last.
+        api: &'static str,
+        /// What the server said.
+        detail: String,
+    },
+    /// A record was not acknowledged.
+    #[error("audit stream {stream}: a record for {identity} was not stored: {detail}")]
+    Publish {
+        /// The stream.
+        stream: String,
+        /// The node the record is about.
+        identity: String,
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// A handle to the audit stream, cheap to clone.
+#[derive(Clone)]
+pub struct AuditStream {
+    js: jetstream::Context,
+    stream: String,
+    api: &'static str,
+}
+
+impl std::fmt::Debug for AuditStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditStream")
+            .field("stream", &self.stream)
+            .field("api", &self.api)
+            .finish_non_exhaustive()
+    }
+}
+
+fn stream_config(name: &str) -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: name.to_string(),
+        subjects: vec![AUDIT_SUBJECT.to_string()],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+impl AuditStream {
+    /// Opens (or creates) `stream` through the `choria.streams` import, else the account's own
+    /// JetStream.
+    pub async fn open(client: async_nats::Client, stream: &str) -> Result<AuditStream, AuditError> {
+        let prefixed = jetstream::ContextBuilder::new()
+            .api_prefix(PROVISIONING_API_PREFIX)
+            .timeout(AUDIT_TIMEOUT)
+            .build(client.clone());
+        let first = match prefixed.get_or_create_stream(stream_config(stream)).await {
+            Ok(_) => {
+                return Ok(AuditStream {
+                    js: prefixed,
+                    stream: stream.to_string(),
+                    api: "the choria.streams import",
+                })
+            }
+            Err(e) => e.to_string(),
+        };
+        let direct = jetstream::ContextBuilder::new()
+            .timeout(AUDIT_TIMEOUT)
+            .build(client);
+        match direct.get_or_create_stream(stream_config(stream)).await {
+            Ok(_) => Ok(AuditStream {
+                js: direct,
+                stream: stream.to_string(),
+                api: "the account's own JetStream",
+            }),
+            Err(e) => Err(AuditError::Open {
+                stream: stream.to_string(),
+                api: "the choria.streams import and the account's own JetStream",
+                detail: format!("{first}; {e}"),
+            }),
+        }
+    }
+
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        &self.stream
+    }
+
+    /// Which JetStream API it is reached through, in words.
+    pub fn api(&self) -> &'static str {
+        self.api
+    }
+
+    /// Publishes one record about `identity` and waits for the stream to acknowledge it.
+    pub async fn publish(&self, identity: &str, record: Bytes) -> Result<(), AuditError> {
+        let fail = |detail: String| AuditError::Publish {
+            stream: self.stream.clone(),
+            identity: identity.to_string(),
+            detail,
+        };
+        let ack = self
+            .js
+            .publish(AUDIT_SUBJECT, record)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        match tokio::time::timeout(AUDIT_TIMEOUT, ack).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(fail(e.to_string())),
+            Err(_) => Err(fail(format!("no acknowledgement within {AUDIT_TIMEOUT:?}"))),
+        }
+    }
+}
