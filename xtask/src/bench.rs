@@ -57,6 +57,9 @@ pub struct Args {
     /// Draw the nodes provisioned over time of every contender (its median run) into this SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Use the release binaries already built instead of building them first.
+    #[arg(long)]
+    no_build: bool,
 }
 
 /// What one contender achieved.
@@ -304,8 +307,12 @@ impl Contender {
 
 /// Run the benchmark.
 pub fn main(args: Args) -> Result<()> {
-    eprintln!("bench: release build");
-    let bins = stack::build_binaries(true)?;
+    let bins = if args.no_build {
+        test_support::workspace_root().join("target/release")
+    } else {
+        eprintln!("bench: release build");
+        stack::build_binaries(true)?
+    };
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
     }
@@ -593,4 +600,3 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     );
     Ok(())
 }
-
