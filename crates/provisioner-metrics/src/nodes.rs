@@ -15,10 +15,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use provision_core::{Issued, NodeEvent, NodeState, Observer, Source, Verdict};
 use serde_json::{json, Value};
 
-/// The most events kept per node (the oldest are dropped first; the last `finished` is kept).
-pub const MAX_EVENTS: usize = 24;
-/// The most bytes kept of any one text (an error, a helper message), cut at a character.
+/// The most events kept per node (the oldest are dropped first): a whole cycle is about ten.
+/// A power of two, so the event buffer never grows past it.
+pub const MAX_EVENTS: usize = 16;
+/// The most bytes kept of a node's cause and helper message, cut at a character.
 pub const MAX_TEXT: usize = 512;
+/// The most bytes kept of one event's detail.
+pub const MAX_DETAIL: usize = 256;
+/// The most a node's record can cost ([`NodeTable::bytes`] counts it): every event with a detail
+/// at its limit, the cause and the message at theirs, and a long identity. Checked by a test.
+pub const MAX_BYTES_PER_NODE: usize = 8 * 1024;
 /// Minutes of throughput kept for the status page's sparkline.
 pub const THROUGHPUT_MINUTES: usize = 60;
 
@@ -157,10 +163,15 @@ pub(crate) fn now_ms() -> u64 {
 
 /// `text` cut to at most [`MAX_TEXT`] bytes at a character boundary, marked when cut.
 fn bounded(text: &str) -> Box<str> {
-    if text.len() <= MAX_TEXT {
+    bounded_to(text, MAX_TEXT)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+fn bounded_to(text: &str, max: usize) -> Box<str> {
+    if text.len() <= max {
         return text.into();
     }
-    let mut end = MAX_TEXT - '…'.len_utf8();
+    let mut end = max - '…'.len_utf8();
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -277,7 +288,7 @@ impl NodeTable {
                     ok,
                     tries,
                     elapsed_ms: millis(elapsed),
-                    detail: bounded(detail),
+                    detail: bounded_to(detail, MAX_DETAIL),
                 }
             }
             NodeEvent::Finished(v) => {
@@ -311,7 +322,7 @@ impl NodeTable {
                     ok: !v.state.is_problem(),
                     tries: 0,
                     elapsed_ms: millis(v.elapsed),
-                    detail: bounded(&v.cause),
+                    detail: bounded_to(&v.cause, MAX_DETAIL),
                 }
             }
         };
@@ -338,7 +349,7 @@ impl NodeTable {
         rec.upgrade = v
             .upgrade
             .as_ref()
-            .map(|(f, t)| Box::new((bounded(f).into(), bounded(t).into())));
+            .map(|(f, t)| Box::new((bounded_to(f, 128).into(), bounded_to(t, 128).into())));
     }
 
     /// Forgets the least recently updated nodes over the count and those older than the age.
@@ -695,7 +706,7 @@ mod tests {
         let j = t.node_json("n249").unwrap();
         let h = j["history"].as_array().unwrap();
         assert_eq!(h.len(), MAX_EVENTS);
-        assert!(h[0]["detail"].as_str().unwrap().len() <= MAX_TEXT);
+        assert!(h[0]["detail"].as_str().unwrap().len() <= MAX_DETAIL);
         let most = MAX_EVENTS * (MAX_TEXT + std::mem::size_of::<Event>()) + 1024;
         assert!(t.bytes() < 99 * 1000 + most, "{}", t.bytes());
 
@@ -708,6 +719,48 @@ mod tests {
             2_000 + 61_000,
         );
         assert_eq!(t.len(), 1, "{:?}", t.list(None, 0, 5));
+        assert!(t.bytes() < 1000, "{}", t.bytes());
+    }
+
+    #[test]
+    fn a_node_at_every_limit_costs_at_most_max_bytes_per_node() {
+        let t = NodeTable::new(HistoryLimits::default());
+        let id = format!("{}.example.net", "x".repeat(240));
+        let long = "é".repeat(4 * MAX_TEXT);
+        for i in 0..(2 * MAX_EVENTS as u64) {
+            t.record_at(
+                &id,
+                &NodeEvent::Step {
+                    step: "choria_provision#configure",
+                    ok: false,
+                    tries: 5,
+                    elapsed: Duration::from_secs(20),
+                    detail: &long,
+                },
+                i,
+            );
+        }
+        let mut v = finished(NodeState::Failed, &long);
+        v.helper_msg = long.clone();
+        v.upgrade = Some((long.clone(), long.clone()));
+        v.issued = Issued::ServerJwt {
+            id: "x".repeat(27),
+            expires: Some(1),
+        };
+        t.record_at(&id, &NodeEvent::Finished(&v), 1_000);
+        let bytes = t.bytes();
+        assert!(
+            bytes <= MAX_BYTES_PER_NODE,
+            "{bytes} bytes for one node at every limit"
+        );
+        // And the count follows the node out.
+        t.record_at(
+            "other",
+            &NodeEvent::Queued {
+                source: Source::Event,
+            },
+            1_000 + 3_600_001,
+        );
         assert!(t.bytes() < 1000, "{}", t.bytes());
     }
 
