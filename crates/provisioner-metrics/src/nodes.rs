@@ -97,12 +97,15 @@ impl Record {
     /// The bytes this record and its entries in the table's maps take, from the sizes of what
     /// is allocated for it (the maps' own slack not included).
     fn bytes(&self, identity: &str) -> usize {
-        let issued = match &self.issued {
-            Issued::None => 0,
-            Issued::Certificate { serial, sha256, .. } => serial.capacity() + sha256.capacity(),
-            Issued::UnreadableCertificate(e) => e.capacity(),
-            Issued::ServerJwt { id, .. } => id.capacity(),
-        };
+        let issued = match &self.issued.certificate {
+            Some(Ok(c)) => c.serial.capacity() + c.sha256.capacity(),
+            Some(Err(e)) => e.capacity(),
+            None => 0,
+        } + self
+            .issued
+            .server_jwt
+            .as_ref()
+            .map_or(0, |j| j.id.capacity());
         let upgrade = self.upgrade.as_ref().map_or(0, |u| {
             std::mem::size_of::<(String, String)>() + u.0.capacity() + u.1.capacity()
         });
@@ -236,7 +239,7 @@ impl NodeTable {
             step: "queue",
             cause: "".into(),
             helper_msg: "".into(),
-            issued: Issued::None,
+            issued: Issued::default(),
             upgrade: None,
             cycles: 0,
             events: VecDeque::new(),
@@ -342,9 +345,23 @@ impl NodeTable {
         rec.step = v.step;
         rec.cause = bounded(&v.cause);
         rec.helper_msg = bounded(&v.helper_msg);
-        rec.issued = match &v.issued {
-            Issued::UnreadableCertificate(e) => Issued::UnreadableCertificate(bounded(e).into()),
-            other => other.clone(),
+        rec.issued = Issued {
+            certificate: v.issued.certificate.as_ref().map(|c| match c {
+                Ok(c) => Ok(provision_core::CertificateId {
+                    serial: bounded_to(&c.serial, 128).into(),
+                    sha256: bounded_to(&c.sha256, 128).into(),
+                    not_after: c.not_after,
+                }),
+                Err(e) => Err(bounded_to(e, MAX_DETAIL).into()),
+            }),
+            server_jwt: v
+                .issued
+                .server_jwt
+                .as_ref()
+                .map(|j| provision_core::ServerJwtId {
+                    id: bounded_to(&j.id, 128).into(),
+                    expires: j.expires,
+                }),
         };
         rec.upgrade = v
             .upgrade
@@ -522,24 +539,34 @@ impl NodeTable {
     }
 }
 
-/// What a node was given, as the API and the audit trail show it.
+/// What a node was given, as the API and the audit trail show it: `null`, or an object with
+/// `certificate` (`serial`, `sha256`, `not_after`; or `error`) and/or `server_jwt` (`id`,
+/// `expires`).
 pub fn issued_json(issued: &Issued) -> Value {
-    match issued {
-        Issued::None => Value::Null,
-        Issued::Certificate {
-            serial,
-            sha256,
-            not_after,
-        } => json!({"certificate": {
-            "serial": serial,
-            "sha256": sha256,
-            "not_after": not_after.map(|s| rfc3339(u64::try_from(s).unwrap_or(0) * 1000)),
-        }}),
-        Issued::UnreadableCertificate(e) => json!({"certificate": {"error": e}}),
-        Issued::ServerJwt { id, expires } => json!({"server_jwt": {
-            "id": id,
-            "expires": expires.map(|s| rfc3339(u64::try_from(s).unwrap_or(0) * 1000)),
-        }}),
+    let time = |s: i64| rfc3339(u64::try_from(s).unwrap_or(0).saturating_mul(1000));
+    let mut out = serde_json::Map::new();
+    match &issued.certificate {
+        Some(Ok(c)) => {
+            out.insert(
+                "certificate".into(),
+                json!({"serial": c.serial, "sha256": c.sha256, "not_after": time(c.not_after)}),
+            );
+        }
+        Some(Err(e)) => {
+            out.insert("certificate".into(), json!({ "error": e }));
+        }
+        None => {}
+    }
+    if let Some(j) = &issued.server_jwt {
+        out.insert(
+            "server_jwt".into(),
+            json!({"id": j.id, "expires": j.expires.map(time)}),
+        );
+    }
+    if out.is_empty() {
+        Value::Null
+    } else {
+        Value::Object(out)
     }
 }
 
@@ -599,7 +626,7 @@ mod tests {
             cause: cause.into(),
             source: Source::Discovery,
             helper_msg: String::new(),
-            issued: Issued::None,
+            issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::from_millis(5),
         }
@@ -743,9 +770,12 @@ mod tests {
         let mut v = finished(NodeState::Failed, &long);
         v.helper_msg = long.clone();
         v.upgrade = Some((long.clone(), long.clone()));
-        v.issued = Issued::ServerJwt {
-            id: "x".repeat(27),
-            expires: Some(1),
+        v.issued = Issued {
+            certificate: Some(Err(long.clone())),
+            server_jwt: Some(provision_core::ServerJwtId {
+                id: long.clone(),
+                expires: Some(1),
+            }),
         };
         t.record_at(&id, &NodeEvent::Finished(&v), 1_000);
         let bytes = t.bytes();
