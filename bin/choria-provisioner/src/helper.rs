@@ -1,10 +1,24 @@
-//! The cycle's [`Helper`] implemented with the subprocess runner of `helper-protocol`: the site
-//! helper runs as a child process with the node's data on stdin (see
-//! [`HelperRunner`] for the time and output limits).
+//! The cycle's [`Helper`]: the site helper run as a child process with the node's data on stdin
+//! (helper-protocol's [`HelperRunner`], with its time and output limits), or, when `helper` is an
+//! `http://` or `https://` URL, a webhook the same bytes are POSTed to
+//! ([`helper_protocol::WebhookClient`]). Either way the input is encoded by
+//! [`helper_protocol::input_bytes`] and the reply decoded by [`helper_protocol::decode_reply`].
 
-use helper_protocol::HelperRunner;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use helper_protocol::webhook::is_webhook;
+use helper_protocol::{HelperErrorKind, HelperRunner, WebhookClient, WebhookOptions};
 use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply};
-use provision_core::Helper;
+use provision_core::{Backoff, Config, Helper, SystemRandom};
+use tracing::warn;
+
+use crate::settings::Problem;
+
+/// How many times a webhook request is tried when no connection can be made (nothing was
+/// sent): as often as the RPCs of three tries, with the same backoff between tries.
+pub const WEBHOOK_CONNECT_TRIES: u32 = 3;
 
 /// [`Helper`] over a configured [`HelperRunner`].
 #[derive(Debug, Clone)]
@@ -20,5 +34,237 @@ impl SubprocessHelper {
 impl Helper for SubprocessHelper {
     async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
         self.0.run(input).await
+    }
+}
+
+/// [`Helper`] over a [`WebhookClient`]: one POST per node, tried again only when no connection
+/// could be made, with the RPCs' backoff between tries.
+#[derive(Debug, Clone)]
+pub struct WebhookHelper {
+    client: WebhookClient,
+    backoff: Backoff,
+    tries: u32,
+}
+
+/// The webhook options of `config`: its URL and files, the process helper's limits, and as
+/// many pooled connections as there are workers.
+pub fn webhook_options(config: &Config) -> WebhookOptions {
+    let file = |s: &str| Some(PathBuf::from(s)).filter(|_| !s.is_empty());
+    let w = &config.webhook;
+    WebhookOptions {
+        secret_file: file(&w.secret_file),
+        client_cert: file(&w.tls_cert),
+        client_key: file(&w.tls_key),
+        ca: file(&w.tls_ca),
+        max_idle: config.workers.max(1),
+        ..WebhookOptions::new(config.helper.trim())
+    }
+}
+
+impl WebhookHelper {
+    /// A webhook helper for `config`, waiting `backoff` between the tries of a request that
+    /// could not connect.
+    pub fn new(config: &Config, backoff: Backoff) -> Result<Self, HelperError> {
+        Ok(WebhookHelper {
+            client: WebhookClient::new(&webhook_options(config))?,
+            backoff,
+            tries: WEBHOOK_CONNECT_TRIES,
+        })
+    }
+}
+
+impl Helper for WebhookHelper {
+    async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
+        // Encoded once: every try sends the same bytes.
+        let body = Bytes::from(helper_protocol::input_bytes(input)?);
+        let mut try_no = 1;
+        loop {
+            match self.client.send(body.clone()).await {
+                Ok(out) => return helper_protocol::decode_reply(&out, self.client.helper()),
+                Err(e) if e.kind() == HelperErrorKind::Connect && try_no < self.tries => {
+                    let delay: Duration = self.backoff.delay(try_no, &SystemRandom);
+                    warn!(
+                        identity = %provision_core::identity::escaped(&input.identity),
+                        "helper try {try_no}/{} failed, trying again in {delay:?}: {e}",
+                        self.tries
+                    );
+                    tokio::time::sleep(delay).await;
+                    try_no += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The helper `config` names: a webhook for an `http://` or `https://` URL, else a command.
+#[derive(Debug, Clone)]
+pub enum SiteHelper {
+    /// A command run for every node.
+    Process(SubprocessHelper),
+    /// A webhook POSTed to for every node.
+    Webhook(WebhookHelper),
+}
+
+impl SiteHelper {
+    /// The helper of `config`; `backoff` paces the webhook's tries after a refused connection.
+    pub fn from_config(config: &Config, backoff: Backoff) -> Result<Self, HelperError> {
+        if is_webhook(&config.helper) {
+            WebhookHelper::new(config, backoff).map(SiteHelper::Webhook)
+        } else {
+            SubprocessHelper::new(&config.helper).map(SiteHelper::Process)
+        }
+    }
+}
+
+impl Helper for SiteHelper {
+    async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
+        match self {
+            SiteHelper::Process(h) => h.run(input).await,
+            SiteHelper::Webhook(h) => h.run(input).await,
+        }
+    }
+}
+
+/// What `check` and the daemon's preflight find wrong with a webhook helper: the URL, the
+/// secret file (it must exist, hold a secret and be the owner's alone) and the TLS files (read
+/// and parsed by the very client the daemon builds).
+pub fn webhook_problems(config: &Config) -> Vec<Problem> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut out = Vec::new();
+    let url = match helper_protocol::webhook::parse_url(&config.helper) {
+        Ok(url) => url,
+        Err(e) => {
+            out.push(Problem::Fatal(format!(
+                "helper {}: {e}",
+                crate::settings::quoted(&helper_protocol::webhook::shown_text(&config.helper))
+            )));
+            return out;
+        }
+    };
+    let w = &config.webhook;
+    if w.secret_file.is_empty() {
+        out.push(Problem::Warning(
+            "helper_secret_file is not set: webhook requests are not signed, so the helper \
+             cannot tell the provisioner's requests from anyone else's"
+                .into(),
+        ));
+    } else {
+        match std::fs::metadata(&w.secret_file) {
+            Err(e) => out.push(Problem::Fatal(format!(
+                "helper_secret_file {}: {e}",
+                w.secret_file
+            ))),
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => out.push(Problem::Fatal(format!(
+                "helper_secret_file {} can be read or written by group or others (mode {:o}); \
+                     make it the owner's alone (chmod 0600)",
+                w.secret_file,
+                m.permissions().mode() & 0o777
+            ))),
+            Ok(_) => {
+                if let Err(e) =
+                    helper_protocol::webhook::read_secret(std::path::Path::new(&w.secret_file))
+                {
+                    out.push(Problem::Fatal(format!("helper_secret_file {e}")));
+                }
+            }
+        }
+    }
+    let tls_files = [
+        ("helper_tls_cert", &w.tls_cert),
+        ("helper_tls_key", &w.tls_key),
+        ("helper_tls_ca", &w.tls_ca),
+    ];
+    if url.scheme() == "http" {
+        for (key, value) in tls_files {
+            if !value.is_empty() {
+                out.push(Problem::Warning(format!(
+                    "{key} has no effect: the helper URL is plain http"
+                )));
+            }
+        }
+        let host = url.host_str().unwrap_or_default().trim_matches(['[', ']']);
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_loopback());
+        if !loopback {
+            out.push(Problem::Warning(format!(
+                "helper {} is plain http to another host: node data and the helper's replies \
+                 (private keys, certificates) travel unencrypted; use https",
+                helper_protocol::webhook::shown(&url)
+            )));
+        }
+    }
+    // The client the daemon builds: TLS files read and parsed, cert and key together.
+    if let Err(e) = WebhookClient::new(&webhook_options(config)) {
+        out.push(Problem::Fatal(e.to_string()));
+    }
+    out
+}
+
+/// Warnings for webhook settings given with a command as the helper.
+pub fn unused_webhook_settings(config: &Config) -> Vec<Problem> {
+    let w = &config.webhook;
+    [
+        ("helper_secret_file", &w.secret_file),
+        ("helper_tls_cert", &w.tls_cert),
+        ("helper_tls_key", &w.tls_key),
+        ("helper_tls_ca", &w.tls_ca),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(key, _)| {
+        Problem::Warning(format!(
+            "{key} has no effect: the helper is a command, not an http:// or https:// URL"
+        ))
+    })
+    .collect()
+}
+
+/// `check --probe`: reaches a webhook helper with one signed `GET` (over TLS with the client
+/// certificate when configured) and says how it answered: a line to print, and the problems.
+/// A client that cannot be built is not probed (its problem is listed already).
+pub fn probe(config: &Config) -> (Option<String>, Vec<Problem>) {
+    if !is_webhook(&config.helper) {
+        return (
+            Some("probe: the helper is a command; there is nothing to reach".into()),
+            Vec::new(),
+        );
+    }
+    let Ok(client) = WebhookClient::new(&webhook_options(config)) else {
+        return (None, Vec::new());
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return (None, vec![Problem::Fatal(format!("probe: {e}"))]),
+    };
+    match runtime.block_on(client.probe()) {
+        Ok(p) => {
+            let line = format!(
+                "probe: {} answered HTTP {} over {} in {} ms",
+                client.helper(),
+                p.status,
+                p.version,
+                p.elapsed.as_millis()
+            );
+            let problems = match p.status {
+                401 | 403 => vec![Problem::Warning(format!(
+                    "the webhook refused the signed probe with HTTP {}: check helper_secret_file \
+                     and the client certificate against what the helper expects",
+                    p.status
+                ))],
+                500.. => vec![Problem::Warning(format!(
+                    "the webhook answered the probe with HTTP {}",
+                    p.status
+                ))],
+                _ => Vec::new(),
+            };
+            (Some(line), problems)
+        }
+        Err(e) => (None, vec![Problem::Fatal(format!("probe: {e}"))]),
     }
 }

@@ -29,6 +29,7 @@ mod monitor;
 mod node_faults;
 mod scenarios;
 mod secrets;
+mod webhook_faults;
 
 use std::time::{Duration, Instant};
 
