@@ -38,6 +38,10 @@ pub struct Args {
     /// Instead: the memory of N nodes waiting behind a stuck helper.
     #[arg(long, value_name = "N")]
     waiting: Option<usize>,
+    /// Use debug builds (no release build): for memory figures such as --waiting, which do not
+    /// depend on the optimisation level; speed figures from them mean nothing.
+    #[arg(long)]
+    debug_build: bool,
     /// Instead: three runs without a policy and three with this rego_policy, alternating;
     /// prints the medians and the loss in nodes a minute.
     #[arg(long, value_name = "FILE")]
@@ -192,8 +196,11 @@ fn contender_with(
 
 /// Run the benchmark.
 pub fn main(args: Args) -> Result<()> {
-    eprintln!("bench: release build");
-    let bins = stack::build_binaries(true)?;
+    eprintln!(
+        "bench: {} build",
+        if args.debug_build { "debug" } else { "release" }
+    );
+    let bins = stack::build_binaries(!args.debug_build)?;
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
     }
