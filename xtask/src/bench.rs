@@ -43,6 +43,10 @@ pub struct Args {
     /// Instead: the memory of N nodes waiting behind a stuck helper.
     #[arg(long, value_name = "N")]
     waiting: Option<usize>,
+    /// Use debug builds (no release build): for memory figures such as --waiting, which do not
+    /// depend on the optimisation level; speed figures from them mean nothing.
+    #[arg(long)]
+    debug_build: bool,
     /// Instead: three runs without a policy and three with this rego_policy, alternating;
     /// prints the medians and the loss in nodes a minute.
     #[arg(long, value_name = "FILE")]
@@ -57,7 +61,8 @@ pub struct Args {
     /// Draw the nodes provisioned over time of every contender (its median run) into this SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-    /// Use the release binaries already built instead of building them first.
+    /// Use the binaries already built (release, or debug with --debug-build) instead of
+    /// building them first.
     #[arg(long)]
     no_build: bool,
 }
@@ -307,11 +312,12 @@ impl Contender {
 
 /// Run the benchmark.
 pub fn main(args: Args) -> Result<()> {
+    let profile = if args.debug_build { "debug" } else { "release" };
     let bins = if args.no_build {
-        test_support::workspace_root().join("target/release")
+        test_support::workspace_root().join("target").join(profile)
     } else {
-        eprintln!("bench: release build");
-        stack::build_binaries(true)?
+        eprintln!("bench: {profile} build");
+        stack::build_binaries(!args.debug_build)?
     };
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);

@@ -107,6 +107,23 @@ async fn mutual_tls_h2_and_signatures() {
     );
     assert_eq!(reply.msg, "configured n1.example.net");
 
+    // Many requests at once share the h2 connection; each gets its own node's reply.
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..40 {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let node = HelperInput {
+                identity: format!("n{n}.example.net"),
+                ..input()
+            };
+            let reply = client.run(&node).await.unwrap();
+            assert_eq!(reply.configuration.unwrap()["identity"], node.identity);
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+
     // A hostile identity is deferred, as on stdin.
     let hostile = HelperInput {
         identity: "evil.example.net,DNS:admin.privileged.mcollective".into(),

@@ -268,3 +268,134 @@ pub fn probe(config: &Config) -> (Option<String>, Vec<Problem>) {
         Err(e) => (None, vec![Problem::Fatal(format!("probe: {e}"))]),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn config(url: &str) -> Config {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.yaml");
+        std::fs::write(&path, format!("helper: {url}\nworkers: 2\n")).unwrap();
+        Config::load(&path).unwrap().config
+    }
+
+    fn input() -> HelperInput {
+        HelperInput {
+            identity: "n1.example.net".into(),
+            inventory: "{}".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Reads one request's head and body from `s` (the body by its Content-Length).
+    fn read_request(s: &mut std::net::TcpStream) {
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut tmp).unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        let head = String::from_utf8_lossy(&buf).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let mut have = buf.len() - end;
+        while have < len {
+            have += s.read(&mut tmp).unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_connection_is_tried_again_until_the_webhook_listens() {
+        // The port is free now; the webhook starts listening only after the first try failed.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            read_request(&mut s);
+            let body = r#"{"msg":"late","configuration":{"identity":"n1.example.net"}}"#;
+            write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+        });
+        let cfg = config(&format!("http://127.0.0.1:{port}/p"));
+        let helper =
+            SiteHelper::from_config(&cfg, Backoff::fixed(vec![Duration::from_millis(400)]))
+                .unwrap();
+        assert!(matches!(helper, SiteHelper::Webhook(_)));
+        let reply = helper.run(&input()).await.unwrap();
+        assert_eq!(reply.msg, "late");
+        server.join().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refused_connections_fail_after_three_tries() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = config(&format!("http://127.0.0.1:{port}/p"));
+        let helper =
+            SiteHelper::from_config(&cfg, Backoff::fixed(vec![Duration::from_millis(100)]))
+                .unwrap();
+        let started = std::time::Instant::now();
+        let e = helper.run(&input()).await.unwrap_err();
+        assert_eq!(e.kind(), HelperErrorKind::Connect, "{e}");
+        // Two waits of 100 ms between three tries.
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_that_was_sent_is_never_repeated() {
+        // The webhook reads the request, then closes without answering.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&requests);
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                read_request(&mut s);
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let cfg = config(&format!("http://127.0.0.1:{port}/p"));
+        let helper =
+            SiteHelper::from_config(&cfg, Backoff::fixed(vec![Duration::from_millis(10)])).unwrap();
+        let e = helper.run(&input()).await.unwrap_err();
+        assert_eq!(e.kind(), HelperErrorKind::Request, "{e}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(requests.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_command_is_a_process_helper() {
+        let cfg = config("/bin/true --x");
+        let helper = SiteHelper::from_config(&cfg, Backoff::fixed(Vec::new())).unwrap();
+        assert!(matches!(helper, SiteHelper::Process(_)));
+    }
+}

@@ -486,3 +486,54 @@ impl WebhookClient {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_webhook_commands_do_not() {
+        for url in ["http://h/x", "HTTPS://h", "  https://h:8443/p?q=1"] {
+            assert!(is_webhook(url), "{url}");
+        }
+        for command in [
+            "/usr/bin/helper",
+            "helper http://x",
+            "httpx://h",
+            "",
+            "http:/h",
+        ] {
+            assert!(!is_webhook(command), "{command}");
+        }
+    }
+
+    #[test]
+    fn a_shown_url_has_no_credentials_or_query() {
+        assert_eq!(
+            shown_text("https://u:pw@ca.example.net:8443/p?token=x#f"),
+            "https://ca.example.net:8443/p"
+        );
+        // Also when it does not parse.
+        assert_eq!(shown_text("http://u:pw@[bad/p?k=v"), "http://[bad/p");
+        assert_eq!(shown_text("/usr/bin/helper --x"), "/usr/bin/helper --x");
+    }
+
+    #[test]
+    fn the_signature_is_the_hmac_of_timestamp_id_and_body() {
+        // Computed independently with Python's hmac module over
+        // b'1700000000.0123abcd.{"identity":"n1"}'.
+        assert_eq!(
+            signature(b"Jefe", "1700000000", "0123abcd", br#"{"identity":"n1"}"#),
+            "sha256=ab0a254b9088f58558d52b08153d59e7c0db9b411f1d8e402b9f69a167223e5e"
+        );
+    }
+
+    #[test]
+    fn a_non_2xx_msg_is_bounded_and_escaped() {
+        assert_eq!(status_msg(br#"{"msg":"a\u0007b"}"#), "a\\u{7}b");
+        assert_eq!(status_msg(b"<html>"), "");
+        assert_eq!(status_msg(br#"{"msg":5}"#), "");
+        let long = format!(r#"{{"msg":"{}"}}"#, "x".repeat(10_000));
+        assert!(status_msg(long.as_bytes()).len() <= MAX_STATUS_MSG + 3);
+    }
+}

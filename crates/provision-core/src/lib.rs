@@ -119,7 +119,7 @@ pub use choria_crypto::jwt;
 pub use admission::{Admission, AllowAll, Decision};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, WebhookSettings};
-pub use events::{Issued, NodeEvent, NodeState, Verdict};
+pub use events::{CertificateId, Issued, NodeEvent, NodeState, ServerJwtId, Verdict};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};
