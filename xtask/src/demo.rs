@@ -1,5 +1,6 @@
 //! `cargo xtask demo`: a local broker, a simulated fleet and the provisioner with the demo
-//! helper, with live progress and a summary.
+//! helper (run per node, or serving webhooks with `--helper webhook`), with live progress and a
+//! summary.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,30 @@ pub struct Args {
     /// Give up after this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 180)]
     timeout: u64,
+    /// How the provisioner asks the demo helper: exec (a process per node) or webhook (an
+    /// HTTP POST per node to `choria-demo-helper serve`, signed with a shared secret).
+    #[arg(long, value_enum, default_value_t = HelperKind::Exec)]
+    helper: HelperKind,
+}
+
+/// How the provisioner asks its helper in a local run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HelperKind {
+    /// The demo helper run as a process for every node.
+    #[default]
+    Exec,
+    /// The demo helper's server mode, POSTed to for every node.
+    Webhook,
+}
+
+impl HelperKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            HelperKind::Exec => "exec",
+            HelperKind::Webhook => "webhook",
+        }
+    }
 }
 
 /// Run the demo.
@@ -32,20 +57,36 @@ pub fn main(args: Args) -> Result<()> {
 
     let (_nats, url) = stack::start_nats(&dir)?;
     eprintln!("demo: nats-server with JetStream on {url}");
-    let helper = bins.join("choria-demo-helper");
+    let plan = match args.helper {
+        HelperKind::Exec => None,
+        HelperKind::Webhook => Some(test_support::webhook::WebhookPlan::new(&dir)?),
+    };
+    let helper = match &plan {
+        None => bins.join("choria-demo-helper").display().to_string(),
+        Some(p) => p.url.clone(),
+    };
+    let extra_yaml = plan.as_ref().map(|p| p.extra_yaml()).unwrap_or_default();
     let files = stack::write_run_files(
         &dir,
         &bins,
         &ProvisionerOptions {
             mode: args.mode,
             workers: 8,
-            helper: &helper.display().to_string(),
+            helper: &helper,
             broker: &url,
             identity: "provisioner",
             leader_election: false,
-            extra_yaml: "",
+            extra_yaml: &extra_yaml,
         },
     )?;
+    let _webhook = match &plan {
+        None => None,
+        Some(p) => {
+            let guard = p.start(&bins, &files, &url, &dir.join("webhook.log"))?;
+            eprintln!("demo: the demo helper serves webhooks on {}", p.url);
+            Some(guard)
+        }
+    };
 
     let report = dir.join("fleet-report.json");
     let sim_log = dir.join("fleet-sim.log");
@@ -105,6 +146,7 @@ pub fn main(args: Args) -> Result<()> {
     println!();
     println!("demo summary");
     println!("  mode          {}", args.mode.name());
+    println!("  helper        {} ({helper})", args.helper.name());
     println!("  provisioned   {provisioned} of {}", args.nodes);
     println!("  failed        {errors} (provision errors; failed nodes are retried)");
     println!("  time          {:.1}s", elapsed.as_secs_f64());

@@ -2,7 +2,10 @@
 //! node can send.
 //!
 //! The examples are every fenced block of `docs/helper.md` and `docs/upgrades.md` that starts
-//! with `#!`, and every sample helper in `docs/examples/`. Each is run with the documented input
+//! with `#!`, and every sample helper in `docs/examples/`; a sample named `webhook-*` is a webhook
+//! helper: it is started as a server and every input is POSTed to it by the provisioner's own
+//! webhook client, signed with a shared secret (and refused when unsigned or signed with another
+//! secret). Each is run with the documented input
 //! (decoded first as the provisioner's own `HelperInput`), and its output must decode as the
 //! provisioner's `HelperReply` with a configuration that leaves provisioning mode. The shipped
 //! helpers (`docs/examples/` and `docs/helper.md`) are then run with hostile input: identities
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::SystemTime;
 
+use helper_protocol::{WebhookClient, WebhookOptions};
 use provision_core::helper_protocol::{HelperInput, HelperReply};
 use provision_core::identity::IdentityRule;
 use serde_json::{json, Value};
@@ -87,6 +91,73 @@ enum Mode {
     Ed25519,
 }
 
+/// A webhook example serving on loopback, and the provisioner's client for it.
+struct Webhook {
+    _server: test_support::ProcessGuard,
+    client: WebhookClient,
+    url: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Webhook {
+    /// Starts `script` listening on a free port with the site settings of the samples and a
+    /// secret in `dir`.
+    fn start(script: &Path, dir: &Path, ca: &Path) -> Webhook {
+        let port = test_support::free_port();
+        let secret = dir.join(format!(
+            "{}.secret",
+            script.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::write(&secret, "docs-webhook-secret\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let server = test_support::ProcessGuard::spawn(
+            "webhook example",
+            Command::new(script)
+                .env("CHORIA_BROKERS", "nats://broker.example.net:4222")
+                .env("CHORIA_CA_CERT", ca.join("ca.pem"))
+                .env("CHORIA_CA_KEY", ca.join("ca-key.pem"))
+                .env("CHORIA_ISSUER", "ab".repeat(32))
+                .env("HELPER_SECRET_FILE", &secret)
+                .env("HELPER_LISTEN", format!("127.0.0.1:{port}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .unwrap()
+        .drop_grace(std::time::Duration::ZERO);
+        test_support::ports::wait_port(port, std::time::Duration::from_secs(20)).unwrap();
+        let url = format!("http://127.0.0.1:{port}/provision");
+        let client = WebhookClient::new(&WebhookOptions {
+            secret_file: Some(secret),
+            ..WebhookOptions::new(&url)
+        })
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Webhook {
+            _server: server,
+            client,
+            url,
+            runtime,
+        }
+    }
+
+    /// POSTs `input` as the provisioner does; (2xx, body, error).
+    fn post(&self, client: &WebhookClient, input: &Value) -> (bool, String, String) {
+        let body = bytes::Bytes::from(input.to_string());
+        match self.runtime.block_on(client.send(body)) {
+            Ok(out) => (
+                true,
+                String::from_utf8_lossy(&out).into_owned(),
+                String::new(),
+            ),
+            Err(e) => (false, String::new(), e.to_string()),
+        }
+    }
+}
+
 /// One helper example, written out as an executable script.
 struct Example {
     /// Where it comes from, for messages.
@@ -98,6 +169,10 @@ struct Example {
     /// Held to the hostile inputs: the shipped helpers (`docs/examples/`, `docs/helper.md`).
     shipped: bool,
     script: PathBuf,
+    /// A webhook example's server, started when it is first asked.
+    webhook: std::sync::OnceLock<Webhook>,
+    /// Where a webhook example keeps its secret.
+    dir: PathBuf,
 }
 
 impl Example {
@@ -115,8 +190,23 @@ impl Example {
         (!has(needs)).then_some(needs)
     }
 
+    fn is_webhook(&self) -> bool {
+        self.name.starts_with("docs/examples/webhook-")
+    }
+
+    /// The webhook example's server, started on first use.
+    fn webhook(&self, ca: &Path) -> &Webhook {
+        self.webhook
+            .get_or_init(|| Webhook::start(&self.script, &self.dir, ca))
+    }
+
     /// Runs it with `input` and the site settings of the samples; (success, stdout, stderr).
+    /// A webhook example gets `input` POSTed, signed: success is a 2xx answer, its body stdout.
     fn run(&self, input: &Value, ca: &Path) -> (bool, String, String) {
+        if self.is_webhook() {
+            let w = self.webhook(ca);
+            return w.post(&w.client, input);
+        }
         let mut child = Command::new(&self.script)
             .env("CHORIA_BROKERS", "nats://broker.example.net:4222")
             .env("CHORIA_CA_CERT", ca.join("ca.pem"))
@@ -225,6 +315,8 @@ fn examples(dir: &Path, ca: &Path) -> Vec<Example> {
                 mode,
                 shipped,
                 script,
+                webhook: std::sync::OnceLock::new(),
+                dir: dir.to_path_buf(),
             }
         })
         .collect()
@@ -794,4 +886,44 @@ fn the_x509_helpers_sign_only_a_csr_of_the_identity() {
         before,
         "a helper wrote under the CA directory"
     );
+}
+
+#[test]
+fn the_webhook_examples_refuse_requests_that_are_not_signed_with_the_secret() {
+    let dir = TempDir::new("webhook-signature");
+    let ca = dir.path().join("ca");
+    let (_, base) = documented_input();
+    let node = input_for(&base, Mode::Plain, json!("node1.example.net"), None);
+    let mut checked = 0;
+    for ex in examples(dir.path(), &ca).iter().filter(|e| e.is_webhook()) {
+        if let Some(needs) = ex.missing() {
+            println!("skipped {}: {needs} is not installed", ex.name);
+            continue;
+        }
+        let w = ex.webhook(&ca);
+        // Signed with the shared secret: answered.
+        let (ok, stdout, stderr) = w.post(&w.client, &node);
+        assert!(ok, "{}: {stderr}", ex.name);
+        let reply: HelperReply = serde_json::from_str(&stdout).unwrap();
+        assert!(reply.configuration.is_some(), "{}: {stdout}", ex.name);
+        // Unsigned, and signed with another secret: 401, nothing configured.
+        let other = dir.path().join("other.secret");
+        std::fs::write(&other, "not-the-shared-secret").unwrap();
+        let unsigned = WebhookClient::new(&WebhookOptions::new(&w.url)).unwrap();
+        let wrong = WebhookClient::new(&WebhookOptions {
+            secret_file: Some(other),
+            ..WebhookOptions::new(&w.url)
+        })
+        .unwrap();
+        for client in [&unsigned, &wrong] {
+            let (ok, stdout, stderr) = w.post(client, &node);
+            assert!(!ok, "{} answered an unsigned request: {stdout}", ex.name);
+            assert!(stderr.contains("HTTP 401"), "{}: {stderr}", ex.name);
+        }
+        // The probe (a signed GET) is answered.
+        let probe = w.runtime.block_on(w.client.probe()).unwrap();
+        assert_eq!(probe.status, 200, "{}", ex.name);
+        checked += 1;
+    }
+    assert!(checked >= 1, "no webhook example ran");
 }

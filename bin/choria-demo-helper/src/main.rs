@@ -17,9 +17,16 @@
 //! alternative name is the checked identity, added as data; the names a CSR asks for are not
 //! copied.
 //!
+//! `choria-demo-helper serve --listen ADDR` answers the same as a webhook helper instead: the
+//! node's input POSTed as the body, the reply as the answer, signatures checked with
+//! `--secret-file`, over TLS with `--tls-cert`/`--tls-key` and client certificates required with
+//! `--client-ca` (see the `serve` module).
+//!
 //! `choria-demo-helper init-ca DIR` writes a test CA (`ca.pem`, `ca-key.pem`) into DIR;
 //! `choria-demo-helper init-signer DIR` writes an ed25519 signer (`signer.seed`, `signer.pub`, both
 //! 64 hex characters without a newline, as Choria's tools expect) into DIR.
+
+mod serve;
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -52,6 +59,7 @@ fn main() -> ExitCode {
             Some(dir) => init_signer(dir),
             None => Err("usage: choria-demo-helper init-signer DIR".into()),
         },
+        Some("serve") => serve::main(&args[1..]),
         Some(other) => Err(format!("unknown argument {other:?}")),
         None => helper(),
     };
@@ -68,133 +76,204 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// One stdin run: the node on stdin, the reply on stdout.
 fn helper() -> Result<(), String> {
-    let mut input = String::new();
+    let mut input = Vec::new();
     std::io::stdin()
-        .read_to_string(&mut input)
+        .read_to_end(&mut input)
         .map_err(|e| format!("cannot read stdin: {e}"))?;
-    let node: Value = serde_json::from_str(&input).map_err(|e| format!("invalid input: {e}"))?;
-    let identity = match node.get("identity").map(identity_problem) {
-        None => return defer("refused: the input has no identity"),
-        Some(Err(why)) => return defer(&format!("refused: {why}")),
-        Some(Ok(identity)) => identity,
-    };
-
-    // Benchmarks and the active-active scenarios: a fixed latency standing for a remote CA,
-    // and a record of every identity the helper ran for (one appended line each).
-    if let Some(ms) = env("CHORIA_HELPER_DELAY_MS") {
-        let ms: u64 = ms.parse().map_err(|_| {
-            format!("CHORIA_HELPER_DELAY_MS {ms:?} is not a number of milliseconds")
-        })?;
-        std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
-    }
-    if let Some(path) = env("CHORIA_HELPER_RECORD") {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("cannot open {path}: {e}"))?;
-        f.write_all(format!("{identity}\n").as_bytes())
-            .map_err(|e| format!("cannot write {path}: {e}"))?;
-    }
-
-    if let Some(pattern) = env("CHORIA_DEFER") {
-        if identity.contains(&pattern) {
-            println!(
-                "{}",
-                json!({"defer": true, "msg": format!("deferred: identity matches {pattern}")})
-            );
-            return Ok(());
-        }
-    }
-
-    let brokers = env("CHORIA_BROKERS").unwrap_or_else(|| "nats://127.0.0.1:4222".into());
-    let mut config = Map::new();
-    let mut set = |k: &str, v: &str| {
-        config.insert(k.to_string(), Value::String(v.to_string()));
-    };
-    set("identity", identity);
-    set("plugin.choria.server.provision", "false");
-    set("plugin.choria.middleware_hosts", &brokers);
-    set("plugin.choria.use_srv", "false");
-    set("loglevel", "info");
-
-    let mut reply = Map::new();
-    let csr = node
-        .get("csr")
-        .and_then(|c| c.get("csr"))
-        .and_then(Value::as_str);
-    if let Some(csr) = csr {
-        let ssldir = match node.get("csr").and_then(|c| c.get("ssldir")) {
-            None | Some(Value::Null) => "/etc/choria/ssl",
-            Some(Value::String(s)) if s.is_empty() => "/etc/choria/ssl",
-            Some(Value::String(s)) if safe_path(s) => s,
-            Some(_) => return defer(&format!("refused: the SSL directory {PATH_RULE}")),
-        }
-        .to_string();
-        let (ca_cert, ca_key) = match (env("CHORIA_CA_CERT"), env("CHORIA_CA_KEY")) {
-            (Some(c), Some(k)) => (c, k),
-            _ => {
-                return Err("a CSR arrived but CHORIA_CA_CERT and CHORIA_CA_KEY are not set".into())
-            }
-        };
-        let ca_pem =
-            std::fs::read_to_string(&ca_cert).map_err(|e| format!("cannot read {ca_cert}: {e}"))?;
-        let key_pem =
-            std::fs::read_to_string(&ca_key).map_err(|e| format!("cannot read {ca_key}: {e}"))?;
-        let cert = match sign_csr(csr, identity, &ca_pem, &key_pem)? {
-            Signed::Certificate(cert) => cert,
-            Signed::Refused(why) => return defer(&format!("refused: {why}")),
-        };
-        set("plugin.security.provider", "file");
-        set(
-            "plugin.security.file.certificate",
-            &format!("{ssldir}/certificate.pem"),
-        );
-        set("plugin.security.file.key", &format!("{ssldir}/private.pem"));
-        set("plugin.security.file.ca", &format!("{ssldir}/ca.pem"));
-        reply.insert("certificate".into(), Value::String(cert));
-        reply.insert("ca".into(), Value::String(ca_pem));
-        reply.insert("ssldir".into(), Value::String(ssldir));
-    }
-    let directory = match node.get("ed25519_pubkey").and_then(|e| e.get("directory")) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if safe_path(s) => Some(s.as_str()),
-        Some(_) => return defer(&format!("refused: the key directory {PATH_RULE}")),
-    };
-    if let Some(dir) = directory {
-        set("plugin.security.provider", "choria");
-        set(
-            "plugin.security.choria.token_file",
-            &format!("{dir}/server.jwt"),
-        );
-        set(
-            "plugin.security.choria.seed_file",
-            &format!("{dir}/server.seed"),
-        );
-        if let Some(issuer) = env("CHORIA_ISSUER") {
-            set("plugin.security.issuer.names", "choria");
-            set("plugin.security.issuer.choria.public", &issuer);
-        }
-        reply.insert("server_claims".into(), json!({"collectives": ["choria"]}));
-    }
-    if let Some(version) = env("CHORIA_UPGRADE_TO") {
-        reply.insert("upgrade".into(), Value::String(version));
-    }
-    reply.insert("configuration".into(), Value::Object(config));
-    reply.insert(
-        "msg".into(),
-        Value::String(format!("configured {identity}")),
-    );
-    println!("{}", Value::Object(reply));
+    let reply = Site::from_env().reply(&input)?;
+    println!("{reply}");
     Ok(())
 }
 
-/// Prints a `defer` reply naming why.
-fn defer(why: &str) -> Result<(), String> {
-    println!("{}", json!({"defer": true, "msg": why}));
-    Ok(())
+/// The CA that signs CSRs: its certificate as PEM (sent to nodes) and its key, parsed once.
+pub struct Ca {
+    pem: String,
+    cert: Certificate,
+    signer: SigningKey<Sha256>,
+}
+
+impl Ca {
+    /// Reads and parses the certificate and key files.
+    fn load(cert_path: &str, key_path: &str) -> Result<Ca, String> {
+        let pem = std::fs::read_to_string(cert_path)
+            .map_err(|e| format!("cannot read {cert_path}: {e}"))?;
+        let key_pem = std::fs::read_to_string(key_path)
+            .map_err(|e| format!("cannot read {key_path}: {e}"))?;
+        let cert = Certificate::from_der(&pem_der(&pem, "CERTIFICATE")?)
+            .map_err(|e| format!("invalid CA certificate: {e}"))?;
+        let key = RsaPrivateKey::from_pkcs8_pem(&key_pem)
+            .or_else(|_| {
+                use rsa::pkcs1::DecodeRsaPrivateKey;
+                RsaPrivateKey::from_pkcs1_pem(&key_pem)
+            })
+            .map_err(|e| format!("invalid CA key: {e}"))?;
+        Ok(Ca {
+            pem,
+            cert,
+            signer: SigningKey::<Sha256>::new(key),
+        })
+    }
+}
+
+/// The site's settings, from the environment (`CHORIA_BROKERS`, `CHORIA_CA_CERT` and
+/// `CHORIA_CA_KEY`, `CHORIA_ISSUER`, `CHORIA_UPGRADE_TO`, `CHORIA_DEFER`); the CA is read when
+/// the first CSR arrives (or at once by the server, see [`Site::load_ca`]).
+pub struct Site {
+    brokers: String,
+    defer: Option<String>,
+    upgrade: Option<String>,
+    issuer: Option<String>,
+    ca_files: Option<(String, String)>,
+    ca: std::sync::OnceLock<Result<Ca, String>>,
+}
+
+impl Site {
+    /// The settings of the environment.
+    pub fn from_env() -> Site {
+        Site {
+            brokers: env("CHORIA_BROKERS").unwrap_or_else(|| "nats://127.0.0.1:4222".into()),
+            defer: env("CHORIA_DEFER"),
+            upgrade: env("CHORIA_UPGRADE_TO"),
+            issuer: env("CHORIA_ISSUER"),
+            ca_files: env("CHORIA_CA_CERT").zip(env("CHORIA_CA_KEY")),
+            ca: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The CA, read on first use.
+    fn ca(&self) -> Result<&Ca, String> {
+        let Some((cert, key)) = &self.ca_files else {
+            return Err("a CSR arrived but CHORIA_CA_CERT and CHORIA_CA_KEY are not set".into());
+        };
+        self.ca
+            .get_or_init(|| Ca::load(cert, key))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Reads the CA now when one is configured (a server fails at start, not per node).
+    pub fn load_ca(&self) -> Result<(), String> {
+        if self.ca_files.is_some() {
+            self.ca()?;
+        }
+        Ok(())
+    }
+
+    /// The reply for one node's input: a configuration, or a `defer` naming why the node is
+    /// refused. An error is a failure of the helper itself (unreadable input, no CA).
+    pub fn reply(&self, input: &[u8]) -> Result<Value, String> {
+        let node: Value =
+            serde_json::from_slice(input).map_err(|e| format!("invalid input: {e}"))?;
+        let identity = match node.get("identity").map(identity_problem) {
+            None => return Ok(defer("refused: the input has no identity")),
+            Some(Err(why)) => return Ok(defer(&format!("refused: {why}"))),
+            Some(Ok(identity)) => identity,
+        };
+
+        // Benchmarks and the active-active scenarios: a fixed latency standing for a remote CA,
+        // and a record of every identity the helper ran for (one appended line each).
+        if let Some(ms) = env("CHORIA_HELPER_DELAY_MS") {
+            let ms: u64 = ms.parse().map_err(|_| {
+                format!("CHORIA_HELPER_DELAY_MS {ms:?} is not a number of milliseconds")
+            })?;
+            std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
+        }
+        if let Some(path) = env("CHORIA_HELPER_RECORD") {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| format!("cannot open {path}: {e}"))?;
+            f.write_all(format!("{identity}\n").as_bytes())
+                .map_err(|e| format!("cannot write {path}: {e}"))?;
+        }
+
+        if let Some(pattern) = &self.defer {
+            if identity.contains(pattern.as_str()) {
+                return Ok(
+                    json!({"defer": true, "msg": format!("deferred: identity matches {pattern}")}),
+                );
+            }
+        }
+
+        let mut config = Map::new();
+        let mut set = |k: &str, v: &str| {
+            config.insert(k.to_string(), Value::String(v.to_string()));
+        };
+        set("identity", identity);
+        set("plugin.choria.server.provision", "false");
+        set("plugin.choria.middleware_hosts", &self.brokers);
+        set("plugin.choria.use_srv", "false");
+        set("loglevel", "info");
+
+        let mut reply = Map::new();
+        let csr = node
+            .get("csr")
+            .and_then(|c| c.get("csr"))
+            .and_then(Value::as_str);
+        if let Some(csr) = csr {
+            let ssldir = match node.get("csr").and_then(|c| c.get("ssldir")) {
+                None | Some(Value::Null) => "/etc/choria/ssl",
+                Some(Value::String(s)) if s.is_empty() => "/etc/choria/ssl",
+                Some(Value::String(s)) if safe_path(s) => s,
+                Some(_) => return Ok(defer(&format!("refused: the SSL directory {PATH_RULE}"))),
+            }
+            .to_string();
+            let ca = self.ca()?;
+            let cert = match sign_csr(csr, identity, ca)? {
+                Signed::Certificate(cert) => cert,
+                Signed::Refused(why) => return Ok(defer(&format!("refused: {why}"))),
+            };
+            set("plugin.security.provider", "file");
+            set(
+                "plugin.security.file.certificate",
+                &format!("{ssldir}/certificate.pem"),
+            );
+            set("plugin.security.file.key", &format!("{ssldir}/private.pem"));
+            set("plugin.security.file.ca", &format!("{ssldir}/ca.pem"));
+            reply.insert("certificate".into(), Value::String(cert));
+            reply.insert("ca".into(), Value::String(ca.pem.clone()));
+            reply.insert("ssldir".into(), Value::String(ssldir));
+        }
+        let directory = match node.get("ed25519_pubkey").and_then(|e| e.get("directory")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if safe_path(s) => Some(s.as_str()),
+            Some(_) => return Ok(defer(&format!("refused: the key directory {PATH_RULE}"))),
+        };
+        if let Some(dir) = directory {
+            set("plugin.security.provider", "choria");
+            set(
+                "plugin.security.choria.token_file",
+                &format!("{dir}/server.jwt"),
+            );
+            set(
+                "plugin.security.choria.seed_file",
+                &format!("{dir}/server.seed"),
+            );
+            if let Some(issuer) = &self.issuer {
+                set("plugin.security.issuer.names", "choria");
+                set("plugin.security.issuer.choria.public", issuer);
+            }
+            reply.insert("server_claims".into(), json!({"collectives": ["choria"]}));
+        }
+        if let Some(version) = &self.upgrade {
+            reply.insert("upgrade".into(), Value::String(version.clone()));
+        }
+        reply.insert("configuration".into(), Value::Object(config));
+        reply.insert(
+            "msg".into(),
+            Value::String(format!("configured {identity}")),
+        );
+        Ok(Value::Object(reply))
+    }
+}
+
+/// A `defer` reply naming why.
+fn defer(why: &str) -> Value {
+    json!({"defer": true, "msg": why})
 }
 
 /// The longest identity accepted (the longest DNS name).
@@ -277,7 +356,7 @@ fn pem_der(text: &str, want: &'static str) -> Result<Vec<u8>, String> {
 
 /// Signs the CSR of a checked identity: its subject must hold exactly one common name, the
 /// identity; the certificate's only subject alternative name is `DNS:<identity>`.
-fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Result<Signed, String> {
+fn sign_csr(csr_pem: &str, identity: &str, ca: &Ca) -> Result<Signed, String> {
     let req = CertReq::from_der(&pem_der(csr_pem, "CERTIFICATE REQUEST")?)
         .map_err(|e| format!("invalid CSR for {identity}: {e}"))?;
     if choria_crypto::csr::common_names(&req.info.subject) != [Some(identity.to_string())] {
@@ -285,20 +364,11 @@ fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Resul
             "the CSR's subject does not hold exactly one common name, the identity".into(),
         ));
     }
-    let ca = Certificate::from_der(&pem_der(ca_pem, "CERTIFICATE")?)
-        .map_err(|e| format!("invalid CA certificate: {e}"))?;
-    let key = RsaPrivateKey::from_pkcs8_pem(key_pem)
-        .or_else(|_| {
-            use rsa::pkcs1::DecodeRsaPrivateKey;
-            RsaPrivateKey::from_pkcs1_pem(key_pem)
-        })
-        .map_err(|e| format!("invalid CA key: {e}"))?;
-    let signer = SigningKey::<Sha256>::new(key);
     let serial = SerialNumber::from(rand::random::<u32>());
     let validity =
         Validity::from_now(Duration::from_secs(365 * 86400)).map_err(|e| e.to_string())?;
     let profile = Profile::Leaf {
-        issuer: ca.tbs_certificate.subject.clone(),
+        issuer: ca.cert.tbs_certificate.subject.clone(),
         enable_key_agreement: false,
         enable_key_encipherment: true,
     };
@@ -308,7 +378,7 @@ fn sign_csr(csr_pem: &str, identity: &str, ca_pem: &str, key_pem: &str) -> Resul
         validity,
         req.info.subject.clone(),
         req.info.public_key.clone(),
-        &signer,
+        &ca.signer,
     )
     .map_err(|e| e.to_string())?;
     let dns = der::asn1::Ia5String::new(identity)

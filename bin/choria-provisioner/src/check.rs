@@ -8,18 +8,30 @@ use choria_rpc_client::config::{ChoriaConfig, SecurityProvider};
 use choria_rpc_client::connection::ConnectionSettings;
 use provision_core::Config;
 
-use crate::cli::{RunArgs, VERSION};
+use crate::cli::{CheckArgs, VERSION};
 use crate::settings::{quoted, security_files, CheckedSettings, Problem};
 
 /// Run the checks, print the plan and the findings, fail when there is any problem.
-pub fn main(debug: bool, args: RunArgs) -> Result<()> {
-    let checked = CheckedSettings::load(&args, debug);
+pub fn main(debug: bool, args: CheckArgs) -> Result<()> {
+    let mut checked = CheckedSettings::load(&args.run, debug);
+    let mut probed = None;
+    if args.probe {
+        if let Some(cfg) = &checked.config {
+            let (line, problems) = crate::helper::probe(cfg);
+            probed = line;
+            checked.problems.extend(problems);
+        }
+    }
     let mut out = format!("choria-provisioner {VERSION}\n");
     if let Some(cfg) = &checked.config {
         out.push_str(&plan(cfg));
     }
     if let Some(c) = &checked.choria {
         out.push_str(&choria_plan(c));
+    }
+    if let Some(line) = probed {
+        out.push_str(&line);
+        out.push('\n');
     }
     print!("{out}");
     for p in &checked.problems {
@@ -59,7 +71,8 @@ fn plan(cfg: &Config) -> String {
         cfg.workers,
         cfg.work_queue_size,
         human(cfg.interval),
-        cfg.helper,
+        // A webhook URL without credentials or query.
+        helper_protocol::webhook::shown_text(&cfg.helper),
         cfg.lifecycle_component,
         on(cfg.leader_election),
         active_active(cfg),

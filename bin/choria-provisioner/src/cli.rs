@@ -70,7 +70,7 @@ pub enum Command {
     Run(RunArgs),
     /// Check both configuration files, the helper and every key named, print what the daemon
     /// would do, and exit non-zero listing every problem
-    Check(RunArgs),
+    Check(CheckArgs),
     /// Work with the rego_policy
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -160,6 +160,18 @@ pub struct PolicyEvalArgs {
     /// Also show every rule of the package that produced a value
     #[arg(long)]
     pub explain: bool,
+}
+
+/// Flags of `check`: those of `run`, and `--probe`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// Also reach the helper when it is a webhook: one signed GET, over TLS with the client
+    /// certificate when configured (nothing is provisioned)
+    #[arg(long)]
+    pub probe: bool,
 }
 
 /// Flags of `run` and `check`.

@@ -35,7 +35,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::aa;
 use crate::cli::{RunArgs, VERSION};
-use crate::helper::SubprocessHelper;
+use crate::helper::SiteHelper;
 use crate::keys::FileKeys;
 use crate::logging;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
@@ -209,7 +209,11 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         );
     }
 
-    let helper = SubprocessHelper::new(&config.helper).map_err(anyhow::Error::new)?;
+    let helper = SiteHelper::from_config(
+        &config,
+        Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
+    )
+    .map_err(anyhow::Error::new)?;
     // Settings and security are checked before the network: what can never work stops here.
     let security = choria.security().map_err(anyhow::Error::new)?;
     let connection = ConnectionSettings::from_config(&choria).map_err(anyhow::Error::new)?;

@@ -252,6 +252,9 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
         if !cfg.jwt_signing_key.is_empty() {
             key_file_readable(Path::new(&cfg.jwt_signing_key), "jwt_signing_key", &mut out);
         }
+        if !cfg.webhook.tls_key.is_empty() {
+            key_file_readable(Path::new(&cfg.webhook.tls_key), "helper_tls_key", &mut out);
+        }
     }
     if let Some(c) = choria {
         let pass_in_file = c
@@ -377,7 +380,13 @@ fn group_name(gid: u32) -> Option<String> {
 
 fn preflight_config(cfg: &Config) -> Vec<Problem> {
     let mut f = Findings::default();
-    check_helper(&cfg.helper, &mut f);
+    if helper_protocol::webhook::is_webhook(&cfg.helper) {
+        // The webhook helper's URL, secret file and TLS files (helper.rs).
+        f.0.extend(crate::helper::webhook_problems(cfg));
+    } else {
+        check_helper(&cfg.helper, &mut f);
+        f.0.extend(crate::helper::unused_webhook_settings(cfg));
+    }
     if cfg.token.is_empty() {
         f.warn("no token is set: servers whose provisioning JWT carries a token will refuse every request");
     }

@@ -376,6 +376,10 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
     let env = Env::new();
     let (ca, ca_key) = openssl_ca(env.path());
     let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
+    let mut bad_csr = env.fleet_config(1, Mode::Pki);
+    bad_csr.identities = Some(vec!["badcsr-1.example.net".into()]);
+    bad_csr.faults.bad_csr = 1.0;
+    let bad_csr = env.fleet(bad_csr).await;
     let audit = env.path().join("audit.jsonl");
     let mut opts = ProvOptions::new(example_helper("helper-pki.py"))
         .env("CHORIA_CA_CERT", ca.display().to_string())
@@ -392,6 +396,16 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
     );
     prov.assert_provisioned(3.0).await;
     let (_, node) = get_json(&prov, &format!("/api/v1/nodes/{}", fleet.identities()[0]));
+    let refused = wait_state(&prov, "badcsr-1.example.net", "refused").await;
+    assert_eq!(refused["step"], "csr_check", "{refused}");
+    assert!(
+        refused["cause"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid CSR: "),
+        "{refused}"
+    );
+    assert!(refused["issued"].is_null(), "{refused}");
     prov.stop_with("TERM").await;
     let lines = audit_lines(&audit);
     for r in fleet.report() {
@@ -443,7 +457,15 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
         64,
         "{node}"
     );
+    let refused = lines
+        .iter()
+        .find(|l| l["identity"] == "badcsr-1.example.net")
+        .unwrap();
+    assert_eq!(refused["decision"], "refused");
+    assert_eq!(refused["step"], "csr_check");
+    assert!(refused.get("certificate").is_none(), "{refused}");
     fleet.shutdown().await;
+    bad_csr.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,6 +474,10 @@ async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
     let mut cfg = env.fleet_config(3, Mode::Ed25519);
     cfg.issuer_public = Some(env.signer.verifier());
     let fleet = env.fleet(cfg).await;
+    let mut bad_nonce = env.fleet_config(1, Mode::Ed25519);
+    bad_nonce.identities = Some(vec!["badnonce-1.example.net".into()]);
+    bad_nonce.faults.bad_nonce = 1.0;
+    let bad_nonce = env.fleet(bad_nonce).await;
     let audit = env.path().join("audit.jsonl");
     let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
         .env("CHORIA_ISSUER", env.signer.public_hex.clone())
@@ -466,8 +492,21 @@ async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
         prov.output()
     );
     prov.assert_provisioned(3.0).await;
+    let refused = wait_state(&prov, "badnonce-1.example.net", "refused").await;
+    assert_eq!(refused["step"], "ed25519_check", "{refused}");
+    assert!(
+        refused["cause"]
+            .as_str()
+            .unwrap()
+            .starts_with("could not fetch ed25519 public key: "),
+        "{refused}"
+    );
     prov.stop_with("TERM").await;
+    bad_nonce.shutdown().await;
     let lines = audit_lines(&audit);
+    assert!(lines
+        .iter()
+        .any(|l| l["identity"] == "badnonce-1.example.net" && l["step"] == "ed25519_check"));
     for r in fleet.report() {
         let claims = r.received.unwrap().server_jwt_claims.unwrap();
         let line = provisioned_line(&lines, &r.identity);
@@ -495,4 +534,129 @@ fn chrono_like_parse(t: &str) -> i64 {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     days * 86_400 + hh * 3600 + mm * 60 + ss
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helper_policy_and_node_faults_show_their_step_and_cause() {
+    let env = Env::new();
+    let ids: Vec<String> = ["ok-2", "fail-2", "deny-2"]
+        .iter()
+        .map(|n| format!("{n}.example.net"))
+        .collect();
+    let mut main = env.fleet_config(ids.len(), Mode::Plain);
+    main.identities = Some(ids);
+    let main = env.fleet(main).await;
+    // Replies that are not JSON.
+    let mut garbage = env.fleet_config(1, Mode::Plain);
+    garbage.identities = Some(vec!["garbage-2.example.net".into()]);
+    garbage.faults.garbage = 1.0;
+    let garbage = env.fleet(garbage).await;
+    // A node that answers discovery and nothing else.
+    let mut silent = env.fleet_config(1, Mode::Plain);
+    silent.identities = Some(vec!["silent-2.example.net".into()]);
+    silent.faults.drop = 1.0;
+    let silent = env.fleet(silent).await;
+
+    let policy = env.path().join("deny.rego");
+    std::fs::write(
+        &policy,
+        "package choria.provisioner\n\n\
+         default decision := {\"allow\": true}\n\n\
+         decision := {\"allow\": false, \"reason\": \"deny- nodes are not wanted\"} if startswith(input.identity, \"deny-\")\n",
+    )
+    .unwrap();
+    let audit = env.path().join("audit.jsonl");
+    let opts = ProvOptions::new(format!("{} by-name", test_helper("scenario.py")))
+        .yaml(&format!("rego_policy: {}", policy.display()))
+        .yaml(&format!("audit_file: {}", audit.display()));
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    let monitor = format!("http://127.0.0.1:{}", prov.port);
+
+    wait_state(&prov, "ok-2.example.net", "provisioned").await;
+    let helper = wait_state(&prov, "fail-2.example.net", "failed").await;
+    assert_eq!(helper["step"], "helper", "{helper}");
+    let cause = helper["cause"].as_str().unwrap();
+    assert!(
+        cause.starts_with("could not invoke configure helper")
+            && cause.contains("cannot reach the CMDB"),
+        "the helper's stderr is in the cause: {helper}"
+    );
+    let denied = wait_state(&prov, "deny-2.example.net", "refused").await;
+    assert_eq!(denied["step"], "policy", "{denied}");
+    assert_eq!(
+        denied["cause"],
+        "refused by policy: deny- nodes are not wanted"
+    );
+    let policy_step = denied["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["step"] == "policy")
+        .cloned()
+        .unwrap();
+    assert_eq!(policy_step["ok"], false);
+    assert!(denied["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["step"] != "helper"));
+    let bad = wait_state(&prov, "garbage-2.example.net", "failed").await;
+    assert_eq!(bad["step"], "choria_provision#jwt", "{bad}");
+    assert!(
+        bad["cause"].as_str().unwrap().starts_with(
+            "could not fetch and validate JWT: garbage-2.example.net: choria_provision#jwt failed"
+        ),
+        "{bad}"
+    );
+
+    // Three tries of at most 10 s each with back-off in between.
+    let timed_out = wait_state(&prov, "silent-2.example.net", "failed").await;
+    assert_eq!(timed_out["step"], "choria_provision#jwt", "{timed_out}");
+    assert!(
+        timed_out["cause"].as_str().unwrap().ends_with("timeout"),
+        "{timed_out}"
+    );
+    let jwt_step = timed_out["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["event"] == "step")
+        .cloned()
+        .unwrap();
+    assert_eq!(jwt_step["tries"], 3, "{jwt_step}");
+    assert!(
+        jwt_step["elapsed_ms"].as_u64().unwrap() >= 30_000,
+        "{jwt_step}"
+    );
+
+    let (ok_run, out, err) = cli(&["nodes", "--state", "refused", "--monitor", &monitor]);
+    assert!(ok_run, "{err}");
+    assert!(out.contains("deny-2.example.net  refused  policy"), "{out}");
+    let (ok_run, out, err) = cli(&["node", "fail-2.example.net", "--monitor", &monitor]);
+    assert!(ok_run, "{err}");
+    assert!(out.contains("cannot reach the CMDB"), "{out}");
+
+    prov.stop_with("TERM").await;
+    let lines = audit_lines(&audit);
+    let line = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["identity"] == id)
+            .unwrap_or_else(|| panic!("{id}: {lines:?}"))
+            .clone()
+    };
+    assert_eq!(line("fail-2.example.net")["decision"], "failed");
+    assert_eq!(line("fail-2.example.net")["step"], "helper");
+    assert_eq!(line("deny-2.example.net")["decision"], "refused");
+    assert_eq!(line("deny-2.example.net")["step"], "policy");
+    assert_eq!(line("garbage-2.example.net")["decision"], "failed");
+    assert_eq!(
+        line("garbage-2.example.net")["step"],
+        "choria_provision#jwt"
+    );
+    assert_eq!(line("silent-2.example.net")["decision"], "failed");
+    main.shutdown().await;
+    garbage.shutdown().await;
+    silent.shutdown().await;
 }

@@ -46,9 +46,37 @@ pub fn lock_held(env: &Env, name: &str) -> Result<String> {
         held as usize >= lock_lines.min(1),
         "lock_held counter {held} but {lock_lines} log lines"
     );
+    // Each provisioner's node history shows the nodes it left to the other, with the action
+    // that found the lock.
+    let mut in_history = 0;
+    for p in [a, b] {
+        let counted = run.metric(p, "choria_provisioner_lock_held") as usize;
+        let (_, body) = test_support::metrics::http_get(
+            run.provisioners[p].port,
+            "/api/v1/nodes?state=lock_held&limit=500",
+        )
+        .context("the node API did not answer")?;
+        let v: serde_json::Value = serde_json::from_str(&body).context("node API JSON")?;
+        let listed = v["nodes"].as_array().cloned().unwrap_or_default();
+        ensure!(
+            listed.len() <= counted && (counted == 0 || !listed.is_empty()),
+            "{} nodes in lock_held in the history, {counted} counted",
+            listed.len()
+        );
+        for n in &listed {
+            ensure!(
+                n["step"].as_str().is_some_and(|s| s.contains('#'))
+                    && n["cause"]
+                        .as_str()
+                        .is_some_and(|c| c.contains("provisioning lock held")),
+                "a lock_held node without its action and cause: {n}"
+            );
+        }
+        in_history += listed.len();
+    }
     run.stop_all()?;
     Ok(format!(
-        "{nodes} nodes provisioned in {:.1}s, each configured once; {held} lock refusals counted and logged",
+        "{nodes} nodes provisioned in {:.1}s, each configured once; {held} lock refusals counted and logged, {in_history} nodes shown as lock_held with the action by the node history",
         t.as_secs_f64()
     ))
 }

@@ -30,6 +30,7 @@ mod monitor;
 mod node_faults;
 mod scenarios;
 mod secrets;
+mod webhook_faults;
 
 use std::time::{Duration, Instant};
 

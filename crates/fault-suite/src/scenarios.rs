@@ -25,6 +25,7 @@ use crate::node_faults::{
     node_slow, node_wrong_identity,
 };
 use crate::secrets::secrets;
+use crate::webhook_faults::webhook_down;
 
 /// One scenario of the suite.
 pub struct Scenario {
@@ -177,6 +178,12 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "helper-silent",
             about: "the helper prints nothing",
             run: helper_silent,
+            long: false,
+        },
+        Scenario {
+            name: "webhook-down",
+            about: "the helper is a webhook that refuses connections, then comes back",
+            run: webhook_down,
             long: false,
         },
         Scenario {

@@ -77,6 +77,58 @@ pub enum HelperError {
         /// The decoder's error.
         source: serde_json::Error,
     },
+    /// A webhook helper could not be set up: its URL, TLS files or secret file are unusable.
+    #[error("cannot use webhook {helper}: {reason}")]
+    Setup {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No connection to the webhook could be made, so nothing was sent: safe to try again.
+    #[error("cannot connect to webhook {helper}: {reason}")]
+    Connect {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// Why, from the operating system or TLS.
+        reason: String,
+    },
+    /// The request failed after it may have been sent; it is not retried (the helper may
+    /// already have acted on it, say issued a certificate).
+    #[error("webhook request to {helper} failed: {reason}")]
+    Request {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// Why.
+        reason: String,
+    },
+    /// The webhook answered with a status other than 2xx.
+    #[error("webhook {helper} answered HTTP {status}{}", if msg.is_empty() { String::new() } else { format!(": {msg}") })]
+    Status {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// The HTTP status code.
+        status: u16,
+        /// The `msg` of the body when it is a JSON object holding one (bounded, control
+        /// characters escaped); empty otherwise.
+        msg: String,
+    },
+    /// The webhook did not answer in full within the time limit; the request was abandoned.
+    #[error("webhook {helper} did not answer within {timeout:?}")]
+    NoAnswer {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// The limit that was reached.
+        timeout: Duration,
+    },
+    /// The webhook's reply was longer than the limit; it was dropped unread past the limit.
+    #[error("webhook {helper} replied with more than {limit} bytes; the reply was dropped")]
+    ReplyTooLarge {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// The limit in bytes.
+        limit: usize,
+    },
 }
 
 /// A coarse classification of [`HelperError`] for callers and metrics.
@@ -100,6 +152,14 @@ pub enum HelperErrorKind {
     EmptyOutput,
     /// Undecodable output.
     InvalidJson,
+    /// The webhook's URL, TLS files or secret are unusable.
+    Setup,
+    /// No connection could be made to the webhook: nothing was sent.
+    Connect,
+    /// The webhook request failed after it may have been sent.
+    Request,
+    /// The webhook answered with a status other than 2xx.
+    Status,
 }
 
 impl HelperError {
@@ -115,6 +175,12 @@ impl HelperError {
             HelperError::NonZeroExit { .. } => HelperErrorKind::NonZeroExit,
             HelperError::EmptyOutput { .. } => HelperErrorKind::EmptyOutput,
             HelperError::InvalidJson { .. } => HelperErrorKind::InvalidJson,
+            HelperError::Setup { .. } => HelperErrorKind::Setup,
+            HelperError::Connect { .. } => HelperErrorKind::Connect,
+            HelperError::Request { .. } => HelperErrorKind::Request,
+            HelperError::Status { .. } => HelperErrorKind::Status,
+            HelperError::NoAnswer { .. } => HelperErrorKind::Timeout,
+            HelperError::ReplyTooLarge { .. } => HelperErrorKind::OutputTooLarge,
         }
     }
 }

@@ -18,19 +18,33 @@
 //! ```
 
 //! The subprocess runner is the default feature `runner`; without it the crate holds only the
-//! documents and the error type (no tokio), for embedders with their own way of asking.
+//! documents and the error type (no tokio), for embedders with their own way of asking. The
+//! feature `webhook` adds [`WebhookClient`], which asks a helper over HTTP(S) with the same
+//! bytes ([`input_bytes`]) and decodes its reply the same way ([`decode_reply`]).
 
 #![deny(missing_docs)]
 mod error;
+mod exchange;
 mod gojson;
 #[cfg(feature = "runner")]
 mod runner;
 mod types;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 pub use error::{HelperError, HelperErrorKind};
+pub use exchange::{decode_reply, input_bytes};
 pub use gojson::{to_go_json, to_go_json_string};
 #[cfg(feature = "runner")]
-pub use runner::{HelperRunner, DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
+pub use runner::HelperRunner;
+#[cfg(feature = "webhook")]
+pub use webhook::{WebhookClient, WebhookOptions};
+
+/// How long a helper may take, whichever way it is asked (the Go provisioner's limit).
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The largest reply a helper may give, whichever way it is asked.
+pub const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
 pub use types::{
     CsrReply, Ed25519Reply, HelperInput, HelperReply, ProvisioningClaims, ServerClaims,
     ServerPermissions, StandardClaims,

@@ -9,11 +9,7 @@ use tokio::process::{Child, Command};
 use crate::error::HelperError;
 use crate::types::{HelperInput, HelperReply};
 
-/// How long a helper may run before it and its children are killed (the Go provisioner's limit).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The most stdout a helper may write before it is killed.
-pub const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
+use crate::{DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
 
 /// How much of the end of stderr is kept for error messages.
 const STDERR_TAIL: usize = 2048;
@@ -65,18 +61,9 @@ impl HelperRunner {
 
     /// Encodes `input`, runs the helper and decodes its reply.
     pub async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
-        let bytes = crate::gojson::to_go_json(input).map_err(|source| HelperError::Encode {
-            identity: input.identity.clone(),
-            source,
-        })?;
+        let bytes = crate::exchange::input_bytes(input)?;
         let out = self.run_raw(&bytes).await?;
-        // Go's encoding/json replaces invalid UTF-8 with U+FFFD rather than refusing the reply.
-        serde_json::from_str(&String::from_utf8_lossy(&out)).map_err(|source| {
-            HelperError::InvalidJson {
-                helper: self.program().to_string(),
-                source,
-            }
-        })
+        crate::exchange::decode_reply(&out, self.program())
     }
 
     /// Runs the helper with `input` on stdin and returns its stdout.

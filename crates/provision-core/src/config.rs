@@ -133,6 +133,9 @@ pub struct Config {
     /// `record_helper_inputs` (not a Go key): a directory the daemon writes each node's helper
     /// input to (token removed), for `policy eval`; empty means none are recorded.
     pub record_helper_inputs: String,
+    /// The webhook helper's settings (not Go keys), used when `helper` is an `http://` or
+    /// `https://` URL.
+    pub webhook: WebhookSettings,
     // Node status, history and audit trail (not Go keys).
     /// `node_history_size`: nodes the history behind `/api/v1/nodes` keeps at most.
     pub node_history_size: usize,
@@ -147,6 +150,19 @@ pub struct Config {
     pub audit_stream: String,
     /// The file this was loaded from.
     pub file: PathBuf,
+}
+
+/// The webhook helper's files, as written (not Go keys); empty means unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// `helper_secret_file`: the file holding the secret every request is signed with.
+    pub secret_file: String,
+    /// `helper_tls_cert`: a PEM client certificate presented to an `https` helper.
+    pub tls_cert: String,
+    /// `helper_tls_key`: the private key of `helper_tls_cert`.
+    pub tls_key: String,
+    /// `helper_tls_ca`: PEM CA certificates trusted, alone, for an `https` helper.
+    pub tls_ca: String,
 }
 
 /// Shows a secret as `<redacted>` when set and `""` when empty, so a dump says whether it is set.
@@ -194,6 +210,7 @@ impl std::fmt::Debug for Config {
             monitor_address,
             rego_policy,
             record_helper_inputs,
+            webhook,
             node_history_size,
             node_history_max_age,
             monitor_token_file,
@@ -236,6 +253,8 @@ impl std::fmt::Debug for Config {
             .field("monitor_address", monitor_address)
             .field("rego_policy", rego_policy)
             .field("record_helper_inputs", record_helper_inputs)
+            // File names only: the secret is never read here.
+            .field("webhook", webhook)
             .field("node_history_size", node_history_size)
             .field("node_history_max_age", node_history_max_age)
             .field("monitor_token_file", monitor_token_file)
@@ -477,6 +496,7 @@ struct RawConfig {
     csr_extra_dns_names: String,
     monitor_address: String,
     record_helper_inputs: String,
+    webhook: WebhookSettings,
     node_history_size: u32,
     node_history_max_age: String,
     monitor_token_file: String,
@@ -498,7 +518,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 34] = [
+const FIELDS: [Field; 38] = [
     field(
         "workers",
         Kind::Int {
@@ -548,6 +568,11 @@ const FIELDS: [Field; 34] = [
     field("record_helper_inputs", Kind::Str),
     field("active_active", Kind::Bool),
     field("claim_lifetime", Kind::Str),
+    // The webhook helper.
+    field("helper_secret_file", Kind::Str),
+    field("helper_tls_cert", Kind::Str),
+    field("helper_tls_key", Kind::Str),
+    field("helper_tls_ca", Kind::Str),
     // Node status, history and audit trail.
     field(
         "node_history_size",
@@ -618,6 +643,12 @@ impl RawConfig {
             record_helper_inputs: text("record_helper_inputs"),
             active_active: flag(s, "active_active"),
             claim_lifetime: text("claim_lifetime"),
+            webhook: WebhookSettings {
+                secret_file: text("helper_secret_file").trim().to_string(),
+                tls_cert: text("helper_tls_cert").trim().to_string(),
+                tls_key: text("helper_tls_key").trim().to_string(),
+                tls_ca: text("helper_tls_ca").trim().to_string(),
+            },
             node_history_size: u32::try_from(int("node_history_size")).unwrap_or(u32::MAX),
             node_history_max_age: text("node_history_max_age"),
             monitor_token_file: text("monitor_token_file"),
@@ -915,6 +946,7 @@ impl Config {
             monitor_address,
             rego_policy: raw.rego_policy.trim().to_string(),
             record_helper_inputs: raw.record_helper_inputs.trim().to_string(),
+            webhook: raw.webhook,
             node_history_size,
             node_history_max_age,
             monitor_token_file: raw.monitor_token_file.trim().to_string(),

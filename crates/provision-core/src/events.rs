@@ -89,31 +89,36 @@ impl std::fmt::Display for NodeState {
     }
 }
 
-/// What a node was given: the certificate the helper signed (pki) or the server JWT this
-/// provisioner signed (ed25519). Never the certificate, key or token itself.
+/// What a node was given: the certificate the helper supplied (pki, or with a helper `key`)
+/// and the server JWT this provisioner signed (ed25519), each by what identifies it. Never the
+/// certificate, key or token itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Issued {
-    /// Nothing (plain mode, or the cycle ended before enrolment).
-    #[default]
-    None,
-    /// The helper's certificate, as sent to the node.
-    Certificate {
-        /// The serial number, lower-case hex of its DER integer.
-        serial: String,
-        /// The SHA-256 fingerprint of the certificate's DER, lower-case hex.
-        sha256: String,
-        /// When it expires (Unix seconds).
-        not_after: Option<i64>,
-    },
-    /// The helper's certificate could not be read (it was still sent: the node judges it).
-    UnreadableCertificate(String),
+pub struct Issued {
+    /// The helper's certificate as sent to the node, or why it could not be read (it was still
+    /// sent: the node judges it).
+    pub certificate: Option<Result<CertificateId, String>>,
     /// The server JWT signed for the node.
-    ServerJwt {
-        /// Its `jti`.
-        id: String,
-        /// Its `exp` (Unix seconds).
-        expires: Option<i64>,
-    },
+    pub server_jwt: Option<ServerJwtId>,
+}
+
+/// What identifies a certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateId {
+    /// The serial number, lower-case hex of its DER integer.
+    pub serial: String,
+    /// The SHA-256 fingerprint of the certificate's DER, lower-case hex.
+    pub sha256: String,
+    /// When it expires (Unix seconds).
+    pub not_after: i64,
+}
+
+/// What identifies a server JWT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerJwtId {
+    /// Its `jti`.
+    pub id: String,
+    /// Its `exp` (Unix seconds).
+    pub expires: Option<i64>,
 }
 
 /// How a node's cycle ended: the state, the step it ended at, the cause, and what it was given.
@@ -199,7 +204,7 @@ impl Verdict {
             cause: kind.to_string(),
             source,
             helper_msg: String::new(),
-            issued: Issued::None,
+            issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::ZERO,
         }

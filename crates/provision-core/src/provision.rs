@@ -16,7 +16,7 @@ use crate::admission::{Admission, Decision};
 use crate::claims::{ClaimError, ClaimOutcome, Claims};
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::Config;
-use crate::events::{Issued, NodeEvent};
+use crate::events::{CertificateId, Issued, NodeEvent, ServerJwtId};
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
 use crate::keyenc::encrypt_private_key_with;
@@ -274,7 +274,7 @@ impl Host {
             inventory: None,
             csr: None,
             helper_msg: String::new(),
-            issued: Issued::None,
+            issued: Issued::default(),
         }
     }
 
@@ -949,10 +949,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 now: self.clock.now_unix(),
             })
             .map_err(ProvisionErrorKind::ServerJwt)?;
-            enrolment.issued = Issued::ServerJwt {
+            enrolment.issued.server_jwt = Some(ServerJwtId {
                 id: issued.claims.standard.id.clone(),
                 expires: issued.claims.standard.expires_at,
-            };
+            });
             enrolment.server_jwt = issued.token;
         }
 
@@ -1008,14 +1008,15 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             return Err(ProvisionErrorKind::EmptyConfiguration);
         }
         if !reply.certificate.is_empty() {
-            host.issued = match choria_crypto::pem::certificate_summary(&reply.certificate) {
-                Ok(c) => Issued::Certificate {
-                    serial: c.serial,
-                    sha256: c.sha256,
-                    not_after: Some(c.not_after),
-                },
-                Err(e) => Issued::UnreadableCertificate(e.to_string()),
-            };
+            host.issued.certificate = Some(
+                choria_crypto::pem::certificate_summary(&reply.certificate)
+                    .map(|c| CertificateId {
+                        serial: c.serial,
+                        sha256: c.sha256,
+                        not_after: c.not_after,
+                    })
+                    .map_err(|e| e.to_string()),
+            );
         }
         let ssldir = match host.csr.as_ref().filter(|c| !c.ssldir.is_empty()) {
             Some(c) => c.ssldir.clone(),

@@ -15,10 +15,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use provision_core::{Issued, NodeEvent, NodeState, Observer, Source, Verdict};
 use serde_json::{json, Value};
 
-/// The most events kept per node (the oldest are dropped first; the last `finished` is kept).
-pub const MAX_EVENTS: usize = 24;
-/// The most bytes kept of any one text (an error, a helper message), cut at a character.
+/// The most events kept per node (the oldest are dropped first): a whole cycle is about ten.
+/// A power of two, so the event buffer never grows past it.
+pub const MAX_EVENTS: usize = 16;
+/// The most bytes kept of a node's cause and helper message, cut at a character.
 pub const MAX_TEXT: usize = 512;
+/// The most bytes kept of one event's detail.
+pub const MAX_DETAIL: usize = 256;
+/// The most a node's record can cost ([`NodeTable::bytes`] counts it): every event with a detail
+/// at its limit, the cause and the message at theirs, and a long identity. Checked by a test.
+pub const MAX_BYTES_PER_NODE: usize = 8 * 1024;
 /// Minutes of throughput kept for the status page's sparkline.
 pub const THROUGHPUT_MINUTES: usize = 60;
 
@@ -91,12 +97,15 @@ impl Record {
     /// The bytes this record and its entries in the table's maps take, from the sizes of what
     /// is allocated for it (the maps' own slack not included).
     fn bytes(&self, identity: &str) -> usize {
-        let issued = match &self.issued {
-            Issued::None => 0,
-            Issued::Certificate { serial, sha256, .. } => serial.capacity() + sha256.capacity(),
-            Issued::UnreadableCertificate(e) => e.capacity(),
-            Issued::ServerJwt { id, .. } => id.capacity(),
-        };
+        let issued = match &self.issued.certificate {
+            Some(Ok(c)) => c.serial.capacity() + c.sha256.capacity(),
+            Some(Err(e)) => e.capacity(),
+            None => 0,
+        } + self
+            .issued
+            .server_jwt
+            .as_ref()
+            .map_or(0, |j| j.id.capacity());
         let upgrade = self.upgrade.as_ref().map_or(0, |u| {
             std::mem::size_of::<(String, String)>() + u.0.capacity() + u.1.capacity()
         });
@@ -157,10 +166,15 @@ pub(crate) fn now_ms() -> u64 {
 
 /// `text` cut to at most [`MAX_TEXT`] bytes at a character boundary, marked when cut.
 fn bounded(text: &str) -> Box<str> {
-    if text.len() <= MAX_TEXT {
+    bounded_to(text, MAX_TEXT)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+fn bounded_to(text: &str, max: usize) -> Box<str> {
+    if text.len() <= max {
         return text.into();
     }
-    let mut end = MAX_TEXT - '…'.len_utf8();
+    let mut end = max - '…'.len_utf8();
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -225,7 +239,7 @@ impl NodeTable {
             step: "queue",
             cause: "".into(),
             helper_msg: "".into(),
-            issued: Issued::None,
+            issued: Issued::default(),
             upgrade: None,
             cycles: 0,
             events: VecDeque::new(),
@@ -277,7 +291,7 @@ impl NodeTable {
                     ok,
                     tries,
                     elapsed_ms: millis(elapsed),
-                    detail: bounded(detail),
+                    detail: bounded_to(detail, MAX_DETAIL),
                 }
             }
             NodeEvent::Finished(v) => {
@@ -311,7 +325,7 @@ impl NodeTable {
                     ok: !v.state.is_problem(),
                     tries: 0,
                     elapsed_ms: millis(v.elapsed),
-                    detail: bounded(&v.cause),
+                    detail: bounded_to(&v.cause, MAX_DETAIL),
                 }
             }
         };
@@ -331,14 +345,28 @@ impl NodeTable {
         rec.step = v.step;
         rec.cause = bounded(&v.cause);
         rec.helper_msg = bounded(&v.helper_msg);
-        rec.issued = match &v.issued {
-            Issued::UnreadableCertificate(e) => Issued::UnreadableCertificate(bounded(e).into()),
-            other => other.clone(),
+        rec.issued = Issued {
+            certificate: v.issued.certificate.as_ref().map(|c| match c {
+                Ok(c) => Ok(provision_core::CertificateId {
+                    serial: bounded_to(&c.serial, 128).into(),
+                    sha256: bounded_to(&c.sha256, 128).into(),
+                    not_after: c.not_after,
+                }),
+                Err(e) => Err(bounded_to(e, MAX_DETAIL).into()),
+            }),
+            server_jwt: v
+                .issued
+                .server_jwt
+                .as_ref()
+                .map(|j| provision_core::ServerJwtId {
+                    id: bounded_to(&j.id, 128).into(),
+                    expires: j.expires,
+                }),
         };
         rec.upgrade = v
             .upgrade
             .as_ref()
-            .map(|(f, t)| Box::new((bounded(f).into(), bounded(t).into())));
+            .map(|(f, t)| Box::new((bounded_to(f, 128).into(), bounded_to(t, 128).into())));
     }
 
     /// Forgets the least recently updated nodes over the count and those older than the age.
@@ -511,24 +539,34 @@ impl NodeTable {
     }
 }
 
-/// What a node was given, as the API and the audit trail show it.
+/// What a node was given, as the API and the audit trail show it: `null`, or an object with
+/// `certificate` (`serial`, `sha256`, `not_after`; or `error`) and/or `server_jwt` (`id`,
+/// `expires`).
 pub fn issued_json(issued: &Issued) -> Value {
-    match issued {
-        Issued::None => Value::Null,
-        Issued::Certificate {
-            serial,
-            sha256,
-            not_after,
-        } => json!({"certificate": {
-            "serial": serial,
-            "sha256": sha256,
-            "not_after": not_after.map(|s| rfc3339(u64::try_from(s).unwrap_or(0) * 1000)),
-        }}),
-        Issued::UnreadableCertificate(e) => json!({"certificate": {"error": e}}),
-        Issued::ServerJwt { id, expires } => json!({"server_jwt": {
-            "id": id,
-            "expires": expires.map(|s| rfc3339(u64::try_from(s).unwrap_or(0) * 1000)),
-        }}),
+    let time = |s: i64| rfc3339(u64::try_from(s).unwrap_or(0).saturating_mul(1000));
+    let mut out = serde_json::Map::new();
+    match &issued.certificate {
+        Some(Ok(c)) => {
+            out.insert(
+                "certificate".into(),
+                json!({"serial": c.serial, "sha256": c.sha256, "not_after": time(c.not_after)}),
+            );
+        }
+        Some(Err(e)) => {
+            out.insert("certificate".into(), json!({ "error": e }));
+        }
+        None => {}
+    }
+    if let Some(j) = &issued.server_jwt {
+        out.insert(
+            "server_jwt".into(),
+            json!({"id": j.id, "expires": j.expires.map(time)}),
+        );
+    }
+    if out.is_empty() {
+        Value::Null
+    } else {
+        Value::Object(out)
     }
 }
 
@@ -588,7 +626,7 @@ mod tests {
             cause: cause.into(),
             source: Source::Discovery,
             helper_msg: String::new(),
-            issued: Issued::None,
+            issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::from_millis(5),
         }
@@ -695,7 +733,7 @@ mod tests {
         let j = t.node_json("n249").unwrap();
         let h = j["history"].as_array().unwrap();
         assert_eq!(h.len(), MAX_EVENTS);
-        assert!(h[0]["detail"].as_str().unwrap().len() <= MAX_TEXT);
+        assert!(h[0]["detail"].as_str().unwrap().len() <= MAX_DETAIL);
         let most = MAX_EVENTS * (MAX_TEXT + std::mem::size_of::<Event>()) + 1024;
         assert!(t.bytes() < 99 * 1000 + most, "{}", t.bytes());
 
@@ -708,6 +746,51 @@ mod tests {
             2_000 + 61_000,
         );
         assert_eq!(t.len(), 1, "{:?}", t.list(None, 0, 5));
+        assert!(t.bytes() < 1000, "{}", t.bytes());
+    }
+
+    #[test]
+    fn a_node_at_every_limit_costs_at_most_max_bytes_per_node() {
+        let t = NodeTable::new(HistoryLimits::default());
+        let id = format!("{}.example.net", "x".repeat(240));
+        let long = "é".repeat(4 * MAX_TEXT);
+        for i in 0..(2 * MAX_EVENTS as u64) {
+            t.record_at(
+                &id,
+                &NodeEvent::Step {
+                    step: "choria_provision#configure",
+                    ok: false,
+                    tries: 5,
+                    elapsed: Duration::from_secs(20),
+                    detail: &long,
+                },
+                i,
+            );
+        }
+        let mut v = finished(NodeState::Failed, &long);
+        v.helper_msg = long.clone();
+        v.upgrade = Some((long.clone(), long.clone()));
+        v.issued = Issued {
+            certificate: Some(Err(long.clone())),
+            server_jwt: Some(provision_core::ServerJwtId {
+                id: long.clone(),
+                expires: Some(1),
+            }),
+        };
+        t.record_at(&id, &NodeEvent::Finished(&v), 1_000);
+        let bytes = t.bytes();
+        assert!(
+            bytes <= MAX_BYTES_PER_NODE,
+            "{bytes} bytes for one node at every limit"
+        );
+        // And the count follows the node out.
+        t.record_at(
+            "other",
+            &NodeEvent::Queued {
+                source: Source::Event,
+            },
+            1_000 + 3_600_001,
+        );
         assert!(t.bytes() < 1000, "{}", t.bytes());
     }
 

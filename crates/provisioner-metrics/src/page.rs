@@ -252,7 +252,7 @@ mod tests {
             cause: "invalid CSR: <b>bold</b> & \"quoted\"".into(),
             source: Source::Discovery,
             helper_msg: String::new(),
-            issued: Issued::None,
+            issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::ZERO,
         };

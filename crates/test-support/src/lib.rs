@@ -14,6 +14,7 @@
 //! - [`simulator`]: the fleet simulator as a process, its progress lines and its report.
 //! - [`stack`]: the binaries of a local run (built by cargo), the run's signer and CA made by the
 //!   demo helper, and the fleet simulator as a process.
+//! - [`webhook`]: the demo helper as a webhook (`choria-demo-helper serve`) for a local run.
 //! - [`go_env`]: the real go-choria broker and `choria server` processes in provisioning mode
 //!   (the peer `cargo xtask peers` builds into `target/peers/bin`).
 //!
@@ -32,6 +33,7 @@ pub mod process;
 pub mod provisioner;
 pub mod simulator;
 pub mod stack;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

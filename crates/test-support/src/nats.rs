@@ -248,18 +248,19 @@ impl NatsCluster {
         // JetStream places a replicated stream only once its meta leader has every peer
         // current: until then creating one fails with "no suitable peers for placement". Waited
         // for, but not required (a loaded machine may take longer; callers retry placement).
-        let _placed = crate::wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
-            ports.iter().any(|(_, _, http)| {
-                metrics::http_get(*http, "/jsz").is_some_and(|(st, body)| {
-                    st == 200
-                        && body.contains("\"replicas\"")
-                        && body.matches("\"current\": true").count()
-                            + body.matches("\"current\":true").count()
-                            + 1
-                            >= size
+        let _placed =
+            crate::wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+                ports.iter().any(|(_, _, http)| {
+                    metrics::http_get(*http, "/jsz").is_some_and(|(st, body)| {
+                        st == 200
+                            && body.contains("\"replicas\"")
+                            && body.matches("\"current\": true").count()
+                                + body.matches("\"current\":true").count()
+                                + 1
+                                >= size
+                    })
                 })
-            })
-        });
+            });
         Ok(NatsCluster {
             servers,
             ports: ports.iter().map(|p| p.0).collect(),

@@ -1,0 +1,539 @@
+//! Asks a helper over HTTP or HTTPS: the input the process helper reads on stdin is POSTed as
+//! the body, byte for byte, and the reply is decoded as the process helper's stdout is.
+//!
+//! Every request carries `Content-Type: application/json`, a request id, the Unix time it was
+//! signed at and, with a secret, an HMAC-SHA256 signature of `timestamp.request_id.body` (see
+//! [`signature`]). One [`WebhookClient`] keeps its connections alive and pooled (HTTP/1.1, and
+//! h2 when the server offers it over TLS); how many requests are in flight is up to the caller
+//! (the provisioner's workers, one request each). A request is never retried here: a failure to
+//! connect ([`HelperError::Connect`]) is the only one after which nothing was sent, and the
+//! caller decides whether to try again.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
+
+use crate::error::HelperError;
+use crate::exchange;
+use crate::types::{HelperInput, HelperReply};
+use crate::{DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
+
+/// The header carrying the signature: `sha256=` and the lower-case hex HMAC-SHA256.
+pub const SIGNATURE_HEADER: &str = "X-Choria-Provisioner-Signature";
+/// The header carrying the Unix time (seconds, decimal) the request was signed at.
+pub const TIMESTAMP_HEADER: &str = "X-Choria-Provisioner-Timestamp";
+/// The header carrying the request id: 32 lower-case hex characters, new for every request.
+pub const REQUEST_ID_HEADER: &str = "X-Choria-Provisioner-Request-Id";
+
+/// The largest secret file read (a secret is a few dozen bytes; a larger file is a mistake).
+pub const MAX_SECRET_LEN: u64 = 4096;
+
+/// How much of a non-2xx body's `msg` is kept in the error.
+const MAX_STATUS_MSG: usize = 512;
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// How to reach a webhook helper.
+#[derive(Debug, Clone)]
+pub struct WebhookOptions {
+    /// The `http://` or `https://` URL requests are POSTed to.
+    pub url: String,
+    /// A file holding the shared secret the body is signed with; none means unsigned requests.
+    pub secret_file: Option<PathBuf>,
+    /// A PEM client certificate (chain) presented to an `https` webhook, with `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key of `client_cert`.
+    pub client_key: Option<PathBuf>,
+    /// PEM CA certificates that alone are trusted for an `https` webhook; none means the
+    /// system's roots.
+    pub ca: Option<PathBuf>,
+    /// The time limit of one request, connecting to reading the last byte of the reply.
+    pub timeout: Duration,
+    /// The largest reply accepted, in bytes.
+    pub max_reply: usize,
+    /// How many idle connections are kept for reuse (the number of workers is a good value).
+    pub max_idle: usize,
+}
+
+impl WebhookOptions {
+    /// Options for `url` with the process helper's limits (10 s, 1 MiB), no secret and no TLS
+    /// files.
+    pub fn new(url: impl Into<String>) -> Self {
+        WebhookOptions {
+            url: url.into(),
+            secret_file: None,
+            client_cert: None,
+            client_key: None,
+            ca: None,
+            timeout: DEFAULT_TIMEOUT,
+            max_reply: DEFAULT_MAX_OUTPUT,
+            max_idle: 64,
+        }
+    }
+}
+
+/// Whether `helper` (the `helper` setting) names a webhook rather than a command.
+pub fn is_webhook(helper: &str) -> bool {
+    let h = helper.trim_start();
+    let lower = |n: usize| h.get(..n).map(str::to_ascii_lowercase);
+    lower(7).as_deref() == Some("http://") || lower(8).as_deref() == Some("https://")
+}
+
+/// The signature of one request: `sha256=` followed by the lower-case hex HMAC-SHA256, keyed
+/// with `secret`, of the timestamp header's value, `.`, the request id header's value, `.` and
+/// the body, exactly as sent.
+pub fn signature(secret: &[u8], timestamp: &str, request_id: &str, body: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(timestamp.as_bytes());
+    ctx.update(b".");
+    ctx.update(request_id.as_bytes());
+    ctx.update(b".");
+    ctx.update(body);
+    format!("sha256={}", hex::encode(ctx.sign().as_ref()))
+}
+
+/// Reads a secret file: at most [`MAX_SECRET_LEN`] bytes, one trailing newline (`\n` or
+/// `\r\n`) removed, not empty. The error names the file, never its content.
+pub fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut secret = Vec::with_capacity(64);
+    f.take(MAX_SECRET_LEN + 1)
+        .read_to_end(&mut secret)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if secret.len() as u64 > MAX_SECRET_LEN {
+        return Err(format!(
+            "{} is longer than {MAX_SECRET_LEN} bytes",
+            path.display()
+        ));
+    }
+    if secret.last() == Some(&b'\n') {
+        secret.pop();
+        if secret.last() == Some(&b'\r') {
+            secret.pop();
+        }
+    }
+    if secret.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(secret)
+}
+
+/// A configured webhook helper; cheap to clone (the connection pool is shared).
+#[derive(Clone)]
+pub struct WebhookClient {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    shown: String,
+    secret_file: Option<PathBuf>,
+    timeout: Duration,
+    max_reply: usize,
+}
+
+impl std::fmt::Debug for WebhookClient {
+    // The URL without credentials or query, and the secret file's name: never the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookClient")
+            .field("url", &self.shown)
+            .field("secret_file", &self.secret_file)
+            .field("timeout", &self.timeout)
+            .field("max_reply", &self.max_reply)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`WebhookClient::probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The HTTP status of the answer.
+    pub status: u16,
+    /// The protocol spoken (`HTTP/1.1`, `HTTP/2`).
+    pub version: String,
+    /// How long the answer took.
+    pub elapsed: Duration,
+}
+
+/// The URL as it may be shown: scheme, host, port and path, without credentials or query.
+pub fn shown(url: &reqwest::Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.set_query(None);
+    u.set_fragment(None);
+    u.to_string()
+}
+
+/// A `helper` setting as it may be shown: a webhook URL without credentials or query (also
+/// when it does not parse), anything else as it is.
+pub fn shown_text(text: &str) -> String {
+    let text = text.trim();
+    if !is_webhook(text) {
+        return text.to_string();
+    }
+    if let Ok(url) = reqwest::Url::parse(text) {
+        return shown(&url);
+    }
+    let (scheme, rest) = text.split_once("://").unwrap_or(("", text));
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{rest}")
+}
+
+/// The URL of a webhook: `http` or `https`, a host, no credentials. The reason is in the
+/// words `check` prints.
+pub fn parse_url(text: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(text.trim()).map_err(|e| format!("invalid URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("scheme {} is not http or https", url.scheme()));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "the URL carries credentials; use helper_secret_file and TLS client certificates"
+                .into(),
+        );
+    }
+    Ok(url)
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+}
+
+/// The error and its causes on one line, without the URL reqwest adds and without the
+/// wrappers that say nothing ("error sending request", "client error (Connect)"), so the
+/// operator reads the cause: `tcp connect error: Connection refused (os error 111)`.
+fn reason(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(&e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        let generic = text.starts_with("error sending request")
+            || text.starts_with("client error (")
+            || text.starts_with("error trying to connect");
+        if !generic && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    if parts.is_empty() {
+        parts.push(e.to_string());
+    }
+    parts.join(": ").replace('\n', " ")
+}
+
+/// The `msg` of a JSON object body, bounded, control characters escaped; empty otherwise.
+fn status_msg(body: &[u8]) -> String {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(body)
+    else {
+        return String::new();
+    };
+    // Keys in any case, as Go's encoding/json matches them.
+    let Some(msg) = map
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("msg"))
+        .filter_map(|(_, v)| v.as_str())
+        .next_back()
+    else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for c in msg.chars() {
+        if out.len() >= MAX_STATUS_MSG {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl WebhookClient {
+    /// A client for `opts`: the URL checked, the TLS files read and parsed now. The secret file
+    /// is read again for every request, so a rotated secret needs no restart.
+    pub fn new(opts: &WebhookOptions) -> Result<Self, HelperError> {
+        let url = parse_url(&opts.url).map_err(|reason| HelperError::Setup {
+            helper: shown_text(&opts.url),
+            reason,
+        })?;
+        let shown = shown(&url);
+        let setup = |reason: String| HelperError::Setup {
+            helper: shown.clone(),
+            reason,
+        };
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .user_agent(concat!("choria-provisioner/", env!("CARGO_PKG_VERSION")))
+            // A redirect would carry the body and its signature elsewhere; a 3xx is an error.
+            .redirect(reqwest::redirect::Policy::none())
+            // The helper is reached directly: a proxy from the environment is not used.
+            .no_proxy()
+            .timeout(opts.timeout)
+            .connect_timeout(opts.timeout)
+            .pool_max_idle_per_host(opts.max_idle)
+            .pool_idle_timeout(POOL_IDLE)
+            .tcp_nodelay(true);
+        if let Some(ca) = &opts.ca {
+            let pem = read_file(ca, "helper_tls_ca").map_err(setup)?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| setup(format!("helper_tls_ca {}: {}", ca.display(), reason(e))))?;
+            if certs.is_empty() {
+                return Err(setup(format!(
+                    "helper_tls_ca {} holds no certificate",
+                    ca.display()
+                )));
+            }
+            builder = builder.tls_built_in_root_certs(false);
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        match (&opts.client_cert, &opts.client_key) {
+            (Some(cert), Some(key)) => {
+                let mut pem = read_file(cert, "helper_tls_cert").map_err(setup)?;
+                pem.push(b'\n');
+                pem.extend(read_file(key, "helper_tls_key").map_err(setup)?);
+                let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    setup(format!(
+                        "helper_tls_cert {} with helper_tls_key {}: {}",
+                        cert.display(),
+                        key.display(),
+                        reason(e)
+                    ))
+                })?;
+                builder = builder.identity(identity);
+            }
+            (None, None) => {}
+            _ => {
+                return Err(setup(
+                    "helper_tls_cert and helper_tls_key go together: set both or neither".into(),
+                ))
+            }
+        }
+        let client = builder
+            .build()
+            .map_err(|e| setup(format!("cannot build the HTTP client: {}", reason(e))))?;
+        Ok(WebhookClient {
+            client,
+            url,
+            shown,
+            secret_file: opts.secret_file.clone(),
+            timeout: opts.timeout,
+            max_reply: opts.max_reply,
+        })
+    }
+
+    /// The URL as errors and logs show it (no credentials, no query).
+    pub fn helper(&self) -> &str {
+        &self.shown
+    }
+
+    /// Encodes `input`, POSTs it once and decodes the reply (no retry, see [`Self::send`]).
+    pub async fn run(&self, input: &HelperInput) -> Result<HelperReply, HelperError> {
+        let body = Bytes::from(exchange::input_bytes(input)?);
+        let out = self.send(body).await?;
+        exchange::decode_reply(&out, &self.shown)
+    }
+
+    /// The headers of one request over `body`: content type, request id, timestamp and, with a
+    /// secret, the signature.
+    fn request(
+        &self,
+        method: reqwest::Method,
+        body: &[u8],
+    ) -> Result<reqwest::RequestBuilder, HelperError> {
+        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let timestamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default()
+            .to_string();
+        let mut req = self
+            .client
+            .request(method, self.url.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(ACCEPT, HeaderValue::from_static("application/json"))
+            .header(REQUEST_ID_HEADER, &request_id)
+            .header(TIMESTAMP_HEADER, &timestamp);
+        if let Some(path) = &self.secret_file {
+            let secret = read_secret(path).map_err(|e| HelperError::Setup {
+                helper: self.shown.clone(),
+                reason: format!("helper_secret_file {e}"),
+            })?;
+            req = req.header(
+                SIGNATURE_HEADER,
+                signature(&secret, &timestamp, &request_id, body),
+            );
+        }
+        Ok(req)
+    }
+
+    /// POSTs `body` once and returns the reply's body. Within the time limit, from connecting
+    /// to the last byte; the reply is read incrementally and dropped as soon as it passes the
+    /// size limit. A non-2xx answer is [`HelperError::Status`] with the body's `msg`.
+    pub async fn send(&self, body: Bytes) -> Result<Vec<u8>, HelperError> {
+        let req = self.request(reqwest::Method::POST, &body)?.body(body);
+        let work = async {
+            let resp = req.send().await.map_err(|e| self.error(e))?;
+            let status = resp.status();
+            let out = self.read_limited(resp).await?;
+            if !status.is_success() {
+                return Err(HelperError::Status {
+                    helper: self.shown.clone(),
+                    status: status.as_u16(),
+                    msg: status_msg(&out),
+                });
+            }
+            if out.is_empty() {
+                return Err(HelperError::EmptyOutput {
+                    helper: self.shown.clone(),
+                });
+            }
+            Ok(out)
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(HelperError::NoAnswer {
+                helper: self.shown.clone(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    /// Sends a signed `GET` (of an empty body) to the URL and reports the answer: any HTTP
+    /// status means the webhook is reachable and, over TLS, trusted and accepting the client
+    /// certificate. Nothing is provisioned.
+    pub async fn probe(&self) -> Result<Probe, HelperError> {
+        let started = std::time::Instant::now();
+        let req = self.request(reqwest::Method::GET, b"")?;
+        let work = async {
+            let resp = req.send().await.map_err(|e| self.error(e))?;
+            let status = resp.status().as_u16();
+            let version = format!("{:?}", resp.version());
+            // Read (bounded) so the connection is left clean; the content does not matter.
+            let _ = self.read_limited(resp).await;
+            Ok(Probe {
+                status,
+                version,
+                elapsed: started.elapsed(),
+            })
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(HelperError::NoAnswer {
+                helper: self.shown.clone(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    /// Classifies a failed request: nothing sent (connect), out of time, or failed once sent.
+    fn error(&self, e: reqwest::Error) -> HelperError {
+        let helper = self.shown.clone();
+        if e.is_timeout() {
+            HelperError::NoAnswer {
+                helper,
+                timeout: self.timeout,
+            }
+        } else if e.is_connect() {
+            HelperError::Connect {
+                helper,
+                reason: reason(e),
+            }
+        } else {
+            HelperError::Request {
+                helper,
+                reason: reason(e),
+            }
+        }
+    }
+
+    /// The body, or [`HelperError::ReplyTooLarge`] as soon as it passes the limit (an
+    /// announced length over it is refused before reading).
+    async fn read_limited(&self, mut resp: reqwest::Response) -> Result<Vec<u8>, HelperError> {
+        let too_large = || HelperError::ReplyTooLarge {
+            helper: self.shown.clone(),
+            limit: self.max_reply,
+        };
+        if resp
+            .content_length()
+            .is_some_and(|n| n > self.max_reply as u64)
+        {
+            return Err(too_large());
+        }
+        let mut out = Vec::with_capacity(
+            resp.content_length()
+                .map_or(4096, |n| n as usize)
+                .min(self.max_reply),
+        );
+        while let Some(chunk) = resp.chunk().await.map_err(|e| self.error(e))? {
+            if out.len() + chunk.len() > self.max_reply {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_webhook_commands_do_not() {
+        for url in ["http://h/x", "HTTPS://h", "  https://h:8443/p?q=1"] {
+            assert!(is_webhook(url), "{url}");
+        }
+        for command in [
+            "/usr/bin/helper",
+            "helper http://x",
+            "httpx://h",
+            "",
+            "http:/h",
+        ] {
+            assert!(!is_webhook(command), "{command}");
+        }
+    }
+
+    #[test]
+    fn a_shown_url_has_no_credentials_or_query() {
+        assert_eq!(
+            shown_text("https://u:pw@ca.example.net:8443/p?token=x#f"),
+            "https://ca.example.net:8443/p"
+        );
+        // Also when it does not parse.
+        assert_eq!(shown_text("http://u:pw@[bad/p?k=v"), "http://[bad/p");
+        assert_eq!(shown_text("/usr/bin/helper --x"), "/usr/bin/helper --x");
+    }
+
+    #[test]
+    fn the_signature_is_the_hmac_of_timestamp_id_and_body() {
+        // Computed independently with Python's hmac module over
+        // b'1700000000.0123abcd.{"identity":"n1"}'.
+        assert_eq!(
+            signature(b"Jefe", "1700000000", "0123abcd", br#"{"identity":"n1"}"#),
+            "sha256=ab0a254b9088f58558d52b08153d59e7c0db9b411f1d8e402b9f69a167223e5e"
+        );
+    }
+
+    #[test]
+    fn a_non_2xx_msg_is_bounded_and_escaped() {
+        assert_eq!(status_msg(br#"{"msg":"a\u0007b"}"#), "a\\u{7}b");
+        assert_eq!(status_msg(b"<html>"), "");
+        assert_eq!(status_msg(br#"{"msg":5}"#), "");
+        let long = format!(r#"{{"msg":"{}"}}"#, "x".repeat(10_000));
+        assert!(status_msg(long.as_bytes()).len() <= MAX_STATUS_MSG + 3);
+    }
+}
