@@ -261,13 +261,18 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         error!("Could not publish startup event: {e}");
     }
 
-    let stream = if config.audit_stream.is_empty() {
-        None
-    } else {
-        crate::audit::open_stream(&config.audit_stream, &client).await
-    };
-    let (audit, audit_writer) =
-        crate::audit::channel(&choria.identity, &config.site, audit_file, stream);
+    // The writer opens the stream, and tries again while it cannot be reached.
+    let stream = (!config.audit_stream.is_empty()).then(|| crate::audit::StreamTarget {
+        name: config.audit_stream.clone(),
+        client: client.clone(),
+    });
+    let (audit, audit_writer) = crate::audit::channel(
+        &choria.identity,
+        &config.site,
+        Arc::clone(&metrics),
+        audit_file,
+        stream,
+    );
     let audit_stop = CancellationToken::new();
     let mut audit_task = JoinSet::new();
     if let Some(w) = audit_writer {

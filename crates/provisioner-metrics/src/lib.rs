@@ -156,6 +156,13 @@ pub struct Metrics {
     /// `choria_provisioner_policy_denied`: nodes refused by the admission policy (`rego_policy`,
     /// not in the Go set).
     pub policy_denied: Counter,
+    /// `choria_provisioner_audit_dropped`: audit records lost to a destination: the writer's
+    /// queue was full, or the stream's backlog was full while the stream was unreachable (not
+    /// in the Go set).
+    pub audit_dropped: Counter,
+    /// `choria_provisioner_audit_stream_errors`: failed attempts to open the audit stream or to
+    /// store a record in it (not in the Go set).
+    pub audit_stream_errors: Counter,
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -228,6 +235,16 @@ impl std::fmt::Debug for ElectionSource {
 }
 
 const HELP: &[(&str, &str, &str)] = &[
+    (
+        "choria_provisioner_audit_dropped",
+        "counter",
+        "How many audit records were dropped because the writer or the stream fell behind",
+    ),
+    (
+        "choria_provisioner_audit_stream_errors",
+        "counter",
+        "How many attempts to open the audit stream or store a record in it failed",
+    ),
     (
         "choria_provisioner_busy_workers",
         "gauge",
@@ -341,6 +358,8 @@ impl Metrics {
             lock_held: Counter::default(),
             invalid_identities: Counter::default(),
             policy_denied: Counter::default(),
+            audit_dropped: Counter::default(),
+            audit_stream_errors: Counter::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -464,6 +483,12 @@ impl Metrics {
                 "choria_provisioner_lock_held" => plain(self.lock_held.get().to_string(), &mut out),
                 "choria_provisioner_invalid_identities" => {
                     plain(self.invalid_identities.get().to_string(), &mut out)
+                }
+                "choria_provisioner_audit_dropped" => {
+                    plain(self.audit_dropped.get().to_string(), &mut out)
+                }
+                "choria_provisioner_audit_stream_errors" => {
+                    plain(self.audit_stream_errors.get().to_string(), &mut out)
                 }
                 "choria_provisioner_policy_denied" => {
                     plain(self.policy_denied.get().to_string(), &mut out)
@@ -730,8 +755,13 @@ mod tests {
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
-        // policy-denied counters.
-        assert_eq!(HELP.len(), 18);
+        // policy-denied counters and the audit trail's two.
+        assert_eq!(HELP.len(), 20);
+        m.audit_dropped.inc_by(2);
+        m.audit_stream_errors.inc();
+        let text = m.encode();
+        assert!(text.contains("choria_provisioner_audit_dropped{site=\"lon\"} 2\n"));
+        assert!(text.contains("choria_provisioner_audit_stream_errors{site=\"lon\"} 1\n"));
     }
 
     #[test]
