@@ -340,8 +340,7 @@ impl Writer {
         }
         let stream = match &s.open {
             Some(open) => open.clone(),
-            None => match AuditStream::open(s.target.client.nats().clone(), &s.target.name).await
-            {
+            None => match AuditStream::open(s.target.client.nats().clone(), &s.target.name).await {
                 Ok(open) => {
                     info!(
                         "audit: publishing decisions to stream {} through {}{}",
@@ -519,8 +518,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = AuditFile::open(&dir.path().join("audit.jsonl")).unwrap();
         // The writer is never run, so the queue of 4 fills and the rest are dropped.
-        let (audit, _writer) =
-            channel_sized("p", "lon", Arc::clone(&metrics), Some(file), None, 4);
+        let (audit, _writer) = channel_sized("p", "lon", Arc::clone(&metrics), Some(file), None, 4);
         let v = Verdict {
             state: provision_core::NodeState::Provisioned,
             step: "done",

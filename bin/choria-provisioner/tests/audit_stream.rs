@@ -206,10 +206,12 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
     .await
     .unwrap();
     let file = env.path().join("audit.jsonl");
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")).yaml(&format!(
-        "audit_stream: {STREAM}\naudit_file: {}",
-        file.display()
-    )));
+    let mut prov = env.start(
+        &ProvOptions::new(example_helper("helper-plain.py")).yaml(&format!(
+            "audit_stream: {STREAM}\naudit_file: {}",
+            file.display()
+        )),
+    );
     prov.wait_ready().await;
     assert!(
         prov.wait_log("record(s) kept for it", Duration::from_secs(20))
@@ -232,8 +234,19 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
     );
     assert!(prov.m("audit_stream_errors") >= 1.0, "{}", prov.output());
     assert_eq!(stream_messages(&js).await, None);
-    let blocked = js.get_stream("BLOCKER").await.unwrap().info().await.unwrap().state.messages;
-    assert_eq!(blocked, 0, "nothing is published while the stream is not open");
+    let blocked = js
+        .get_stream("BLOCKER")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(
+        blocked, 0,
+        "nothing is published while the stream is not open"
+    );
 
     // The stream becomes possible: the writer creates it and publishes what it kept.
     js.delete_stream("BLOCKER").await.unwrap();
@@ -245,7 +258,11 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(kept >= 5, "{kept} records in the stream:\n{}", prov.output());
+    assert!(
+        kept >= 5,
+        "{kept} records in the stream:\n{}",
+        prov.output()
+    );
     assert!(
         prov.output().contains("record(s) waiting for it"),
         "{}",
@@ -263,7 +280,11 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
     );
     prov.stop_with("TERM").await;
     let records = stream_records(&env.url()).await;
-    assert_eq!(records, file_records(&file), "the stream holds what the file holds");
+    assert_eq!(
+        records,
+        file_records(&file),
+        "the stream holds what the file holds"
+    );
     for id in early.identities().iter().chain(late.identities().iter()) {
         assert!(
             records

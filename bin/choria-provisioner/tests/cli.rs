@@ -218,7 +218,10 @@ fn check_prints_the_node_history_the_token_file_and_the_audit_trail_never_the_to
     for want in [
         "node history: up to 250 nodes, each kept 2h after its last change".to_string(),
         format!("monitor token: set, read from {token}"),
-        format!("audit file: {} (one JSON line per decision", audit.display()),
+        format!(
+            "audit file: {} (one JSON line per decision",
+            audit.display()
+        ),
         "audit stream: PROVISIONER_AUDIT (subject choria.provisioner.audit".to_string(),
     ] {
         assert!(out.contains(&want), "{want:?} missing:\n{out}");
