@@ -3,7 +3,11 @@
 //!
 //! Measured from provisioner start until the simulator reports every node provisioned: wall time,
 //! nodes per minute, provisioner CPU seconds (user+sys from /proc), provisioner peak RSS (VmHWM),
-//! the helper's share of the provisioner's busy time, and failures.
+//! the helper's share of the provisioner's busy time, failures, the simulator's own CPU and peak
+//! RSS, and the simulator's provisioned count over time (for `--plot`). `--helper` picks the
+//! process helper, the webhook helper or both for our provisioner; the Go provisioner always runs
+//! the process helper, the only one it has. `--runs N` alternates the contenders N times and
+//! reports medians.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::demo::HelperKind;
 use crate::stack::{self, Mode, Proc, ProvisionerOptions};
 use crate::tools::root;
 
@@ -46,6 +51,20 @@ pub struct Args {
     /// prints the medians and the loss in nodes a minute.
     #[arg(long, value_name = "FILE")]
     rego_policy: Option<PathBuf>,
+    /// The helper of our provisioner: exec (a process per node), webhook (the demo helper's
+    /// server mode over HTTP), or both, comma separated (each is a contender).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "exec")]
+    helper: Vec<HelperKind>,
+    /// Run every contender this many times, alternating, and report the medians.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    runs: usize,
+    /// Draw the nodes provisioned over time of every contender (its median run) into this SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Use the binaries already built (release, or debug with --debug-build) instead of
+    /// building them first.
+    #[arg(long)]
+    no_build: bool,
 }
 
 /// What one contender achieved.
@@ -58,6 +77,12 @@ pub struct Figures {
     pub helper_share: f64,
     pub failures: f64,
     pub provisioned: usize,
+    /// The simulator's CPU seconds and peak RSS over the same time.
+    pub sim_cpu_s: f64,
+    pub sim_rss_mib: f64,
+    /// (seconds since the provisioner started, nodes provisioned) as the simulator reported
+    /// them.
+    pub series: Vec<(f64, f64)>,
 }
 
 /// user+sys CPU seconds of a process from /proc/<pid>/stat.
@@ -81,8 +106,22 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
 }
 
 /// Run one contender (`go_bin` None = ours) against a fresh fleet.
-fn contender(args: &Args, bins: &Path, go_bin: Option<&Path>, label: &str) -> Result<Figures> {
-    contender_with(args, bins, go_bin, label, "")
+fn contender(
+    args: &Args,
+    bins: &Path,
+    go_bin: Option<&Path>,
+    helper: HelperKind,
+    label: &str,
+) -> Result<Figures> {
+    contender_with(args, bins, go_bin, helper, label, "")
+}
+
+/// The simulator's provisioned count from its latest progress line in `log`.
+fn sim_progress(log: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .find_map(test_support::simulator::progress_provisioned)
 }
 
 /// [`contender`] with more provisioner YAML.
@@ -90,6 +129,7 @@ fn contender_with(
     args: &Args,
     bins: &Path,
     go_bin: Option<&Path>,
+    helper: HelperKind,
     label: &str,
     extra_yaml: &str,
 ) -> Result<Figures> {
@@ -97,21 +137,36 @@ fn contender_with(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let (_nats, url) = stack::start_nats(&dir)?;
-    let helper = bins.join("choria-demo-helper");
     let workers = if args.workers == 0 { 64 } else { args.workers };
+    let webhook = match helper {
+        HelperKind::Exec => None,
+        HelperKind::Webhook => Some(test_support::webhook::WebhookPlan::new(&dir)?),
+    };
+    let helper_cmd = match &webhook {
+        None => bins.join("choria-demo-helper").display().to_string(),
+        Some(w) => w.url.clone(),
+    };
+    let extra_yaml = match &webhook {
+        None => extra_yaml.to_string(),
+        Some(w) => format!("{}{extra_yaml}", w.extra_yaml()),
+    };
     let files = stack::write_run_files(
         &dir,
         bins,
         &ProvisionerOptions {
             mode: args.mode,
             workers,
-            helper: &helper.display().to_string(),
+            helper: &helper_cmd,
             broker: &url,
             identity: "provisioner",
             leader_election: false,
-            extra_yaml,
+            extra_yaml: &extra_yaml,
         },
     )?;
+    let _webhook_server = match &webhook {
+        None => None,
+        Some(w) => Some(w.start(bins, &files, &url, &dir.join("webhook.log"))?),
+    };
     let sim_log = dir.join("fleet-sim.log");
     let mut sim_cmd = files.fleet_sim(bins, &url, args.nodes, args.mode, "bench", &sim_log)?;
     sim_cmd.args([
@@ -120,10 +175,15 @@ fn contender_with(
         &format!("{}s", args.timeout),
         "--restart-delay",
         "0s",
+        // Progress five times a second: the curve of --plot.
+        "--progress",
+        "200ms",
     ]);
     let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    let sim_pid = sim.pid();
     // Let the fleet come up and announce itself before the clock starts.
     std::thread::sleep(Duration::from_secs(2));
+    let sim_cpu_before = cpu_seconds(sim_pid).unwrap_or(0.0);
 
     let program: PathBuf = go_bin
         .map(Path::to_path_buf)
@@ -134,6 +194,9 @@ fn contender_with(
     let pid = prov.pid();
     let mut peak = 0.0f64;
     let mut cpu = 0.0f64;
+    let mut sim_peak = 0.0f64;
+    let mut sim_cpu = sim_cpu_before;
+    let mut series = vec![(0.0, 0.0)];
     let status = loop {
         std::thread::sleep(Duration::from_millis(200));
         if let Some(r) = peak_rss_mib(pid) {
@@ -141,6 +204,15 @@ fn contender_with(
         }
         if let Some(c) = cpu_seconds(pid) {
             cpu = c;
+        }
+        if let Some(r) = peak_rss_mib(sim_pid) {
+            sim_peak = sim_peak.max(r);
+        }
+        if let Some(c) = cpu_seconds(sim_pid) {
+            sim_cpu = c;
+        }
+        if let Some(n) = sim_progress(&sim_log) {
+            series.push((started.elapsed().as_secs_f64(), n as f64));
         }
         if let Ok(Some(st)) = sim.child.try_wait() {
             break st;
@@ -162,6 +234,7 @@ fn contender_with(
         .and_then(|f| f.split('/').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
+    series.push((wall.as_secs_f64(), provisioned as f64));
     if !status.success() {
         eprintln!("bench: {label}: fleet not complete: {sim_line}");
     }
@@ -179,9 +252,12 @@ fn contender_with(
         },
         failures: stack::metric_sum(&metrics, "choria_provisioner_provision_errors"),
         provisioned,
+        sim_cpu_s: sim_cpu - sim_cpu_before,
+        sim_rss_mib: sim_peak,
+        series,
     };
     eprintln!(
-        "bench: {label}: {}/{} provisioned in {:.2}s = {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, helper share {:.0}%, failures {}",
+        "bench: {label}: {}/{} provisioned in {:.2}s = {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, helper share {:.0}%, failures {}, simulator cpu {:.2}s, simulator peak rss {:.1} MiB",
         f.provisioned,
         args.nodes,
         f.wall.as_secs_f64(),
@@ -189,39 +265,156 @@ fn contender_with(
         f.cpu_s,
         f.rss_mib,
         f.helper_share * 100.0,
-        f.failures
+        f.failures,
+        f.sim_cpu_s,
+        f.sim_rss_mib,
     );
     Ok(f)
 }
 
+/// One contender's runs.
+struct Contender {
+    /// Its name in the plot's legend.
+    legend: String,
+    /// `go_bin` for the Go provisioner, else ours.
+    go: bool,
+    helper: HelperKind,
+    runs: Vec<Figures>,
+}
+
+impl Contender {
+    /// The run with the median throughput (the one drawn), with the median of every figure.
+    fn median(&self) -> Figures {
+        let pick = |f: fn(&Figures) -> f64| median(self.runs.iter().map(f).collect());
+        let per_min = pick(|f| f.per_min);
+        let middle = self
+            .runs
+            .iter()
+            .min_by(|a, b| {
+                (a.per_min - per_min)
+                    .abs()
+                    .total_cmp(&(b.per_min - per_min).abs())
+            })
+            .cloned()
+            .unwrap_or_default();
+        Figures {
+            per_min,
+            cpu_s: pick(|f| f.cpu_s),
+            rss_mib: pick(|f| f.rss_mib),
+            helper_share: pick(|f| f.helper_share),
+            failures: pick(|f| f.failures),
+            sim_cpu_s: pick(|f| f.sim_cpu_s),
+            sim_rss_mib: pick(|f| f.sim_rss_mib),
+            ..middle
+        }
+    }
+}
+
 /// Run the benchmark.
 pub fn main(args: Args) -> Result<()> {
-    eprintln!(
-        "bench: {} build",
-        if args.debug_build { "debug" } else { "release" }
-    );
-    let bins = stack::build_binaries(!args.debug_build)?;
+    let profile = if args.debug_build { "debug" } else { "release" };
+    let bins = if args.no_build {
+        test_support::workspace_root().join("target").join(profile)
+    } else {
+        eprintln!("bench: {profile} build");
+        stack::build_binaries(!args.debug_build)?
+    };
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
     }
     if let Some(policy) = &args.rego_policy {
         return rego_policy_probe(&args, &bins, policy);
     }
-    let ours = contender(&args, &bins, None, "rust")?;
-    let go = if args.vs_go || args.go_bin.is_some() {
-        let go_bin = match &args.go_bin {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let mut helpers = args.helper.clone();
+    helpers.dedup();
+    let mut contenders: Vec<Contender> = helpers
+        .iter()
+        .map(|&h| Contender {
+            legend: format!("choria-provisioner (Rust), {} helper", h.name()),
+            go: false,
+            helper: h,
+            runs: Vec::new(),
+        })
+        .collect();
+    let go_bin = if args.vs_go || args.go_bin.is_some() {
+        contenders.push(Contender {
+            legend: "Go provisioner, exec helper".into(),
+            go: true,
+            helper: HelperKind::Exec,
+            runs: Vec::new(),
+        });
+        Some(match &args.go_bin {
             Some(p) => p.clone(),
             None => {
                 crate::peers::build_provisioner()?;
                 crate::peers::provisioner_bin()
             }
-        };
-        Some(contender(&args, &bins, Some(&go_bin), "go")?)
+        })
     } else {
         None
     };
+    for round in 1..=args.runs {
+        for c in &mut contenders {
+            let who = if c.go {
+                "go".to_string()
+            } else {
+                format!("rust-{}", c.helper.name())
+            };
+            let label = if args.runs > 1 {
+                format!("{who}-{round}")
+            } else {
+                who
+            };
+            let go = if c.go { go_bin.as_deref() } else { None };
+            c.runs.push(contender(&args, &bins, go, c.helper, &label)?);
+        }
+    }
+    let go = contenders.iter().find(|c| c.go).map(Contender::median);
+    if let Some(path) = &args.plot {
+        let lines: Vec<crate::plot::Line> = contenders
+            .iter()
+            .map(|c| crate::plot::Line {
+                label: c.legend.clone(),
+                points: c.median().series,
+            })
+            .collect();
+        let title = format!(
+            "{} nodes, {} mode: nodes provisioned over time",
+            args.nodes,
+            args.mode.name()
+        );
+        crate::plot::draw(path, &title, &lines)?;
+        eprintln!("bench: plot written to {}", path.display());
+    }
+    for c in contenders.iter().filter(|c| !c.go) {
+        let ours = c.median();
+        if args.runs > 1 {
+            eprintln!(
+                "bench: medians of {} runs, {} helper: {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, simulator cpu {:.2}s, simulator peak rss {:.1} MiB; runs {:.0?}/min, cpu {:.2?}s",
+                args.runs,
+                c.helper.name(),
+                ours.per_min,
+                ours.cpu_s,
+                ours.rss_mib,
+                ours.sim_cpu_s,
+                ours.sim_rss_mib,
+                c.runs.iter().map(|f| f.per_min).collect::<Vec<_>>(),
+                c.runs.iter().map(|f| f.cpu_s).collect::<Vec<_>>(),
+            );
+        }
+        println!("{}", last_line(&args, &ours, go.as_ref(), c.helper));
+    }
+    Ok(())
+}
+
+/// The closing line of a run: our figures (medians), the Go provisioner's when it ran, and
+/// the helper ours used.
+fn last_line(args: &Args, ours: &Figures, go: Option<&Figures>, helper: HelperKind) -> String {
     let dash = "-".to_string();
-    let (gp, gc, gr, tr, rr) = match &go {
+    let (gp, gc, gr, tr, rr) = match go {
         Some(g) => (
             format!("{:.0}", g.per_min),
             format!("{:.2}", g.cpu_s),
@@ -245,15 +438,15 @@ pub fn main(args: Args) -> Result<()> {
         ),
         None => (dash.clone(), dash.clone(), dash.clone(), dash.clone(), dash),
     };
-    println!(
-        "bench: mode={} nodes={} rust_per_min={:.0} rust_cpu_s={:.2} rust_rss_mib={:.1} go_per_min={gp} go_cpu_s={gc} go_rss_mib={gr} throughput_ratio={tr} rss_ratio={rr}",
+    format!(
+        "bench: mode={} nodes={} rust_per_min={:.0} rust_cpu_s={:.2} rust_rss_mib={:.1} go_per_min={gp} go_cpu_s={gc} go_rss_mib={gr} throughput_ratio={tr} rss_ratio={rr} helper={}",
         args.mode.name(),
         args.nodes,
         ours.per_min,
         ours.cpu_s,
-        ours.rss_mib
-    );
-    Ok(())
+        ours.rss_mib,
+        helper.name()
+    )
 }
 
 /// The median of three or more figures.
@@ -270,11 +463,20 @@ fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
     let yaml = format!("rego_policy: {}\n", policy.display());
     let (mut none, mut with) = (Vec::new(), Vec::new());
     for round in 1..=3 {
-        let n = contender_with(args, bins, None, &format!("rust-no-policy-{round}"), "")?;
+        let helper = args.helper.first().copied().unwrap_or(HelperKind::Exec);
+        let n = contender_with(
+            args,
+            bins,
+            None,
+            helper,
+            &format!("rust-no-policy-{round}"),
+            "",
+        )?;
         let w = contender_with(
             args,
             bins,
             None,
+            helper,
             &format!("rust-rego-policy-{round}"),
             &yaml,
         )?;

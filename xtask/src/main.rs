@@ -9,6 +9,7 @@ mod dist;
 mod docs;
 mod interop;
 mod peers;
+mod plot;
 mod stack;
 mod tools;
 

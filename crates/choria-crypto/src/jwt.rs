@@ -144,6 +144,29 @@ impl SigningKey {
         ))
     }
 
+    /// [`SigningKey::from_key_data`] for data that is read again and again (the provisioner
+    /// reads `jwt_signing_key` for every node, so a rotated key takes effect at once): the key
+    /// parsed from the very same bytes last time is returned without parsing it (and, for
+    /// ed25519, deriving its public half) again. The bytes are recognised by their SHA-256
+    /// digest; only the last key is kept.
+    pub fn from_key_data_remembered(data: &[u8]) -> Result<Self, JwtError> {
+        type Last = Option<([u8; 32], SigningKey)>;
+        static LAST: std::sync::Mutex<Last> = std::sync::Mutex::new(None);
+        let lock = || {
+            LAST.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let digest: [u8; 32] = Sha256::digest(data).into();
+        if let Some((d, k)) = &*lock() {
+            if *d == digest {
+                return Ok(k.clone());
+            }
+        }
+        let key = Self::from_key_data(data)?;
+        *lock() = Some((digest, key.clone()));
+        Ok(key)
+    }
+
     /// An ed25519 key from 64 hex characters of seed.
     pub fn from_ed25519_seed_hex(data: &[u8]) -> Result<Self, JwtError> {
         let raw = hex::decode(data).map_err(|e| JwtError::Key(format!("invalid seed: {e}")))?;
@@ -280,6 +303,104 @@ pub fn verify<C: DeserializeOwned>(
     key: &VerifyingKey,
     now: i64,
 ) -> Result<C, JwtError> {
+    verify_inner(token, key, now, None)
+}
+
+/// [`verify`], skipping the signature check of a token whose signature already verified with
+/// the same key (the very same bytes) and is still in `memo`. Everything else is checked on
+/// every call: the sections, the header's algorithm against the key, `exp` and `nbf`.
+pub fn verify_remembered<C: DeserializeOwned>(
+    token: &str,
+    key: &VerifyingKey,
+    now: i64,
+    memo: &VerifiedTokens,
+) -> Result<C, JwtError> {
+    verify_inner(token, key, now, Some(memo))
+}
+
+/// How many tokens a [`VerifiedTokens`] holds.
+pub const VERIFIED_TOKENS: usize = 16;
+
+/// The longest token a [`VerifiedTokens`] keeps, in bytes.
+pub const VERIFIED_TOKEN_MAX_LEN: usize = 8 * 1024;
+
+/// The last few tokens whose signature verified, each with the key it verified with: a token
+/// that many nodes present (a site's provisioning JWT is baked into its images) then costs one
+/// signature check per key instead of one per node. Bounded: [`VERIFIED_TOKENS`] tokens of at
+/// most [`VERIFIED_TOKEN_MAX_LEN`] bytes, the oldest forgotten first.
+#[derive(Default)]
+pub struct VerifiedTokens {
+    seen: std::sync::Mutex<std::collections::VecDeque<(Box<str>, VerifyingKey)>>,
+}
+
+impl std::fmt::Debug for VerifiedTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifiedTokens")
+            .field("tokens", &self.len())
+            .finish()
+    }
+}
+
+impl VerifiedTokens {
+    /// An empty memory.
+    pub fn new() -> Self {
+        VerifiedTokens::default()
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Box<str>, VerifyingKey)>> {
+        // Entries are pushed and popped whole: a panic elsewhere cannot leave one half made.
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many tokens it holds.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn contains(&self, token: &str, key: &VerifyingKey) -> bool {
+        self.lock()
+            .iter()
+            .any(|(t, k)| &**t == token && same_key(k, key))
+    }
+
+    fn remember(&self, token: &str, key: &VerifyingKey) {
+        if token.len() > VERIFIED_TOKEN_MAX_LEN {
+            return;
+        }
+        let mut seen = self.lock();
+        if seen.iter().any(|(t, k)| &**t == token && same_key(k, key)) {
+            return;
+        }
+        if seen.len() >= VERIFIED_TOKENS {
+            seen.pop_front();
+        }
+        seen.push_back((token.into(), key.clone()));
+    }
+}
+
+fn same_key(a: &VerifyingKey, b: &VerifyingKey) -> bool {
+    match (a, b) {
+        (VerifyingKey::Rsa(a), VerifyingKey::Rsa(b)) => a == b,
+        (VerifyingKey::Ed25519(a), VerifyingKey::Ed25519(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn verify_inner<C: DeserializeOwned>(
+    token: &str,
+    key: &VerifyingKey,
+    now: i64,
+    memo: Option<&VerifiedTokens>,
+) -> Result<C, JwtError> {
     let token = token.trim();
     let mut parts = token.split('.');
     let (Some(h), Some(c), Some(s), None) =
@@ -290,17 +411,22 @@ pub fn verify<C: DeserializeOwned>(
     let header: Header = serde_json::from_slice(&b64(h)?)
         .map_err(|e| JwtError::Malformed(format!("invalid header: {e}")))?;
     let signed = &token[..h.len() + 1 + c.len()];
-    let sig = b64(s)?;
+    let known = memo.is_some_and(|m| m.contains(token, key));
+    let sig = if known { Vec::new() } else { b64(s)? };
     match (header.alg.as_str(), key) {
-        ("RS256", VerifyingKey::Rsa(k)) => rsa_verify::<Sha256>(k, signed, &sig)?,
-        ("RS384", VerifyingKey::Rsa(k)) => rsa_verify::<Sha384>(k, signed, &sig)?,
-        ("RS512", VerifyingKey::Rsa(k)) => rsa_verify::<Sha512>(k, signed, &sig)?,
-        ("EdDSA", VerifyingKey::Ed25519(k)) => {
+        ("RS256", VerifyingKey::Rsa(k)) if !known => rsa_verify::<Sha256>(k, signed, &sig)?,
+        ("RS384", VerifyingKey::Rsa(k)) if !known => rsa_verify::<Sha384>(k, signed, &sig)?,
+        ("RS512", VerifyingKey::Rsa(k)) if !known => rsa_verify::<Sha512>(k, signed, &sig)?,
+        ("EdDSA", VerifyingKey::Ed25519(k)) if !known => {
             let sig =
                 ed25519_dalek::Signature::from_slice(&sig).map_err(|_| JwtError::BadSignature)?;
             k.verify(signed.as_bytes(), &sig)
                 .map_err(|_| JwtError::BadSignature)?;
         }
+        // A remembered token verified with this very key: its algorithm fits the key.
+        ("RS256" | "RS384" | "RS512", VerifyingKey::Rsa(_))
+        | ("EdDSA", VerifyingKey::Ed25519(_))
+            if known => {}
         ("RS256" | "RS384" | "RS512" | "EdDSA", k) => {
             return Err(JwtError::AlgorithmMismatch {
                 alg: header.alg,
@@ -311,6 +437,9 @@ pub fn verify<C: DeserializeOwned>(
             })
         }
         _ => return Err(JwtError::UnsupportedAlgorithm(header.alg)),
+    }
+    if let (false, Some(m)) = (known, memo) {
+        m.remember(token, key);
     }
     let body = b64(c)?;
     let times: TimeClaims = serde_json::from_slice(&body)
@@ -381,6 +510,85 @@ mod tests {
             "{shown}"
         );
         assert!(format!("{:?}", TokenSignature::Key(&sk)).contains("<redacted>"));
+    }
+
+    #[test]
+    fn a_remembered_token_skips_only_its_signature_check() {
+        let (sk, vk) = ed_key();
+        let other = VerifyingKey::Ed25519(
+            ed25519_dalek::SigningKey::from_bytes(&[8u8; 32]).verifying_key(),
+        );
+        let memo = VerifiedTokens::new();
+        let t = sign(&serde_json::json!({"a": 1, "exp": 200, "nbf": 100}), &sk).unwrap();
+        // A bad signature is never remembered.
+        assert_eq!(
+            verify_remembered::<serde_json::Value>(&t, &other, 150, &memo).unwrap_err(),
+            JwtError::BadSignature
+        );
+        assert!(memo.is_empty());
+        let v: serde_json::Value = verify_remembered(&t, &vk, 150, &memo).unwrap();
+        assert_eq!(v["a"], 1);
+        assert_eq!(memo.len(), 1);
+        // Remembered with its key only: another key still checks the signature and refuses.
+        assert_eq!(
+            verify_remembered::<serde_json::Value>(&t, &other, 150, &memo).unwrap_err(),
+            JwtError::BadSignature
+        );
+        // The times are checked on every call.
+        assert_eq!(
+            verify_remembered::<serde_json::Value>(&t, &vk, 200, &memo).unwrap_err(),
+            JwtError::Expired
+        );
+        assert_eq!(
+            verify_remembered::<serde_json::Value>(&t, &vk, 99, &memo).unwrap_err(),
+            JwtError::NotYetValid
+        );
+        // The same claims and header with another signature are other bytes: checked afresh.
+        let (h, rest) = t.split_once('.').unwrap();
+        let (c, _) = rest.split_once('.').unwrap();
+        let forged = format!("{h}.{c}.{}", crate::base64url::encode([0u8; 64]));
+        assert_eq!(
+            verify_remembered::<serde_json::Value>(&forged, &vk, 150, &memo).unwrap_err(),
+            JwtError::BadSignature
+        );
+        assert_eq!(memo.len(), 1);
+        // Bounded: the oldest is forgotten first.
+        for i in 0..VERIFIED_TOKENS + 3 {
+            let t = sign(&serde_json::json!({ "n": i }), &sk).unwrap();
+            verify_remembered::<serde_json::Value>(&t, &vk, 150, &memo).unwrap();
+        }
+        assert_eq!(memo.len(), VERIFIED_TOKENS);
+        assert!(!memo.contains(&t, &vk));
+        // A token longer than the limit verifies and is not kept.
+        let long = sign(
+            &serde_json::json!({ "pad": "x".repeat(VERIFIED_TOKEN_MAX_LEN) }),
+            &sk,
+        )
+        .unwrap();
+        verify_remembered::<serde_json::Value>(&long, &vk, 150, &memo).unwrap();
+        assert!(!memo.contains(&long, &vk));
+    }
+
+    #[test]
+    fn a_remembered_signing_key_follows_its_bytes() {
+        let one = hex::encode([1u8; 32]);
+        let two = hex::encode([2u8; 32]);
+        let public = |k: &SigningKey| match k.verifying_key() {
+            VerifyingKey::Ed25519(v) => v.to_bytes(),
+            VerifyingKey::Rsa(_) => panic!("not ed25519"),
+        };
+        let a = SigningKey::from_key_data_remembered(one.as_bytes()).unwrap();
+        let again = SigningKey::from_key_data_remembered(one.as_bytes()).unwrap();
+        let b = SigningKey::from_key_data_remembered(two.as_bytes()).unwrap();
+        let direct = |h: &str| public(&SigningKey::from_key_data(h.as_bytes()).unwrap());
+        assert_eq!(public(&a), direct(&one));
+        assert_eq!(public(&again), direct(&one));
+        assert_eq!(public(&b), direct(&two));
+        assert!(SigningKey::from_key_data_remembered(b"not a key").is_err());
+        assert_eq!(
+            public(&SigningKey::from_key_data_remembered(one.as_bytes()).unwrap()),
+            direct(&one)
+        );
     }
 
     #[test]

@@ -185,7 +185,11 @@ pub fn validate_provisioning_jwt_with_key(
     if raw.is_empty() {
         return Err(PolicyError::NoJwt);
     }
-    let mut claims: ProvisioningClaims = jwt::verify(raw, key, now)?;
+    // Many nodes present the same provisioning JWT (it is baked into a site's images): its
+    // signature is checked once per verification key, its times on every call.
+    static VERIFIED: std::sync::OnceLock<jwt::VerifiedTokens> = std::sync::OnceLock::new();
+    let memo = VERIFIED.get_or_init(jwt::VerifiedTokens::new);
+    let mut claims: ProvisioningClaims = jwt::verify_remembered(raw, key, now, memo)?;
     if claims.standard.purpose != PROVISIONING_PURPOSE
         && claims.standard.subject != PROVISIONING_PURPOSE
     {
@@ -446,7 +450,8 @@ pub fn issue_server_jwt(req: &ServerJwtRequest<'_>) -> Result<IssuedServerJwt, P
         },
     };
 
-    let key = SigningKey::from_key_data(req.signing_key.as_bytes())?;
+    // Read for every node; parsed again only when it changes.
+    let key = SigningKey::from_key_data_remembered(req.signing_key.as_bytes())?;
     if !req.signing_token.is_empty() {
         let signer: StandardClaims = jwt::decode_unverified(req.signing_token)?;
         if signer.trust_chain_signature.is_empty() {

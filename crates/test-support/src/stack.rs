@@ -27,7 +27,11 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 pub fn build_binaries(release: bool) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
+    // Run from `cargo run` or `cargo test`, this process has the caller's CARGO_MANIFEST_DIR;
+    // build scripts that watch it (ring's) would see it change between this build and a
+    // plain `cargo build` and rebuild ring, rustls and everything above them each time.
     cmd.current_dir(crate::workspace_root())
+        .env_remove("CARGO_MANIFEST_DIR")
         .args(["build", "--quiet"]);
     if release {
         cmd.arg("--release");
