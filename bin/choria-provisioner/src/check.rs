@@ -92,6 +92,43 @@ fn plan(cfg: &Config) -> String {
         } else {
             format!("csr_extra_dns_names {}", quoted(&cfg.csr_extra_dns_names))
         },
+    ) + &status_plan(cfg)
+}
+
+/// The node history, the monitor token (set or not, never its contents) and the audit trail.
+fn status_plan(cfg: &Config) -> String {
+    format!(
+        "  node history: up to {} nodes, each kept {} after its last change
+           monitor token: {}
+  audit file: {}
+  audit stream: {}
+",
+        cfg.node_history_size,
+        human(cfg.node_history_max_age),
+        if cfg.monitor_token_file.is_empty() {
+            "not set (the status page, node pages and /api/v1/ answer anyone who reaches the \
+             monitor listener)"
+                .to_string()
+        } else {
+            format!(
+                "set, read from {} (the status page, node pages and /api/v1/ ask for it)",
+                cfg.monitor_token_file
+            )
+        },
+        if cfg.audit_file.is_empty() {
+            "none (audit_file unset)".to_string()
+        } else {
+            format!("{} (one JSON line per decision, fsynced)", cfg.audit_file)
+        },
+        if cfg.audit_stream.is_empty() {
+            "none (audit_stream unset)".to_string()
+        } else {
+            format!(
+                "{} (subject choria.provisioner.audit; opened after connecting, tried again \
+                 while it cannot be reached)",
+                cfg.audit_stream
+            )
+        },
     )
 }
 

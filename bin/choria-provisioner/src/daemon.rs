@@ -306,13 +306,18 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     let spreader = claim_store
         .as_ref()
         .map(|store| Arc::new(aa::Spreader::new(store.clone(), Arc::clone(&config))));
-    let stream = if config.audit_stream.is_empty() {
-        None
-    } else {
-        crate::audit::open_stream(&config.audit_stream, &client).await
-    };
-    let (audit, audit_writer) =
-        crate::audit::channel(&choria.identity, &config.site, audit_file, stream);
+    // The writer opens the stream, and tries again while it cannot be reached.
+    let stream = (!config.audit_stream.is_empty()).then(|| crate::audit::StreamTarget {
+        name: config.audit_stream.clone(),
+        client: client.clone(),
+    });
+    let (audit, audit_writer) = crate::audit::channel(
+        &choria.identity,
+        &config.site,
+        Arc::clone(&metrics),
+        audit_file,
+        stream,
+    );
     let audit_stop = CancellationToken::new();
     let mut audit_task = JoinSet::new();
     if let Some(w) = audit_writer {

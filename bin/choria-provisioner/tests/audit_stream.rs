@@ -176,3 +176,123 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
     assert!(!raw.contains("eyJ"), "a JWT reached the stream");
     fleet.shutdown().await;
 }
+
+/// The records of the audit file at `path`.
+fn file_records(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// How many messages `STREAM` holds; None while it does not exist.
+async fn stream_messages(js: &async_nats::jetstream::Context) -> Option<u64> {
+    let mut s = js.get_stream(STREAM).await.ok()?;
+    Some(s.info().await.ok()?.state.messages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_kept_records() {
+    let env = Env::new();
+    let nc = async_nats::connect(env.url()).await.unwrap();
+    let js = async_nats::jetstream::new(nc);
+    // Another stream holds the audit subject, so creating the audit stream fails until it goes.
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "BLOCKER".into(),
+        subjects: vec!["choria.provisioner.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let file = env.path().join("audit.jsonl");
+    let mut prov = env.start(
+        &ProvOptions::new(example_helper("helper-plain.py")).yaml(&format!(
+            "audit_stream: {STREAM}\naudit_file: {}",
+            file.display()
+        )),
+    );
+    prov.wait_ready().await;
+    assert!(
+        prov.wait_log("record(s) kept for it", Duration::from_secs(20))
+            .await,
+        "{}",
+        prov.output()
+    );
+
+    // Decisions made while the stream cannot be created: the file has them at once.
+    let early = env.fleet(env.fleet_config(5, Mode::Plain)).await;
+    assert!(
+        early.wait_provisioned(5, Duration::from_secs(60)).await,
+        "{}",
+        prov.output()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || file_records(&file).len() >= 5).await,
+        "{}",
+        prov.output()
+    );
+    assert!(prov.m("audit_stream_errors") >= 1.0, "{}", prov.output());
+    assert_eq!(stream_messages(&js).await, None);
+    let blocked = js
+        .get_stream("BLOCKER")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(
+        blocked, 0,
+        "nothing is published while the stream is not open"
+    );
+
+    // The stream becomes possible: the writer creates it and publishes what it kept.
+    js.delete_stream("BLOCKER").await.unwrap();
+    let mut kept = 0;
+    for _ in 0..120 {
+        kept = stream_messages(&js).await.unwrap_or(0);
+        if kept >= file_records(&file).len() as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        kept >= 5,
+        "{kept} records in the stream:\n{}",
+        prov.output()
+    );
+    assert!(
+        prov.output().contains("record(s) waiting for it"),
+        "{}",
+        prov.output()
+    );
+
+    // Decisions made after it is reachable arrive too.
+    let mut cfg = env.fleet_config(4, Mode::Plain);
+    cfg.identity_prefix = "late".into();
+    let late = env.fleet(cfg).await;
+    assert!(
+        late.wait_provisioned(4, Duration::from_secs(60)).await,
+        "{}",
+        prov.output()
+    );
+    prov.stop_with("TERM").await;
+    let records = stream_records(&env.url()).await;
+    assert_eq!(
+        records,
+        file_records(&file),
+        "the stream holds what the file holds"
+    );
+    for id in early.identities().iter().chain(late.identities().iter()) {
+        assert!(
+            records
+                .iter()
+                .any(|r| r["identity"] == id.as_str() && r["decision"] == "provisioned"),
+            "{id} missing: {records:?}"
+        );
+    }
+    early.shutdown().await;
+    late.shutdown().await;
+}

@@ -188,6 +188,10 @@ fn check_on_a_good_setup_prints_the_plan() {
         "identity: prov1.example.net",
         "brokers: nats://broker.example.net:4222",
         "ok: the configuration is usable",
+        "node history: up to 10000 nodes, each kept 1h after its last change",
+        "monitor token: not set",
+        "audit file: none (audit_file unset)",
+        "audit stream: none (audit_stream unset)",
     ] {
         assert!(out.contains(want), "{want:?} missing:\n{out}");
     }
@@ -230,6 +234,38 @@ fn check_explains_active_active_and_refuses_it_beside_leader_election() {
             && l.contains("active_active and leader_election cannot both be on")),
         "{out}"
     );
+}
+
+#[test]
+fn check_prints_the_node_history_the_token_file_and_the_audit_trail_never_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let secret = "tok-3d9f6a0c1b7e";
+    let token = write(dir.path(), "monitor.token", &format!("{secret}\n"));
+    let audit = dir.path().join("audit.jsonl");
+    let mut text = std::fs::read_to_string(&yaml).unwrap();
+    text.push_str(&format!(
+        "node_history_size: 250\nnode_history_max_age: 2h\nmonitor_token_file: {token}\n\
+         audit_file: {}\naudit_stream: PROVISIONER_AUDIT\n",
+        audit.display()
+    ));
+    std::fs::write(&yaml, text).unwrap();
+    let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for want in [
+        "node history: up to 250 nodes, each kept 2h after its last change".to_string(),
+        format!("monitor token: set, read from {token}"),
+        format!(
+            "audit file: {} (one JSON line per decision",
+            audit.display()
+        ),
+        "audit stream: PROVISIONER_AUDIT (subject choria.provisioner.audit".to_string(),
+    ] {
+        assert!(out.contains(&want), "{want:?} missing:\n{out}");
+    }
+    assert!(!out.contains(secret), "the token is printed:\n{out}");
+    assert!(!stderr(&o).contains(secret), "the token is printed");
 }
 
 #[test]

@@ -167,6 +167,13 @@ pub struct Metrics {
     /// `choria_provisioner_active_replicas`: live active-active replicas seen in the claims
     /// bucket, this one included (0 outside active-active).
     pub active_replicas: Gauge,
+    /// `choria_provisioner_audit_dropped`: audit records lost to a destination: the writer's
+    /// queue was full, or the stream's backlog was full while the stream was unreachable (not
+    /// in the Go set).
+    pub audit_dropped: Counter,
+    /// `choria_provisioner_audit_stream_errors`: failed attempts to open the audit stream or to
+    /// store a record in it (not in the Go set).
+    pub audit_stream_errors: Counter,
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -243,6 +250,16 @@ const HELP: &[(&str, &str, &str)] = &[
         "choria_provisioner_active_replicas",
         "gauge",
         "How many active-active replicas are live in the claims bucket, this one included",
+    ),
+    (
+        "choria_provisioner_audit_dropped",
+        "counter",
+        "How many audit records were dropped because the writer or the stream fell behind",
+    ),
+    (
+        "choria_provisioner_audit_stream_errors",
+        "counter",
+        "How many attempts to open the audit stream or store a record in it failed",
     ),
     (
         "choria_provisioner_busy_workers",
@@ -376,6 +393,8 @@ impl Metrics {
             claims_taken: Counter::default(),
             claim_errors: Counter::default(),
             active_replicas: Gauge::default(),
+            audit_dropped: Counter::default(),
+            audit_stream_errors: Counter::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -511,6 +530,12 @@ impl Metrics {
                 }
                 "choria_provisioner_invalid_identities" => {
                     plain(self.invalid_identities.get().to_string(), &mut out)
+                }
+                "choria_provisioner_audit_dropped" => {
+                    plain(self.audit_dropped.get().to_string(), &mut out)
+                }
+                "choria_provisioner_audit_stream_errors" => {
+                    plain(self.audit_stream_errors.get().to_string(), &mut out)
                 }
                 "choria_provisioner_policy_denied" => {
                     plain(self.policy_denied.get().to_string(), &mut out)
@@ -783,8 +808,13 @@ mod tests {
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
-        // policy-denied counters and the four active-active series.
-        assert_eq!(HELP.len(), 22);
+        // policy-denied counters, the audit trail's two and the four active-active series.
+        assert_eq!(HELP.len(), 24);
+        m.audit_dropped.inc_by(2);
+        m.audit_stream_errors.inc();
+        let text = m.encode();
+        assert!(text.contains("choria_provisioner_audit_dropped{site=\"lon\"} 2\n"));
+        assert!(text.contains("choria_provisioner_audit_stream_errors{site=\"lon\"} 1\n"));
         let m = Metrics::new("lon");
         provision_core::Observer::claim_taken(&m);
         provision_core::Observer::claim_error(&m);
