@@ -12,22 +12,45 @@ use test_support::NatsCluster;
 
 const LIFETIME: Duration = Duration::from_secs(6);
 
-/// A replica's store on `url`. Right after the cluster forms, JetStream may not yet place a
-/// three-replica stream ("no suitable peers for placement"): the daemon retries opening, so
-/// does this.
+/// A replica's store on `url`, once the bucket exists (opened by [`cluster_with_bucket`]).
 async fn replica(url: &str, name: &str) -> ClaimStore {
     let client = async_nats::connect(url).await.unwrap();
-    let started = Instant::now();
-    loop {
-        match ClaimStore::open(client.clone(), None, CLAIMS_BUCKET, name, LIFETIME).await {
-            Ok(store) => return store,
-            Err(e) if started.elapsed() < Duration::from_secs(60) => {
-                eprintln!("retrying: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+    ClaimStore::open(client, None, CLAIMS_BUCKET, name, LIFETIME)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A three-server cluster whose first replica has created the bucket. Right after a cluster
+/// forms, JetStream may not yet place a three-replica stream ("no suitable peers for
+/// placement"): the daemon retries opening, so does this, for 45 s; a cluster that still places
+/// nothing on a loaded machine is replaced by a fresh one (at most three clusters).
+async fn cluster_with_bucket() -> (NatsCluster, ClaimStore) {
+    let mut last = String::new();
+    for _ in 0..3 {
+        let cluster = NatsCluster::start().unwrap();
+        let url = cluster.urls()[0].clone();
+        let client = async_nats::connect(&url).await.unwrap();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(45) {
+            match ClaimStore::open(
+                client.clone(),
+                None,
+                CLAIMS_BUCKET,
+                "r-a.example.net",
+                LIFETIME,
+            )
+            .await
+            {
+                Ok(store) => return (cluster, store),
+                Err(e) => {
+                    last = e.to_string();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
-            Err(e) => panic!("{e}"),
         }
+        eprintln!("a cluster that placed no bucket in 45 s is replaced: {last}");
     }
+    panic!("three clusters placed no bucket: {last}");
 }
 
 fn won(c: &Claim) -> Option<(String, u64)> {
@@ -39,10 +62,9 @@ fn won(c: &Claim) -> Option<(String, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_claim_per_node_across_a_cluster() {
-    let cluster = NatsCluster::start().unwrap();
+    let (cluster, a) = cluster_with_bucket().await;
     let urls = cluster.urls();
     // Each replica on its own server of the cluster.
-    let a = replica(&urls[0], "r-a.example.net").await;
     let b = replica(&urls[1], "r-b.example.net").await;
     let c = replica(&urls[2], "r-c.example.net").await;
 
@@ -159,10 +181,10 @@ async fn one_claim_per_node_across_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_agree_on_first_choices_and_a_cut_off_replica_claims_nothing() {
-    let mut cluster = NatsCluster::start().unwrap();
+    let (mut cluster, a) = cluster_with_bucket().await;
     let urls = cluster.urls();
     let stores = [
-        replica(&urls[0], "r-a.example.net").await,
+        a,
         replica(&urls[1], "r-b.example.net").await,
         replica(&urls[2], "r-c.example.net").await,
     ];
