@@ -322,8 +322,7 @@ impl Contender {
 
 /// Run the benchmark.
 pub fn main(args: Args) -> Result<()> {
-    // The --replicas run is latency-bound by its helper delay: debug binaries measure it as well.
-    let debug = args.debug_build || args.replicas.is_some();
+    let debug = args.debug_build;
     let profile = if debug { "debug" } else { "release" };
     let bins = if args.no_build {
         test_support::workspace_root().join("target").join(profile)

@@ -1,17 +1,22 @@
 //! Active-active (`active_active: true`): every replica provisions, coordinated through the
 //! claims bucket on Choria Streams ([`choria_rpc_client::claims`]).
 //!
+//! - The fleet is split by rendezvous hashing over the live replicas: a replica provisions only
+//!   the nodes it is the first choice for, so the replicas never chase the same node and each
+//!   node costs one create to claim. A replica that falls behind keeps its share (its queue
+//!   bounds it); nothing is taken from a live replica.
 //! - [`ReplicaClaims`] is the core's [`Claims`] over the bucket: a node is claimed before
-//!   anything is sent to it. A node this replica is the first choice for is claimed with a
-//!   create (one write); any other node is read first (one read) and claimed only when free.
-//! - [`Spreader`] decides when a found node is queued: at once when this replica is its first
-//!   choice (rendezvous hashing over the live replicas), after [`Spreader::takeover_after`]
-//!   otherwise, so the replicas do not all chase the same node. Nodes held by another replica's
-//!   unfinished claim, and nodes whose claim failed, are looked at again after a short delay,
-//!   which is how a dead replica's nodes are taken over once its claims expire. Both waits are
-//!   bounded by the work queue's size.
+//!   anything is sent to it, which settles the moments when two replicas' views of the live set
+//!   differ (one joining or leaving): the server accepts one create.
+//! - [`Spreader`] holds the found nodes that are another replica's, for one claim lifetime
+//!   (a sighting older than that may be a node its owner finished, whose done mark has aged
+//!   out), and queues those that become this replica's when the live set changes. Nodes held by
+//!   another replica's unfinished claim, and nodes whose claim failed, are looked at again
+//!   after a short delay, which is how a dead replica's claims are taken over once they expire.
 //! - [`keep_alive`] writes this replica's heartbeat and reads the live replicas every third of
-//!   the claim lifetime; while the bucket does not answer, no new node is claimed.
+//!   the claim lifetime; while the bucket does not answer, no new node is claimed. When a
+//!   replica leaves the live set, a discovery is asked for at once, so its unfinished share is
+//!   found fresh by the survivors.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +27,7 @@ use provision_core::claims::{ClaimFuture, ClaimOutcome, Claims, Ticket};
 use provision_core::identity::escaped;
 use provision_core::{AddResult, ClaimError, Config, Fleet, Source};
 use provisioner_metrics::Metrics;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -57,18 +63,16 @@ fn core_error(
 impl Claims for ReplicaClaims {
     fn claim<'a>(&'a self, identity: &'a str) -> ClaimFuture<'a, Result<ClaimOutcome, ClaimError>> {
         Box::pin(async move {
-            let first = self.store.first_choice(identity);
-            let waited = self.spreader.take_released(identity);
-            if !first && !waited {
-                // Queued while this replica saw fewer replicas (at start): leave it to its
-                // first choice for now, as if it had been found now.
-                self.spreader.delay_takeover(identity);
+            if !self.store.first_choice(identity) {
+                // Queued before the live set changed: the node is another replica's now. Keep
+                // it in case the set changes back within the claim lifetime.
+                self.spreader.hold(identity, Source::Discovery);
                 return Ok(ClaimOutcome::Taken {
                     by: "its first choice".to_string(),
                     done: false,
                 });
             }
-            match self.store.claim(identity, first).await {
+            match self.store.claim(identity, true).await {
                 Ok(Claim::Won { key, revision }) => Ok(ClaimOutcome::Claimed(Ticket {
                     identity: identity.to_string(),
                     key,
@@ -124,15 +128,23 @@ impl Claims for ReplicaClaims {
     }
 }
 
-/// When found nodes are queued: at once for this replica's first choices, later for the rest.
+/// One node waiting in the spreader.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    source: Source,
+    /// When it may be queued (if it is ours then); `None`: when the live set makes it ours.
+    due: Option<Instant>,
+    /// When the sighting is too old to act on.
+    expires: Instant,
+}
+
+/// Which found nodes are queued: this replica's share at once, the rest held for a lifetime.
 pub struct Spreader {
     store: ClaimStore,
     config: Arc<Config>,
-    later: Mutex<HashMap<Arc<str>, (Instant, Source)>>,
-    /// Nodes queued after their wait: claimed even when another replica is their first choice.
-    released: Mutex<std::collections::HashSet<Arc<str>>>,
+    waiting: Mutex<HashMap<Arc<str>, Waiting>>,
     capacity: usize,
-    takeover_after: Duration,
+    lifetime: Duration,
     again_after: Duration,
 }
 
@@ -143,18 +155,11 @@ impl Spreader {
         Spreader {
             capacity: config.work_queue_size,
             config,
-            later: Mutex::new(HashMap::new()),
-            released: Mutex::new(std::collections::HashSet::new()),
-            takeover_after: Self::takeover_after(lifetime),
+            waiting: Mutex::new(HashMap::new()),
+            lifetime,
             again_after: Self::again_after(lifetime),
             store,
         }
-    }
-
-    /// How long another replica's first choice waits before this one takes it: a third of the
-    /// claim lifetime.
-    pub fn takeover_after(lifetime: Duration) -> Duration {
-        lifetime / 3
     }
 
     /// How long a node held by an unfinished claim (or whose claim failed) waits before it is
@@ -163,12 +168,12 @@ impl Spreader {
         (lifetime / 6).max(Duration::from_secs(1))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, (Instant, Source)>> {
-        self.later.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A node found by discovery or an event: queued now when this replica is its first choice
-    /// (or the identity is refused, which the fleet counts), else kept for later.
+    /// A node found by discovery or an event: queued now when it is this replica's share (or
+    /// the identity is refused, which the fleet counts), else held for a claim lifetime.
     pub fn offer<R, H, O, C>(
         &self,
         fleet: &Fleet<R, H, O, C>,
@@ -186,50 +191,61 @@ impl Spreader {
         }
         if !self.store.healthy() {
             // Cut off from the bucket: nothing is claimed, so nothing is queued either.
-            self.delay(identity, source, self.again_after);
+            self.keep(identity, source, Some(Instant::now() + self.again_after));
         } else if self.store.first_choice(identity) {
+            self.lock().remove(identity);
             return fleet.add(identity, source);
         } else {
-            self.delay(identity, source, self.takeover_after);
+            self.hold(identity, source);
         }
         AddResult::Known
     }
 
-    /// Whether `identity` was queued after waiting here (and forget it).
-    pub fn take_released(&self, identity: &str) -> bool {
-        self.released
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(identity)
-    }
-
-    /// Queue `identity` again after [`Self::takeover_after`], as another replica's first choice.
-    pub fn delay_takeover(&self, identity: &str) {
-        self.delay(identity, Source::Discovery, self.takeover_after);
+    /// Hold `identity`, another replica's share, until the live set makes it ours or the
+    /// sighting ages out.
+    pub fn hold(&self, identity: &str, source: Source) {
+        self.keep(identity, source, None);
     }
 
     /// Look at `identity` again after [`Self::again_after`].
     pub fn again(&self, identity: &str) {
-        self.delay(identity, Source::Discovery, self.again_after);
+        self.keep(
+            identity,
+            Source::Discovery,
+            Some(Instant::now() + self.again_after),
+        );
     }
 
-    fn delay(&self, identity: &str, source: Source, after: Duration) {
-        let mut later = self.lock();
-        if later.contains_key(identity) {
+    fn keep(&self, identity: &str, source: Source, due: Option<Instant>) {
+        let now = Instant::now();
+        let waiting = Waiting {
+            source,
+            due,
+            expires: now + self.lifetime + due.map_or(Duration::ZERO, |d| d - now),
+        };
+        let mut map = self.lock();
+        if let Some(w) = map.get_mut(identity) {
+            // A fresh sighting renews the old one; a pending look keeps its time.
+            *w = Waiting {
+                due: w.due.or(waiting.due),
+                ..waiting
+            };
             return;
         }
-        if later.len() >= self.capacity {
+        if map.len() >= self.capacity {
             debug!(
-                "not keeping \"{}\" for later: {} nodes already wait; discovery finds it again",
+                "not holding \"{}\": {} nodes already wait; discovery finds it again",
                 escaped(identity),
-                later.len()
+                map.len()
             );
             return;
         }
-        later.insert(Arc::from(identity), (Instant::now() + after, source));
+        map.insert(Arc::from(identity), waiting);
     }
 
-    /// Queue the nodes whose time has come, every [`TICK`], until `shutdown`.
+    /// Every [`TICK`] until `shutdown`: forget sightings that aged out, and queue the waiting
+    /// nodes that are this replica's share now (those due, and all of them after the live set
+    /// changed).
     pub async fn run<R, H, O, C>(
         self: Arc<Self>,
         fleet: Arc<Fleet<R, H, O, C>>,
@@ -240,6 +256,7 @@ impl Spreader {
         O: provision_core::Observer,
         C: provision_core::Clock,
     {
+        let mut seen_live = Vec::new();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
@@ -249,27 +266,31 @@ impl Spreader {
                 // Nothing can be claimed: the nodes wait here, bounded, until the bucket answers.
                 continue;
             }
+            let live = self.store.live();
+            let changed = live != seen_live;
+            seen_live = live;
             let now = Instant::now();
-            let due: Vec<(Arc<str>, Source)> = {
-                let mut later = self.lock();
-                let due: Vec<(Arc<str>, Source)> = later
+            let ours: Vec<(Arc<str>, Source)> = {
+                let mut map = self.lock();
+                map.retain(|_, w| w.expires > now);
+                let ours: Vec<(Arc<str>, Source)> = map
                     .iter()
-                    .filter(|(_, (at, _))| *at <= now)
-                    .map(|(id, (_, source))| (Arc::clone(id), *source))
+                    .filter(|(_, w)| w.due.map_or(changed, |d| d <= now))
+                    .filter(|(id, _)| self.store.first_choice(id))
+                    .map(|(id, w)| (Arc::clone(id), w.source))
                     .collect();
-                for (id, _) in &due {
-                    later.remove(id);
+                for (id, _) in &ours {
+                    map.remove(id);
                 }
-                due
-            };
-            for (id, source) in due {
-                {
-                    let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
-                    if released.len() < self.capacity {
-                        released.insert(Arc::clone(&id));
+                // Looked at and still another replica's: wait for the live set to change.
+                for w in map.values_mut() {
+                    if w.due.is_some_and(|d| d <= now) {
+                        w.due = None;
                     }
                 }
-                // Already queued: that entry takes the mark when it is claimed.
+                ours
+            };
+            for (id, source) in ours {
                 fleet.add(&id, source);
             }
         }
@@ -277,13 +298,20 @@ impl Spreader {
 }
 
 /// Write the heartbeat and read the live replicas every third of the claim lifetime, logging
-/// when the bucket stops or starts answering and when the replica count changes; copy the
-/// store's counters into the metrics every second. Until `shutdown`.
-pub async fn keep_alive(store: ClaimStore, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+/// when the bucket stops or starts answering and when the replica count changes, and asking
+/// `discover_now` for a discovery when a replica left (its unfinished share is ours to find);
+/// copy the store's counters into the metrics every second. Until `shutdown`.
+pub async fn keep_alive(
+    store: ClaimStore,
+    metrics: Arc<Metrics>,
+    discover_now: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
     let every = store.keep_every();
     let mut next_beat = Instant::now();
     let mut healthy = true;
     let mut replicas = 0usize;
+    let mut members: Vec<String> = Vec::new();
     let mut seen = ClaimStats::default();
     loop {
         if Instant::now() >= next_beat {
@@ -297,6 +325,16 @@ pub async fn keep_alive(store: ClaimStore, metrics: Arc<Metrics>, shutdown: Canc
                         );
                     }
                     healthy = true;
+                    let live = store.live();
+                    let left = members.iter().filter(|m| !live.contains(m)).count();
+                    if left > 0 {
+                        info!(
+                            "{left} active-active replicas left claims bucket {}: discovering their unfinished nodes",
+                            store.bucket()
+                        );
+                        discover_now.notify_one();
+                    }
+                    members = live;
                     if n != replicas {
                         info!(
                             "{n} active-active replicas live in claims bucket {}",

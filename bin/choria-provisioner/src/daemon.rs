@@ -373,6 +373,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
         tasks.spawn(aa::keep_alive(
             store.clone(),
             Arc::clone(&metrics),
+            Arc::clone(&discover_now),
             shutdown.clone(),
         ));
     }
