@@ -13,8 +13,8 @@
 //!   out), and queues those that become this replica's when the live set changes. Nodes held by
 //!   another replica's unfinished claim, and nodes whose claim failed, are looked at again
 //!   after a short delay, which is how a dead replica's claims are taken over once they expire.
-//! - [`keep_alive`] writes this replica's heartbeat and reads the live replicas every third of
-//!   the claim lifetime; while the bucket does not answer, no new node is claimed. When a
+//! - [`keep_alive`] writes this replica's heartbeat every third of the claim lifetime and reads
+//!   the live replicas every second; while the bucket does not answer, no new node is claimed. When a
 //!   replica leaves the live set, a discovery is asked for at once, so its unfinished share is
 //!   found fresh by the survivors.
 
@@ -190,8 +190,9 @@ impl Spreader {
             return fleet.add(identity, source);
         }
         if !self.store.healthy() {
-            // Cut off from the bucket: nothing is claimed, so nothing is queued either.
-            self.keep(identity, source, Some(Instant::now() + self.again_after));
+            // Cut off from the bucket: nothing is claimed, so nothing is queued either; the
+            // node is looked at again as soon as the bucket answers.
+            self.hold(identity, source);
         } else if self.store.first_choice(identity) {
             self.lock().remove(identity);
             return fleet.add(identity, source);
@@ -257,6 +258,7 @@ impl Spreader {
         C: provision_core::Clock,
     {
         let mut seen_live = Vec::new();
+        let mut was_healthy = true;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(TICK) => {}
@@ -264,18 +266,21 @@ impl Spreader {
             }
             if !self.store.healthy() {
                 // Nothing can be claimed: the nodes wait here, bounded, until the bucket answers.
+                was_healthy = false;
                 continue;
             }
             let live = self.store.live();
-            let changed = live != seen_live;
+            // Back from an outage, or a replica joined or left: every waiting node is looked at.
+            let changed = live != seen_live || !was_healthy;
             seen_live = live;
+            was_healthy = true;
             let now = Instant::now();
             let ours: Vec<(Arc<str>, Source)> = {
                 let mut map = self.lock();
                 map.retain(|_, w| w.expires > now);
                 let ours: Vec<(Arc<str>, Source)> = map
                     .iter()
-                    .filter(|(_, w)| w.due.map_or(changed, |d| d <= now))
+                    .filter(|(_, w)| changed || w.due.is_some_and(|d| d <= now))
                     .filter(|(id, _)| self.store.first_choice(id))
                     .map(|(id, w)| (Arc::clone(id), w.source))
                     .collect();
@@ -297,7 +302,8 @@ impl Spreader {
     }
 }
 
-/// Write the heartbeat and read the live replicas every third of the claim lifetime, logging
+/// Write the heartbeat every third of the claim lifetime and read the live replicas every
+/// second, logging
 /// when the bucket stops or starts answering and when the replica count changes, and asking
 /// `discover_now` for a discovery when a replica left (its unfinished share is ours to find);
 /// copy the store's counters into the metrics every second. Until `shutdown`.
@@ -317,7 +323,7 @@ pub async fn keep_alive(
         if Instant::now() >= next_beat {
             next_beat = Instant::now() + every;
             match store.heartbeat().await {
-                Ok(n) => {
+                Ok(_) => {
                     if !healthy {
                         info!(
                             "claims bucket {} answers again: taking new nodes",
@@ -325,23 +331,6 @@ pub async fn keep_alive(
                         );
                     }
                     healthy = true;
-                    let live = store.live();
-                    let left = members.iter().filter(|m| !live.contains(m)).count();
-                    if left > 0 {
-                        info!(
-                            "{left} active-active replicas left claims bucket {}: discovering their unfinished nodes",
-                            store.bucket()
-                        );
-                        discover_now.notify_one();
-                    }
-                    members = live;
-                    if n != replicas {
-                        info!(
-                            "{n} active-active replicas live in claims bucket {}",
-                            store.bucket()
-                        );
-                        replicas = n;
-                    }
                 }
                 Err(e) => {
                     if healthy {
@@ -353,8 +342,36 @@ pub async fn keep_alive(
                     }
                     healthy = false;
                     replicas = 1;
+                    // Cut off: try again every second rather than every third of the lifetime.
+                    next_beat = Instant::now() + Duration::from_secs(1).min(every);
                 }
             }
+        } else if healthy {
+            // Between heartbeats the live set is read every second: a replica that joins
+            // is given its share, and one that left is noticed, within a second.
+            if let Err(e) = store.refresh().await {
+                debug!("{e}");
+            }
+        }
+        if healthy {
+            let live = store.live();
+            let left = members.iter().filter(|m| !live.contains(m)).count();
+            if left > 0 {
+                info!(
+                    "{left} active-active replicas left claims bucket {}: discovering their unfinished nodes",
+                    store.bucket()
+                );
+                discover_now.notify_one();
+            }
+            if live.len() != replicas {
+                info!(
+                    "{} active-active replicas live in claims bucket {}",
+                    live.len(),
+                    store.bucket()
+                );
+                replicas = live.len();
+            }
+            members = live;
         }
         let now = store.stats();
         metrics

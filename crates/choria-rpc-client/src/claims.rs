@@ -477,6 +477,24 @@ impl ClaimStore {
             .put(&i.replica_key, Bytes::from(i.replica.clone().into_bytes()))
             .await
             .map_err(|e| op_err(e.to_string()))?;
+        self.read_live().await
+    }
+
+    /// Read the live replicas again without writing our heartbeat (one stream-info request),
+    /// so a replica joining or leaving is seen within a second rather than a third of the
+    /// lifetime. Leaves the health and the live set as they were when it fails.
+    pub async fn refresh(&self) -> Result<usize, ClaimsError> {
+        self.read_live().await
+    }
+
+    async fn read_live(&self) -> Result<usize, ClaimsError> {
+        let i = &self.inner;
+        let op_err = |detail: String| ClaimsError::Operation {
+            replica: i.replica.clone(),
+            identity: i.replica.clone(),
+            action: "read the live replicas",
+            detail,
+        };
         #[derive(serde::Deserialize)]
         struct State {
             #[serde(default)]
