@@ -172,7 +172,7 @@ struct TransportOut<'a, H: Serialize> {
     headers: H,
 }
 
-#[derive(Serialize, Default)]
+#[derive(Serialize, Default, Clone, Copy)]
 struct V1HeadersOut<'a> {
     #[serde(rename = "reply-to", skip_serializing_if = "Option::is_none")]
     reply_to: Option<&'a str>,
@@ -180,7 +180,7 @@ struct V1HeadersOut<'a> {
     mc_sender: Option<&'a str>,
 }
 
-#[derive(Serialize, Default)]
+#[derive(Serialize, Default, Clone, Copy)]
 struct V2HeadersOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     reply: Option<&'a str>,
@@ -379,6 +379,52 @@ fn to_json<T: Serialize>(layer: &'static str, v: &T) -> Result<Vec<u8>, Protocol
     serde_json::to_vec(v).map_err(ProtocolError::json(layer))
 }
 
+/// [`to_json`] into a buffer made `capacity` bytes large at once: the envelopes' sizes are
+/// known within a few hundred bytes, so they are written without growing (and copying) it.
+fn to_json_sized<T: Serialize>(
+    layer: &'static str,
+    v: &T,
+    capacity: usize,
+) -> Result<Vec<u8>, ProtocolError> {
+    let mut out = Vec::with_capacity(capacity);
+    serde_json::to_writer(&mut out, v).map_err(ProtocolError::json(layer))?;
+    Ok(out)
+}
+
+/// Room for an envelope's own fields beside its largest value.
+const ENVELOPE_SLACK: usize = 512;
+
+/// The transport envelope `{"protocol":..,"data":..,"headers":..}` with `data` the base64 of
+/// `secure`, written straight into the one buffer: the same bytes as serialising
+/// [`TransportOut`] (base64 needs no JSON escaping), without the intermediate base64 string
+/// and its escaping pass.
+fn transport_json<H: Serialize>(
+    protocol: &'static str,
+    secure: &[u8],
+    headers: &H,
+) -> Result<Vec<u8>, ProtocolError> {
+    let encoded = base64::encoded_len(secure.len(), true).ok_or_else(|| {
+        ProtocolError::schema(
+            "transport",
+            "secure request too large to encode".to_string(),
+        )
+    })?;
+    let mut out = Vec::with_capacity(encoded + ENVELOPE_SLACK);
+    out.extend_from_slice(b"{\"protocol\":");
+    serde_json::to_writer(&mut out, protocol).map_err(ProtocolError::json("transport"))?;
+    out.extend_from_slice(b",\"data\":\"");
+    let start = out.len();
+    out.resize(start + encoded, 0);
+    let written = B64
+        .encode_slice(secure, &mut out[start..])
+        .map_err(|e| ProtocolError::schema("transport", e.to_string()))?;
+    out.truncate(start + written);
+    out.extend_from_slice(b"\",\"headers\":");
+    serde_json::to_writer(&mut out, headers).map_err(ProtocolError::json("transport"))?;
+    out.push(b'}');
+    Ok(out)
+}
+
 fn non_empty(layer: &'static str, field: &str, v: Option<String>) -> Result<String, ProtocolError> {
     match v {
         Some(s) if !s.is_empty() => Ok(s),
@@ -454,7 +500,7 @@ pub fn encode_request(
         ProtocolVersion::V1 => {
             let message = std::str::from_utf8(req.payload)
                 .map_err(|_| ProtocolError::Utf8 { layer: "request" })?;
-            let request = to_json(
+            let request = to_json_sized(
                 "request",
                 &V1RequestOut {
                     protocol: V1_REQUEST,
@@ -470,12 +516,14 @@ pub fn encode_request(
                         filter: req.filter,
                     },
                 },
+                // The message is escaped: a JSON payload grows by its quotes' backslashes.
+                message.len() + message.len() / 4 + ENVELOPE_SLACK,
             )?;
             let (signature, pubcert) = security.sign_v1(req.agent, &request)?;
             // serde_json output is always UTF-8.
             let request_str = std::str::from_utf8(&request)
                 .map_err(|_| ProtocolError::Utf8 { layer: "request" })?;
-            let secure = to_json(
+            let secure = to_json_sized(
                 "secure request",
                 &V1SecureRequestOut {
                     protocol: V1_SECURE_REQUEST,
@@ -483,24 +531,26 @@ pub fn encode_request(
                     signature: &signature,
                     pubcert,
                 },
+                request_str.len()
+                    + request_str.len() / 4
+                    + signature.len()
+                    + pubcert.len()
+                    + pubcert.len() / 16
+                    + ENVELOPE_SLACK,
             )?;
-            let data = B64.encode(&secure);
-            let t = to_json(
-                "transport",
-                &TransportOut {
-                    protocol: V1_TRANSPORT,
-                    data: &data,
-                    headers: V1HeadersOut {
-                        reply_to: Some(req.reply_to),
-                        mc_sender: Some(req.sender),
-                    },
+            let t = transport_json(
+                V1_TRANSPORT,
+                &secure,
+                &V1HeadersOut {
+                    reply_to: Some(req.reply_to),
+                    mc_sender: Some(req.sender),
                 },
             )?;
             Ok(Bytes::from(t))
         }
         ProtocolVersion::V2 => {
             let message = B64.encode(req.payload);
-            let request = to_json(
+            let request = to_json_sized(
                 "request",
                 &V2RequestOut {
                     protocol: V2_REQUEST,
@@ -514,11 +564,12 @@ pub fn encode_request(
                     time: unix_nanos(now),
                     filter: req.filter,
                 },
+                message.len() + ENVELOPE_SLACK,
             )?;
             let (signature, jwt) = security.sign_v2(&request)?;
             let request_b64 = B64.encode(&request);
             let signature_b64 = B64.encode(signature);
-            let secure = to_json(
+            let secure = to_json_sized(
                 "secure request",
                 &V2SecureRequestOut {
                     protocol: V2_SECURE_REQUEST,
@@ -526,17 +577,14 @@ pub fn encode_request(
                     signature: &signature_b64,
                     caller: jwt,
                 },
+                request_b64.len() + signature_b64.len() + jwt.len() + ENVELOPE_SLACK,
             )?;
-            let data = B64.encode(&secure);
-            let t = to_json(
-                "transport",
-                &TransportOut {
-                    protocol: V2_TRANSPORT,
-                    data: &data,
-                    headers: V2HeadersOut {
-                        reply: Some(req.reply_to),
-                        sender: Some(req.sender),
-                    },
+            let t = transport_json(
+                V2_TRANSPORT,
+                &secure,
+                &V2HeadersOut {
+                    reply: Some(req.reply_to),
+                    sender: Some(req.sender),
                 },
             )?;
             Ok(Bytes::from(t))

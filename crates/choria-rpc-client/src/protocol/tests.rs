@@ -525,3 +525,42 @@ fn lifecycle_fixtures_parse_in_both_formats() {
         fixture("lifecycle_startup_cloudevent.json")
     );
 }
+
+#[test]
+fn transport_written_directly_equals_the_serialised_envelope() {
+    // Every length around base64's padding boundaries, and bytes of every value.
+    for len in [0usize, 1, 2, 3, 4, 5, 63, 64, 65, 1000, 4099] {
+        let secure: Vec<u8> = (0..len).map(|i| (i * 131 % 256) as u8).collect();
+        let v1 = V1HeadersOut {
+            reply_to: Some("_INBOX.a\"b"),
+            mc_sender: Some("n1.example.net"),
+        };
+        let direct = transport_json(V1_TRANSPORT, &secure, &v1).unwrap();
+        let data = B64.encode(&secure);
+        let serialised = to_json(
+            "transport",
+            &TransportOut {
+                protocol: V1_TRANSPORT,
+                data: &data,
+                headers: v1,
+            },
+        )
+        .unwrap();
+        assert_eq!(direct, serialised, "v1, {len} bytes");
+        let v2 = V2HeadersOut {
+            reply: Some("r"),
+            sender: None,
+        };
+        let direct = transport_json(V2_TRANSPORT, &secure, &v2).unwrap();
+        let serialised = to_json(
+            "transport",
+            &TransportOut {
+                protocol: V2_TRANSPORT,
+                data: &data,
+                headers: v2,
+            },
+        )
+        .unwrap();
+        assert_eq!(direct, serialised, "v2, {len} bytes");
+    }
+}
