@@ -59,7 +59,8 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     let settings = Settings::load(&args, debug)?;
     // As in Go, the provisioner configuration's own `loglevel` and `logfile`, whatever the
     // Choria configuration says.
-    logging::init(&settings.config.loglevel, &settings.config.logfile, debug)?;
+    // Held to the end: a log file's last lines are written when it drops.
+    let _log = logging::init(&settings.config.loglevel, &settings.config.logfile, debug)?;
     info!(
         version = VERSION,
         "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",

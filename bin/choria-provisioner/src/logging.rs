@@ -5,6 +5,7 @@
 //! the form operators' log shippers and alerts read from the Go provisioner. On standard output
 //! or standard error the lines are text for people.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -62,7 +63,9 @@ pub fn target(logfile: &str) -> Target<'_> {
 }
 
 /// Install the global subscriber for the provisioner configuration's `loglevel` and `logfile`.
-pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<()> {
+/// A log file is written by its own thread ([`BatchedFile`]); the returned guard writes what is
+/// left and stops it when dropped.
+pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard> {
     let level = level(loglevel, debug);
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
@@ -91,14 +94,135 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<()> {
                 .append(true)
                 .open(Path::new(path))
                 .with_context(|| format!("cannot open log file {path}"))?;
+            let (batched, guard) = BatchedFile::start(file)
+                .with_context(|| format!("cannot start the writer of log file {path}"))?;
             builder
                 .with_ansi(false)
                 .event_format(LogrusJson)
-                .with_writer(Escaping::new(std::sync::Mutex::new(file), false))
-                .init()
+                .with_writer(Escaping::new(batched, false))
+                .init();
+            return Ok(guard);
         }
     }
-    Ok(())
+    Ok(LogGuard(None))
+}
+
+/// The most log bytes waiting for the writer thread; a record that finds this many waits for
+/// the write (nothing is dropped).
+const MAX_PENDING: usize = 1 << 20;
+
+/// A log file written by one thread: each record is appended to a buffer, and the thread
+/// writes whatever has gathered with one system call. Under load the daemon's threads no
+/// longer make a `write` per line (ten a node), and a slow disk holds them only once a
+/// mebibyte waits. The lines reach the file in the order they were logged.
+pub struct BatchedFile {
+    batch: std::sync::Arc<Batch>,
+}
+
+#[derive(Default)]
+struct Batch {
+    state: std::sync::Mutex<Pending>,
+    /// Lines are waiting, or the guard closed the file.
+    ready: std::sync::Condvar,
+    /// The writer took the waiting lines.
+    room: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    lines: Vec<u8>,
+    closed: bool,
+}
+
+impl Batch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Stops a [`BatchedFile`]'s thread after it wrote every waiting line.
+pub struct LogGuard(Option<(std::sync::Arc<Batch>, std::thread::JoinHandle<()>)>);
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if let Some((batch, thread)) = self.0.take() {
+            batch.lock().closed = true;
+            batch.ready.notify_all();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl BatchedFile {
+    /// Start the writer thread for `file`.
+    pub fn start(mut file: std::fs::File) -> std::io::Result<(BatchedFile, LogGuard)> {
+        let batch = std::sync::Arc::new(Batch::default());
+        let shared = std::sync::Arc::clone(&batch);
+        let thread = std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || {
+                use std::io::Write as _;
+                let mut out = Vec::new();
+                loop {
+                    {
+                        let mut p = shared.lock();
+                        while p.lines.is_empty() && !p.closed {
+                            p = shared.ready.wait(p).unwrap_or_else(|e| e.into_inner());
+                        }
+                        if p.lines.is_empty() {
+                            return;
+                        }
+                        std::mem::swap(&mut p.lines, &mut out);
+                    }
+                    shared.room.notify_all();
+                    // A failed write cannot be logged; the daemon goes on.
+                    let _ = file.write_all(&out);
+                    out.clear();
+                    if out.capacity() > MAX_PENDING {
+                        out = Vec::new();
+                    }
+                }
+            })?;
+        let guard = LogGuard(Some((std::sync::Arc::clone(&batch), thread)));
+        Ok((BatchedFile { batch }, guard))
+    }
+}
+
+/// One record's writer for a [`BatchedFile`].
+pub struct BatchedLine<'a> {
+    batch: &'a Batch,
+}
+
+impl<'a> MakeWriter<'a> for BatchedFile {
+    type Writer = BatchedLine<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        BatchedLine { batch: &self.batch }
+    }
+}
+
+impl std::io::Write for BatchedLine<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut p = self.batch.lock();
+        while p.lines.len() >= MAX_PENDING && !p.closed {
+            p = self.batch.room.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        if p.closed {
+            // The daemon is stopping and its writer is gone.
+            return Ok(buf.len());
+        }
+        let wake = p.lines.is_empty();
+        p.lines.extend_from_slice(buf);
+        drop(p);
+        if wake {
+            self.batch.ready.notify_one();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The longest value (message or field) written in a JSON line, in bytes; a longer one is cut
@@ -133,14 +257,29 @@ where
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let line = json_line(
-            *meta.level(),
-            meta.target(),
-            fields,
-            &chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        );
+        let line = LOG_TIME.with(|cached| {
+            let mut cached = cached.borrow_mut();
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if cached.0 != secs || cached.1.is_empty() {
+                *cached = (
+                    secs,
+                    chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                );
+            }
+            json_line(*meta.level(), meta.target(), fields, &cached.1)
+        });
         writer.write_str(&line)
     }
+}
+
+thread_local! {
+    /// The time of the last record this thread logged, written once a second (the lines carry
+    /// whole seconds).
+    static LOG_TIME: std::cell::RefCell<(u64, String)> = const {
+        std::cell::RefCell::new((0, String::new()))
+    };
 }
 
 /// A field value as logrus would encode it.
@@ -160,7 +299,7 @@ pub struct Fields {
     /// The message.
     pub message: String,
     /// The other fields by name.
-    pub fields: BTreeMap<String, Value>,
+    pub fields: BTreeMap<Cow<'static, str>, Value>,
 }
 
 impl Fields {
@@ -171,7 +310,7 @@ impl Fields {
                 Value::Bool(b) => b.to_string(),
             };
         } else {
-            self.fields.insert(field.name().to_string(), value);
+            self.fields.insert(Cow::Borrowed(field.name()), value);
         }
     }
 }
@@ -264,7 +403,7 @@ pub fn level_name(level: Level) -> &'static str {
 }
 
 /// The Go logger's name for a record of `target` (see [`LogrusJson`]).
-fn component(target: &str, fields: &BTreeMap<String, Value>) -> Option<Value> {
+fn component(target: &str, fields: &BTreeMap<Cow<'static, str>, Value>) -> Option<Value> {
     if let Some(c) = fields.get("component") {
         return Some(c.clone());
     }
@@ -282,22 +421,20 @@ fn component(target: &str, fields: &BTreeMap<String, Value>) -> Option<Value> {
 
 /// One JSON line (with its newline) for a record: see [`LogrusJson`].
 pub fn json_line(level: Level, target: &str, record: Fields, time: &str) -> String {
-    let mut data: BTreeMap<String, Value> = BTreeMap::new();
     let component = component(target, &record.fields);
-    for (k, v) in record.fields {
-        // logrus keeps its own keys and moves a clashing field aside.
-        let k = match k.as_str() {
-            "time" | "msg" | "level" | "logrus_error" => format!("fields.{k}"),
-            _ => k,
-        };
-        data.insert(k, v);
+    let mut data = record.fields;
+    // logrus keeps its own keys and moves a clashing field aside.
+    for own in ["time", "msg", "level", "logrus_error"] {
+        if let Some(v) = data.remove(own) {
+            data.insert(Cow::Owned(format!("fields.{own}")), v);
+        }
     }
     if let Some(c) = component {
-        data.insert("component".into(), c);
+        data.insert(Cow::Borrowed("component"), c);
     }
-    data.insert("level".into(), Value::Str(level_name(level).into()));
-    data.insert("msg".into(), Value::Str(record.message));
-    data.insert("time".into(), Value::Str(time.into()));
+    data.insert(Cow::Borrowed("level"), Value::Str(level_name(level).into()));
+    data.insert(Cow::Borrowed("msg"), Value::Str(record.message));
+    data.insert(Cow::Borrowed("time"), Value::Str(time.into()));
     let mut out = String::with_capacity(256);
     out.push('{');
     for (i, (k, v)) in data.iter().enumerate() {
@@ -421,6 +558,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_batched_file_gets_every_line_in_order_and_waits_when_full() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.log");
+        let file = std::fs::File::create(&path).unwrap();
+        let (batched, guard) = BatchedFile::start(file).unwrap();
+        let batched = std::sync::Arc::new(batched);
+        // Four threads, each a mebibyte and more of lines, so writers wait for room.
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let b = std::sync::Arc::clone(&batched);
+                std::thread::spawn(move || {
+                    for i in 0..20_000 {
+                        let line = format!("{t} {i:06} {}\n", "x".repeat(40));
+                        b.make_writer().write_all(line.as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(guard);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut next = [0usize; 4];
+        for line in text.lines() {
+            let mut parts = line.split(' ');
+            let t: usize = parts.next().unwrap().parse().unwrap();
+            let i: usize = parts.next().unwrap().parse().unwrap();
+            assert_eq!(i, next[t], "thread {t}'s lines out of order");
+            next[t] += 1;
+        }
+        assert_eq!(next, [20_000; 4], "lines lost");
+    }
+
+    #[test]
     fn a_record_stays_on_one_line() {
         let r = escape_record(b"INFO added n1\nERROR forged\r\x1b[31m\n", false);
         assert_eq!(&*r, b"INFO added n1\\nERROR forged\\r\\x1b[31m\n");
@@ -477,7 +650,7 @@ mod tests {
             message: msg.into(),
             fields: fields
                 .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
+                .map(|(k, v)| (Cow::Owned(k.to_string()), v.clone()))
                 .collect(),
         }
     }
