@@ -5,7 +5,7 @@ set -eu
 cd "$(dirname "$0")"
 secs=${1:-60}
 [ $# -gt 0 ] && shift
-targets=${*:-"envelope_request envelope_reply rpc_reply lifecycle_event helper_reply provisioner_yaml choria_config jwt csr key_material identity csr_names pem"}
+targets=${*:-"envelope_request envelope_reply rpc_reply lifecycle_event helper_reply provisioner_yaml choria_config jwt csr key_material identity csr_names pem claims_value"}
 cargo +nightly fuzz build -O >/dev/null
 bin=target/x86_64-unknown-linux-gnu/release
 status=0

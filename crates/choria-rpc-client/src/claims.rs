@@ -582,7 +582,7 @@ impl ClaimStore {
             None => 0,
             Some(entry) => {
                 let holder = (entry.operation == Operation::Put)
-                    .then(|| parse_value(&entry.value))
+                    .then(|| parse_claim_value(&entry.value))
                     .flatten();
                 match holder {
                     Some((by, done)) if by != i.replica || done => {
@@ -699,7 +699,10 @@ impl ClaimStore {
 }
 
 /// `claimed <replica>` or `done <replica>`; `None` for anything else or anything too long.
-fn parse_value(value: &[u8]) -> Option<(String, bool)> {
+/// A claim entry's value as read back from the bucket (anyone with access to the bucket may
+/// have written it): `claimed <replica>` or `done <replica>`, at most 1 KiB; the replica name
+/// comes back without control characters and cut to 128 characters. `None` for anything else.
+pub fn parse_claim_value(value: &[u8]) -> Option<(String, bool)> {
     if value.len() > MAX_VALUE {
         return None;
     }
@@ -728,6 +731,9 @@ fn encode(name: &str) -> String {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'=' | b'.'));
     if plain {
         name.to_string()
+    } else if name.is_empty() {
+        // Never a node's (identities are checked first), but still one valid key.
+        format!("{HEX_PREFIX}-")
     } else {
         format!("{HEX_PREFIX}{}", hex::encode(name.as_bytes()))
     }
@@ -735,7 +741,7 @@ fn encode(name: &str) -> String {
 
 /// The live replica (a `replica.*` key) that takes `identity` first: the highest
 /// `hash(replica, identity)`.
-fn owner<'a>(live: &'a [String], identity: &str) -> Option<&'a str> {
+pub fn owner<'a>(live: &'a [String], identity: &str) -> Option<&'a str> {
     live.iter()
         .max_by_key(|r| score(r, identity))
         .map(String::as_str)
@@ -767,15 +773,47 @@ mod tests {
         assert_eq!(node_key("a..b"), "node.hex.612e2e62");
         assert_eq!(node_key("a b"), "node.hex.612062");
         assert_eq!(node_key("x*"), "node.hex.782a");
+        assert_eq!(node_key(""), "node.hex.-");
+    }
+
+    #[test]
+    fn hostile_values_and_identities_stay_bounded() {
+        let long_name = format!("claimed {}", "\u{7}é".repeat(300));
+        let inputs: Vec<Vec<u8>> = vec![
+            Vec::new(),
+            b"claimed ".to_vec(),
+            b"done \x00\x1b\n".to_vec(),
+            long_name.into_bytes(),
+            vec![0xff, 0xfe, b' ', b'x'],
+            b"a.b..c\n*>\n".to_vec(),
+        ];
+        for data in &inputs {
+            if let Some((by, _)) = parse_claim_value(data) {
+                assert!(by.chars().count() <= 128 && !by.chars().any(char::is_control));
+            }
+            let text = String::from_utf8_lossy(data);
+            let key = node_key(&text);
+            assert!(key.split('.').all(|l| !l.is_empty()), "{key:?}");
+            assert!(key
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'=' | b'.')));
+            let mut live: Vec<String> = text.split('\n').map(str::to_string).collect();
+            let a = owner(&live, &text).map(str::to_string);
+            live.reverse();
+            assert_eq!(a, owner(&live, &text).map(str::to_string));
+        }
     }
 
     #[test]
     fn values_are_parsed_and_bounded() {
-        assert_eq!(parse_value(b"claimed p1"), Some(("p1".into(), false)));
-        assert_eq!(parse_value(b"done p2"), Some(("p2".into(), true)));
-        assert_eq!(parse_value(b"done p\x1b[2"), Some(("p[2".into(), true)));
-        assert_eq!(parse_value(b"other p2"), None);
-        assert_eq!(parse_value(&[b'x'; 2000]), None);
+        assert_eq!(parse_claim_value(b"claimed p1"), Some(("p1".into(), false)));
+        assert_eq!(parse_claim_value(b"done p2"), Some(("p2".into(), true)));
+        assert_eq!(
+            parse_claim_value(b"done p\x1b[2"),
+            Some(("p[2".into(), true))
+        );
+        assert_eq!(parse_claim_value(b"other p2"), None);
+        assert_eq!(parse_claim_value(&[b'x'; 2000]), None);
     }
 
     /// Every replica agrees on one owner, the load spreads about evenly, and a replica leaving
