@@ -232,7 +232,7 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "broker-restart",
             about: "nats-server restarted while the fleet is being provisioned",
             run: broker_restart,
-            long: false,
+            long: true,
         },
         Scenario {
             name: "provisioner-sigkill",
