@@ -116,13 +116,24 @@ impl NatsServer {
     /// # Panics
     /// When the server cannot be started.
     pub fn start_with_config(extra: &str) -> Self {
-        let started = tempfile::tempdir()
-            .ctx(|| "creating a temporary directory".into())
-            .and_then(|tmp| {
-                let mut s = Self::start_in(tmp.path(), free_port(), extra, false)?;
-                s._tmp = Some(tmp);
-                Ok(s)
-            });
+        let once = || {
+            tempfile::tempdir()
+                .ctx(|| "creating a temporary directory".into())
+                .and_then(|tmp| {
+                    let mut s = Self::start_in(tmp.path(), free_port(), extra, false)?;
+                    s._tmp = Some(tmp);
+                    Ok(s)
+                })
+        };
+        // The port is free when chosen and taken only when the server starts: a server that
+        // exits at start (another process took it) is tried again on a fresh port.
+        let mut started = once();
+        for _ in 0..2 {
+            match &started {
+                Err(Error::Failed(e)) if e.contains("exited early") => started = once(),
+                _ => break,
+            }
+        }
         started.unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -205,7 +216,22 @@ impl NatsCluster {
 
     /// Start a cluster of `size` servers with `extra` added to every server's configuration
     /// (for example `max_payload: 4MB`).
+    ///
+    /// The ports are free when chosen but taken only when the servers start, so a process
+    /// starting beside them (another test, an outgoing connection) may take one first: a server
+    /// that exits at start is retried with fresh ports, three times in all.
     pub fn start_with(size: usize, extra: &str) -> Result<Self> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::start_once(size, extra) {
+                Err(Error::Failed(e)) if e.contains("exited early") => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(Error::Failed(last.unwrap_or_default()))
+    }
+
+    fn start_once(size: usize, extra: &str) -> Result<Self> {
         let tmp = tempfile::tempdir().ctx(|| "creating a temporary directory".into())?;
         let ports: Vec<(u16, u16, u16)> = (0..size)
             .map(|_| (free_port(), free_port(), free_port()))
