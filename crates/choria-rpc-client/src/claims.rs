@@ -464,19 +464,23 @@ impl ClaimStore {
         res
     }
 
+    /// An error of this replica's own `action` (a heartbeat, reading the live replicas).
+    fn own_error(&self, action: &'static str, detail: String) -> ClaimsError {
+        ClaimsError::Operation {
+            replica: self.inner.replica.clone(),
+            identity: self.inner.replica.clone(),
+            action,
+            detail,
+        }
+    }
+
     async fn heartbeat_once(&self) -> Result<usize, ClaimsError> {
         let i = &self.inner;
-        let op_err = |detail: String| ClaimsError::Operation {
-            replica: i.replica.clone(),
-            identity: i.replica.clone(),
-            action: "heartbeat",
-            detail,
-        };
         i.heartbeats.fetch_add(1, Ordering::Relaxed);
         i.store
             .put(&i.replica_key, Bytes::from(i.replica.clone().into_bytes()))
             .await
-            .map_err(|e| op_err(e.to_string()))?;
+            .map_err(|e| self.own_error("heartbeat", e.to_string()))?;
         self.read_live().await
     }
 
@@ -489,12 +493,7 @@ impl ClaimStore {
 
     async fn read_live(&self) -> Result<usize, ClaimsError> {
         let i = &self.inner;
-        let op_err = |detail: String| ClaimsError::Operation {
-            replica: i.replica.clone(),
-            identity: i.replica.clone(),
-            action: "read the live replicas",
-            detail,
-        };
+        let op_err = |detail: String| self.own_error("read the live replicas", detail);
         #[derive(serde::Deserialize)]
         struct State {
             #[serde(default)]

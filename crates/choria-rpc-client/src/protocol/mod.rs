@@ -165,6 +165,8 @@ fn v1_time(t: SystemTime) -> i64 {
 // ---------------------------------------------------------------------------------------------
 // Wire structs (field order follows go-choria's structs so output matches byte for byte).
 
+/// The transport envelope as serde writes it: only the tests use it, to check [`transport_json`].
+#[cfg(test)]
 #[derive(Serialize)]
 struct TransportOut<'a, H: Serialize> {
     protocol: &'static str,
@@ -934,16 +936,12 @@ pub fn build_reply_raw(
                     hash: &hash,
                 },
             )?;
-            let data = B64.encode(&secure);
-            Ok(Bytes::from(to_json(
-                "transport",
-                &TransportOut {
-                    protocol: V1_TRANSPORT,
-                    data: &data,
-                    headers: V1HeadersOut {
-                        reply_to: None,
-                        mc_sender: Some(sender_identity),
-                    },
+            Ok(Bytes::from(transport_json(
+                V1_TRANSPORT,
+                &secure,
+                &V1HeadersOut {
+                    reply_to: None,
+                    mc_sender: Some(sender_identity),
                 },
             )?))
         }
@@ -970,16 +968,12 @@ pub fn build_reply_raw(
                     hash: &hash,
                 },
             )?;
-            let data = B64.encode(&secure);
-            Ok(Bytes::from(to_json(
-                "transport",
-                &TransportOut {
-                    protocol: V2_TRANSPORT,
-                    data: &data,
-                    headers: V2HeadersOut {
-                        reply: None,
-                        sender: Some(sender_identity),
-                    },
+            Ok(Bytes::from(transport_json(
+                V2_TRANSPORT,
+                &secure,
+                &V2HeadersOut {
+                    reply: None,
+                    sender: Some(sender_identity),
                 },
             )?))
         }
