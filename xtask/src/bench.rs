@@ -75,6 +75,10 @@ pub struct Args {
     /// building them first.
     #[arg(long)]
     no_build: bool,
+    /// The process helper's program: the statically linked demo helper in release runs
+    /// (`stack::static_helper`), else the demo helper beside the other binaries.
+    #[arg(skip)]
+    process_helper: Option<PathBuf>,
 }
 
 /// What one contender achieved.
@@ -153,7 +157,12 @@ fn contender_with(
         HelperKind::Webhook => Some(test_support::webhook::WebhookPlan::new(&dir)?),
     };
     let helper_cmd = match &webhook {
-        None => bins.join("choria-demo-helper").display().to_string(),
+        None => args
+            .process_helper
+            .clone()
+            .unwrap_or_else(|| bins.join("choria-demo-helper"))
+            .display()
+            .to_string(),
         Some(w) => w.url.clone(),
     };
     let extra_yaml = match &webhook {
@@ -321,7 +330,7 @@ impl Contender {
 }
 
 /// Run the benchmark.
-pub fn main(args: Args) -> Result<()> {
+pub fn main(mut args: Args) -> Result<()> {
     let debug = args.debug_build;
     let profile = if debug { "debug" } else { "release" };
     let bins = if args.no_build {
@@ -332,6 +341,21 @@ pub fn main(args: Args) -> Result<()> {
     };
     if let Some(n) = args.waiting {
         return waiting_probe(n, &bins);
+    }
+    if !debug && args.helper.contains(&HelperKind::Exec) {
+        match stack::static_helper(!args.no_build) {
+            Ok(path) => {
+                eprintln!(
+                    "bench: process helper: {} (statically linked)",
+                    path.display()
+                );
+                args.process_helper = Some(path);
+            }
+            Err(e) if args.no_build => {
+                eprintln!("bench: process helper: the dynamically linked demo helper ({e})")
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     if let Some(policy) = &args.rego_policy {
         return rego_policy_probe(&args, &bins, policy);
