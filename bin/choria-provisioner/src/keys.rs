@@ -4,8 +4,12 @@
 //! `jwt_verify_cert` is a file when a file by that name exists (RSA PEM or hex ed25519), else
 //! itself a hex ed25519 public key, as the Go provisioner decides. Its parsed key is kept and
 //! parsed again only when the file's modification time or size changes. `jwt_signing_key` and
-//! `jwt_signing_token` are read whole for every server JWT.
+//! `jwt_signing_token` are looked at for every server JWT: their content is read again whenever
+//! the file's inode, size, modification or change time differ from the last read, so a key
+//! replaced by a rename or rewritten in place takes effect at the next node, without reading
+//! both files for every node.
 
+use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -21,29 +25,83 @@ type KeyStamp = Option<(Option<SystemTime>, u64)>;
 pub struct FileKeys {
     config: Arc<Config>,
     verify_key_cache: Mutex<Option<(KeyStamp, VerifyingKey)>>,
+    signing_key: TextFile,
+    signing_token: TextFile,
 }
 
 impl FileKeys {
     /// The files `config` names.
     pub fn new(config: Arc<Config>) -> Self {
         FileKeys {
+            signing_key: TextFile::new(&config.jwt_signing_key),
+            signing_token: TextFile::new(&config.jwt_signing_token),
             config,
             verify_key_cache: Mutex::new(None),
         }
     }
 }
 
-/// The content of the file `path`, empty when `path` is (the setting is not configured).
-fn read_text(path: &str) -> Result<String, PolicyError> {
-    if path.is_empty() {
-        return Ok(String::new());
-    }
-    std::fs::read(path)
-        .map(|d| String::from_utf8_lossy(&d).into_owned())
-        .map_err(|source| PolicyError::File {
+/// What identifies one version of a file without reading it: device and inode (a file
+/// replaced by a rename), size, and modification and change times to the nanosecond (a file
+/// rewritten in place).
+type FileStamp = (u64, u64, u64, i64, i64, i64, i64);
+
+fn file_stamp(m: &std::fs::Metadata) -> FileStamp {
+    (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// A small text file (a key, a token) read again only when it changed: one `stat` per use
+/// instead of opening and reading it.
+struct TextFile {
+    path: String,
+    last: Mutex<Option<(FileStamp, String)>>,
+}
+
+impl TextFile {
+    fn new(path: &str) -> Self {
+        TextFile {
             path: path.to_string(),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The file's content, empty when no file is configured.
+    fn read(&self) -> Result<String, PolicyError> {
+        if self.path.is_empty() {
+            return Ok(String::new());
+        }
+        let error = |source| PolicyError::File {
+            path: self.path.clone(),
             source,
-        })
+        };
+        let stamp = file_stamp(&std::fs::metadata(&self.path).map_err(error)?);
+        if let Ok(last) = self.last.lock() {
+            if let Some((s, text)) = last.as_ref() {
+                if *s == stamp {
+                    return Ok(text.clone());
+                }
+            }
+        }
+        // The stamp is taken again from the open file, so a change between the two looks is
+        // seen at the next use rather than remembered under the old stamp.
+        let mut file = std::fs::File::open(&self.path).map_err(error)?;
+        let stamp = file_stamp(&file.metadata().map_err(error)?);
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut data).map_err(error)?;
+        let text = String::from_utf8_lossy(&data).into_owned();
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some((stamp, text.clone()));
+        }
+        Ok(text)
+    }
 }
 
 /// `jwt_verify_cert` read as a file when a file by that name exists.
@@ -85,11 +143,11 @@ impl KeyMaterial for FileKeys {
     }
 
     fn signing_key(&self) -> Result<String, PolicyError> {
-        read_text(&self.config.jwt_signing_key)
+        self.signing_key.read()
     }
 
     fn signing_token(&self) -> Result<String, PolicyError> {
-        read_text(&self.config.jwt_signing_token)
+        self.signing_token.read()
     }
 }
 
@@ -146,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn signing_key_and_token_are_read_for_every_call() {
+    fn signing_key_and_token_changes_are_seen_at_the_next_call() {
         let dir = tempfile::tempdir().unwrap();
         let seed = dir.path().join("signer.seed");
         let token = dir.path().join("signer.jwt");
@@ -159,10 +217,29 @@ mod tests {
         )));
         assert_eq!(keys.signing_key().unwrap(), "one");
         assert_eq!(keys.signing_token().unwrap(), "t1");
-        std::fs::write(&seed, "two").unwrap();
-        std::fs::write(&token, "t2").unwrap();
+        // Rewritten in place, same size: seen by the times (set apart here, since two writes
+        // in one test can share the file system's clock tick).
+        let rewrite = |path: &std::path::Path, text: &str, secs: u64| {
+            std::fs::write(path, text).unwrap();
+            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        rewrite(&seed, "two", 1_000_000);
+        rewrite(&token, "t2", 1_000_000);
         assert_eq!(keys.signing_key().unwrap(), "two");
         assert_eq!(keys.signing_token().unwrap(), "t2");
+        // Unchanged: the same content again.
+        assert_eq!(keys.signing_key().unwrap(), "two");
+        // Replaced by a rename (a new inode), same size.
+        let new = dir.path().join("signer.seed.new");
+        std::fs::write(&new, "six").unwrap();
+        std::fs::rename(&new, &seed).unwrap();
+        assert_eq!(keys.signing_key().unwrap(), "six");
         std::fs::remove_file(&seed).unwrap();
         assert!(matches!(
             keys.signing_key(),

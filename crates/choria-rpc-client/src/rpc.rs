@@ -13,7 +13,8 @@
 //! [`RequestErrorKind::NoResponders`] instead of waiting for its timeout. Broadcasts are published
 //! without one: many nodes answer them, and an empty collective is an empty discovery.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -625,13 +626,20 @@ impl RpcClient {
             || "discovery#ping".to_string(),
         )
         .await?;
-        let mut seen = HashSet::new();
-        let mut found = Vec::new();
+        // Identities in arrival order, and an index of them (positions in `found`, hashed by
+        // identity) to drop repeats: each identity is held once, however many nodes answer.
+        let mut found: Vec<String> = Vec::new();
+        let mut seen: hashbrown::HashTable<usize> = hashbrown::HashTable::new();
+        let hasher = std::collections::hash_map::RandomState::new();
         let mut deadline = hard_deadline;
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(identity)) => {
-                    if seen.insert(identity.clone()) {
+                    let hash = hasher.hash_one(identity.as_str());
+                    if seen.find(hash, |&i| found[i] == identity).is_none() {
+                        seen.insert_unique(hash, found.len(), |&i| {
+                            hasher.hash_one(found[i].as_str())
+                        });
                         found.push(identity);
                     }
                     if let Some(w) = window {
