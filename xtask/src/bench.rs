@@ -97,18 +97,54 @@ pub struct Figures {
     /// (seconds since the provisioner started, nodes provisioned) as the simulator reported
     /// them.
     pub series: Vec<(f64, f64)>,
+    /// Where the machine's CPU went over the same time: the broker, the helper (process
+    /// helpers the provisioner waited for, or the webhook server), and the whole machine.
+    pub broker_cpu_s: f64,
+    pub helper_cpu_s: f64,
+    pub machine_busy_s: f64,
+}
+
+/// USER_HZ on Linux: the unit of /proc's CPU times.
+const TICKS: f64 = 100.0;
+
+/// Fields of /proc/<pid>/stat after the command name (which is in parentheses and may contain
+/// spaces): index 11 is utime, 12 stime, 13 cutime, 14 cstime.
+fn stat_fields(pid: u32) -> Option<Vec<f64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0.0))
+            .collect(),
+    )
 }
 
 /// user+sys CPU seconds of a process from /proc/<pid>/stat.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = f.get(11)?.parse().ok()?;
-    let stime: f64 = f.get(12)?.parse().ok()?;
-    let ticks = 100.0; // USER_HZ on Linux
-    Some((utime + stime) / ticks)
+    let f = stat_fields(pid)?;
+    Some((f.get(11)? + f.get(12)?) / TICKS)
+}
+
+/// user+sys CPU seconds of a process's children that it has waited for (its process helpers).
+fn children_cpu_seconds(pid: u32) -> Option<f64> {
+    let f = stat_fields(pid)?;
+    Some((f.get(13)? + f.get(14)?) / TICKS)
+}
+
+/// CPU seconds the whole machine has been busy (every state but idle and iowait), from the
+/// first line of /proc/stat.
+fn machine_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let total: f64 = f.iter().sum();
+    Some((total - f.get(3)? - f.get(4)?) / TICKS)
 }
 
 /// Peak resident set size in MiB from /proc/<pid>/status.
@@ -150,7 +186,7 @@ fn contender_with(
     let dir = root().join("target/bench").join(label);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let (_nats, url) = stack::start_nats(&dir)?;
+    let (nats, url) = stack::start_nats(&dir)?;
     let workers = if args.workers == 0 { 64 } else { args.workers };
     let webhook = match helper {
         HelperKind::Exec => None,
@@ -182,7 +218,7 @@ fn contender_with(
             extra_yaml: &extra_yaml,
         },
     )?;
-    let _webhook_server = match &webhook {
+    let webhook_server = match &webhook {
         None => None,
         Some(w) => Some(w.start(bins, &files, &url, &dir.join("webhook.log"))?),
     };
@@ -203,6 +239,13 @@ fn contender_with(
     // Let the fleet come up and announce itself before the clock starts.
     std::thread::sleep(Duration::from_secs(2));
     let sim_cpu_before = cpu_seconds(sim_pid).unwrap_or(0.0);
+    let broker_pid = nats.pid();
+    let broker_cpu = || broker_pid.and_then(cpu_seconds).unwrap_or(0.0);
+    let webhook_pid = webhook_server.as_ref().map(Proc::pid);
+    let webhook_cpu = || webhook_pid.and_then(cpu_seconds).unwrap_or(0.0);
+    let broker_before = broker_cpu();
+    let webhook_before = webhook_cpu();
+    let machine_before = machine_busy_seconds().unwrap_or(0.0);
 
     let program: PathBuf = go_bin
         .map(Path::to_path_buf)
@@ -215,6 +258,7 @@ fn contender_with(
     let mut cpu = 0.0f64;
     let mut sim_peak = 0.0f64;
     let mut sim_cpu = sim_cpu_before;
+    let mut children_cpu = 0.0f64;
     let mut series = vec![(0.0, 0.0)];
     let status = loop {
         std::thread::sleep(Duration::from_millis(200));
@@ -223,6 +267,9 @@ fn contender_with(
         }
         if let Some(c) = cpu_seconds(pid) {
             cpu = c;
+        }
+        if let Some(c) = children_cpu_seconds(pid) {
+            children_cpu = c;
         }
         if let Some(r) = peak_rss_mib(sim_pid) {
             sim_peak = sim_peak.max(r);
@@ -244,6 +291,9 @@ fn contender_with(
         }
     };
     let wall = started.elapsed();
+    let machine_busy = machine_busy_seconds().unwrap_or(0.0) - machine_before;
+    let broker_cpu_s = broker_cpu() - broker_before;
+    let helper_cpu_s = children_cpu + webhook_cpu() - webhook_before;
     let metrics = prov.metrics();
     prov.proc.terminate(Duration::from_secs(10));
     let sim_line = test_support::stack::sim_summary(&sim_log).unwrap_or_default();
@@ -274,6 +324,9 @@ fn contender_with(
         sim_cpu_s: sim_cpu - sim_cpu_before,
         sim_rss_mib: sim_peak,
         series,
+        broker_cpu_s,
+        helper_cpu_s,
+        machine_busy_s: machine_busy,
     };
     eprintln!(
         "bench: {label}: {}/{} provisioned in {:.2}s = {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, helper share {:.0}%, failures {}, simulator cpu {:.2}s, simulator peak rss {:.1} MiB",
@@ -287,6 +340,18 @@ fn contender_with(
         f.failures,
         f.sim_cpu_s,
         f.sim_rss_mib,
+    );
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let named = f.cpu_s + f.sim_cpu_s + f.broker_cpu_s + f.helper_cpu_s;
+    eprintln!(
+        "bench: {label}: machine cpu {:.2}s busy of {:.2}s ({cores} cores x wall): provisioner {:.2}s, simulator {:.2}s, broker {:.2}s, helper {:.2}s, everything else {:.2}s",
+        f.machine_busy_s,
+        cores as f64 * f.wall.as_secs_f64(),
+        f.cpu_s,
+        f.sim_cpu_s,
+        f.broker_cpu_s,
+        f.helper_cpu_s,
+        (f.machine_busy_s - named).max(0.0),
     );
     Ok(f)
 }
@@ -324,6 +389,9 @@ impl Contender {
             failures: pick(|f| f.failures),
             sim_cpu_s: pick(|f| f.sim_cpu_s),
             sim_rss_mib: pick(|f| f.sim_rss_mib),
+            broker_cpu_s: pick(|f| f.broker_cpu_s),
+            helper_cpu_s: pick(|f| f.helper_cpu_s),
+            machine_busy_s: pick(|f| f.machine_busy_s),
             ..middle
         }
     }
@@ -438,7 +506,7 @@ pub fn main(mut args: Args) -> Result<()> {
         let ours = c.median();
         if args.runs > 1 {
             eprintln!(
-                "bench: medians of {} runs, {} helper: {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, simulator cpu {:.2}s, simulator peak rss {:.1} MiB; runs {:.0?}/min, cpu {:.2?}s",
+                "bench: medians of {} runs, {} helper: {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, simulator cpu {:.2}s, simulator peak rss {:.1} MiB, broker cpu {:.2}s, helper cpu {:.2}s, machine busy {:.2}s; runs {:.0?}/min, cpu {:.2?}s",
                 args.runs,
                 c.helper.name(),
                 ours.per_min,
@@ -446,6 +514,9 @@ pub fn main(mut args: Args) -> Result<()> {
                 ours.rss_mib,
                 ours.sim_cpu_s,
                 ours.sim_rss_mib,
+                ours.broker_cpu_s,
+                ours.helper_cpu_s,
+                ours.machine_busy_s,
                 c.runs.iter().map(|f| f.per_min).collect::<Vec<_>>(),
                 c.runs.iter().map(|f| f.cpu_s).collect::<Vec<_>>(),
             );

@@ -153,6 +153,11 @@ impl NatsServer {
         Ok(s)
     }
 
+    /// The server process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(ProcessGuard::pid)
+    }
+
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
