@@ -191,11 +191,68 @@ struct V2HeadersOut<'a> {
 }
 
 #[derive(Deserialize)]
-struct TransportIn {
-    protocol: String,
-    data: String,
+struct TransportIn<'a> {
+    #[serde(borrow = "'a")]
+    protocol: Text<'a>,
+    #[serde(borrow = "'a")]
+    data: Text<'a>,
     #[serde(default)]
     headers: Option<HeadersIn>,
+}
+
+/// A JSON string read in place when it holds no escape (the transport's base64, protocol names,
+/// hashes), copied only when it must be unescaped. Every reply is decoded in three layers, so
+/// this saves an allocation and a copy of each large field of each layer.
+struct Text<'a>(std::borrow::Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(Visitor(std::marker::PhantomData))
+    }
+}
+
+impl Text<'_> {
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The secure layer of a reply (v1 `message`, v2 `reply`), read in place where it can be.
+#[derive(Deserialize)]
+struct SecureReplyIn<'a> {
+    #[serde(default, borrow = "'a")]
+    protocol: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    message: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    reply: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    hash: Option<Text<'a>>,
+}
+
+/// Whether `hash` is the standard base64 of the SHA-256 digest of `data`, without allocating.
+fn hash_matches(data: &[u8], hash: &str) -> bool {
+    let mut encoded = [0u8; 44];
+    matches!(
+        B64.encode_slice(Sha256::digest(data), &mut encoded),
+        Ok(44) if encoded.as_slice() == hash.as_bytes()
+    )
 }
 
 #[derive(Deserialize, Default)]
@@ -298,18 +355,17 @@ struct V2SecureReplyOut<'a> {
     hash: &'a str,
 }
 
+/// The secure layer of a request (replies have [`SecureReplyIn`]).
 #[derive(Deserialize)]
 struct SecureIn {
     protocol: Option<String>,
-    // v1 request/reply: the inner JSON as a string; v2 request: `request`, v2 reply: `reply`.
+    // v1: the inner JSON as a string; v2: `request`.
     message: Option<String>,
     request: Option<String>,
-    reply: Option<String>,
     signature: Option<String>,
     pubcert: Option<String>,
     caller: Option<String>,
     signer: Option<String>,
-    hash: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -346,8 +402,9 @@ struct V2RequestIn {
 }
 
 #[derive(Deserialize)]
-struct V1ReplyIn {
-    protocol: String,
+struct V1ReplyIn<'a> {
+    #[serde(borrow = "'a")]
+    protocol: Text<'a>,
     message: String,
     envelope: V1ReplyEnvelopeIn,
 }
@@ -362,9 +419,11 @@ struct V1ReplyEnvelopeIn {
 }
 
 #[derive(Deserialize)]
-struct V2ReplyIn {
-    protocol: String,
-    message: String,
+struct V2ReplyIn<'a> {
+    #[serde(borrow = "'a")]
+    protocol: Text<'a>,
+    #[serde(borrow = "'a")]
+    message: Text<'a>,
     request: String,
     sender: String,
     #[serde(default)]
@@ -440,29 +499,33 @@ fn required<T>(layer: &'static str, field: &str, v: Option<T>) -> Result<T, Prot
 }
 
 fn parse_transport(bytes: &[u8]) -> Result<(ProtocolVersion, Vec<u8>, HeadersIn), ProtocolError> {
-    let t: TransportIn = serde_json::from_slice(bytes).map_err(ProtocolError::json("transport"))?;
+    let t: TransportIn<'_> =
+        serde_json::from_slice(bytes).map_err(ProtocolError::json("transport"))?;
     let version = match t.protocol.as_str() {
         V1_TRANSPORT => ProtocolVersion::V1,
         V2_TRANSPORT => ProtocolVersion::V2,
         _ => {
             return Err(ProtocolError::Protocol {
                 layer: "transport",
-                found: t.protocol,
+                found: t.protocol.0.into_owned(),
             })
         }
     };
-    let data = b64_decode("transport", &t.data)?;
+    let data = b64_decode("transport", t.data.as_str())?;
     Ok((version, data, t.headers.unwrap_or_default()))
 }
 
 fn check_protocol(
     layer: &'static str,
-    found: Option<String>,
+    found: Option<&str>,
     want: &str,
 ) -> Result<(), ProtocolError> {
     match found {
         Some(p) if p == want => Ok(()),
-        Some(p) => Err(ProtocolError::Protocol { layer, found: p }),
+        Some(p) => Err(ProtocolError::Protocol {
+            layer,
+            found: p.to_string(),
+        }),
         None => Err(ProtocolError::schema(layer, "protocol is required")),
     }
 }
@@ -619,22 +682,23 @@ pub struct Reply {
 /// Decode a reply transport, verify the secure reply's SHA-256 hash and return the reply.
 pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
     let (version, data, headers) = parse_transport(bytes)?;
-    let secure: SecureIn =
+    let secure: SecureReplyIn<'_> =
         serde_json::from_slice(&data).map_err(ProtocolError::json("secure reply"))?;
+    let protocol = secure.protocol.as_ref().map(Text::as_str);
     match version {
         ProtocolVersion::V1 => {
-            check_protocol("secure reply", secure.protocol, V1_SECURE_REPLY)?;
+            check_protocol("secure reply", protocol, V1_SECURE_REPLY)?;
             let message = required("secure reply", "message", secure.message)?;
             let hash = required("secure reply", "hash", secure.hash)?;
-            if B64.encode(Sha256::digest(message.as_bytes())) != hash {
+            if !hash_matches(message.as_str().as_bytes(), hash.as_str()) {
                 return Err(ProtocolError::HashMismatch);
             }
-            let r: V1ReplyIn =
-                serde_json::from_str(&message).map_err(ProtocolError::json("reply"))?;
-            if r.protocol != V1_REPLY {
+            let r: V1ReplyIn<'_> =
+                serde_json::from_str(message.as_str()).map_err(ProtocolError::json("reply"))?;
+            if r.protocol.as_str() != V1_REPLY {
                 return Err(ProtocolError::Protocol {
                     layer: "reply",
-                    found: r.protocol,
+                    found: r.protocol.0.into_owned(),
                 });
             }
             Ok(Reply {
@@ -648,19 +712,19 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
             })
         }
         ProtocolVersion::V2 => {
-            check_protocol("secure reply", secure.protocol, V2_SECURE_REPLY)?;
+            check_protocol("secure reply", protocol, V2_SECURE_REPLY)?;
             let reply_b64 = required("secure reply", "reply", secure.reply)?;
             let hash = required("secure reply", "hash", secure.hash)?;
-            let reply = b64_decode("secure reply", &reply_b64)?;
-            if B64.encode(Sha256::digest(&reply)) != hash {
+            let reply = b64_decode("secure reply", reply_b64.as_str())?;
+            if !hash_matches(&reply, hash.as_str()) {
                 return Err(ProtocolError::HashMismatch);
             }
-            let r: V2ReplyIn =
+            let r: V2ReplyIn<'_> =
                 serde_json::from_slice(&reply).map_err(ProtocolError::json("reply"))?;
-            if r.protocol != V2_REPLY {
+            if r.protocol.as_str() != V2_REPLY {
                 return Err(ProtocolError::Protocol {
                     layer: "reply",
-                    found: r.protocol,
+                    found: r.protocol.0.into_owned(),
                 });
             }
             Ok(Reply {
@@ -670,7 +734,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
                 transport_sender: headers.sender,
                 agent: r.agent,
                 time: r.time,
-                body: b64_decode("reply", &r.message)?,
+                body: b64_decode("reply", r.message.as_str())?,
             })
         }
     }
@@ -770,14 +834,14 @@ fn decode_payload(message: Vec<u8>) -> Vec<u8> {
 
 fn parse_v1_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, ProtocolError> {
     const SL: &str = "secure request";
-    check_protocol(SL, secure.protocol, V1_SECURE_REQUEST)?;
+    check_protocol(SL, secure.protocol.as_deref(), V1_SECURE_REQUEST)?;
     let message = non_empty(SL, "message", secure.message)?;
     let signature = non_empty(SL, "signature", secure.signature)?;
     let pubcert = non_empty(SL, "pubcert", secure.pubcert)?;
 
     const L: &str = "request";
     let r: V1RequestIn = serde_json::from_str(&message).map_err(ProtocolError::json(L))?;
-    check_protocol(L, r.protocol, V1_REQUEST)?;
+    check_protocol(L, r.protocol.as_deref(), V1_REQUEST)?;
     let body = non_empty(L, "message", r.message)?;
     let env = required(L, "envelope", r.envelope)?;
     let id = required(L, "envelope.requestid", env.requestid)?;
@@ -820,7 +884,7 @@ fn parse_v1_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, Pro
 
 fn parse_v2_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, ProtocolError> {
     const SL: &str = "secure request";
-    check_protocol(SL, secure.protocol, V2_SECURE_REQUEST)?;
+    check_protocol(SL, secure.protocol.as_deref(), V2_SECURE_REQUEST)?;
     let request = b64_decode(SL, &non_empty(SL, "request", secure.request)?)?;
     let signature = b64_decode(SL, &non_empty(SL, "signature", secure.signature)?)?;
     if signature.is_empty() {
@@ -830,7 +894,7 @@ fn parse_v2_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, Pro
 
     const L: &str = "request";
     let r: V2RequestIn = serde_json::from_slice(&request).map_err(ProtocolError::json(L))?;
-    check_protocol(L, r.protocol, V2_REQUEST)?;
+    check_protocol(L, r.protocol.as_deref(), V2_REQUEST)?;
     let body = b64_decode(L, &required(L, "message", r.message)?)?;
     let id = non_empty(L, "id", r.id)?;
     let sender = required(L, "sender", r.sender)?;

@@ -383,6 +383,78 @@ fn reply_with_a_wrong_hash_is_rejected() {
     ));
 }
 
+/// `json` with the string value of each of `fields` written wholly as `\uXXXX` escapes: the
+/// same document to a JSON reader, but no string it holds can be read in place.
+fn escape_fields(json: &str, fields: &[&str]) -> String {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    let mut out = json.to_string();
+    for field in fields {
+        if let Some(text) = v[*field].as_str() {
+            let escaped: String = text
+                .chars()
+                .map(|c| format!("\\u{:04x}", c as u32))
+                .collect();
+            let plain = serde_json::to_string(text).unwrap();
+            assert!(out.contains(&plain), "{field} is not written plainly");
+            out = out.replacen(&plain, &format!("\"{escaped}\""), 1);
+        }
+    }
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), v);
+    out
+}
+
+#[test]
+fn replies_decode_the_same_whether_their_strings_are_escaped_or_not() {
+    for name in ["v1_transport_reply.json", "v2_transport_reply.json"] {
+        let plain = fixture_str(name);
+        let want = parse_reply(plain.as_bytes()).unwrap();
+        // Escapes in the transport layer (its protocol and base64 data).
+        let outer = escape_fields(&plain, &["protocol", "data"]);
+        // Escapes in the secure layer too (its protocol, the hash, v2's base64 reply).
+        let t: serde_json::Value = serde_json::from_str(&plain).unwrap();
+        let secure = B64.decode(t["data"].as_str().unwrap()).unwrap();
+        let secure = escape_fields(
+            std::str::from_utf8(&secure).unwrap(),
+            &["protocol", "hash", "reply"],
+        );
+        let mut inner = t.clone();
+        inner["data"] = json!(B64.encode(secure));
+        for bytes in [outer, inner.to_string()] {
+            let got = parse_reply(bytes.as_bytes()).unwrap();
+            assert_eq!(got.version, want.version);
+            assert_eq!(got.request_id, want.request_id);
+            assert_eq!(got.sender, want.sender);
+            assert_eq!(got.transport_sender, want.transport_sender);
+            assert_eq!(got.body, want.body);
+        }
+    }
+}
+
+#[test]
+fn reply_hashes_of_the_wrong_length_are_rejected() {
+    let message = String::from_utf8(fixture("v1_reply.json")).unwrap();
+    let good = B64.encode(sha2::Sha256::digest(message.as_bytes()));
+    for hash in [
+        String::new(),
+        good[..43].to_string(),
+        format!("{good}="),
+        format!("{good}{good}"),
+    ] {
+        let secure = json!({"protocol": V1_SECURE_REPLY, "message": message, "hash": hash});
+        let t = json!({"protocol": V1_TRANSPORT, "data": B64.encode(secure.to_string())});
+        assert!(
+            matches!(
+                parse_reply(t.to_string().as_bytes()),
+                Err(ProtocolError::HashMismatch)
+            ),
+            "hash {hash:?}"
+        );
+    }
+    let secure = json!({"protocol": V1_SECURE_REPLY, "message": message, "hash": good});
+    let t = json!({"protocol": V1_TRANSPORT, "data": B64.encode(secure.to_string())});
+    assert!(parse_reply(t.to_string().as_bytes()).is_ok());
+}
+
 #[test]
 fn ttl_window_is_exclusive_on_both_sides() {
     let req = ServerRequest::parse(&fixture("v1_transport_request_insecure.json")).unwrap();
