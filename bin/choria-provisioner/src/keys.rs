@@ -3,7 +3,7 @@
 //!
 //! `jwt_verify_cert` is a file when a file by that name exists (RSA PEM or hex ed25519), else
 //! itself a hex ed25519 public key, as the Go provisioner decides. Its parsed key is kept and
-//! parsed again only when the file's modification time or size changes. `jwt_signing_key` and
+//! parsed again only when the file changes (the same stamp as below). `jwt_signing_key` and
 //! `jwt_signing_token` are looked at for every server JWT: their content is read again whenever
 //! the file's inode, size, modification or change time differ from the last read, so a key
 //! replaced by a rename or rewritten in place takes effect at the next node, without reading
@@ -11,15 +11,14 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use provision_core::jwt::VerifyingKey;
 use provision_core::policy::{self, PolicyError};
 use provision_core::{Config, KeyMaterial};
 
-/// When the verification key file was last seen: modification time and size, `None` when
-/// there is no such file.
-type KeyStamp = Option<(Option<SystemTime>, u64)>;
+/// When the verification key file was last seen ([`file_stamp`]), `None` when there is no such
+/// file.
+type KeyStamp = Option<FileStamp>;
 
 /// Key material from the files of a provisioner configuration.
 pub struct FileKeys {
@@ -124,9 +123,7 @@ impl KeyMaterial for FileKeys {
     /// named by `jwt_verify_cert` changes.
     fn verify_key(&self) -> Result<VerifyingKey, PolicyError> {
         let name = &self.config.jwt_verify_cert;
-        let stamp = std::fs::metadata(name)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()));
+        let stamp = std::fs::metadata(name).ok().map(|m| file_stamp(&m));
         if let Ok(cache) = self.verify_key_cache.lock() {
             if let Some((s, k)) = cache.as_ref() {
                 if *s == stamp {
@@ -221,7 +218,7 @@ mod tests {
         // in one test can share the file system's clock tick).
         let rewrite = |path: &std::path::Path, text: &str, secs: u64| {
             std::fs::write(path, text).unwrap();
-            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
             std::fs::File::options()
                 .write(true)
                 .open(path)

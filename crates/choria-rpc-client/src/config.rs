@@ -137,8 +137,8 @@ impl std::fmt::Display for SecurityProvider {
 }
 
 /// Text from a configuration file or the environment for a message: control characters
-/// escaped, at most 128 characters.
-fn bounded(text: &str) -> String {
+/// escaped, at most 128 characters. Also what protocol errors quote of a peer's text.
+pub(crate) fn bounded(text: &str) -> String {
     const MAX: usize = 128;
     let mut out: String = text
         .chars()

@@ -504,10 +504,10 @@ fn parse_transport(bytes: &[u8]) -> Result<(ProtocolVersion, Vec<u8>, HeadersIn)
     let version = match t.protocol.as_str() {
         V1_TRANSPORT => ProtocolVersion::V1,
         V2_TRANSPORT => ProtocolVersion::V2,
-        _ => {
+        other => {
             return Err(ProtocolError::Protocol {
                 layer: "transport",
-                found: t.protocol.0.into_owned(),
+                found: crate::config::bounded(other),
             })
         }
     };
@@ -524,7 +524,7 @@ fn check_protocol(
         Some(p) if p == want => Ok(()),
         Some(p) => Err(ProtocolError::Protocol {
             layer,
-            found: p.to_string(),
+            found: crate::config::bounded(p),
         }),
         None => Err(ProtocolError::schema(layer, "protocol is required")),
     }
@@ -695,12 +695,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
             }
             let r: V1ReplyIn<'_> =
                 serde_json::from_str(message.as_str()).map_err(ProtocolError::json("reply"))?;
-            if r.protocol.as_str() != V1_REPLY {
-                return Err(ProtocolError::Protocol {
-                    layer: "reply",
-                    found: r.protocol.0.into_owned(),
-                });
-            }
+            check_protocol("reply", Some(r.protocol.as_str()), V1_REPLY)?;
             Ok(Reply {
                 version,
                 request_id: r.envelope.requestid,
@@ -721,12 +716,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
             }
             let r: V2ReplyIn<'_> =
                 serde_json::from_slice(&reply).map_err(ProtocolError::json("reply"))?;
-            if r.protocol.as_str() != V2_REPLY {
-                return Err(ProtocolError::Protocol {
-                    layer: "reply",
-                    found: r.protocol.0.into_owned(),
-                });
-            }
+            check_protocol("reply", Some(r.protocol.as_str()), V2_REPLY)?;
             Ok(Reply {
                 version,
                 request_id: r.request,

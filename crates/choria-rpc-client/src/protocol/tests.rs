@@ -431,6 +431,30 @@ fn replies_decode_the_same_whether_their_strings_are_escaped_or_not() {
 }
 
 #[test]
+fn a_peers_protocol_name_is_quoted_bounded_in_errors() {
+    let long = "x".repeat(100_000);
+    let transport = json!({"protocol": long, "data": ""}).to_string();
+    let message = String::from_utf8(fixture("v1_reply.json")).unwrap();
+    let mut reply: serde_json::Value = serde_json::from_str(&message).unwrap();
+    reply["protocol"] = json!(long);
+    let reply = reply.to_string();
+    let secure = json!({
+        "protocol": V1_SECURE_REPLY,
+        "message": reply,
+        "hash": B64.encode(sha2::Sha256::digest(reply.as_bytes())),
+    });
+    let inner = json!({"protocol": V1_TRANSPORT, "data": B64.encode(secure.to_string())});
+    for bytes in [transport, inner.to_string()] {
+        match parse_reply(bytes.as_bytes()) {
+            Err(e @ ProtocolError::Protocol { .. }) => {
+                assert!(e.to_string().len() < 300, "{} bytes", e.to_string().len())
+            }
+            other => panic!("not a protocol error: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn reply_hashes_of_the_wrong_length_are_rejected() {
     let message = String::from_utf8(fixture("v1_reply.json")).unwrap();
     let good = B64.encode(sha2::Sha256::digest(message.as_bytes()));
