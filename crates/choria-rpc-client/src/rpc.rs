@@ -410,6 +410,21 @@ impl RpcClient {
         is_connected(&self.inner.nats)
     }
 
+    /// Waits until the broker connection is up or `deadline` passes; answers whether it is up.
+    /// Looks every [`RECONNECT_POLL`] while it is down, so a connected client never waits.
+    async fn wait_connected(&self, deadline: Instant) -> bool {
+        loop {
+            if self.is_connected() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            tokio::time::sleep((deadline - now).min(RECONNECT_POLL)).await;
+        }
+    }
+
     /// A watcher of the broker connection: `true` while connected. It follows the connection
     /// within half a second and changes only when the state does.
     pub fn connection_watch(&self) -> watch::Receiver<bool> {
@@ -521,6 +536,10 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<Reply, RequestError> {
         let deadline = Instant::now() + timeout;
+        // While the client reconnects, the request waits for the connection (within its own
+        // timeout) rather than failing at once: a node's restart sent a second after its broker
+        // went away is not lost to a retry policy that runs out before the reconnection.
+        self.wait_connected(deadline).await;
         let id = protocol::new_request_id();
         let reply_to = format!("{}.{id}", self.inner.reply_prefix);
         let filter = Filter::default();
@@ -828,6 +847,8 @@ async fn poll_connection(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// How often a request waiting for the broker connection looks at it.
+const RECONNECT_POLL: Duration = Duration::from_millis(50);
 /// The provisioner's discovery timeout (go-choria's broadcast discovery default).
 const PROVISIONABLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The provisioner's sliding discovery window: discovery ends this long after the last reply.

@@ -776,6 +776,46 @@ async fn connection_watch_follows_the_broker() {
 }
 
 #[tokio::test]
+async fn a_request_sent_while_reconnecting_waits_for_the_connection() {
+    let mut server = NatsServer::start();
+    responder(&server, nodes(1), echo_agent(false)).await;
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let ping = br#"{"agent":"rpcutil","action":"ping","data":{}}"#;
+    rpc.request("node0.example.net", "rpcutil", ping, Duration::from_secs(5))
+        .await
+        .unwrap();
+    server.stop();
+    let mut up = rpc.connection_watch();
+    tokio::time::timeout(Duration::from_secs(10), up.wait_for(|v| !*v))
+        .await
+        .expect("the client did not see the broker go")
+        .unwrap();
+    // Sent while the broker is down; the broker comes back within the request's timeout.
+    let sent = Instant::now();
+    let waiting = {
+        let rpc = rpc.clone();
+        tokio::spawn(async move {
+            rpc.request(
+                "node0.example.net",
+                "rpcutil",
+                ping,
+                Duration::from_secs(20),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the request failed while disconnected"
+    );
+    server.restart();
+    let reply = waiting.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reply.sender, "node0.example.net");
+    assert!(sent.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test]
 async fn an_error_names_node_action_kind_and_cause() {
     use std::error::Error as _;
     let server = NatsServer::start();
