@@ -662,17 +662,16 @@ async fn discover<R, H, O, C>(
         } else {
             metrics.discover_cycle();
             info!("Looking for provisionable hosts");
-            // Each node is queued as its reply arrives: the workers start on the first while
-            // the rest of the fleet still answers, not after the window closes.
-            let found = client.discover_provisionable_each(|id| {
-                if add_node(&fleet, spreader.as_deref(), id, Source::Discovery) == AddResult::Queued
-                {
-                    info!("Adding {id} to the provision list after discovering it");
-                }
-            });
-            match found.await {
+            match client.discover_provisionable().await {
                 Ok(nodes) => {
-                    info!("discovered {nodes} nodes waiting for provisioning");
+                    info!("discovered {} nodes waiting for provisioning", nodes.len());
+                    for id in &nodes {
+                        if add_node(&fleet, spreader.as_deref(), id, Source::Discovery)
+                            == AddResult::Queued
+                        {
+                            info!("Adding {id} to the provision list after discovering it");
+                        }
+                    }
                 }
                 Err(e) => {
                     metrics.discovery_error();

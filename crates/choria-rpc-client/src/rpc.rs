@@ -617,27 +617,6 @@ impl RpcClient {
         timeout: Duration,
         window: Option<Duration>,
     ) -> Result<Vec<String>, RequestError> {
-        let mut found = Vec::new();
-        self.discover_each(filter, timeout, window, |id| found.push(id.to_string()))
-            .await?;
-        Ok(found)
-    }
-
-    /// [`RpcClient::discover`], handing each identity to `each` as its reply arrives rather
-    /// than at the end, so a caller can start work on the first node while later ones still
-    /// answer; answers the number of distinct identities.
-    ///
-    /// Repeats are dropped by a 64-bit hash of the identity under a key chosen at random for
-    /// each discovery (so no node can aim a collision at another): 8 bytes per node instead of
-    /// its identity. Two distinct identities that collide anyway (about one chance in 10^9 at
-    /// 100,000 nodes) lose the second to the next discovery, nothing more.
-    pub async fn discover_each(
-        &self,
-        filter: &Filter,
-        timeout: Duration,
-        window: Option<Duration>,
-        mut each: impl FnMut(&str),
-    ) -> Result<usize, RequestError> {
         let start = Instant::now();
         let hard_deadline = start + timeout;
         let id = protocol::new_request_id();
@@ -666,16 +645,21 @@ impl RpcClient {
             || "discovery#ping".to_string(),
         )
         .await?;
-        let mut seen: hashbrown::HashTable<u64> = hashbrown::HashTable::new();
+        // Identities in arrival order, and an index of them (positions in `found`, hashed by
+        // identity) to drop repeats: each identity is held once, however many nodes answer.
+        let mut found: Vec<String> = Vec::new();
+        let mut seen: hashbrown::HashTable<usize> = hashbrown::HashTable::new();
         let hasher = std::collections::hash_map::RandomState::new();
         let mut deadline = hard_deadline;
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(identity)) => {
                     let hash = hasher.hash_one(identity.as_str());
-                    if seen.find(hash, |&h| h == hash).is_none() {
-                        seen.insert_unique(hash, hash, |&h| h);
-                        each(&identity);
+                    if seen.find(hash, |&i| found[i] == identity).is_none() {
+                        seen.insert_unique(hash, found.len(), |&i| {
+                            hasher.hash_one(found[i].as_str())
+                        });
+                        found.push(identity);
                     }
                     if let Some(w) = window {
                         deadline = (Instant::now() + w).min(hard_deadline);
@@ -692,11 +676,11 @@ impl RpcClient {
             }
         }
         tracing::debug!(
-            nodes = seen.len(),
+            nodes = found.len(),
             elapsed_ms = start.elapsed().as_millis() as u64,
             "discovery finished"
         );
-        Ok(seen.len())
+        Ok(found)
     }
 
     /// The provisioner's discovery: agent filter `choria_provision`, 2 s timeout, 300 ms
@@ -704,23 +688,8 @@ impl RpcClient {
     pub async fn discover_provisionable(&self) -> Result<Vec<String>, RequestError> {
         self.discover(
             &Filter::with_agent("choria_provision"),
-            PROVISIONABLE_TIMEOUT,
-            Some(PROVISIONABLE_WINDOW),
-        )
-        .await
-    }
-
-    /// [`RpcClient::discover_provisionable`], each node handed to `each` as it answers
-    /// ([`RpcClient::discover_each`]).
-    pub async fn discover_provisionable_each(
-        &self,
-        each: impl FnMut(&str),
-    ) -> Result<usize, RequestError> {
-        self.discover_each(
-            &Filter::with_agent("choria_provision"),
-            PROVISIONABLE_TIMEOUT,
-            Some(PROVISIONABLE_WINDOW),
-            each,
+            Duration::from_secs(2),
+            Some(Duration::from_millis(300)),
         )
         .await
     }
@@ -849,10 +818,6 @@ async fn poll_connection(inner: std::sync::Weak<Inner>) {
 
 /// How often a request waiting for the broker connection looks at it.
 const RECONNECT_POLL: Duration = Duration::from_millis(50);
-/// The provisioner's discovery timeout (go-choria's broadcast discovery default).
-const PROVISIONABLE_TIMEOUT: Duration = Duration::from_secs(2);
-/// The provisioner's sliding discovery window: discovery ends this long after the last reply.
-const PROVISIONABLE_WINDOW: Duration = Duration::from_millis(300);
 
 async fn dispatch(inner: std::sync::Weak<Inner>, mut sub: async_nats::Subscriber) {
     while let Some(msg) = sub.next().await {
