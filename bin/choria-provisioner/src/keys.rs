@@ -9,8 +9,9 @@
 //! replaced by a rename or rewritten in place takes effect at the next node, without reading
 //! both files for every node.
 
-use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
+
+use provision_core::helper_protocol::changed_file::{file_stamp, ChangedFile, FileStamp};
 
 use provision_core::jwt::VerifyingKey;
 use provision_core::policy::{self, PolicyError};
@@ -40,35 +41,20 @@ impl FileKeys {
     }
 }
 
-/// What identifies one version of a file without reading it: device and inode (a file
-/// replaced by a rename), size, and modification and change times to the nanosecond (a file
-/// rewritten in place).
-type FileStamp = (u64, u64, u64, i64, i64, i64, i64);
-
-fn file_stamp(m: &std::fs::Metadata) -> FileStamp {
-    (
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec(),
-    )
-}
-
-/// A small text file (a key, a token) read again only when it changed: one `stat` per use
-/// instead of opening and reading it.
+/// A small text file (a key, a token) read again only when it changed ([`ChangedFile`]).
 struct TextFile {
     path: String,
-    last: Mutex<Option<(FileStamp, String)>>,
+    file: ChangedFile<String>,
 }
+
+/// The largest key or token file read (an RSA key is a few KiB).
+const MAX_KEY_FILE: u64 = 1024 * 1024;
 
 impl TextFile {
     fn new(path: &str) -> Self {
         TextFile {
             path: path.to_string(),
-            last: Mutex::new(None),
+            file: ChangedFile::new(path, MAX_KEY_FILE),
         }
     }
 
@@ -77,29 +63,13 @@ impl TextFile {
         if self.path.is_empty() {
             return Ok(String::new());
         }
-        let error = |source| PolicyError::File {
-            path: self.path.clone(),
-            source,
-        };
-        let stamp = file_stamp(&std::fs::metadata(&self.path).map_err(error)?);
-        if let Ok(last) = self.last.lock() {
-            if let Some((s, text)) = last.as_ref() {
-                if *s == stamp {
-                    return Ok(text.clone());
-                }
-            }
-        }
-        // The stamp is taken again from the open file, so a change between the two looks is
-        // seen at the next use rather than remembered under the old stamp.
-        let mut file = std::fs::File::open(&self.path).map_err(error)?;
-        let stamp = file_stamp(&file.metadata().map_err(error)?);
-        let mut data = Vec::new();
-        std::io::Read::read_to_end(&mut file, &mut data).map_err(error)?;
-        let text = String::from_utf8_lossy(&data).into_owned();
-        if let Ok(mut last) = self.last.lock() {
-            *last = Some((stamp, text.clone()));
-        }
-        Ok(text)
+        self.file.get(
+            |data| Ok(String::from_utf8_lossy(&data).into_owned()),
+            |source| PolicyError::File {
+                path: self.path.clone(),
+                source,
+            },
+        )
     }
 }
 

@@ -23,6 +23,7 @@
 //! bytes ([`input_bytes`]) and decodes its reply the same way ([`decode_reply`]).
 
 #![deny(missing_docs)]
+pub mod changed_file;
 mod error;
 mod exchange;
 mod gojson;

@@ -10,11 +10,13 @@
 //! caller decides whether to try again.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 
+use crate::changed_file::ChangedFile;
 use crate::error::HelperError;
 use crate::exchange;
 use crate::types::{HelperInput, HelperReply};
@@ -111,6 +113,11 @@ pub fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
             path.display()
         ));
     }
+    secret_of(path, secret)
+}
+
+/// A secret file's bytes without one trailing newline (`\n` or `\r\n`); empty is an error.
+fn secret_of(path: &Path, mut secret: Vec<u8>) -> Result<Vec<u8>, String> {
     if secret.last() == Some(&b'\n') {
         secret.pop();
         if secret.last() == Some(&b'\r') {
@@ -129,7 +136,7 @@ pub struct WebhookClient {
     client: reqwest::Client,
     url: reqwest::Url,
     shown: String,
-    secret_file: Option<PathBuf>,
+    secret_file: Option<Arc<ChangedFile<Arc<[u8]>>>>,
     timeout: Duration,
     max_reply: usize,
 }
@@ -139,7 +146,7 @@ impl std::fmt::Debug for WebhookClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookClient")
             .field("url", &self.shown)
-            .field("secret_file", &self.secret_file)
+            .field("secret_file", &self.secret_file.as_ref().map(|f| f.path()))
             .field("timeout", &self.timeout)
             .field("max_reply", &self.max_reply)
             .finish_non_exhaustive()
@@ -261,7 +268,7 @@ fn status_msg(body: &[u8]) -> String {
 
 impl WebhookClient {
     /// A client for `opts`: the URL checked, the TLS files read and parsed now. The secret file
-    /// is read again for every request, so a rotated secret needs no restart.
+    /// is read again whenever it changes, so a rotated secret needs no restart.
     pub fn new(opts: &WebhookOptions) -> Result<Self, HelperError> {
         let url = parse_url(&opts.url).map_err(|reason| HelperError::Setup {
             helper: shown_text(&opts.url),
@@ -328,7 +335,10 @@ impl WebhookClient {
             client,
             url,
             shown,
-            secret_file: opts.secret_file.clone(),
+            secret_file: opts
+                .secret_file
+                .as_ref()
+                .map(|p| Arc::new(ChangedFile::new(p, MAX_SECRET_LEN))),
             timeout: opts.timeout,
             max_reply: opts.max_reply,
         })
@@ -366,11 +376,18 @@ impl WebhookClient {
             .header(ACCEPT, HeaderValue::from_static("application/json"))
             .header(REQUEST_ID_HEADER, &request_id)
             .header(TIMESTAMP_HEADER, &timestamp);
-        if let Some(path) = &self.secret_file {
-            let secret = read_secret(path).map_err(|e| HelperError::Setup {
-                helper: self.shown.clone(),
-                reason: format!("helper_secret_file {e}"),
-            })?;
+        if let Some(file) = &self.secret_file {
+            // Read again only when the file changed: a rotated secret needs no restart.
+            let path = file.path();
+            let secret = file
+                .get(
+                    |b| secret_of(path, b).map(Arc::from),
+                    |e| format!("{}: {e}", path.display()),
+                )
+                .map_err(|e| HelperError::Setup {
+                    helper: self.shown.clone(),
+                    reason: format!("helper_secret_file {e}"),
+                })?;
             req = req.header(
                 SIGNATURE_HEADER,
                 signature(&secret, &timestamp, &request_id, body),
