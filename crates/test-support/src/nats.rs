@@ -199,6 +199,52 @@ impl NatsServer {
     }
 }
 
+/// How a cluster that never placed a replicated stream is reported (and retried).
+const NO_PLACEMENT: &str = "the cluster placed no replicated stream";
+
+/// Creates and deletes a memory stream with `replicas` replicas through the server on `port`
+/// over a plain NATS connection; the JetStream API's answer when it is not a success.
+fn probe_placement(port: u16, replicas: usize) -> std::result::Result<(), String> {
+    use std::io::Read as _;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let create = format!(
+        "{{\"name\":\"PLACEMENT_PROBE\",\"subjects\":[\"placement.probe\"],\"storage\":\"memory\",\"num_replicas\":{replicas}}}"
+    );
+    write!(
+        s,
+        "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nSUB _INBOX.probe 1\r\nPUB $JS.API.STREAM.CREATE.PLACEMENT_PROBE _INBOX.probe {}\r\n{create}\r\nPUB $JS.API.STREAM.DELETE.PLACEMENT_PROBE _INBOX.probe 0\r\n\r\nPING\r\n",
+        create.len()
+    )
+    .map_err(|e| e.to_string())?;
+    // Both answers (create, then delete) arrive before the PONG that follows them.
+    let mut got = String::new();
+    let mut buf = [0u8; 4096];
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if got.matches("MSG _INBOX.probe").count() >= 2 && got.ends_with("\r\n") {
+            break;
+        }
+    }
+    let create_answer = got
+        .split("MSG _INBOX.probe")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    if create_answer.contains("\"config\"") && !create_answer.contains("\"error\"") {
+        Ok(())
+    } else {
+        let line = create_answer.lines().nth(1).unwrap_or("no answer").trim();
+        Err(line.chars().take(200).collect())
+    }
+}
+
 /// Three nats-servers with JetStream on loopback, routed to each other as one cluster, killed
 /// on drop.
 pub struct NatsCluster {
@@ -229,7 +275,9 @@ impl NatsCluster {
         let mut last = None;
         for _ in 0..3 {
             match Self::start_once(size, extra) {
-                Err(Error::Failed(e)) if e.contains("exited early") => last = Some(e),
+                Err(Error::Failed(e)) if e.contains("exited early") || e.contains(NO_PLACEMENT) => {
+                    last = Some(e)
+                }
                 other => return other,
             }
         }
@@ -277,21 +325,26 @@ impl NatsCluster {
             )));
         }
         // JetStream places a replicated stream only once its meta leader has every peer
-        // current: until then creating one fails with "no suitable peers for placement". Waited
-        // for, but not required (a loaded machine may take longer; callers retry placement).
-        let _placed =
-            crate::wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
-                ports.iter().any(|(_, _, http)| {
-                    metrics::http_get(*http, "/jsz").is_some_and(|(st, body)| {
-                        st == 200
-                            && body.contains("\"replicas\"")
-                            && body.matches("\"current\": true").count()
-                                + body.matches("\"current\":true").count()
-                                + 1
-                                >= size
-                    })
-                })
-            });
+        // current: until then creating one fails with "no suitable peers for placement", and
+        // now and then a freshly formed cluster never gets there. So placement is tried for
+        // real (a memory stream with a replica on every server, then deleted) for up to 30 s;
+        // a cluster that places nothing is replaced by a fresh one.
+        let mut answer = String::new();
+        let placed = crate::wait_until(Duration::from_secs(30), Duration::from_millis(250), || {
+            match probe_placement(ports[0].0, size) {
+                Ok(()) => true,
+                Err(e) => {
+                    answer = e;
+                    false
+                }
+            }
+        });
+        if !placed {
+            return Err(Error::Failed(format!(
+                "{NO_PLACEMENT} in 30 s ({answer}); logs under {}",
+                tmp.path().display()
+            )));
+        }
         Ok(NatsCluster {
             servers,
             ports: ports.iter().map(|p| p.0).collect(),
