@@ -41,32 +41,27 @@ impl FileKeys {
     }
 }
 
-/// A small text file (a key, a token) read again only when it changed ([`ChangedFile`]).
-struct TextFile {
-    path: String,
-    file: ChangedFile<String>,
-}
+/// A small text file (a key, a token) read again only when it changed ([`ChangedFile`]); none
+/// when no file is configured.
+struct TextFile(Option<ChangedFile<String>>);
 
 /// The largest key or token file read (an RSA key is a few KiB).
 const MAX_KEY_FILE: u64 = 1024 * 1024;
 
 impl TextFile {
     fn new(path: &str) -> Self {
-        TextFile {
-            path: path.to_string(),
-            file: ChangedFile::new(path, MAX_KEY_FILE),
-        }
+        TextFile((!path.is_empty()).then(|| ChangedFile::new(path, MAX_KEY_FILE)))
     }
 
     /// The file's content, empty when no file is configured.
     fn read(&self) -> Result<String, PolicyError> {
-        if self.path.is_empty() {
+        let Some(file) = &self.0 else {
             return Ok(String::new());
-        }
-        self.file.get(
+        };
+        file.get(
             |data| Ok(String::from_utf8_lossy(&data).into_owned()),
             |source| PolicyError::File {
-                path: self.path.clone(),
+                path: file.path().display().to_string(),
                 source,
             },
         )

@@ -741,15 +741,22 @@ async fn connection_watch_follows_the_broker() {
     assert!(rpc.is_connected());
 }
 
+/// A client of `server` with one node answering `rpcutil#ping`, asked once.
+async fn answered_once(server: &NatsServer) -> RpcClient {
+    responder(server, nodes(1), echo_agent(false)).await;
+    let rpc = client(server, Security::insecure("choria=p.mcollective")).await;
+    rpc.request("node0.example.net", "rpcutil", PING, Duration::from_secs(5))
+        .await
+        .unwrap();
+    rpc
+}
+
+const PING: &[u8] = br#"{"agent":"rpcutil","action":"ping","data":{}}"#;
+
 #[tokio::test]
 async fn a_request_sent_while_reconnecting_waits_for_the_connection() {
     let mut server = NatsServer::start();
-    responder(&server, nodes(1), echo_agent(false)).await;
-    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
-    let ping = br#"{"agent":"rpcutil","action":"ping","data":{}}"#;
-    rpc.request("node0.example.net", "rpcutil", ping, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let rpc = answered_once(&server).await;
     server.stop();
     let mut up = rpc.connection_watch();
     tokio::time::timeout(Duration::from_secs(10), up.wait_for(|v| !*v))
@@ -764,7 +771,7 @@ async fn a_request_sent_while_reconnecting_waits_for_the_connection() {
             rpc.request(
                 "node0.example.net",
                 "rpcutil",
-                ping,
+                PING,
                 Duration::from_secs(20),
             )
             .await
@@ -915,17 +922,12 @@ async fn lifecycle_events_in_both_formats_and_our_startup_event() {
 #[tokio::test]
 async fn requests_resume_after_a_broker_restart() {
     let mut server = NatsServer::start();
-    responder(&server, nodes(1), echo_agent(false)).await;
-    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
-    let ping = br#"{"agent":"rpcutil","action":"ping","data":{}}"#;
-    rpc.request("node0.example.net", "rpcutil", ping, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let rpc = answered_once(&server).await;
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match rpc
-            .request("node0.example.net", "rpcutil", ping, Duration::from_secs(1))
+            .request("node0.example.net", "rpcutil", PING, Duration::from_secs(1))
             .await
         {
             Ok(r) => {

@@ -86,26 +86,9 @@ pub fn create_election_bucket(port: u16, ttl: Duration) -> Result<()> {
     create_replicated_election_bucket(port, ttl, 1)
 }
 
-/// [`create_election_bucket`] with `replicas` copies (a cluster). Right after a cluster forms
-/// JetStream may refuse to place a replicated stream ("no suitable peers for placement") until
-/// its meta leader has every peer current: that answer is retried for up to 60 s, as the
-/// daemon retries opening its buckets; any other answer fails at once.
+/// [`create_election_bucket`] with `replicas` copies (a cluster, which test-support starts
+/// only once it has placed a replicated stream).
 pub fn create_replicated_election_bucket(port: u16, ttl: Duration, replicas: usize) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        match create_bucket_once(port, ttl, replicas) {
-            Err(e)
-                if e.to_string().contains("no suitable peers")
-                    && started.elapsed() < Duration::from_secs(60) =>
-            {
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            other => return other,
-        }
-    }
-}
-
-fn create_bucket_once(port: u16, ttl: Duration, replicas: usize) -> Result<()> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let req = serde_json::json!({

@@ -101,19 +101,11 @@ pub fn signature(secret: &[u8], timestamp: &str, request_id: &str, body: &[u8]) 
 /// Reads a secret file: at most [`MAX_SECRET_LEN`] bytes, one trailing newline (`\n` or
 /// `\r\n`) removed, not empty. The error names the file, never its content.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut secret = Vec::with_capacity(64);
-    f.take(MAX_SECRET_LEN + 1)
-        .read_to_end(&mut secret)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if secret.len() as u64 > MAX_SECRET_LEN {
-        return Err(format!(
-            "{} is longer than {MAX_SECRET_LEN} bytes",
-            path.display()
-        ));
-    }
-    secret_of(path, secret)
+    ChangedFile::new(path, MAX_SECRET_LEN).get(|b| secret_of(path, b), |e| io_error(path, e))
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> String {
+    format!("{}: {e}", path.display())
 }
 
 /// A secret file's bytes without one trailing newline (`\n` or `\r\n`); empty is an error.
@@ -380,10 +372,7 @@ impl WebhookClient {
             // Read again only when the file changed: a rotated secret needs no restart.
             let path = file.path();
             let secret = file
-                .get(
-                    |b| secret_of(path, b).map(Arc::from),
-                    |e| format!("{}: {e}", path.display()),
-                )
+                .get(|b| secret_of(path, b).map(Arc::from), |e| io_error(path, e))
                 .map_err(|e| HelperError::Setup {
                     helper: self.shown.clone(),
                     reason: format!("helper_secret_file {e}"),
