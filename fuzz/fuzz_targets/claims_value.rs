@@ -4,7 +4,7 @@
 //! replica agrees on one owner among the live set.
 #![no_main]
 
-use choria_rpc_client::claims::{node_key, owner, parse_claim_value};
+use provisioner::claims::{node_key, owner, parse_claim_value};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,6 +1,6 @@
 //! `choria-provisioner check`: validate everything a rollout depends on, without connecting, and
 //! say what the daemon would do. Every problem is listed, not just the first. The checks are
-//! the daemon's own preflight ([`crate::settings::preflight`]): a setup `check` passes starts,
+//! the daemon's own preflight ([`provisioner::settings::preflight`]): a setup `check` passes starts,
 //! and one it fails does not.
 
 use anyhow::{bail, Result};
@@ -8,16 +8,18 @@ use choria_rpc_client::config::{ChoriaConfig, SecurityProvider};
 use choria_rpc_client::connection::ConnectionSettings;
 use provision_core::Config;
 
-use crate::cli::{CheckArgs, VERSION};
-use crate::settings::{quoted, security_files, CheckedSettings, Problem};
+use provisioner::settings::{quoted, security_files, CheckedSettings, Problem};
+use provisioner::VERSION;
+
+use crate::cli::{paths, CheckArgs};
 
 /// Run the checks, print the plan and the findings, fail when there is any problem.
 pub fn main(debug: bool, args: CheckArgs) -> Result<()> {
-    let mut checked = CheckedSettings::load(&args.run, debug);
+    let mut checked = CheckedSettings::load(&paths(&args.run, debug));
     let mut probed = None;
     if args.probe {
         if let Some(cfg) = &checked.config {
-            let (line, problems) = crate::helper::probe(cfg);
+            let (line, problems) = provisioner::helper::probe(cfg);
             probed = line;
             checked.problems.extend(problems);
         }
@@ -135,7 +137,7 @@ fn status_plan(cfg: &Config) -> String {
 /// The active-active line: what the replicas share on the broker and what to create when the
 /// account may not.
 fn active_active(cfg: &Config) -> String {
-    use choria_rpc_client::claims::{create_command, CLAIMS_BUCKET, MAX_BUCKET_REPLICAS};
+    use provisioner::claims::{create_command, CLAIMS_BUCKET, MAX_BUCKET_REPLICAS};
     if !cfg.active_active {
         return "  active-active: off\n".to_string();
     }

@@ -4,12 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// The release version: injected at build time by `cargo xtask dist` through
-/// `CHORIA_PROVISIONER_VERSION`, else the crate version.
-pub const VERSION: &str = match option_env!("CHORIA_PROVISIONER_VERSION") {
-    Some(v) => v,
-    None => env!("CARGO_PKG_VERSION"),
-};
+pub use provisioner::VERSION;
 
 /// The git commit the release was built from, when the build recorded it.
 pub const COMMIT: Option<&str> = option_env!("CHORIA_PROVISIONER_COMMIT");
@@ -196,5 +191,14 @@ fn existing_file(s: &str) -> Result<PathBuf, String> {
         Ok(m) if m.is_file() => Ok(p),
         Ok(_) => Err(format!("{s} is not a file")),
         Err(e) => Err(format!("cannot read {s}: {e}")),
+    }
+}
+
+/// The library's view of `run`'s and `check`'s file flags.
+pub fn paths(args: &RunArgs, debug: bool) -> provisioner::settings::Paths {
+    provisioner::settings::Paths {
+        config: args.config.clone(),
+        choria_config: args.choria_config.clone(),
+        debug,
     }
 }

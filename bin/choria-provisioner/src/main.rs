@@ -1,21 +1,13 @@
 //! `choria-provisioner`: the daemon that owns the early life of Choria Servers.
 //!
 //! This binary is thin: it parses flags, loads and validates both configuration files before
-//! anything binds, sets up logging, and hands over to [`daemon`] (or [`check`]). Every error
+//! anything binds, sets up logging, and hands over to the `provisioner` library's daemon (or [`check`]). Every error
 //! reaches the operator as one line on stderr and a non-zero exit code.
 
-mod aa;
-mod audit;
 mod check;
 mod cli;
-mod daemon;
-mod helper;
-mod keys;
-mod logging;
-mod node_rpc;
 mod policy_cli;
-mod rego;
-mod settings;
+mod run;
 mod status_cli;
 
 use std::process::ExitCode;
@@ -44,7 +36,7 @@ fn main() -> ExitCode {
             .exit(),
     };
     let result = match command {
-        cli::Command::Run(args) => daemon::main(cli.debug, args),
+        cli::Command::Run(args) => run::main(cli.debug, args),
         cli::Command::Check(args) => check::main(cli.debug, args),
         cli::Command::Policy(cli::PolicyCommand::Eval(args)) => policy_cli::eval(&args),
         cli::Command::Status(args) => status_cli::status(&args),
@@ -55,25 +47,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One readable line: the chain of causes joined, no backtrace, no Debug dump.
-            eprintln!("choria-provisioner: {}", one_line(&e));
+            eprintln!("choria-provisioner: {}", provisioner::one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes joined with `: `, leaving out a cause whose text the message
-/// already carries (some errors repeat their source in their own message), on one line.
-pub(crate) fn one_line(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out.replace('\n', " ")
 }

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use provision_core::{Config, Decision};
 
 use crate::cli::PolicyEvalArgs;
-use crate::rego::{self, RegoPolicy};
+use provisioner::rego::{self, RegoPolicy};
 
 /// The largest input file read.
 const MAX_INPUT_BYTES: u64 = 4 * 1024 * 1024;

@@ -15,26 +15,14 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
+use provisioner::settings::read_token;
+
 use crate::cli::{ApiArgs, NodeArgs, NodesArgs};
 
 /// How long connecting, sending and each read may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest response read (a page of 500 nodes is well under this).
 const MAX_RESPONSE: u64 = 8 << 20;
-
-/// The bearer token in `path` (its first line), `None` for an empty path.
-pub fn read_token(path: &str) -> Result<Option<String>> {
-    if path.is_empty() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read monitor_token_file {path}"))?;
-    let token = text.lines().next().unwrap_or("").trim().to_string();
-    if token.is_empty() {
-        bail!("monitor_token_file {path} is empty");
-    }
-    Ok(Some(token))
-}
 
 /// Where the API is and the token it wants.
 struct Target {
@@ -421,29 +409,6 @@ pub fn node(args: &NodeArgs) -> Result<()> {
     }
     print!("{}", table(&hist));
     Ok(())
-}
-
-/// The preflight findings of these settings: the token file must be readable and not empty,
-/// and the audit file's directory must exist.
-pub fn preflight(cfg: &provision_core::Config) -> Vec<String> {
-    let mut fatal = Vec::new();
-    if let Err(e) = read_token(&cfg.monitor_token_file) {
-        fatal.push(crate::one_line(&e));
-    }
-    if !cfg.audit_file.is_empty() {
-        let dir = Path::new(&cfg.audit_file)
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        if !dir.is_dir() {
-            fatal.push(format!(
-                "audit_file {}: the directory {} does not exist",
-                cfg.audit_file,
-                dir.display()
-            ));
-        }
-    }
-    fatal
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ pub const DEFAULT_BUCKET: &str = "CHORIA_LEADER_ELECTION";
 pub const PROVISIONER_ELECTION: &str = "provisioner";
 
 /// The JetStream API prefix through which the provisioning account reaches Choria Streams.
-pub const PROVISIONING_API_PREFIX: &str = "choria.streams";
+pub use crate::streams::PROVISIONING_API_PREFIX;
 
 /// Upper bound of the random sleep before the first campaign, as in go-choria.
 pub const DEFAULT_SPLAY: Duration = Duration::from_secs(5);

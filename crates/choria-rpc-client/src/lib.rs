@@ -14,7 +14,8 @@
 //! * [`connection`]: the one shared NATS connection.
 //! * [`rpc`]: [`rpc::RpcClient`], a cheap-to-clone handle for directed requests, discovery and
 //!   lifecycle events; [`agents`] adds typed `rpcutil` and `choria_provision` calls to it.
-//! * [`election`]: leader election on Choria Streams; [`audit`]: the audit trail's stream.
+//! * [`streams`]: which route reaches Choria Streams (JetStream) from this connection;
+//!   [`election`]: leader election on it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,9 +36,7 @@
 
 #![deny(missing_docs)]
 pub mod agents;
-pub mod audit;
 pub mod brokers;
-pub mod claims;
 pub mod config;
 pub mod connection;
 pub mod election;
@@ -45,3 +44,7 @@ pub mod lifecycle;
 pub mod mcorpc;
 pub mod protocol;
 pub mod rpc;
+pub mod streams;
+
+/// The NATS client the connection and [`rpc::RpcClient::nats`] hand out.
+pub use async_nats;

@@ -1,19 +1,19 @@
 //! Which JetStream API an election goes through: the `choria.streams` import or the account's
-//! own JetStream.
+//! own JetStream, found by the one probe of [`crate::streams`].
 
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::Policy;
-use super::{Election, ElectionError, PROVISIONING_API_PREFIX};
+use super::{Election, ElectionError};
+use crate::streams::{first_answering, Probe, StreamsApi};
 
 impl Election {
     /// The election `key` for `identity` over whichever JetStream API answers on `client`.
     ///
-    /// Behind a Choria broker the provisioning account reaches JetStream only through the
-    /// [`PROVISIONING_API_PREFIX`] import, as the Go provisioner uses it; on a plain NATS
-    /// server the account's own JetStream answers. The import is tried first. Whichever API
-    /// answers at all is kept even when the bucket is missing there, so a bucket created later
-    /// is found. While neither answers, each failure is logged as an error and both are asked
+    /// The routes are asked as [`crate::streams::first_answering`] asks them: the
+    /// `choria.streams` import first, then the account's own JetStream. Whichever API answers
+    /// at all is kept even when the bucket is missing there, so a bucket created later is
+    /// found. While neither answers, each failure is logged as an error and both are asked
     /// again after `retry`'s delay for the number of failures so far.
     ///
     /// `Ok(None)` when `cancel` fires first; an error only when the names do not make an
@@ -25,39 +25,51 @@ impl Election {
         retry: &Policy,
         cancel: &CancellationToken,
     ) -> Result<Option<Election>, ElectionError> {
-        let prefixed = Election::builder(client.clone(), key, identity)
-            .api_prefix(PROVISIONING_API_PREFIX)
-            .build()?;
-        let direct = Election::builder(client, key, identity).build()?;
+        let election = |api: StreamsApi| {
+            let b = Election::builder(client.clone(), key, identity);
+            match api.prefix() {
+                Some(p) => b.api_prefix(p).build(),
+                None => b.build(),
+            }
+        };
+        let routes = [
+            election(StreamsApi::ChoriaStreams)?,
+            election(StreamsApi::Account)?,
+        ];
         let unreachable = |e: &ElectionError| {
             matches!(
                 e,
                 ElectionError::StreamsUnavailable { .. } | ElectionError::Request { .. }
             )
         };
+        let route = |api: StreamsApi| match api {
+            StreamsApi::Account => &routes[1],
+            _ => &routes[0],
+        };
         let mut failures = 0usize;
         loop {
-            let why = tokio::select! {
-                opened = prefixed.open() => match opened {
-                    Ok(_) => return Ok(Some(prefixed)),
-                    Err(e) if !unreachable(&e) => return Ok(Some(prefixed)),
-                    Err(e) => e,
-                },
+            let probe = tokio::select! {
+                p = first_answering(|api| route(api).open(), unreachable) => p,
                 _ = cancel.cancelled() => return Ok(None),
             };
-            let opened = tokio::select! {
-                opened = direct.open() => opened,
-                _ = cancel.cancelled() => return Ok(None),
-            };
-            match opened {
-                Err(e) if unreachable(&e) => {
-                    tracing::error!("leader election: {why}; the account's own JetStream does not answer either: {e}; provisioning stays paused until this is fixed");
+            match probe {
+                Probe::Opened(api, _) | Probe::Answered(api, _) => {
+                    if api == StreamsApi::Account {
+                        tracing::info!(
+                            "leader election uses the account's own JetStream (no choria.streams import)"
+                        );
+                    }
+                    return Ok(Some(route(api).clone()));
                 }
-                _ => {
-                    tracing::info!(
-                        "leader election uses the account's own JetStream (no choria.streams import)"
+                Probe::Unreachable(errors) => {
+                    let why: Vec<String> = errors
+                        .iter()
+                        .map(|(api, e)| format!("{api}: {e}"))
+                        .collect();
+                    tracing::error!(
+                        "leader election: neither route to Choria Streams answers ({}); provisioning stays paused until this is fixed",
+                        why.join("; ")
                     );
-                    return Ok(Some(direct));
                 }
             }
             failures = failures.saturating_add(1);

@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use choria_rpc_client::claims::{Claim, ClaimStore, CLAIMS_BUCKET};
+use choria_rpc_client::streams::StreamsApi;
+use provisioner::claims::{Claim, ClaimStore, CLAIMS_BUCKET};
 use test_support::NatsCluster;
 
 const LIFETIME: Duration = Duration::from_secs(6);
@@ -15,7 +16,7 @@ const LIFETIME: Duration = Duration::from_secs(6);
 /// A replica's store on `url`, once the bucket exists (opened by [`cluster_with_bucket`]).
 async fn replica(url: &str, name: &str) -> ClaimStore {
     let client = async_nats::connect(url).await.unwrap();
-    ClaimStore::open(client, None, CLAIMS_BUCKET, name, LIFETIME)
+    ClaimStore::open(client, StreamsApi::Account, CLAIMS_BUCKET, name, LIFETIME)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -34,7 +35,7 @@ async fn cluster_with_bucket() -> (NatsCluster, ClaimStore) {
         while started.elapsed() < Duration::from_secs(45) {
             match ClaimStore::open(
                 client.clone(),
-                None,
+                StreamsApi::Account,
                 CLAIMS_BUCKET,
                 "r-a.example.net",
                 LIFETIME,

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::audit_stream::AuditStream;
 use anyhow::{Context, Result};
-use choria_rpc_client::audit::AuditStream;
 use choria_rpc_client::rpc::RpcClient;
 use provision_core::{NodeEvent, Observer, Verdict};
 use provisioner_metrics::nodes::issued_json;
@@ -300,7 +300,7 @@ impl Writer {
                 let what = format!(
                     "{} record(s) not written: {}",
                     batch.len(),
-                    crate::one_line(&e)
+                    crate::one_line(e.as_ref())
                 );
                 self.complain(what);
             }

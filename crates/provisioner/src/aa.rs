@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use choria_rpc_client::claims::{Claim, ClaimStats, ClaimStore};
+use crate::claims::{Claim, ClaimStats, ClaimStore};
 use provision_core::claims::{ClaimFuture, ClaimOutcome, Claims, Ticket};
 use provision_core::identity::escaped;
 use provision_core::{AddResult, ClaimError, Config, Fleet, Source};
@@ -48,11 +48,7 @@ impl ReplicaClaims {
     }
 }
 
-fn core_error(
-    e: choria_rpc_client::claims::ClaimsError,
-    identity: &str,
-    action: &'static str,
-) -> ClaimError {
+fn core_error(e: crate::claims::ClaimsError, identity: &str, action: &'static str) -> ClaimError {
     ClaimError {
         identity: identity.to_string(),
         action,

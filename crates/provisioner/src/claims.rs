@@ -33,8 +33,8 @@ use async_nats::jetstream::ErrorCode;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use crate::election::backoff::Policy;
-use crate::election::PROVISIONING_API_PREFIX;
+use choria_rpc_client::election::backoff::Policy;
+use choria_rpc_client::streams::{first_answering, Probe, StreamsApi};
 
 /// The bucket active-active replicas share.
 pub const CLAIMS_BUCKET: &str = "CHORIA_PROVISIONER_CLAIMS";
@@ -211,24 +211,22 @@ impl ClaimStore {
         }
         let mut failures = 0usize;
         loop {
-            let mut last = None;
-            for api in [Some(PROVISIONING_API_PREFIX), None] {
-                let opened = tokio::select! {
-                    o = Self::open(client.clone(), api, CLAIMS_BUCKET, replica, lifetime) => o,
-                    _ = cancel.cancelled() => return Ok(None),
-                };
-                match opened {
-                    Ok(store) => return Ok(Some(store)),
-                    // The API answered: the problem is the bucket, not the route.
-                    Err(e) if !matches!(e, ClaimsError::Unreachable { .. }) => {
-                        last = Some(e);
-                        break;
+            let probe = tokio::select! {
+                p = first_answering(
+                    |api| Self::open(client.clone(), api, CLAIMS_BUCKET, replica, lifetime),
+                    |e| matches!(e, ClaimsError::Unreachable { .. }),
+                ) => p,
+                _ = cancel.cancelled() => return Ok(None),
+            };
+            match probe {
+                Probe::Opened(_, store) => return Ok(Some(store)),
+                // The API answered: the problem is the bucket, not the route.
+                Probe::Answered(_, e) => on_error(&e),
+                Probe::Unreachable(mut errors) => {
+                    if let Some((_, e)) = errors.pop() {
+                        on_error(&e);
                     }
-                    Err(e) => last = Some(e),
                 }
-            }
-            if let Some(e) = &last {
-                on_error(e);
             }
             failures = failures.saturating_add(1);
             if !retry.sleep(failures, cancel).await {
@@ -237,23 +235,16 @@ impl ClaimStore {
         }
     }
 
-    /// Open `bucket` through `api_prefix` (`None`: the account's own JetStream), creating it
-    /// when missing.
+    /// Open `bucket` through `api`, creating it when missing.
     pub async fn open(
         client: async_nats::Client,
-        api_prefix: Option<&str>,
+        api: StreamsApi,
         bucket: &str,
         replica: &str,
         lifetime: Duration,
     ) -> Result<ClaimStore, ClaimsError> {
-        let builder = jetstream::ContextBuilder::new().timeout(REQUEST_TIMEOUT);
-        let (js, api) = match api_prefix {
-            Some(p) => (
-                builder.api_prefix(p.to_string()).build(client),
-                p.to_string(),
-            ),
-            None => (builder.build(client), "$JS.API".to_string()),
-        };
+        let js = api.context(client, REQUEST_TIMEOUT);
+        let api = api.subject_prefix().to_string();
         let stream_name = format!("KV_{bucket}");
         let command = create_command(bucket, lifetime, MAX_BUCKET_REPLICAS);
         let unreachable = |detail: String| ClaimsError::Unreachable {

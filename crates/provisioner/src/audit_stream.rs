@@ -1,7 +1,7 @@
 //! The audit trail's JetStream stream: every replica of an HA or active-active deployment
 //! publishes its decisions into one replicated stream of the provisioning account.
 //!
-//! The JetStream API is found as the election finds it ([`crate::election`]): the
+//! The JetStream API is found as the election finds it ([`choria_rpc_client::streams`]): the
 //! `choria.streams` import of the provisioning account behind a Choria broker first, then the
 //! account's own JetStream. The stream is looked up, and created (file storage, the subject
 //! [`AUDIT_SUBJECT`]) where the account may create streams. Each record is published and its
@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use bytes::Bytes;
 
-use crate::election::PROVISIONING_API_PREFIX;
+use choria_rpc_client::streams::{first_answering, Probe};
 
 /// The subject the provisioner publishes audit records on.
 pub const AUDIT_SUBJECT: &str = "choria.provisioner.audit";
@@ -72,35 +72,40 @@ fn stream_config(name: &str) -> jetstream::stream::Config {
 
 impl AuditStream {
     /// Opens (or creates) `stream` through the `choria.streams` import, else the account's own
-    /// JetStream.
+    /// JetStream (any failure through the import tries the account's own).
     pub async fn open(client: async_nats::Client, stream: &str) -> Result<AuditStream, AuditError> {
-        let prefixed = jetstream::ContextBuilder::new()
-            .api_prefix(PROVISIONING_API_PREFIX)
-            .timeout(AUDIT_TIMEOUT)
-            .build(client.clone());
-        let first = match prefixed.get_or_create_stream(stream_config(stream)).await {
-            Ok(_) => {
-                return Ok(AuditStream {
-                    js: prefixed,
-                    stream: stream.to_string(),
-                    api: "the choria.streams import",
-                })
-            }
-            Err(e) => e.to_string(),
-        };
-        let direct = jetstream::ContextBuilder::new()
-            .timeout(AUDIT_TIMEOUT)
-            .build(client);
-        match direct.get_or_create_stream(stream_config(stream)).await {
-            Ok(_) => Ok(AuditStream {
-                js: direct,
+        let probe = first_answering(
+            |api| {
+                let js = api.context(client.clone(), AUDIT_TIMEOUT);
+                async move {
+                    js.get_or_create_stream(stream_config(stream))
+                        .await
+                        .map(|_| js)
+                        .map_err(|e| e.to_string())
+                }
+            },
+            |_| true,
+        )
+        .await;
+        match probe {
+            Probe::Opened(api, js) => Ok(AuditStream {
+                js,
                 stream: stream.to_string(),
-                api: "the account's own JetStream",
+                api: api.describe(),
             }),
-            Err(e) => Err(AuditError::Open {
+            Probe::Answered(_, detail) => Err(AuditError::Open {
                 stream: stream.to_string(),
                 api: "the choria.streams import and the account's own JetStream",
-                detail: format!("{first}; {e}"),
+                detail,
+            }),
+            Probe::Unreachable(errors) => Err(AuditError::Open {
+                stream: stream.to_string(),
+                api: "the choria.streams import and the account's own JetStream",
+                detail: errors
+                    .into_iter()
+                    .map(|(_, e)| e)
+                    .collect::<Vec<_>>()
+                    .join("; "),
             }),
         }
     }

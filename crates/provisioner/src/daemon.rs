@@ -12,12 +12,12 @@
 //! fleet's own counts, never a metric.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::claims::ClaimStore;
 use anyhow::{bail, Context, Result};
-use choria_rpc_client::claims::ClaimStore;
 use choria_rpc_client::connection::{
     connect_with_retry_observed, ConnectionError, ConnectionSettings, ConnectorSnapshot,
     ConnectorStats,
@@ -34,12 +34,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::aa;
-use crate::cli::{RunArgs, VERSION};
 use crate::helper::SiteHelper;
 use crate::keys::FileKeys;
-use crate::logging;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
 use crate::settings::{preflight, Problem, Settings};
+use crate::VERSION;
 
 /// The shortest time between two discoveries started early because announced nodes wait.
 const EARLY_DISCOVERY_EVERY: Duration = Duration::from_secs(20);
@@ -50,47 +49,9 @@ const CONGESTION_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
-const DRAIN_GRACE: Duration = Duration::from_secs(10);
+pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// How often the rego_policy's files are checked for changes.
 const POLICY_POLL: Duration = Duration::from_secs(1);
-
-/// Run the daemon until SIGINT or SIGTERM.
-pub fn main(debug: bool, args: RunArgs) -> Result<()> {
-    let settings = Settings::load(&args, debug)?;
-    // As in Go, the provisioner configuration's own `loglevel` and `logfile`, whatever the
-    // Choria configuration says.
-    // Held to the end: a log file's last lines are written when it drops.
-    let _log = logging::init(&settings.config.loglevel, &settings.config.logfile, debug)?;
-    info!(
-        version = VERSION,
-        "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",
-        settings.config.file.display(),
-        go_duration(settings.config.interval),
-        settings.config.workers
-    );
-    refuse_problems(&settings)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("provisioner")
-        .build()
-        .context("cannot start the async runtime")?;
-    // The handlers are in place before the pid file exists, so whoever reads it can always
-    // stop the process cleanly.
-    let signals = {
-        let _rt = runtime.enter();
-        Signals::install()?
-    };
-    let _pid = match &args.pid {
-        Some(p) => Some(PidFile::create(p)?),
-        None => None,
-    };
-    let result = runtime.block_on(run(settings, signals));
-    runtime.shutdown_timeout(Duration::from_secs(2));
-    if let Err(e) = &result {
-        error!("{}", crate::one_line(e));
-    }
-    result
-}
 
 /// `d` as an operator writes a Choria duration: `5m`, `1h`, `90s`.
 fn go_duration(d: Duration) -> String {
@@ -105,7 +66,7 @@ fn go_duration(d: Duration) -> String {
 
 /// Logs every finding of the preflight `check` runs, and refuses to start on a fatal one: the
 /// daemon would fail on it anyway, at start or for every node.
-fn refuse_problems(settings: &Settings) -> Result<()> {
+pub fn refuse_problems(settings: &Settings) -> Result<()> {
     let mut fatal = Vec::new();
     for p in preflight(settings) {
         match p {
@@ -126,33 +87,30 @@ fn refuse_problems(settings: &Settings) -> Result<()> {
     )
 }
 
-/// The PID file, removed when dropped.
-struct PidFile(PathBuf);
-
-impl PidFile {
-    fn create(path: &Path) -> Result<Self> {
-        std::fs::write(path, format!("{}\n", std::process::id()))
-            .with_context(|| format!("cannot write pid file {}", path.display()))?;
-        Ok(PidFile(path.to_path_buf()))
-    }
-}
-
-impl Drop for PidFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-async fn run(settings: Settings, signals: Signals) -> Result<()> {
+/// Runs the provisioner described by `settings` until `shutdown` is cancelled, then drains: nodes
+/// in flight get [`DRAIN_GRACE`] to finish, or until `force` is cancelled.
+///
+/// The preflight runs first: every warning is logged, and a fatal finding refuses the start
+/// before anything binds or connects (what `choria-provisioner check` reports).
+pub async fn run(
+    settings: Settings,
+    shutdown: CancellationToken,
+    force: CancellationToken,
+) -> Result<()> {
+    refuse_problems(&settings)?;
+    info!(
+        version = VERSION,
+        "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",
+        settings.config.file.display(),
+        go_duration(settings.config.interval),
+        settings.config.workers
+    );
     let Settings { config, choria, .. } = settings;
     let config = Arc::new(config);
-    let shutdown = CancellationToken::new();
-    let force = CancellationToken::new();
-    // Ends the signal handler and the connection watch once everything else has stopped.
+    // Ends the connection watch once everything else has stopped.
     let stopped = CancellationToken::new();
     // Dropping a JoinSet aborts its tasks, so an early return leaves nothing running either.
     let mut background = JoinSet::new();
-    background.spawn(signals.watch(shutdown.clone(), force.clone(), stopped.clone()));
 
     let metrics = Metrics::new(config.site.clone());
     let nodes = NodeTable::new(HistoryLimits {
@@ -178,7 +136,7 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
                 .with_context(|| format!("invalid monitor_address {:?}", config.monitor_address))?
         };
         let addr = SocketAddr::new(ip, config.monitor_port);
-        let token = crate::status_cli::read_token(&config.monitor_token_file)?;
+        let token = crate::settings::read_token(&config.monitor_token_file)?;
         let api = provisioner_metrics::Monitor {
             metrics: Arc::clone(&metrics),
             nodes: Some(Arc::clone(&nodes)),
@@ -430,47 +388,6 @@ async fn run(settings: Settings, signals: Signals) -> Result<()> {
     }
     info!("stopped");
     Ok(())
-}
-
-/// SIGTERM and SIGINT, caught from start-up on.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Install the handlers; needs the runtime's context.
-    fn install() -> Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals {
-            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
-            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
-        })
-    }
-
-    /// The first signal cancels `shutdown`, a second one `force`; returns after the second
-    /// signal or when `stopped` is cancelled.
-    async fn watch(
-        mut self,
-        shutdown: CancellationToken,
-        force: CancellationToken,
-        stopped: CancellationToken,
-    ) {
-        tokio::select! {
-            _ = self.term.recv() => info!("received SIGTERM"),
-            _ = self.int.recv() => info!("received SIGINT"),
-            _ = stopped.cancelled() => return,
-        }
-        shutdown.cancel();
-        // A second signal (an impatient Ctrl-C) ends the drain at once.
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-            _ = stopped.cancelled() => return,
-        }
-        warn!("received a second signal, not waiting for nodes in flight");
-        force.cancel();
-    }
 }
 
 /// Keep `/readyz` in step with the broker connection, until `stopped`.

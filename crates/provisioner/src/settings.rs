@@ -15,8 +15,66 @@ use choria_rpc_client::config::{
 use choria_rpc_client::connection::{ConnectionError, ConnectionSettings};
 use provision_core::{Config, ConfigWarning, KeyMaterial as _};
 
-use crate::cli::RunArgs;
 use crate::keys::FileKeys;
+
+/// Where the two configuration files are, as given on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Paths {
+    /// The provisioner configuration (YAML); required.
+    pub config: Option<PathBuf>,
+    /// The Choria client configuration; `None` means the Choria user configuration.
+    pub choria_config: Option<PathBuf>,
+    /// `--debug`: the log level forced to debug.
+    pub debug: bool,
+}
+
+impl Paths {
+    /// Both files named.
+    pub fn new(config: impl Into<PathBuf>, choria_config: impl Into<PathBuf>) -> Self {
+        Paths {
+            config: Some(config.into()),
+            choria_config: Some(choria_config.into()),
+            debug: false,
+        }
+    }
+}
+
+/// The bearer token in `path` (its first line), `None` for an empty path.
+pub fn read_token(path: &str) -> Result<Option<String>> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read monitor_token_file {path}"))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        anyhow::bail!("monitor_token_file {path} is empty");
+    }
+    Ok(Some(token))
+}
+
+/// The status findings of these settings: the token file must be readable and not empty,
+/// and the audit file's directory must exist.
+fn status_preflight(cfg: &Config) -> Vec<String> {
+    let mut fatal = Vec::new();
+    if let Err(e) = read_token(&cfg.monitor_token_file) {
+        fatal.push(crate::one_line(e.as_ref()));
+    }
+    if !cfg.audit_file.is_empty() {
+        let dir = Path::new(&cfg.audit_file)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !dir.is_dir() {
+            fatal.push(format!(
+                "audit_file {}: the directory {} does not exist",
+                cfg.audit_file,
+                dir.display()
+            ));
+        }
+    }
+    fatal
+}
 
 /// Both configurations, loaded, validated and with the provisioner's overrides applied.
 pub struct Settings {
@@ -51,7 +109,7 @@ impl Findings {
 }
 
 /// The Choria configuration file named on the command line, else the user's.
-fn choria_path(args: &RunArgs) -> PathBuf {
+fn choria_path(args: &Paths) -> PathBuf {
     args.choria_config
         .clone()
         .unwrap_or_else(choria_rpc_client::config::user_config_path)
@@ -72,7 +130,8 @@ fn overrides(config: &Config, debug: bool) -> ProvisionerOverrides {
 impl Settings {
     /// Load and validate both files for `run`, failing on the first error; nothing is opened
     /// or bound yet.
-    pub fn load(args: &RunArgs, debug: bool) -> Result<Settings> {
+    pub fn load(args: &Paths) -> Result<Settings> {
+        let debug = args.debug;
         let path = args.config.as_deref().context("--config is required")?;
         let loaded = Config::load(path).map_err(anyhow::Error::new)?;
         let choria_path = choria_path(args);
@@ -106,7 +165,8 @@ impl CheckedSettings {
     /// Load both files as far as they go, listing every problem rather than the first, and run
     /// the preflight on whatever loaded. With no fatal problem in loading this is exactly
     /// [`Settings::load`] followed by [`preflight`].
-    pub fn load(args: &RunArgs, debug: bool) -> CheckedSettings {
+    pub fn load(args: &Paths) -> CheckedSettings {
+        let debug = args.debug;
         let mut f = Findings::default();
         // Every validation problem is listed; the rest of the checks go on with defaults in
         // place of the invalid values.
@@ -177,7 +237,7 @@ pub fn preflight(settings: &Settings) -> Vec<Problem> {
         .collect();
     problems.extend(preflight_config(&settings.config));
     problems.extend(
-        crate::status_cli::preflight(&settings.config)
+        status_preflight(&settings.config)
             .into_iter()
             .map(Problem::Fatal),
     );
@@ -592,12 +652,8 @@ mod tests {
         p
     }
 
-    fn args(config: &Path, choria: &Path) -> RunArgs {
-        RunArgs {
-            config: Some(config.to_path_buf()),
-            choria_config: Some(choria.to_path_buf()),
-            pid: None,
-        }
+    fn args(config: &Path, choria: &Path) -> Paths {
+        Paths::new(config, choria)
     }
 
     /// Whenever both files load, `check` finds exactly what the daemon's preflight finds.
@@ -628,8 +684,8 @@ mod tests {
             "identity = p1\nplugin.choria.middleware_hosts = nats://b.example.net:x\n",
             0o600,
         );
-        let checked = CheckedSettings::load(&args(&yaml, &cfg), false);
-        let settings = Settings::load(&args(&yaml, &cfg), false).unwrap();
+        let checked = CheckedSettings::load(&args(&yaml, &cfg));
+        let settings = Settings::load(&args(&yaml, &cfg)).unwrap();
         let mut from_check = checked.problems.clone();
         let mut from_run = preflight(&settings);
         from_check.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
