@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use provision_core::identity::IdentityRule;
-use provision_core::policy::{check_csr_names, CsrNames, CsrPolicy, DenyList};
+use provision_core::policy::{check_csr_names, CsrNames, CsrPolicy, DenyList, ExtraDnsNames};
 use std::sync::OnceLock;
 
 fn deny() -> &'static DenyList {
@@ -15,9 +15,13 @@ fn deny() -> &'static DenyList {
     })
 }
 
-fn extra() -> &'static regex::Regex {
-    static EXTRA: OnceLock<regex::Regex> = OnceLock::new();
-    EXTRA.get_or_init(|| regex::Regex::new(r"^[a-z0-9-]+\.svc\.example\.net$").expect("compiles"))
+fn extra() -> &'static ExtraDnsNames {
+    static EXTRA: OnceLock<ExtraDnsNames> = OnceLock::new();
+    EXTRA.get_or_init(|| {
+        ExtraDnsNames::new(r"[a-z0-9-]+\.svc\.example\.net")
+            .expect("compiles")
+            .expect("not empty")
+    })
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use provision_core::config::{Config, ConfigWarning};
+use provisioner::config::{Config, ConfigWarning};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -73,7 +73,7 @@ fn the_packaged_default_configuration_loads() {
     assert_loads(&text, &path.display().to_string());
     let loaded = Config::from_yaml(&text, &path).unwrap();
     assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
-    assert!(loaded.config.features.jwt);
+    assert!(loaded.config.provision.features().jwt);
     assert_eq!(
         loaded.config.logfile,
         "/var/log/choria-provisioner/choria-provisioner.log"

@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 use choria_rpc_client::config::{ChoriaConfig, SecurityProvider};
 use choria_rpc_client::connection::ConnectionSettings;
-use provision_core::Config;
+use provisioner::config::Config;
 
 use provisioner::settings::{quoted, security_files, CheckedSettings, Problem};
 use provisioner::VERSION;
@@ -57,7 +57,7 @@ pub fn main(debug: bool, args: CheckArgs) -> Result<()> {
 }
 
 fn plan(cfg: &Config) -> String {
-    let f = cfg.features;
+    let f = cfg.provision.features();
     let on = |b: bool| if b { "on" } else { "off" };
     format!(
         "provisioner configuration {}\n  \
@@ -72,7 +72,7 @@ fn plan(cfg: &Config) -> String {
         on(f.upgrades),
         cfg.workers,
         cfg.work_queue_size,
-        human(cfg.interval),
+        human(cfg.provision.interval()),
         // A webhook URL without credentials or query.
         helper_protocol::webhook::shown_text(&cfg.helper),
         cfg.lifecycle_component,
@@ -84,15 +84,15 @@ fn plan(cfg: &Config) -> String {
         } else {
             &cfg.site
         },
-        if cfg.identity_pattern.is_empty() {
-            "the built-in grammar (DNS-like labels of letters, digits, '-' and '_')".to_string()
-        } else {
-            format!("identity_pattern {}", quoted(&cfg.identity_pattern))
+        match cfg.provision.identity_rule().pattern() {
+            None => {
+                "the built-in grammar (DNS-like labels of letters, digits, '-' and '_')".to_string()
+            }
+            Some(p) => format!("identity_pattern {}", quoted(p)),
         },
-        if cfg.csr_extra_dns_names.is_empty() {
-            "none (every DNS name must be the identity)".to_string()
-        } else {
-            format!("csr_extra_dns_names {}", quoted(&cfg.csr_extra_dns_names))
+        match cfg.provision.extra_dns_names() {
+            None => "none (every DNS name must be the identity)".to_string(),
+            Some(e) => format!("csr_extra_dns_names {}", quoted(e.pattern())),
         },
     ) + &status_plan(cfg)
 }

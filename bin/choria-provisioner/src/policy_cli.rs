@@ -3,7 +3,8 @@
 //! value.
 
 use anyhow::{bail, Context, Result};
-use provision_core::{Config, Decision};
+use provision_core::Decision;
+use provisioner::config::Config;
 
 use crate::cli::PolicyEvalArgs;
 use provisioner::rego::{self, RegoPolicy};

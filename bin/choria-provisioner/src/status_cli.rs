@@ -40,7 +40,7 @@ fn target(args: &ApiArgs) -> Result<Target> {
     };
     let config = match config_path {
         Some(p) => Some(
-            provision_core::Config::load(p)
+            provisioner::config::Config::load(p)
                 .map_err(anyhow::Error::new)?
                 .config,
         ),

@@ -23,6 +23,7 @@
 //! bytes ([`input_bytes`]) and decodes its reply the same way ([`decode_reply`]).
 
 #![deny(missing_docs)]
+#[cfg(feature = "changed-file")]
 pub mod changed_file;
 mod error;
 mod exchange;

@@ -1,22 +1,12 @@
-//! The provisioner's YAML configuration: the Go provisioner's keys and defaults, the file read as
-//! the Go provisioner reads it (keys in any case, YAML 1.1 booleans and integers, repeated and
-//! merge keys: the `goyaml` module), validation with one clear message per problem, and warnings
-//! returned as data.
+//! What the cycle of one node and the work queue read: the provisioning token, the features, the
+//! rules identities and CSRs are held to, the server JWT validity, the upgrade settings and the
+//! discovery interval. Nothing here is read from a file: the daemon builds a [`ProvisionConfig`]
+//! from the provisioner YAML, an embedder with [`ProvisionConfig::builder`].
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use regex::Regex;
-
-#[path = "goyaml.rs"]
-mod goyaml;
-use goyaml::{Field, Kind, Settings, Value};
-
 use crate::identity::IdentityRule;
-use crate::policy::DenyList;
-
-/// The lifecycle component a provisioning-mode server announces itself with.
-pub const DEFAULT_LIFECYCLE_COMPONENT: &str = "provision_mode_server";
+use crate::policy::{CsrPolicy, DenyList, ExtraDnsNames};
 
 /// The certificate names refused unless `cert_deny_list` says otherwise.
 pub const DEFAULT_CERT_DENY_LIST: [&str; 4] = [
@@ -29,27 +19,13 @@ pub const DEFAULT_CERT_DENY_LIST: [&str; 4] = [
 /// The default validity of issued server JWTs (one year of 365 days).
 pub const DEFAULT_SERVER_JWT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The work queue's default capacity (`work_queue_size`). The Go provisioner stops at 50,000;
-/// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
-/// themselves at once still fits in a bounded queue.
-pub const DEFAULT_WORK_QUEUE_SIZE: usize = 250_000;
-/// Nodes the node history keeps at most (`node_history_size`).
-pub const DEFAULT_NODE_HISTORY_SIZE: usize = 10_000;
-/// How long the node history keeps a node after its last update (`node_history_max_age`).
-pub const DEFAULT_NODE_HISTORY_MAX_AGE: Duration = Duration::from_secs(3600);
-/// The shortest discovery interval accepted (as the Go provisioner).
-pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
-/// Default `claim_lifetime` (active-active): how long a claim on a node lives without being
-/// kept, and so how long a dead replica's claims block the others.
-pub const DEFAULT_CLAIM_LIFETIME: Duration = Duration::from_secs(30);
-/// The shortest `claim_lifetime`: a claim is kept every third of it, and a JetStream
-/// round-trip must fit comfortably.
-pub const MIN_CLAIM_LIFETIME: Duration = Duration::from_secs(6);
-/// The longest `claim_lifetime`.
-pub const MAX_CLAIM_LIFETIME: Duration = Duration::from_secs(3600);
+/// The default discovery interval (the Go provisioner's `1m`), which also bounds how long a node
+/// may wait in the queue (two intervals).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Optional features (the `features` map).
+/// Optional features (the `features` map of the provisioner YAML).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Features {
     /// Fetch the node's CSR and validate it.
     pub pki: bool,
@@ -61,1317 +37,275 @@ pub struct Features {
     pub upgrades: bool,
 }
 
-/// The validated configuration. Its `Debug` shows `token` and `broker_provisioning_password`
-/// as `<redacted>`.
-#[derive(Clone)]
-pub struct Config {
-    /// Concurrent provisioning workers (the CPU count when configured as 0).
-    pub workers: usize,
-    /// How many nodes may wait in the work queue (`work_queue_size`, not a Go key); a node
-    /// found while it is full is dropped with a warning and found again by a later discovery.
-    pub work_queue_size: usize,
-    /// The discovery interval.
-    pub interval: Duration,
-    /// `logfile` as written; empty means the binary's default (standard output).
-    pub logfile: String,
-    /// `loglevel` as written.
-    pub loglevel: String,
-    /// The helper command line.
-    pub helper: String,
-    /// The provisioning token sent in every `choria_provision` request.
-    pub token: String,
-    /// The lifecycle component whose startup events queue nodes.
-    pub lifecycle_component: String,
-    /// Talk to the broker without TLS and with the `file` security provider.
-    pub choria_insecure: bool,
-    /// Label for every metric.
-    pub site: String,
-    /// Port of the `/metrics` listener, 0 for none.
-    pub monitor_port: u16,
-    /// NATS password of the `provisioner` user, if any.
-    pub broker_provisioning_password: String,
-    /// Patterns refused in CSR names, as written.
-    pub cert_deny_list: Vec<String>,
-    /// The compiled form of `cert_deny_list`.
-    pub deny_list: DenyList,
-    /// File (RSA PEM or hex ed25519) or hex ed25519 key verifying provisioning JWTs.
-    pub jwt_verify_cert: String,
-    /// Key signing server JWTs (RSA PEM or 64 hex characters of ed25519 seed).
-    pub jwt_signing_key: String,
-    /// The provisioner's own chain-issuer JWT, read again for every node.
-    pub jwt_signing_token: String,
-    /// Validity of issued server JWTs.
-    pub server_jwt_validity: Duration,
-    /// Take part in leader election.
-    pub leader_election: bool,
-    /// `active_active` (not a Go key): every replica provisions, each node claimed in the
-    /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
-    pub active_active: bool,
-    /// `claim_lifetime` (not a Go key): how long a claim lives unless kept (active-active).
-    pub claim_lifetime: Duration,
-    /// The `release_update` repository.
-    pub upgrades_repository: String,
-    /// Upgrade failures are logged and provisioning continues.
-    pub upgrades_optional: bool,
-    /// Optional features.
-    pub features: Features,
-    /// `identity_pattern` as written (not a Go key); empty means the built-in grammar.
-    pub identity_pattern: String,
-    /// The rule every node identity is held to before anything is done for it.
-    pub identity_rule: IdentityRule,
-    /// `csr_extra_dns_names` as written (not a Go key): a regular expression for DNS names a
-    /// CSR may carry besides the identity; empty means none.
-    pub csr_extra_dns_names: String,
-    /// The compiled, anchored form of `csr_extra_dns_names`.
-    pub csr_extra_dns_rule: Option<Regex>,
-    /// `monitor_address` (not a Go key): the address the monitor listener binds; empty means
-    /// every interface, IPv4 and IPv6, as Go's `:port`.
-    pub monitor_address: String,
-    /// `rego_policy`: a `.rego` file or a directory of them deciding which nodes may be
-    /// provisioned; empty means every node that passes the built-in checks.
-    pub rego_policy: String,
-    /// `record_helper_inputs` (not a Go key): a directory the daemon writes each node's helper
-    /// input to (token removed), for `policy eval`; empty means none are recorded.
-    pub record_helper_inputs: String,
-    /// The webhook helper's settings (not Go keys), used when `helper` is an `http://` or
-    /// `https://` URL.
-    pub webhook: WebhookSettings,
-    // Node status, history and audit trail (not Go keys).
-    /// `node_history_size`: nodes the history behind `/api/v1/nodes` keeps at most.
-    pub node_history_size: usize,
-    /// `node_history_max_age`: a node not updated for this long is forgotten.
-    pub node_history_max_age: Duration,
-    /// `monitor_token_file`: a file holding the bearer token the JSON API and the status pages
-    /// ask for; empty means they answer anyone who reaches the monitor listener.
-    pub monitor_token_file: String,
-    /// `audit_file`: the file one JSON line per decision is appended to; empty means none.
-    pub audit_file: String,
-    /// `audit_stream`: the JetStream stream the same lines are published to; empty means none.
-    pub audit_stream: String,
-    /// The file this was loaded from.
-    pub file: PathBuf,
-}
+impl Features {
+    /// No feature on: the node's inventory is fetched, the helper asked, the node configured.
+    pub const NONE: Features = Features {
+        pki: false,
+        jwt: false,
+        ed25519: false,
+        upgrades: false,
+    };
 
-/// The webhook helper's files, as written (not Go keys); empty means unset.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WebhookSettings {
-    /// `helper_secret_file`: the file holding the secret every request is signed with.
-    pub secret_file: String,
-    /// `helper_tls_cert`: a PEM client certificate presented to an `https` helper.
-    pub tls_cert: String,
-    /// `helper_tls_key`: the private key of `helper_tls_cert`.
-    pub tls_key: String,
-    /// `helper_tls_ca`: PEM CA certificates trusted, alone, for an `https` helper.
-    pub tls_ca: String,
-}
+    /// With the CSR fetched and checked.
+    pub const fn with_pki(mut self, on: bool) -> Self {
+        self.pki = on;
+        self
+    }
 
-/// Shows a secret as `<redacted>` when set and `""` when empty, so a dump says whether it is set.
-fn redacted(secret: &str) -> &'static str {
-    if secret.is_empty() {
-        ""
-    } else {
-        "<redacted>"
+    /// With the provisioning JWT fetched and verified.
+    pub const fn with_jwt(mut self, on: bool) -> Self {
+        self.jwt = on;
+        self
+    }
+
+    /// With an ed25519 key fetched and a server JWT issued (implies `jwt`).
+    pub const fn with_ed25519(mut self, on: bool) -> Self {
+        self.ed25519 = on;
+        self
+    }
+
+    /// With upgrades when the helper names a version.
+    pub const fn with_upgrades(mut self, on: bool) -> Self {
+        self.upgrades = on;
+        self
     }
 }
 
-impl std::fmt::Debug for Config {
-    // Every field by name, so a field added later must be listed here (and judged secret or
-    // not) for this to compile.
+/// A combination of settings the cycle cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProvisionConfigError {
+    /// Both `pki` and `ed25519` are on: a node gets a certificate or a server JWT, not both.
+    #[error("can only enable one of the pki or ed25519 features")]
+    PkiAndEd25519,
+    /// A zero interval would make every queued node stale at once.
+    #[error("the discovery interval must be more than zero")]
+    ZeroInterval,
+}
+
+/// The settings of the cycle. Build one with [`ProvisionConfig::builder`]; [`Default`] is the
+/// Go provisioner's defaults (no token, no feature, the built-in identity grammar, the default
+/// deny list). Its `Debug` shows the token as `<redacted>`.
+#[derive(Clone)]
+pub struct ProvisionConfig {
+    token: String,
+    features: Features,
+    interval: Duration,
+    identity_rule: IdentityRule,
+    deny_list: DenyList,
+    extra_dns: Option<ExtraDnsNames>,
+    server_jwt_validity: Duration,
+    upgrades_repository: String,
+    upgrades_optional: bool,
+}
+
+impl Default for ProvisionConfig {
+    fn default() -> Self {
+        ProvisionConfig {
+            token: String::new(),
+            features: Features::NONE,
+            interval: DEFAULT_INTERVAL,
+            identity_rule: IdentityRule::builtin(),
+            deny_list: DenyList::default_list(),
+            extra_dns: None,
+            server_jwt_validity: DEFAULT_SERVER_JWT_VALIDITY,
+            upgrades_repository: String::new(),
+            upgrades_optional: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for ProvisionConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Config {
-            workers,
-            work_queue_size,
-            interval,
-            logfile,
-            loglevel,
-            helper,
-            token,
-            lifecycle_component,
-            choria_insecure,
-            site,
-            monitor_port,
-            broker_provisioning_password,
-            cert_deny_list,
-            deny_list,
-            jwt_verify_cert,
-            jwt_signing_key,
-            jwt_signing_token,
-            server_jwt_validity,
-            leader_election,
-            active_active,
-            claim_lifetime,
-            upgrades_repository,
-            upgrades_optional,
-            features,
-            identity_pattern,
-            identity_rule,
-            csr_extra_dns_names,
-            csr_extra_dns_rule,
-            monitor_address,
-            rego_policy,
-            record_helper_inputs,
-            webhook,
-            node_history_size,
-            node_history_max_age,
-            monitor_token_file,
-            audit_file,
-            audit_stream,
-            file,
-        } = self;
-        f.debug_struct("Config")
-            .field("workers", workers)
-            .field("work_queue_size", work_queue_size)
-            .field("interval", interval)
-            .field("logfile", logfile)
-            .field("loglevel", loglevel)
-            .field("helper", helper)
-            .field("token", &redacted(token))
-            .field("lifecycle_component", lifecycle_component)
-            .field("choria_insecure", choria_insecure)
-            .field("site", site)
-            .field("monitor_port", monitor_port)
+        f.debug_struct("ProvisionConfig")
             .field(
-                "broker_provisioning_password",
-                &redacted(broker_provisioning_password),
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
             )
-            .field("cert_deny_list", cert_deny_list)
-            .field("deny_list", deny_list)
-            .field("jwt_verify_cert", jwt_verify_cert)
-            .field("jwt_signing_key", jwt_signing_key)
-            .field("jwt_signing_token", jwt_signing_token)
-            .field("server_jwt_validity", server_jwt_validity)
-            .field("leader_election", leader_election)
-            .field("active_active", active_active)
-            .field("claim_lifetime", claim_lifetime)
-            .field("upgrades_repository", upgrades_repository)
-            .field("upgrades_optional", upgrades_optional)
-            .field("features", features)
-            .field("identity_pattern", identity_pattern)
-            .field("identity_rule", identity_rule)
-            .field("csr_extra_dns_names", csr_extra_dns_names)
-            .field("csr_extra_dns_rule", csr_extra_dns_rule)
-            .field("monitor_address", monitor_address)
-            .field("rego_policy", rego_policy)
-            .field("record_helper_inputs", record_helper_inputs)
-            // File names only: the secret is never read here.
-            .field("webhook", webhook)
-            .field("node_history_size", node_history_size)
-            .field("node_history_max_age", node_history_max_age)
-            .field("monitor_token_file", monitor_token_file)
-            .field("audit_file", audit_file)
-            .field("audit_stream", audit_stream)
-            .field("file", file)
+            .field("features", &self.features)
+            .field("interval", &self.interval)
+            .field("identity_rule", &self.identity_rule)
+            .field("deny_list", &self.deny_list)
+            .field("extra_dns", &self.extra_dns)
+            .field("server_jwt_validity", &self.server_jwt_validity)
+            .field("upgrades_repository", &self.upgrades_repository)
+            .field("upgrades_optional", &self.upgrades_optional)
             .finish()
     }
 }
 
-/// A configuration problem that does not stop the provisioner; the binary logs these.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigWarning {
-    /// A key the provisioner does not know, probably a typo.
-    UnknownKey(String),
-    /// A key that is accepted for compatibility but does nothing.
-    NoEffect(&'static str),
-    /// A setting given by more than one key of one mapping (the same key twice, or spellings
-    /// differing in case); one of them counts, as in the Go provisioner.
-    RepeatedKey {
-        /// The setting (`helper`, `features.pki`).
-        key: String,
-        /// Every key naming it, as written, in the file's order.
-        written: Vec<String>,
-        /// The key whose value counts (the last applied, for a merged mapping).
-        used: String,
-        /// A mapping (`features`) given under several spellings: they are merged, each
-        /// overriding the ones applied before it.
-        merged: bool,
-    },
-    /// The file holds more than one YAML document; only the first is read, as in the Go
-    /// provisioner.
-    ExtraDocuments,
-}
-
-impl std::fmt::Display for ConfigWarning {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConfigWarning::UnknownKey(k) => write!(f, "unknown configuration key {k:?} is ignored"),
-            ConfigWarning::NoEffect(k) => {
-                write!(
-                    f,
-                    "configuration key {k:?} is accepted for compatibility but has no effect"
-                )
-            }
-            ConfigWarning::RepeatedKey {
-                key,
-                written,
-                used,
-                merged,
-            } => {
-                write!(
-                    f,
-                    "configuration key {key:?} is given {} times (",
-                    written.len()
-                )?;
-                for (i, w) in written.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{w:?}")?;
-                }
-                if *merged {
-                    f.write_str(
-                        "); the mappings are merged in the byte order of their keys, a later one \
-                         overriding an earlier one, as in the Go provisioner",
-                    )
-                } else {
-                    write!(
-                        f,
-                        "); the value of the last {used:?} counts, as in the Go provisioner"
-                    )
-                }
-            }
-            ConfigWarning::ExtraDocuments => f.write_str(
-                "the configuration file holds more than one YAML document; only the first is read",
-            ),
-        }
+impl ProvisionConfig {
+    /// A builder starting from [`ProvisionConfig::default`].
+    pub fn builder() -> ProvisionConfigBuilder {
+        ProvisionConfigBuilder(ProvisionConfig::default())
     }
-}
 
-/// A configuration that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file does not exist.
-    #[error("configuration file {0} not found")]
-    NotFound(PathBuf),
-    /// The file could not be read.
-    #[error("configuration file {path} could not be read: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
-    /// The YAML could not be parsed or has a value of the wrong type.
-    #[error(
-        "configuration file {path} could not be parsed at line {line} column {column}: {message}"
-    )]
-    Syntax {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line, 0 when unknown.
-        line: usize,
-        /// 1-based column, 0 when unknown.
-        column: usize,
-        /// The parser's message.
-        message: String,
-    },
-    /// A duration could not be parsed.
-    #[error("invalid {key} duration {value:?}: {reason}")]
-    Duration {
-        /// The key holding it.
-        key: &'static str,
-        /// The text found.
-        value: String,
-        /// Why it was refused.
-        reason: DurationError,
-    },
-    /// `interval` is shorter than one minute.
-    #[error("interval {0:?} is too small, the minimum is 1 minute, for example 10m or 1h")]
-    IntervalTooSmall(String),
-    /// `lifecycle_component` contains a NATS subject token character.
-    #[error("invalid lifecycle component {0:?}: it may not contain '.', '>' or '*'")]
-    LifecycleComponent(String),
-    /// Both `pki` and `ed25519` features are on.
-    #[error("can only enable one of the pki or ed25519 features")]
-    PkiAndEd25519,
-    /// `identity_pattern` is not a valid regular expression.
-    #[error("invalid identity_pattern {pattern:?}: {reason}")]
-    IdentityPattern {
-        /// The entry.
-        pattern: String,
-        /// The regular expression compiler's message.
-        reason: String,
-    },
-    /// `csr_extra_dns_names` is not a valid regular expression.
-    #[error("invalid csr_extra_dns_names pattern {pattern:?}: {reason}")]
-    CsrNamePattern {
-        /// The entry.
-        pattern: String,
-        /// The regular expression compiler's message.
-        reason: String,
-    },
-    /// `active_active` and `leader_election` are both on.
-    #[error("active_active and leader_election cannot both be on: choose one high-availability mode (a deployment with Go provisioners stays on leader_election)")]
-    ActiveActiveAndElection,
-    /// `claim_lifetime` is outside 6 s to 1 h.
-    #[error("claim_lifetime {0:?} is out of range: it must be between 6s and 1h")]
-    ClaimLifetime(String),
-    /// `monitor_address` is not an IP address.
-    #[error("invalid monitor_address {0:?}: it must be an IPv4 or IPv6 address, for example 127.0.0.1 or ::1")]
-    MonitorAddress(String),
-    /// `audit_stream` is not a JetStream stream name.
-    #[error("invalid audit_stream {0:?}: a stream name has no spaces, '.', '*', '>', '/' or '\\'")]
-    AuditStream(String),
-    /// A `cert_deny_list` entry is not a valid regular expression.
-    #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
-    DenyPattern {
-        /// The entry.
-        pattern: String,
-        /// The regular expression compiler's message.
-        reason: String,
-    },
-}
-
-/// A duration the go-choria parser would refuse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DurationError {
-    /// The last character is not a known unit.
-    #[error("invalid time unit {0}")]
-    Unit(String),
-    /// The number could not be parsed.
-    #[error("invalid number")]
-    Number,
-    /// Negative durations make no sense for any key.
-    #[error("negative durations are not allowed")]
-    Negative,
-    /// Too large to represent.
-    #[error("duration out of range")]
-    Overflow,
-}
-
-/// A configuration checked as far as possible: see [`Config::load_all`].
-#[derive(Debug)]
-pub struct Checked {
-    /// The configuration (invalid values replaced by defaults) and its warnings.
-    pub loaded: Loaded,
-    /// Every validation problem, in the order the keys are checked; empty when usable.
-    pub errors: Vec<ConfigError>,
-}
-
-/// A loaded configuration with the warnings found while loading it.
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    /// The configuration.
-    pub config: Config,
-    /// Problems that do not stop the provisioner, in the order found.
-    pub warnings: Vec<ConfigWarning>,
-}
-
-#[derive(Default)]
-struct RawFeatures {
-    pki: bool,
-    jwt: bool,
-    ed25519: bool,
-    upgrades: bool,
-}
-
-/// The settings as the file gives them (defaults where it does not).
-#[derive(Default)]
-struct RawConfig {
-    workers: u32,
-    work_queue_size: u32,
-    interval: Option<String>,
-    logfile: String,
-    loglevel: String,
-    helper: String,
-    token: String,
-    lifecycle_component: String,
-    choria_insecure: bool,
-    site: String,
-    monitor_port: u16,
-    broker_port: u16,
-    broker_provisioning_password: String,
-    cert_deny_list: Vec<String>,
-    jwt_verify_cert: String,
-    jwt_signing_key: String,
-    jwt_signing_token: String,
-    server_jwt_validity: String,
-    rego_policy: String,
-    leader_election: bool,
-    active_active: bool,
-    claim_lifetime: String,
-    upgrades_repository: String,
-    upgrades_optional: bool,
-    features: RawFeatures,
-    identity_pattern: String,
-    csr_extra_dns_names: String,
-    monitor_address: String,
-    record_helper_inputs: String,
-    webhook: WebhookSettings,
-    node_history_size: u32,
-    node_history_max_age: String,
-    monitor_token_file: String,
-    audit_file: String,
-    audit_stream: String,
-}
-
-const fn field(name: &'static str, kind: Kind) -> Field {
-    Field { name, kind }
-}
-
-/// The `features` keys.
-const FEATURE_FIELDS: [Field; 4] = [
-    field("pki", Kind::Bool),
-    field("jwt", Kind::Bool),
-    field("ed25519", Kind::Bool),
-    field("upgrades", Kind::Bool),
-];
-
-/// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
-/// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 38] = [
-    field(
-        "workers",
-        Kind::Int {
-            max: u32::MAX as u64,
-        },
-    ),
-    field(
-        "work_queue_size",
-        Kind::Int {
-            max: u32::MAX as u64,
-        },
-    ),
-    field("interval", Kind::Str),
-    field("logfile", Kind::Str),
-    field("loglevel", Kind::Str),
-    field("helper", Kind::Str),
-    field("token", Kind::Str),
-    field("lifecycle_component", Kind::Str),
-    field("choria_insecure", Kind::Bool),
-    field("site", Kind::Str),
-    field(
-        "monitor_port",
-        Kind::Int {
-            max: u16::MAX as u64,
-        },
-    ),
-    field(
-        "broker_port",
-        Kind::Int {
-            max: u16::MAX as u64,
-        },
-    ),
-    field("broker_provisioning_password", Kind::Str),
-    field("cert_deny_list", Kind::StrList),
-    field("jwt_verify_cert", Kind::Str),
-    field("jwt_signing_key", Kind::Str),
-    field("jwt_signing_token", Kind::Str),
-    field("server_jwt_validity", Kind::Str),
-    field("rego_policy", Kind::Str),
-    field("leader_election", Kind::Bool),
-    field("upgrades_repository", Kind::Str),
-    field("upgrades_optional", Kind::Bool),
-    field("features", Kind::Map(&FEATURE_FIELDS)),
-    field("identity_pattern", Kind::Str),
-    field("csr_extra_dns_names", Kind::Str),
-    field("monitor_address", Kind::Str),
-    field("record_helper_inputs", Kind::Str),
-    field("active_active", Kind::Bool),
-    field("claim_lifetime", Kind::Str),
-    // The webhook helper.
-    field("helper_secret_file", Kind::Str),
-    field("helper_tls_cert", Kind::Str),
-    field("helper_tls_key", Kind::Str),
-    field("helper_tls_ca", Kind::Str),
-    // Node status, history and audit trail.
-    field(
-        "node_history_size",
-        Kind::Int {
-            max: u32::MAX as u64,
-        },
-    ),
-    field("node_history_max_age", Kind::Str),
-    field("monitor_token_file", Kind::Str),
-    field("audit_file", Kind::Str),
-    field("audit_stream", Kind::Str),
-];
-
-impl RawConfig {
-    fn from_settings(s: &Settings) -> RawConfig {
-        let text = |name| match s.get(name) {
-            Some(Value::Str(v)) => v.clone(),
-            _ => String::new(),
-        };
-        let flag = |s: &Settings, name| matches!(s.get(name), Some(Value::Bool(true)));
-        let int = |name| match s.get(name) {
-            Some(Value::Int(v)) => *v,
-            _ => 0,
-        };
-        let features = match s.get("features") {
-            Some(Value::Map(f)) => RawFeatures {
-                pki: flag(f, "pki"),
-                jwt: flag(f, "jwt"),
-                ed25519: flag(f, "ed25519"),
-                upgrades: flag(f, "upgrades"),
-            },
-            _ => RawFeatures::default(),
-        };
-        RawConfig {
-            // The schema bounds every integer to its type.
-            workers: u32::try_from(int("workers")).unwrap_or(u32::MAX),
-            work_queue_size: u32::try_from(int("work_queue_size")).unwrap_or(u32::MAX),
-            interval: match s.get("interval") {
-                Some(Value::Str(v)) => Some(v.clone()),
-                _ => None,
-            },
-            logfile: text("logfile"),
-            loglevel: text("loglevel"),
-            helper: text("helper"),
-            token: text("token"),
-            lifecycle_component: text("lifecycle_component"),
-            choria_insecure: flag(s, "choria_insecure"),
-            site: text("site"),
-            monitor_port: u16::try_from(int("monitor_port")).unwrap_or(u16::MAX),
-            broker_port: u16::try_from(int("broker_port")).unwrap_or(u16::MAX),
-            broker_provisioning_password: text("broker_provisioning_password"),
-            cert_deny_list: match s.get("cert_deny_list") {
-                Some(Value::StrList(v)) => v.clone(),
-                _ => Vec::new(),
-            },
-            jwt_verify_cert: text("jwt_verify_cert"),
-            jwt_signing_key: text("jwt_signing_key"),
-            jwt_signing_token: text("jwt_signing_token"),
-            server_jwt_validity: text("server_jwt_validity"),
-            rego_policy: text("rego_policy"),
-            leader_election: flag(s, "leader_election"),
-            upgrades_repository: text("upgrades_repository"),
-            upgrades_optional: flag(s, "upgrades_optional"),
-            features,
-            identity_pattern: text("identity_pattern"),
-            csr_extra_dns_names: text("csr_extra_dns_names"),
-            monitor_address: text("monitor_address"),
-            record_helper_inputs: text("record_helper_inputs"),
-            active_active: flag(s, "active_active"),
-            claim_lifetime: text("claim_lifetime"),
-            webhook: WebhookSettings {
-                secret_file: text("helper_secret_file").trim().to_string(),
-                tls_cert: text("helper_tls_cert").trim().to_string(),
-                tls_key: text("helper_tls_key").trim().to_string(),
-                tls_ca: text("helper_tls_ca").trim().to_string(),
-            },
-            node_history_size: u32::try_from(int("node_history_size")).unwrap_or(u32::MAX),
-            node_history_max_age: text("node_history_max_age"),
-            monitor_token_file: text("monitor_token_file"),
-            audit_file: text("audit_file"),
-            audit_stream: text("audit_stream"),
-        }
+    /// The provisioning token sent in every `choria_provision` request.
+    pub fn token(&self) -> &str {
+        &self.token
     }
-}
 
-impl Config {
-    /// What a node's CSR is held to under this configuration.
-    pub fn csr_policy(&self) -> crate::policy::CsrPolicy<'_> {
-        crate::policy::CsrPolicy {
+    /// The features on (`jwt` is on whenever `ed25519` is).
+    pub fn features(&self) -> Features {
+        self.features
+    }
+
+    /// The discovery interval: a node waiting in the queue longer than two is dropped.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The rule every node identity is held to.
+    pub fn identity_rule(&self) -> &IdentityRule {
+        &self.identity_rule
+    }
+
+    /// The compiled `cert_deny_list`.
+    pub fn deny_list(&self) -> &DenyList {
+        &self.deny_list
+    }
+
+    /// The DNS names a CSR may carry besides the identity, `None` for none.
+    pub fn extra_dns_names(&self) -> Option<&ExtraDnsNames> {
+        self.extra_dns.as_ref()
+    }
+
+    /// What a node's CSR is held to.
+    pub fn csr_policy(&self) -> CsrPolicy<'_> {
+        CsrPolicy {
             deny: &self.deny_list,
             identity_rule: &self.identity_rule,
-            extra_dns: self.csr_extra_dns_rule.as_ref(),
+            extra_dns: self.extra_dns.as_ref(),
         }
     }
 
-    /// Reads and validates `path`.
-    pub fn load(path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
-        let path = path.as_ref();
-        let text = Self::read(path)?;
-        Self::from_yaml(&text, path)
+    /// How long issued server JWTs are valid unless the helper says otherwise.
+    pub fn server_jwt_validity(&self) -> Duration {
+        self.server_jwt_validity
     }
 
-    /// Reads `path` and validates every key, collecting all the problems instead of stopping at
-    /// the first (for `choria-provisioner check`). In the returned configuration an invalid
-    /// value is replaced by its default, so whatever depends on it can still be checked. A file
-    /// that cannot be read or parsed is still an error: nothing can be checked without it.
-    pub fn load_all(path: impl AsRef<Path>) -> Result<Checked, ConfigError> {
-        let path = path.as_ref();
-        let text = Self::read(path)?;
-        let (raw, warnings) = Self::parse(&text, path)?;
-        let (config, errors) = Self::validate_all(raw, path);
-        Ok(Checked {
-            loaded: Loaded { config, warnings },
-            errors,
-        })
+    /// The `release_update` repository.
+    pub fn upgrades_repository(&self) -> &str {
+        &self.upgrades_repository
     }
 
-    fn read(path: &Path) -> Result<String, ConfigError> {
-        match std::fs::read_to_string(path) {
-            Ok(t) => Ok(t),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(ConfigError::NotFound(path.to_path_buf()))
-            }
-            Err(source) => Err(ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
-        }
-    }
-
-    /// Parses and validates YAML `text`; `path` is only used in messages and kept as `file`.
-    pub fn from_yaml(text: &str, path: impl AsRef<Path>) -> Result<Loaded, ConfigError> {
-        let path = path.as_ref();
-        let (raw, warnings) = Self::parse(text, path)?;
-        let config = Self::validate(raw, path)?;
-        Ok(Loaded { config, warnings })
-    }
-
-    /// The typed form of `text`, read as the Go provisioner reads it ([`goyaml`]), and the
-    /// warnings about its keys.
-    fn parse(text: &str, path: &Path) -> Result<(RawConfig, Vec<ConfigWarning>), ConfigError> {
-        let decoded = goyaml::decode(text, &FIELDS).map_err(|e| {
-            let (line, column) = e
-                .location()
-                .map(|l| (l.line(), l.column()))
-                .unwrap_or((0, 0));
-            ConfigError::Syntax {
-                path: path.to_path_buf(),
-                line,
-                column,
-                message: e.to_string(),
-            }
-        })?;
-        let mut warnings: Vec<ConfigWarning> = decoded
-            .unknown
-            .into_iter()
-            .map(ConfigWarning::UnknownKey)
-            .collect();
-        warnings.extend(
-            decoded
-                .repeated
-                .into_iter()
-                .map(|r| ConfigWarning::RepeatedKey {
-                    key: r.setting,
-                    written: r.written,
-                    used: r.used,
-                    merged: r.merged,
-                }),
-        );
-        if decoded.extra_documents {
-            warnings.push(ConfigWarning::ExtraDocuments);
-        }
-        let raw = RawConfig::from_settings(&decoded.settings);
-        if raw.broker_port != 0 {
-            warnings.push(ConfigWarning::NoEffect("broker_port"));
-        }
-        Ok((raw, warnings))
-    }
-
-    /// The configuration, or the first problem in the order the keys are checked.
-    fn validate(raw: RawConfig, path: &Path) -> Result<Config, ConfigError> {
-        let (config, errors) = Self::validate_all(raw, path);
-        match errors.into_iter().next() {
-            Some(e) => Err(e),
-            None => Ok(config),
-        }
-    }
-
-    /// Every problem, with invalid values replaced by their defaults in the configuration.
-    fn validate_all(raw: RawConfig, path: &Path) -> (Config, Vec<ConfigError>) {
-        let mut errors = Vec::new();
-        let mut lifecycle_component = if raw.lifecycle_component.is_empty() {
-            DEFAULT_LIFECYCLE_COMPONENT.to_string()
-        } else {
-            raw.lifecycle_component
-        };
-        if lifecycle_component.contains(['.', '>', '*']) {
-            errors.push(ConfigError::LifecycleComponent(std::mem::replace(
-                &mut lifecycle_component,
-                DEFAULT_LIFECYCLE_COMPONENT.to_string(),
-            )));
-        }
-        let workers = match raw.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n as usize,
-        };
-        let cert_deny_list = if raw.cert_deny_list.is_empty() {
-            DEFAULT_CERT_DENY_LIST
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
-        } else {
-            raw.cert_deny_list
-        };
-        let deny_list = DenyList::new(&cert_deny_list).unwrap_or_else(|(pattern, reason)| {
-            errors.push(ConfigError::DenyPattern { pattern, reason });
-            DenyList::new(&DEFAULT_CERT_DENY_LIST).unwrap_or_default()
-        });
-        let mut features = Features {
-            pki: raw.features.pki,
-            jwt: raw.features.jwt,
-            ed25519: raw.features.ed25519,
-            upgrades: raw.features.upgrades,
-        };
-        if features.pki && features.ed25519 {
-            errors.push(ConfigError::PkiAndEd25519);
-        }
-        if features.ed25519 {
-            features.jwt = true;
-        }
-        let interval_text = raw.interval.unwrap_or_else(|| "1m".to_string());
-        let interval = parse_duration(&interval_text).map_err(|reason| ConfigError::Duration {
-            key: "interval",
-            value: interval_text.clone(),
-            reason,
-        });
-        let interval = interval.unwrap_or_else(|e| {
-            errors.push(e);
-            MIN_INTERVAL
-        });
-        let server_jwt_validity = if raw.server_jwt_validity.is_empty() {
-            DEFAULT_SERVER_JWT_VALIDITY
-        } else {
-            parse_duration(&raw.server_jwt_validity)
-                .map_err(|reason| ConfigError::Duration {
-                    key: "server_jwt_validity",
-                    value: raw.server_jwt_validity.clone(),
-                    reason,
-                })
-                .unwrap_or_else(|e| {
-                    errors.push(e);
-                    DEFAULT_SERVER_JWT_VALIDITY
-                })
-        };
-        if raw.active_active && raw.leader_election {
-            errors.push(ConfigError::ActiveActiveAndElection);
-        }
-        let claim_lifetime = if raw.claim_lifetime.trim().is_empty() {
-            DEFAULT_CLAIM_LIFETIME
-        } else {
-            match parse_duration(raw.claim_lifetime.trim()) {
-                Ok(d) if (MIN_CLAIM_LIFETIME..=MAX_CLAIM_LIFETIME).contains(&d) => d,
-                Ok(_) => {
-                    errors.push(ConfigError::ClaimLifetime(raw.claim_lifetime.clone()));
-                    DEFAULT_CLAIM_LIFETIME
-                }
-                Err(reason) => {
-                    errors.push(ConfigError::Duration {
-                        key: "claim_lifetime",
-                        value: raw.claim_lifetime.clone(),
-                        reason,
-                    });
-                    DEFAULT_CLAIM_LIFETIME
-                }
-            }
-        };
-        let interval = if interval < MIN_INTERVAL {
-            errors.push(ConfigError::IntervalTooSmall(interval_text));
-            MIN_INTERVAL
-        } else {
-            interval
-        };
-        let identity_rule =
-            IdentityRule::with_pattern(&raw.identity_pattern).unwrap_or_else(|reason| {
-                errors.push(ConfigError::IdentityPattern {
-                    pattern: raw.identity_pattern.clone(),
-                    reason,
-                });
-                IdentityRule::builtin()
-            });
-        let csr_extra_dns_rule = if raw.csr_extra_dns_names.is_empty() {
-            None
-        } else {
-            match regex::RegexBuilder::new(&format!("^(?:{})$", raw.csr_extra_dns_names))
-                .size_limit(1 << 20)
-                .build()
-            {
-                Ok(re) => Some(re),
-                Err(e) => {
-                    errors.push(ConfigError::CsrNamePattern {
-                        pattern: raw.csr_extra_dns_names.clone(),
-                        reason: e.to_string(),
-                    });
-                    None
-                }
-            }
-        };
-        let monitor_address = raw.monitor_address.trim().to_string();
-        if !monitor_address.is_empty() && monitor_address.parse::<std::net::IpAddr>().is_err() {
-            errors.push(ConfigError::MonitorAddress(monitor_address.clone()));
-        }
-        let work_queue_size = match raw.work_queue_size {
-            0 => DEFAULT_WORK_QUEUE_SIZE,
-            n => n as usize,
-        };
-        let node_history_size = match raw.node_history_size {
-            0 => DEFAULT_NODE_HISTORY_SIZE,
-            n => n as usize,
-        };
-        let node_history_max_age = if raw.node_history_max_age.trim().is_empty() {
-            DEFAULT_NODE_HISTORY_MAX_AGE
-        } else {
-            parse_duration(raw.node_history_max_age.trim())
-                .map_err(|reason| ConfigError::Duration {
-                    key: "node_history_max_age",
-                    value: raw.node_history_max_age.clone(),
-                    reason,
-                })
-                .unwrap_or_else(|e| {
-                    errors.push(e);
-                    DEFAULT_NODE_HISTORY_MAX_AGE
-                })
-        };
-        let audit_stream = raw.audit_stream.trim().to_string();
-        if audit_stream
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
-            || audit_stream.len() > 255
-        {
-            errors.push(ConfigError::AuditStream(audit_stream.clone()));
-        }
-        let config = Config {
-            workers,
-            work_queue_size,
-            interval,
-            logfile: raw.logfile,
-            loglevel: raw.loglevel,
-            helper: raw.helper,
-            token: raw.token,
-            lifecycle_component,
-            choria_insecure: raw.choria_insecure,
-            site: raw.site,
-            monitor_port: raw.monitor_port,
-            broker_provisioning_password: raw.broker_provisioning_password,
-            cert_deny_list,
-            deny_list,
-            jwt_verify_cert: raw.jwt_verify_cert,
-            jwt_signing_key: raw.jwt_signing_key,
-            jwt_signing_token: raw.jwt_signing_token,
-            server_jwt_validity,
-            leader_election: raw.leader_election,
-            active_active: raw.active_active,
-            claim_lifetime,
-            upgrades_repository: raw.upgrades_repository,
-            upgrades_optional: raw.upgrades_optional,
-            features,
-            identity_pattern: raw.identity_pattern,
-            identity_rule,
-            csr_extra_dns_names: raw.csr_extra_dns_names,
-            csr_extra_dns_rule,
-            monitor_address,
-            rego_policy: raw.rego_policy.trim().to_string(),
-            record_helper_inputs: raw.record_helper_inputs.trim().to_string(),
-            webhook: raw.webhook,
-            node_history_size,
-            node_history_max_age,
-            monitor_token_file: raw.monitor_token_file.trim().to_string(),
-            audit_file: raw.audit_file.trim().to_string(),
-            audit_stream,
-            file: path.to_path_buf(),
-        };
-        (config, errors)
+    /// Whether an upgrade failure is logged and provisioning goes on.
+    pub fn upgrades_optional(&self) -> bool {
+        self.upgrades_optional
     }
 }
 
-/// Parses a duration the way go-choria's `util.ParseDuration` does: the last character picks the
-/// unit; `w`/`W` (weeks), `d`/`D` (days), `M` (30-day months) and `y`/`Y` (365-day years) take a
-/// decimal number and are truncated to whole hours; anything ending in `s`, `m` or `h` is a Go
-/// duration such as `90s`, `1h30m` or `250ms`. A bare number has no unit and is refused, as in
-/// go-choria. An empty string is zero. Negative values are refused (Go would accept them).
-pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
-    let s = text.trim();
-    let Some(unit) = s.chars().last() else {
-        return Ok(Duration::ZERO);
-    };
-    let number = &s[..s.len() - unit.len_utf8()];
-    let hours_per = match unit {
-        'w' | 'W' => 7.0 * 24.0,
-        'd' | 'D' => 24.0,
-        'M' => 24.0 * 30.0,
-        'y' | 'Y' => 24.0 * 365.0,
-        's' | 'S' | 'm' | 'h' | 'H' => return parse_go_duration(s),
-        other => return Err(DurationError::Unit(other.to_string())),
-    };
-    // go-choria parses these with 32-bit float precision.
-    let v: f32 = number.trim().parse().map_err(|_| DurationError::Number)?;
-    if !v.is_finite() {
-        return Err(DurationError::Number);
-    }
-    let hours = (f64::from(v) * hours_per).trunc();
-    if hours < 0.0 {
-        return Err(DurationError::Negative);
-    }
-    if hours > (u64::MAX / 3600) as f64 {
-        return Err(DurationError::Overflow);
-    }
-    Ok(Duration::from_secs(hours as u64 * 3600))
-}
+/// Builds a [`ProvisionConfig`]; [`ProvisionConfigBuilder::build`] checks the combination.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ProvisionConfigBuilder(ProvisionConfig);
 
-/// Go's `time.ParseDuration`: a sequence of decimal numbers each with a unit
-/// (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), optionally signed.
-fn parse_go_duration(s: &str) -> Result<Duration, DurationError> {
-    let mut rest = s;
-    let mut negative = false;
-    if let Some(r) = rest.strip_prefix('-') {
-        negative = true;
-        rest = r;
-    } else if let Some(r) = rest.strip_prefix('+') {
-        rest = r;
+impl ProvisionConfigBuilder {
+    /// The provisioning token (empty: none).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.0.token = token.into();
+        self
     }
-    if rest == "0" {
-        return Ok(Duration::ZERO);
+
+    /// The features; `ed25519` turns `jwt` on.
+    pub fn features(mut self, features: Features) -> Self {
+        self.0.features = features;
+        self
     }
-    if rest.is_empty() {
-        return Err(DurationError::Number);
+
+    /// The discovery interval.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.0.interval = interval;
+        self
     }
-    let mut total: f64 = 0.0;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let num = &rest[..num_len];
-        if num.is_empty() || num == "." {
-            return Err(DurationError::Number);
+
+    /// The identity rule ([`IdentityRule::with_pattern`] for a site pattern).
+    pub fn identity_rule(mut self, rule: IdentityRule) -> Self {
+        self.0.identity_rule = rule;
+        self
+    }
+
+    /// The certificate names refused ([`DenyList::new`]).
+    pub fn deny_list(mut self, deny: DenyList) -> Self {
+        self.0.deny_list = deny;
+        self
+    }
+
+    /// DNS names a CSR may carry besides the identity.
+    pub fn extra_dns_names(mut self, names: Option<ExtraDnsNames>) -> Self {
+        self.0.extra_dns = names;
+        self
+    }
+
+    /// How long issued server JWTs are valid unless the helper says otherwise.
+    pub fn server_jwt_validity(mut self, validity: Duration) -> Self {
+        self.0.server_jwt_validity = validity;
+        self
+    }
+
+    /// The `release_update` repository, and whether an upgrade failure is only logged.
+    pub fn upgrades(mut self, repository: impl Into<String>, optional: bool) -> Self {
+        self.0.upgrades_repository = repository.into();
+        self.0.upgrades_optional = optional;
+        self
+    }
+
+    /// The configuration, or why the combination cannot work.
+    pub fn build(self) -> Result<ProvisionConfig, ProvisionConfigError> {
+        let mut c = self.0;
+        if c.features.pki && c.features.ed25519 {
+            return Err(ProvisionConfigError::PkiAndEd25519);
         }
-        let value: f64 = num.parse().map_err(|_| DurationError::Number)?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let nanos_per = match unit {
-            "ns" => 1.0,
-            "us" | "µs" | "μs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            "" => return Err(DurationError::Unit(String::new())),
-            other => return Err(DurationError::Unit(other.to_string())),
-        };
-        total += value * nanos_per;
+        if c.interval.is_zero() {
+            return Err(ProvisionConfigError::ZeroInterval);
+        }
+        if c.features.ed25519 {
+            c.features.jwt = true;
+        }
+        Ok(c)
     }
-    if negative && total > 0.0 {
-        return Err(DurationError::Negative);
-    }
-    // Go durations are capped at about 292 years.
-    if total > i64::MAX as f64 {
-        return Err(DurationError::Overflow);
-    }
-    Ok(Duration::from_nanos(total as u64))
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
-    fn debug_redacts_the_token_and_the_broker_password_and_shows_the_rest() {
-        let loaded = Config::from_yaml(
-            "token: tok-8c1f2e-secret\nbroker_provisioning_password: pw-77d0a9-secret\n\
-             site: lon\nhelper: /usr/bin/helper\nmonitor_address: 127.0.0.1\n",
-            "/etc/choria/provisioner.yaml",
-        )
-        .unwrap();
-        let c = loaded.config;
-        for text in [
-            format!("{c:?}"),
-            format!("{c:#?}"),
-            format!("{:?}", Some(&c)),
-        ] {
-            assert!(!text.contains("tok-8c1f2e"), "token in {text}");
-            assert!(!text.contains("pw-77d0a9"), "password in {text}");
-            assert!(text.contains("token: \"<redacted>\""), "{text}");
-            assert!(
-                text.contains("broker_provisioning_password: \"<redacted>\""),
-                "{text}"
-            );
-            for shown in [
-                "\"lon\"",
-                "/usr/bin/helper",
-                "127.0.0.1",
-                "provision_mode_server",
-            ] {
-                assert!(text.contains(shown), "{shown} missing from {text}");
-            }
-        }
-        // An unset secret shows as empty, so a dump still says whether it is set.
-        let c = load("site: lon\n").unwrap().config;
-        let text = format!("{c:?}");
-        assert!(text.contains("token: \"\""), "{text}");
-        assert!(!text.contains("<redacted>"), "{text}");
-    }
-
-    fn load(yaml: &str) -> Result<Loaded, ConfigError> {
-        Config::from_yaml(yaml, "/etc/choria/provisioner.yaml")
-    }
-
-    #[test]
-    fn load_all_reports_every_problem_and_keeps_defaults_in_their_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.yaml");
-        std::fs::write(
-            &path,
-            "interval: 30s\nlifecycle_component: a.b\nserver_jwt_validity: 3x\n\
-             cert_deny_list: [\"(\"]\nworkers: 3\nfeatures:\n  pki: true\n  ed25519: true\n",
-        )
-        .unwrap();
-        let checked = Config::load_all(&path).unwrap();
-        let kinds: Vec<String> = checked.errors.iter().map(|e| e.to_string()).collect();
-        assert_eq!(checked.errors.len(), 5, "{kinds:?}");
-        assert!(matches!(
-            checked.errors[0],
-            ConfigError::LifecycleComponent(_)
-        ));
-        assert!(matches!(checked.errors[1], ConfigError::DenyPattern { .. }));
-        assert!(matches!(checked.errors[2], ConfigError::PkiAndEd25519));
-        assert!(matches!(
-            checked.errors[3],
-            ConfigError::Duration {
-                key: "server_jwt_validity",
-                ..
-            }
-        ));
-        assert!(matches!(
-            checked.errors[4],
-            ConfigError::IntervalTooSmall(_)
-        ));
-        let c = checked.loaded.config;
-        assert_eq!(c.workers, 3);
-        assert_eq!(c.interval, MIN_INTERVAL);
-        assert_eq!(c.lifecycle_component, DEFAULT_LIFECYCLE_COMPONENT);
-        assert_eq!(c.server_jwt_validity, DEFAULT_SERVER_JWT_VALIDITY);
-        assert!(c.deny_list.matches("x.privileged.choria").is_some());
-        // `load` still stops at the first of them.
-        assert!(matches!(
-            Config::load(&path),
-            Err(ConfigError::LifecycleComponent(_))
-        ));
-        // A file that does not parse cannot be checked further.
-        std::fs::write(&path, "features: [\n").unwrap();
-        assert!(matches!(
-            Config::load_all(&path),
-            Err(ConfigError::Syntax { .. })
-        ));
-    }
-
-    #[test]
-    fn defaults_match_the_go_provisioner() {
-        let l = load("helper: /bin/true\n").unwrap();
-        let c = &l.config;
-        assert!(l.warnings.is_empty());
-        assert_eq!(c.lifecycle_component, "provision_mode_server");
-        assert_eq!(c.interval, Duration::from_secs(60));
+    fn the_builder_checks_the_combination_and_implies_jwt() {
+        let c = ProvisionConfig::builder()
+            .token("s3cret")
+            .features(Features::NONE.with_ed25519(true))
+            .build()
+            .expect("valid");
+        assert!(c.features().jwt);
+        assert_eq!(c.token(), "s3cret");
+        assert!(!format!("{c:?}").contains("s3cret"));
         assert_eq!(
-            c.workers,
-            std::thread::available_parallelism().unwrap().get()
-        );
-        assert_eq!(c.cert_deny_list, DEFAULT_CERT_DENY_LIST.to_vec());
-        assert_eq!(c.server_jwt_validity, Duration::from_secs(365 * 86400));
-        assert_eq!(c.features, Features::default());
-        assert_eq!(c.monitor_port, 0);
-        assert_eq!(c.work_queue_size, DEFAULT_WORK_QUEUE_SIZE);
-        assert!(!c.leader_election && !c.choria_insecure && !c.upgrades_optional);
-        assert_eq!(c.logfile, "");
-        assert_eq!(c.file, PathBuf::from("/etc/choria/provisioner.yaml"));
-    }
-
-    #[test]
-    fn work_queue_size_is_read_and_zero_or_null_means_the_default() {
-        let l = load("work_queue_size: 12\n").unwrap();
-        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
-        assert_eq!(l.config.work_queue_size, 12);
-        assert_eq!(
-            load("work_queue_size: 0\n").unwrap().config.work_queue_size,
-            DEFAULT_WORK_QUEUE_SIZE
+            ProvisionConfig::builder()
+                .features(Features::NONE.with_pki(true).with_ed25519(true))
+                .build()
+                .err(),
+            Some(ProvisionConfigError::PkiAndEd25519)
         );
         assert_eq!(
-            load("work_queue_size:\n").unwrap().config.work_queue_size,
-            DEFAULT_WORK_QUEUE_SIZE
+            ProvisionConfig::builder()
+                .interval(Duration::ZERO)
+                .build()
+                .err(),
+            Some(ProvisionConfigError::ZeroInterval)
         );
-        assert!(matches!(
-            load("work_queue_size: -1\n"),
-            Err(ConfigError::Syntax { .. })
-        ));
     }
 
     #[test]
-    fn empty_file_and_null_values_take_defaults() {
-        let c = load("").unwrap().config;
-        assert_eq!(c.interval, Duration::from_secs(60));
-        let c = load("workers:\nlifecycle_component:\ncert_deny_list:\n")
-            .unwrap()
-            .config;
-        assert_eq!(c.lifecycle_component, DEFAULT_LIFECYCLE_COMPONENT);
-        assert!(c.workers >= 1);
-        assert_eq!(c.cert_deny_list.len(), 4);
-    }
-
-    #[test]
-    fn every_key_is_read() {
-        let yaml = r#"
-workers: 7
-interval: 5m
-logfile: /var/log/prov.log
-loglevel: debug
-helper: /usr/bin/helper --x
-token: s3cret
-lifecycle_component: custom_mode
-choria_insecure: true
-site: lon
-monitor_port: 8080
-broker_provisioning_password: pw
-cert_deny_list: ["/\\.bad$/"]
-jwt_verify_cert: /etc/signer.pem
-jwt_signing_key: /etc/key.seed
-jwt_signing_token: /etc/client.jwt
-server_jwt_validity: 2w
-leader_election: true
-upgrades_repository: https://repo.example.net/
-upgrades_optional: true
-features:
-  pki: false
-  ed25519: true
-  upgrades: true
-"#;
-        let c = load(yaml).unwrap().config;
-        assert_eq!(c.workers, 7);
-        assert_eq!(c.interval, Duration::from_secs(300));
-        assert_eq!(c.logfile, "/var/log/prov.log");
-        assert_eq!(c.loglevel, "debug");
-        assert_eq!(c.helper, "/usr/bin/helper --x");
-        assert_eq!(c.token, "s3cret");
-        assert_eq!(c.lifecycle_component, "custom_mode");
-        assert!(c.choria_insecure);
-        assert_eq!(c.site, "lon");
-        assert_eq!(c.monitor_port, 8080);
-        assert_eq!(c.broker_provisioning_password, "pw");
-        assert_eq!(c.cert_deny_list, vec!["/\\.bad$/".to_string()]);
-        assert!(c.deny_list.matches("x.bad").is_some());
-        assert_eq!(c.jwt_verify_cert, "/etc/signer.pem");
-        assert_eq!(c.jwt_signing_key, "/etc/key.seed");
-        assert_eq!(c.jwt_signing_token, "/etc/client.jwt");
-        assert_eq!(c.server_jwt_validity, Duration::from_secs(14 * 86400));
-        assert!(c.leader_election);
-        assert_eq!(c.upgrades_repository, "https://repo.example.net/");
-        assert!(c.upgrades_optional);
-        assert!(c.features.ed25519 && c.features.jwt && c.features.upgrades && !c.features.pki);
-    }
-
-    #[test]
-    fn validation_errors_one_message_each() {
-        let cases: &[(&str, &str)] = &[
-            ("interval: 30s", "interval \"30s\" is too small"),
-            ("interval: 59s", "too small"),
-            ("interval: ''", "too small"),
-            (
-                "lifecycle_component: a.b",
-                "invalid lifecycle component \"a.b\"",
-            ),
-            ("lifecycle_component: a>", "invalid lifecycle component"),
-            ("lifecycle_component: '*'", "invalid lifecycle component"),
-            (
-                "features: {pki: true, ed25519: true}",
-                "only enable one of the pki or ed25519",
-            ),
-            (
-                "interval: 10x",
-                "invalid interval duration \"10x\": invalid time unit x",
-            ),
-            ("interval: '60'", "invalid time unit 0"),
-            (
-                "server_jwt_validity: 1q",
-                "invalid server_jwt_validity duration",
-            ),
-            ("server_jwt_validity: abcd", "invalid number"),
-            ("cert_deny_list: ['(']", "invalid cert_deny_list pattern"),
-            ("workers: many", "could not be parsed at line 1 column 10"),
-        ];
-        for (yaml, want) in cases {
-            let err = load(yaml).unwrap_err().to_string();
-            assert!(err.contains(want), "{yaml}: {err} does not contain {want}");
-        }
-    }
-
-    #[test]
-    fn yaml_syntax_errors_carry_line_and_column() {
-        match load("helper: x\ninterval: [1m\n") {
-            Err(ConfigError::Syntax { line, column, .. }) => {
-                assert!(line >= 2, "line {line}");
-                assert!(column > 0);
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-
-    #[test]
-    fn missing_file_is_reported() {
-        assert!(matches!(
-            Config::load("/nonexistent/provisioner.yaml"),
-            Err(ConfigError::NotFound(_))
-        ));
-    }
-
-    #[test]
-    fn unknown_and_ineffective_keys_are_warned_by_name() {
-        let l = load("feature:\n  pki: true\nfeatures:\n  pkj: true\nrego_policy: x.rego\nbroker_port: 4222\n")
-            .unwrap();
-        assert_eq!(
-            l.warnings,
-            vec![
-                ConfigWarning::UnknownKey("feature".into()),
-                ConfigWarning::UnknownKey("features.pkj".into()),
-                ConfigWarning::NoEffect("broker_port"),
-            ]
-        );
-        // rego_policy has an effect now: it is read, trimmed, and no longer warned about.
-        assert_eq!(l.config.rego_policy, "x.rego");
-        assert_eq!(l.config.record_helper_inputs, "");
-        assert!(l.warnings[0].to_string().contains("\"feature\""));
-    }
-
-    #[test]
-    fn durations_follow_go_choria() {
-        let ok: &[(&str, u64)] = &[
-            ("1m", 60),
-            ("90s", 90),
-            ("1h30m", 5400),
-            ("2h", 7200),
-            ("1d", 86400),
-            ("1D", 86400),
-            ("1.5d", 36 * 3600),
-            ("1w", 7 * 86400),
-            ("1M", 30 * 86400),
-            ("1y", 365 * 86400),
-            ("1Y", 365 * 86400),
-            (" 5m ", 300),
-            ("", 0),
-        ];
-        for (s, secs) in ok {
-            assert_eq!(parse_duration(s), Ok(Duration::from_secs(*secs)), "{s}");
-        }
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("60"), Err(DurationError::Unit("0".into())));
-        assert_eq!(parse_duration("1x"), Err(DurationError::Unit("x".into())));
-        assert_eq!(parse_duration("xd"), Err(DurationError::Number));
-        assert_eq!(parse_duration("1H"), Err(DurationError::Unit("H".into())));
-        assert_eq!(parse_duration("-5m"), Err(DurationError::Negative));
-    }
-
-    #[test]
-    fn active_active_is_read_and_refused_beside_leader_election() {
-        let c = load("active_active: true\nclaim_lifetime: 45s\n")
-            .unwrap()
-            .config;
-        assert!(c.active_active && !c.leader_election);
-        assert_eq!(c.claim_lifetime, Duration::from_secs(45));
-        let c = load("site: lon\n").unwrap().config;
-        assert!(!c.active_active);
-        assert_eq!(c.claim_lifetime, DEFAULT_CLAIM_LIFETIME);
-
-        let both = load("active_active: true\nleader_election: true\n").unwrap_err();
-        assert!(
-            matches!(both, ConfigError::ActiveActiveAndElection),
-            "{both}"
-        );
-        assert!(both.to_string().contains("leader_election"), "{both}");
-        for (lifetime, what) in [
-            ("2s", "out of range"),
-            ("2h", "out of range"),
-            ("5q", "invalid claim_lifetime"),
-        ] {
-            let e = load(&format!(
-                "active_active: true\nclaim_lifetime: {lifetime}\n"
-            ))
-            .unwrap_err();
-            assert!(e.to_string().contains(what), "{lifetime}: {e}");
-        }
+    fn defaults_are_the_go_provisioners() {
+        let c = ProvisionConfig::default();
+        assert_eq!(c.interval(), Duration::from_secs(60));
+        assert!(c.deny_list().matches("n1.mcollective").is_some());
+        assert_eq!(c.server_jwt_validity(), DEFAULT_SERVER_JWT_VALIDITY);
+        assert!(c.extra_dns_names().is_none());
     }
 }

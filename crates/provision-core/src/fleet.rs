@@ -21,15 +21,15 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info};
 
-use crate::clock::Clock;
 use crate::events::{NodeEvent, Verdict};
 use crate::identity::{escaped, IdentityError, LogSummary};
 use crate::observer::Observer;
 use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
-use crate::rpc::{Helper, NodeRpc};
 
-/// The work queue's default capacity ([`crate::config::DEFAULT_WORK_QUEUE_SIZE`]).
-pub const DEFAULT_QUEUE_CAPACITY: usize = crate::config::DEFAULT_WORK_QUEUE_SIZE;
+/// The work queue's default capacity (`work_queue_size`). The Go provisioner stops at 50,000;
+/// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
+/// themselves at once still fits in a bounded queue.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 250_000;
 /// How long a provisioned or shut-down node stays known.
 pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
 /// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
@@ -117,19 +117,19 @@ impl Table {
 
 /// One busy worker, counted (and the gauge set) until dropped, also when its cycle is abandoned
 /// at shutdown.
-struct Busy<'a, O: Observer> {
+struct Busy<'a> {
     count: &'a AtomicUsize,
-    observer: &'a O,
+    observer: &'a dyn Observer,
 }
 
-impl<'a, O: Observer> Busy<'a, O> {
-    fn enter(count: &'a AtomicUsize, observer: &'a O) -> Self {
+impl<'a> Busy<'a> {
+    fn enter(count: &'a AtomicUsize, observer: &'a dyn Observer) -> Self {
         observer.busy_workers(count.fetch_add(1, Ordering::Relaxed) + 1);
         Busy { count, observer }
     }
 }
 
-impl<O: Observer> Drop for Busy<'_, O> {
+impl Drop for Busy<'_> {
     fn drop(&mut self) {
         self.observer
             .busy_workers(self.count.fetch_sub(1, Ordering::Relaxed).saturating_sub(1));
@@ -152,8 +152,8 @@ pub enum AddResult {
 }
 
 /// The host table, the work queue and the workers that drain it.
-pub struct Fleet<R, H, O, C> {
-    provisioner: Arc<Provisioner<R, H, O, C>>,
+pub struct Fleet {
+    provisioner: Arc<Provisioner>,
     table: Mutex<Table>,
     wake: Notify,
     capacity: usize,
@@ -168,14 +168,14 @@ pub struct Fleet<R, H, O, C> {
     unclaimed: LogSummary,
 }
 
-impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
+impl Fleet {
     /// A fleet with the default queue capacity.
-    pub fn new(provisioner: Provisioner<R, H, O, C>) -> Arc<Self> {
+    pub fn new(provisioner: Provisioner) -> Arc<Self> {
         Self::with_capacity(provisioner, DEFAULT_QUEUE_CAPACITY)
     }
 
     /// A fleet whose queue holds at most `capacity` nodes.
-    pub fn with_capacity(provisioner: Provisioner<R, H, O, C>, capacity: usize) -> Arc<Self> {
+    pub fn with_capacity(provisioner: Provisioner, capacity: usize) -> Arc<Self> {
         Arc::new(Fleet {
             provisioner: Arc::new(provisioner),
             table: Mutex::new(Table::default()),
@@ -192,7 +192,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
     }
 
     /// The provisioner the workers run.
-    pub fn provisioner(&self) -> &Provisioner<R, H, O, C> {
+    pub fn provisioner(&self) -> &Provisioner {
         &self.provisioner
     }
 
@@ -234,7 +234,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             }
             return AddResult::Paused;
         }
-        if let Err(why) = self.provisioner.config().identity_rule.check(identity) {
+        if let Err(why) = self.provisioner.config().identity_rule().check(identity) {
             self.provisioner.observer().invalid_identity();
             self.refusals.record(|| {
                 format!(
@@ -246,7 +246,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             return AddResult::Refused(why);
         }
         let now = Instant::now();
-        let interval = self.provisioner.config().interval;
+        let interval = self.provisioner.config().interval();
         let mut t = self.lock();
         if t.draining {
             return AddResult::Paused;
@@ -449,7 +449,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Fleet<R, H, O, C> {
             return None;
         }
         let now = Instant::now();
-        let max_wait = self.provisioner.config().interval * 2;
+        let max_wait = self.provisioner.config().interval() * 2;
         let event_workers = self.event_workers.load(Ordering::Relaxed);
         let order = if t.event_turn {
             [Source::Event, Source::Discovery]

@@ -4,37 +4,50 @@
 //! The crate does no I/O of its own: no files, no processes, no sockets, no signals. What it
 //! needs from outside comes through traits an embedder implements:
 //!
-//! * [`rpc`]: [`NodeRpc`] (directed RPCs to one node) and [`Helper`] (the site helper; the
-//!   binary runs helper-protocol's subprocess `HelperRunner`, its `runner` feature, behind it;
-//!   this crate uses helper-protocol without that feature).
+//! * [`rpc`]: [`NodeRpc`] (directed RPCs to one node) and [`Helper`] (the site helper).
 //! * [`keys`]: [`KeyMaterial`], the keys of enrolment, asked for every node ([`StaticKeys`]
 //!   holds keys loaded once).
 //! * [`observer`]: [`Observer`], the metric hooks, and [`events`]: what it is told about each
 //!   node for a history or an audit trail ([`NodeEvent`], [`Verdict`]).
 //! * [`clock`]: [`Clock`] (wall time) and [`Random`] (nonces and jitter).
+//! * [`admission`]: [`Admission`], a policy asked before the helper (optional).
 //! * [`claims`]: [`Claims`], the shared store through which active-active replicas claim a
 //!   node before provisioning it (optional).
 //!
 //! And the engine itself:
 //!
-//! * [`config`]: the YAML configuration; [`pause`]: the shared pause state.
-//! * [`provision`]: the cycle of one node ([`Provisioner::provision`]).
+//! * [`config`]: [`ProvisionConfig`], what the cycle reads; [`pause`]: the shared pause state.
+//! * [`provision`]: the cycle of one node ([`Provisioner::provision`]), built with
+//!   [`Provisioner::builder`].
 //! * [`fleet`]: the host table, the bounded work queue and the worker pool ([`Fleet`]).
 //! * [`policy`], [`jwt`], [`keyenc`]: the checks and the cryptography of enrolment.
+//! * [`testing`] (feature `testing`): in-memory fakes of every collaborator.
 //!
-//! # Wiring your own transport
+//! # Embedding
 //!
-//! ```no_run
+//! `examples/embed.rs` (`cargo run -p provision-core --example embed`) provisions a small
+//! fleet end to end on in-memory fakes. The shape of it:
+//!
+//! ```
 //! use std::sync::Arc;
-//! use std::time::Duration;
-//! use provision_core::rpc::*;
-//! use provision_core::{Backoff, Config, Fleet, NoopObserver, PauseState, Provisioner, Source, StaticKeys};
-//! use provision_core::helper_protocol::{
-//!     CsrReply, Ed25519Reply, HelperError, HelperInput, HelperReply,
+//! use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply};
+//! use provision_core::{
+//!     CancellationToken, Features, Fleet, Helper, NoopObserver, ProvisionConfig, Provisioner,
+//!     Source, StaticKeys,
 //! };
-//!
-//! /// Sends each action to one node over whatever the embedder talks.
-//! struct MyTransport;
+//! # use provision_core::rpc::*;
+//! # use provision_core::helper_protocol::{CsrReply, Ed25519Reply};
+//! # struct MyTransport;
+//! # impl NodeRpc for MyTransport {
+//! #     async fn inventory(&self, id: &str) -> Result<Inventory, RpcError> { Err(RpcError::new(id, Action::Inventory, RpcErrorKind::Timeout)) }
+//! #     async fn jwt(&self, id: &str, _: &str) -> Result<JwtReply, RpcError> { Err(RpcError::new(id, Action::Jwt, RpcErrorKind::Timeout)) }
+//! #     async fn gen25519(&self, id: &str, _: &str, _: &str) -> Result<Ed25519Reply, RpcError> { Err(RpcError::new(id, Action::Gen25519, RpcErrorKind::Timeout)) }
+//! #     async fn gencsr(&self, id: &str, _: &str, _: &str) -> Result<CsrReply, RpcError> { Err(RpcError::new(id, Action::Gencsr, RpcErrorKind::Timeout)) }
+//! #     async fn configure(&self, id: &str, _: &ConfigureRequest) -> Result<ActionMessage, RpcError> { Err(RpcError::new(id, Action::Configure, RpcErrorKind::Timeout)) }
+//! #     async fn release_update(&self, id: &str, _: &str, _: &str, _: &str) -> Result<ActionMessage, RpcError> { Err(RpcError::new(id, Action::ReleaseUpdate, RpcErrorKind::Timeout)) }
+//! #     async fn restart(&self, id: &str, _: &str, _: u32) -> Result<ActionMessage, RpcError> { Err(RpcError::new(id, Action::Restart, RpcErrorKind::Timeout)) }
+//! #     async fn shutdown(&self, id: &str, _: &str) -> Result<ActionMessage, RpcError> { Err(RpcError::new(id, Action::Shutdown, RpcErrorKind::Timeout)) }
+//! # }
 //!
 //! /// Decides each node's configuration (a subprocess, a web service, a rule in code...).
 //! struct MyHelper;
@@ -47,54 +60,24 @@
 //!     }
 //! }
 //!
-//! impl NodeRpc for MyTransport {
-//!     async fn inventory(&self, identity: &str) -> Result<Inventory, RpcError> {
-//!         Err(RpcError::new(identity, Action::Inventory, RpcErrorKind::Timeout))
-//!     }
-//!     async fn jwt(&self, identity: &str, _token: &str) -> Result<JwtReply, RpcError> {
-//!         Err(RpcError::new(identity, Action::Jwt, RpcErrorKind::Timeout))
-//!     }
-//!     async fn gen25519(&self, identity: &str, _t: &str, _nonce: &str) -> Result<Ed25519Reply, RpcError> {
-//!         Err(RpcError::new(identity, Action::Gen25519, RpcErrorKind::Timeout))
-//!     }
-//!     async fn gencsr(&self, identity: &str, _t: &str, _cn: &str) -> Result<CsrReply, RpcError> {
-//!         Err(RpcError::new(identity, Action::Gencsr, RpcErrorKind::Timeout))
-//!     }
-//!     async fn configure(&self, identity: &str, _r: &ConfigureRequest) -> Result<ActionMessage, RpcError> {
-//!         Err(RpcError::new(identity, Action::Configure, RpcErrorKind::Timeout))
-//!     }
-//!     async fn release_update(&self, identity: &str, _t: &str, _repo: &str, _v: &str) -> Result<ActionMessage, RpcError> {
-//!         Err(RpcError::new(identity, Action::ReleaseUpdate, RpcErrorKind::Timeout))
-//!     }
-//!     async fn restart(&self, identity: &str, _t: &str, _splay: u32) -> Result<ActionMessage, RpcError> {
-//!         Err(RpcError::new(identity, Action::Restart, RpcErrorKind::Timeout))
-//!     }
-//!     async fn shutdown(&self, identity: &str, _t: &str) -> Result<ActionMessage, RpcError> {
-//!         Err(RpcError::new(identity, Action::Shutdown, RpcErrorKind::Timeout))
-//!     }
-//! }
-//!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let loaded = Config::load("/etc/choria/provisioner/provisioner.yaml")?;
-//! for w in &loaded.warnings {
-//!     eprintln!("warning: {w}");
-//! }
-//! let config = Arc::new(loaded.config);
-//! let helper = MyHelper;
-//! // Keys loaded once; the binary's implementation reads rotated files again.
-//! let keys = StaticKeys::new().with_signing_key(std::fs::read_to_string("/etc/choria/signer.seed")?);
-//! // The embedder's own pacing (the binary passes go-choria's FiveSec table from the client).
-//! let backoff = Backoff::from_steps(&[Duration::from_millis(500), Duration::from_secs(2)], true);
-//! let workers = config.workers;
-//! let provisioner = Provisioner::new(
-//!     config, PauseState::default(), MyTransport, helper, NoopObserver, keys, backoff,
-//! );
+//! let config = ProvisionConfig::builder()
+//!     .token("s3cret")
+//!     .features(Features::NONE.with_ed25519(true))
+//!     .build()?;
+//! // `MyTransport` implements `NodeRpc` over whatever the embedder talks to its nodes with.
+//! let provisioner = Provisioner::builder(MyTransport, MyHelper)
+//!     .config(config)
+//!     .keys(StaticKeys::new().with_signing_key("…64 hex characters of ed25519 seed…"))
+//!     .observer(NoopObserver)
+//!     .build();
 //! let fleet = Fleet::new(provisioner);
-//! let shutdown = tokio_util::sync::CancellationToken::new();
-//! let runner = tokio::spawn(fleet.clone().run(workers, shutdown.clone()));
+//! let shutdown = CancellationToken::new();
+//! let workers = tokio::spawn(Arc::clone(&fleet).run(4, shutdown.clone()));
 //! fleet.add("n1.example.net", Source::Discovery);
+//! // ... until the process stops:
 //! shutdown.cancel();
-//! runner.await?;
+//! workers.await?;
 //! # Ok(()) }
 //! ```
 
@@ -103,6 +86,7 @@ pub mod admission;
 pub mod claims;
 pub mod clock;
 pub mod config;
+mod erased;
 pub mod events;
 pub mod fleet;
 pub mod identity;
@@ -113,6 +97,8 @@ pub mod pause;
 pub mod policy;
 pub mod provision;
 pub mod rpc;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use choria_crypto;
 /// The JWT primitives, re-exported from [`choria_crypto`] (the binary and the key material use
@@ -122,7 +108,7 @@ pub use choria_crypto::jwt;
 pub use admission::{Admission, AllowAll, Decision};
 pub use claims::{ClaimError, ClaimOutcome, Claims, Ticket};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
-pub use config::{Config, ConfigError, ConfigWarning, Features, Loaded, WebhookSettings};
+pub use config::{Features, ProvisionConfig, ProvisionConfigBuilder, ProvisionConfigError};
 pub use events::{CertificateId, Issued, NodeEvent, NodeState, ServerJwtId, Verdict};
 pub use fleet::{AddResult, Fleet, Source};
 pub use helper_protocol;
@@ -130,5 +116,9 @@ pub use identity::{IdentityError, IdentityRule};
 pub use keys::{KeyMaterial, StaticKeys};
 pub use observer::{NoopObserver, Observer};
 pub use pause::PauseState;
-pub use provision::{Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner};
+pub use provision::{
+    Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner, ProvisionerBuilder,
+};
 pub use rpc::{Helper, NodeRpc};
+/// The shutdown signal [`Fleet::run`] and [`Fleet::drain`] take, from `tokio-util`.
+pub use tokio_util::sync::CancellationToken;

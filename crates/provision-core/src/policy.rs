@@ -134,6 +134,16 @@ impl DenyList {
         Ok(DenyList { patterns: out })
     }
 
+    /// The built-in list, [`crate::config::DEFAULT_CERT_DENY_LIST`].
+    pub fn default_list() -> Self {
+        DenyList::new(&crate::config::DEFAULT_CERT_DENY_LIST).unwrap_or_default()
+    }
+
+    /// The patterns as written.
+    pub fn patterns(&self) -> impl Iterator<Item = &str> {
+        self.patterns.iter().map(|(p, _)| p.as_str())
+    }
+
     /// The first pattern (as written) that matches anywhere in `name`.
     pub fn matches(&self, name: &str) -> Option<&str> {
         self.patterns
@@ -221,6 +231,48 @@ pub fn verify_nonce_signature(
         .map_err(|e| PolicyError::Nonce(e.message()))
 }
 
+/// `csr_extra_dns_names`: a regular expression the whole of a DNS name must match for a CSR to
+/// carry it besides the identity.
+#[derive(Clone)]
+pub struct ExtraDnsNames {
+    pattern: String,
+    re: Regex,
+}
+
+impl std::fmt::Debug for ExtraDnsNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExtraDnsNames({:?})", self.pattern)
+    }
+}
+
+impl ExtraDnsNames {
+    /// Compiles `pattern`, anchored at both ends; `None` for an empty pattern. Returns the
+    /// compiler's message for a pattern that does not compile (or compiles too large).
+    pub fn new(pattern: &str) -> Result<Option<Self>, String> {
+        if pattern.is_empty() {
+            return Ok(None);
+        }
+        let re = regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Some(ExtraDnsNames {
+            pattern: pattern.to_string(),
+            re,
+        }))
+    }
+
+    /// The pattern as written.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// Whether the whole of `name` matches.
+    pub fn is_match(&self, name: &str) -> bool {
+        self.re.is_match(name)
+    }
+}
+
 /// What a node's CSR is held to: the deny list, the identity rule, and the DNS names allowed
 /// besides the identity.
 #[derive(Debug, Clone, Copy)]
@@ -229,8 +281,8 @@ pub struct CsrPolicy<'a> {
     pub deny: &'a DenyList,
     /// The rule the common name (the identity) is held to.
     pub identity_rule: &'a IdentityRule,
-    /// `csr_extra_dns_names` (anchored): DNS names allowed besides the identity.
-    pub extra_dns: Option<&'a Regex>,
+    /// `csr_extra_dns_names`: DNS names allowed besides the identity.
+    pub extra_dns: Option<&'a ExtraDnsNames>,
 }
 
 impl<'a> CsrPolicy<'a> {

@@ -15,24 +15,32 @@ use tracing::{debug, error, info, warn};
 use crate::admission::{Admission, Decision};
 use crate::claims::{ClaimError, ClaimOutcome, Claims};
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
-use crate::config::Config;
+use crate::config::ProvisionConfig;
+use crate::erased::{DynHelper, DynNodeRpc};
 use crate::events::{CertificateId, Issued, NodeEvent, ServerJwtId};
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
 use crate::keyenc::encrypt_private_key_with;
-use crate::keys::KeyMaterial;
-use crate::observer::Observer;
+use crate::keys::{KeyMaterial, StaticKeys};
+use crate::observer::{NoopObserver, Observer};
 use crate::pause::PauseState;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
 use crate::rpc::{Action, ConfigureRequest, Helper, Inventory, NodeRpc, RpcError, RpcErrorKind};
 
 /// Delays between tries of an RPC: a table of steps, the last repeated, each jittered to between
-/// half and one and a half times its value. The table is the caller's: the binary passes
+/// half and one and a half times its value. The table is the caller's: the daemon passes
 /// go-choria's `FiveSec` policy (`choria_rpc_client::election::backoff::FIVE_SEC`).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     steps: Vec<Duration>,
     jitter: bool,
+}
+
+impl Default for Backoff {
+    /// Half a second, then one, two and five seconds, jittered.
+    fn default() -> Self {
+        Backoff::from_millis(&[500, 1000, 2000, 5000], true)
+    }
 }
 
 impl Backoff {
@@ -338,59 +346,119 @@ struct Enrolment {
     issued: Issued,
 }
 
-/// Runs the cycle for nodes; shared by every worker.
-pub struct Provisioner<R, H, O, C = SystemClock> {
-    config: Arc<Config>,
+/// Runs the cycle for nodes; shared by every worker. It holds its collaborators behind trait
+/// objects, so one type serves every transport, helper and observer: build one with
+/// [`Provisioner::builder`].
+pub struct Provisioner {
+    config: Arc<ProvisionConfig>,
     pause: PauseState,
-    rpc: R,
-    helper: H,
-    observer: O,
-    clock: C,
-    keys: Arc<dyn KeyMaterial>,
-    random: Arc<dyn Random>,
+    rpc: Box<dyn DynNodeRpc>,
+    helper: Box<dyn DynHelper>,
+    observer: Box<dyn Observer>,
+    clock: Box<dyn Clock>,
+    keys: Box<dyn KeyMaterial>,
+    random: Box<dyn Random>,
     backoff: Backoff,
-    admission: Option<Arc<dyn Admission>>,
-    claims: Option<Arc<dyn Claims>>,
+    admission: Option<Box<dyn Admission>>,
+    claims: Option<Box<dyn Claims>>,
 }
 
-impl<R: NodeRpc, H: Helper, O: Observer> Provisioner<R, H, O, SystemClock> {
-    /// A provisioner with the system clock and the system's entropy, asking `keys` for the key
-    /// material of every node and waiting `backoff` between the tries of an RPC.
-    pub fn new(
-        config: Arc<Config>,
-        pause: PauseState,
-        rpc: R,
-        helper: H,
-        observer: O,
-        keys: impl KeyMaterial,
-        backoff: Backoff,
-    ) -> Self {
-        Provisioner {
-            config,
-            pause,
-            rpc,
-            helper,
-            observer,
-            clock: SystemClock,
-            keys: Arc::new(keys),
-            random: Arc::new(SystemRandom),
-            backoff,
-            admission: None,
-            claims: None,
-        }
+impl std::fmt::Debug for Provisioner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provisioner")
+            .field("config", &self.config)
+            .field("paused", &self.pause.paused())
+            .field("backoff", &self.backoff)
+            .field("admission", &self.admission.is_some())
+            .field("claims", &self.claims.is_some())
+            .finish_non_exhaustive()
     }
 }
 
-impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
-    /// Replaces the clock.
-    pub fn with_clock<C2: Clock>(self, clock: C2) -> Provisioner<R, H, O, C2> {
+/// Builds a [`Provisioner`]: the transport and the helper are required; everything else has a
+/// default (see each method).
+#[must_use]
+pub struct ProvisionerBuilder {
+    config: Arc<ProvisionConfig>,
+    pause: PauseState,
+    rpc: Box<dyn DynNodeRpc>,
+    helper: Box<dyn DynHelper>,
+    observer: Box<dyn Observer>,
+    clock: Box<dyn Clock>,
+    keys: Box<dyn KeyMaterial>,
+    random: Box<dyn Random>,
+    backoff: Backoff,
+    admission: Option<Box<dyn Admission>>,
+    claims: Option<Box<dyn Claims>>,
+}
+
+impl ProvisionerBuilder {
+    /// The settings of the cycle (default: [`ProvisionConfig::default`]).
+    pub fn config(mut self, config: impl Into<Arc<ProvisionConfig>>) -> Self {
+        self.config = config.into();
+        self
+    }
+
+    /// The pause state shared with whoever pauses provisioning (default: running).
+    pub fn pause(mut self, pause: PauseState) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    /// What is told of every step, error and finished node (default: [`NoopObserver`]).
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = Box::new(observer);
+        self
+    }
+
+    /// The keys of enrolment, asked for every node (default: none, [`StaticKeys::new`]).
+    pub fn keys(mut self, keys: impl KeyMaterial) -> Self {
+        self.keys = Box::new(keys);
+        self
+    }
+
+    /// The wall clock (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// The source of nonces and jitter (default: [`SystemRandom`]).
+    pub fn random(mut self, random: impl Random) -> Self {
+        self.random = Box::new(random);
+        self
+    }
+
+    /// The delays between RPC tries (default: [`Backoff::default`]).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Asks `admission` whether each node may go on to the helper, after the built-in checks
+    /// (default: every node goes on).
+    pub fn admission(mut self, admission: impl Admission) -> Self {
+        self.admission = Some(Box::new(admission));
+        self
+    }
+
+    /// Active-active: claims each node in `claims` before anything is sent to it, keeps the
+    /// claim while the cycle runs, marks it done after success and releases it after failure
+    /// (default: no claims).
+    pub fn claims(mut self, claims: impl Claims) -> Self {
+        self.claims = Some(Box::new(claims));
+        self
+    }
+
+    /// The provisioner.
+    pub fn build(self) -> Provisioner {
         Provisioner {
             config: self.config,
             pause: self.pause,
             rpc: self.rpc,
             helper: self.helper,
             observer: self.observer,
-            clock,
+            clock: self.clock,
             keys: self.keys,
             random: self.random,
             backoff: self.backoff,
@@ -398,25 +466,25 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             claims: self.claims,
         }
     }
+}
 
-    /// Replaces the source of nonces and jitter.
-    pub fn with_random(mut self, random: impl Random) -> Self {
-        self.random = Arc::new(random);
-        self
-    }
-
-    /// Asks `admission` whether each node may go on to the helper, after the built-in checks.
-    /// Without one every node goes on.
-    pub fn with_admission(mut self, admission: Arc<dyn Admission>) -> Self {
-        self.admission = Some(admission);
-        self
-    }
-
-    /// Active-active: claims each node in `claims` before anything is sent to it, keeps the
-    /// claim while the cycle runs, marks it done after success and releases it after failure.
-    pub fn with_claims(mut self, claims: Arc<dyn Claims>) -> Self {
-        self.claims = Some(claims);
-        self
+impl Provisioner {
+    /// A builder for a provisioner sending its RPCs through `rpc` and asking `helper` for each
+    /// node's configuration.
+    pub fn builder(rpc: impl NodeRpc, helper: impl Helper) -> ProvisionerBuilder {
+        ProvisionerBuilder {
+            config: Arc::new(ProvisionConfig::default()),
+            pause: PauseState::default(),
+            rpc: Box::new(rpc),
+            helper: Box::new(helper),
+            observer: Box::new(NoopObserver),
+            clock: Box::new(SystemClock),
+            keys: Box::new(StaticKeys::new()),
+            random: Box::new(SystemRandom),
+            backoff: Backoff::default(),
+            admission: None,
+            claims: None,
+        }
     }
 
     /// Whether nodes are claimed before they are provisioned (active-active).
@@ -424,14 +492,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         self.claims.is_some()
     }
 
-    /// Replaces the delays between RPC tries.
-    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
+    /// The settings of the cycle.
+    pub fn config(&self) -> &ProvisionConfig {
         &self.config
     }
 
@@ -441,13 +503,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     }
 
     /// The observer.
-    pub fn observer(&self) -> &O {
-        &self.observer
-    }
-
-    /// The RPC implementation.
-    pub fn rpc(&self) -> &R {
-        &self.rpc
+    pub fn observer(&self) -> &dyn Observer {
+        &*self.observer
     }
 
     /// Runs the whole cycle for `host`.
@@ -594,7 +651,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     ) -> Result<Outcome, ProvisionErrorKind> {
         // The store's key is made from the identity: check it before the store sees it.
         self.config
-            .identity_rule
+            .identity_rule()
             .check(&host.identity)
             .map_err(ProvisionErrorKind::Identity)?;
         let mut ticket = match claims
@@ -679,7 +736,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         // Checked again here (the work queue checked it before queueing) so that nothing is
         // sent, asked of the helper or signed for an invalid identity whoever built the host.
         self.config
-            .identity_rule
+            .identity_rule()
             .check(&host.identity)
             .map_err(ProvisionErrorKind::Identity)?;
         self.identify(host).await?;
@@ -702,10 +759,10 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let cfg = &*self.config;
         let identity = host.identity.clone();
         let id: &str = &identity;
-        let token = cfg.token.as_str();
+        let token = cfg.token();
         let rpc = &self.rpc;
 
-        if cfg.features.jwt {
+        if cfg.features().jwt {
             if host.raw_jwt.is_empty() {
                 info!(identity = id, "Fetching JWT");
                 let r = self
@@ -732,12 +789,12 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             host.claims = Some(claims);
         }
 
-        if cfg.features.ed25519 && host.ed25519.is_some() {
+        if cfg.features().ed25519 && host.ed25519.is_some() {
             info!(
                 identity = id,
                 "Already have ED25519 public key, not retrieving again"
             );
-        } else if cfg.features.ed25519 {
+        } else if cfg.features().ed25519 {
             info!(identity = id, "Fetching ED25519 public key");
             // A fresh nonce for every try: a reply to an earlier try cannot be replayed.
             let (nonce, r) = self
@@ -769,7 +826,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             host.inventory = Some(inv);
         }
 
-        if cfg.features.pki {
+        if cfg.features().pki {
             info!(identity = id, "Fetching CSR");
             let csr = self
                 .call(Action::Gencsr, id, &mut host.contact, || {
@@ -887,7 +944,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
                 escaped(&reply.msg)
             );
         }
-        let token = self.config.token.as_str();
+        let token = self.config.token();
         let rpc = &self.rpc;
         info!(identity = id, "Shutting down node");
         match self
@@ -919,7 +976,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
     fn enroll(&self, host: &Host, reply: &HelperReply) -> Result<Enrolment, ProvisionErrorKind> {
         let cfg = &*self.config;
         let mut enrolment = Enrolment::default();
-        if cfg.features.ed25519 {
+        if cfg.features().ed25519 {
             self.check_paused("server JWT issuance")?;
             let pk = host
                 .ed25519
@@ -939,12 +996,12 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             let issued = policy::issue_server_jwt(&ServerJwtRequest {
                 identity: &host.identity,
                 public_key_hex: pk,
-                identity_rule: &cfg.identity_rule,
+                identity_rule: cfg.identity_rule(),
                 configuration: reply.configuration.as_ref(),
                 server_claims: reply.server_claims.as_ref(),
                 signing_key: &signing_key,
                 signing_token: &signing_token,
-                default_validity: cfg.server_jwt_validity,
+                default_validity: cfg.server_jwt_validity(),
                 jti_payload,
                 now: self.clock.now_unix(),
             })
@@ -982,17 +1039,17 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         let cfg = &*self.config;
         let identity = host.identity.clone();
         let id: &str = &identity;
-        let token = cfg.token.as_str();
+        let token = cfg.token();
         let rpc = &self.rpc;
 
-        if cfg.features.upgrades && !reply.upgrade.is_empty() {
+        if cfg.features().upgrades && !reply.upgrade.is_empty() {
             match self.upgrade(host, &reply.upgrade).await {
                 Ok(Some(outcome)) => return Ok(outcome),
                 Ok(None) => {}
                 Err(e @ (ProvisionErrorKind::Paused(_) | ProvisionErrorKind::LockHeld(_))) => {
                     return Err(e)
                 }
-                Err(e) if cfg.upgrades_optional => {
+                Err(e) if cfg.upgrades_optional() => {
                     warn!(
                         identity = id,
                         "Could not upgrade to {}, continuing: {e}",
@@ -1063,7 +1120,7 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
             target: target.to_string(),
             reason: reason.to_string(),
         };
-        if cfg.upgrades_repository.is_empty() {
+        if cfg.upgrades_repository().is_empty() {
             return Err(fail("upgrades_repository is not configured"));
         }
         let inv = host.inventory.as_ref();
@@ -1085,8 +1142,8 @@ impl<R: NodeRpc, H: Helper, O: Observer, C: Clock> Provisioner<R, H, O, C> {
         );
         let identity = host.identity.clone();
         let id: &str = &identity;
-        let repo = cfg.upgrades_repository.as_str();
-        let token = cfg.token.as_str();
+        let repo = cfg.upgrades_repository();
+        let token = cfg.token();
         let rpc = &self.rpc;
         info!(identity = id, "Updating node to {}", escaped(target));
         self.call(Action::ReleaseUpdate, id, &mut host.contact, || {

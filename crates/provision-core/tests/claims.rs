@@ -14,9 +14,7 @@ use common::*;
 use provision_core::claims::{ClaimFuture, ClaimOutcome, Claims, Ticket};
 use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply};
 use provision_core::rpc::{Action, Helper, RpcErrorKind};
-use provision_core::{
-    Backoff, ClaimError, Host, Outcome, PauseState, ProvisionErrorKind, Provisioner,
-};
+use provision_core::{Backoff, ClaimError, Host, Outcome, ProvisionErrorKind, Provisioner};
 use tokio::time::Instant;
 
 #[derive(Default)]
@@ -109,8 +107,10 @@ fn with(
     node: &FakeNode,
     helper: &FakeHelper,
     obs: &CountingObserver,
-) -> Provisioner<FakeNode, FakeHelper, CountingObserver> {
-    provisioner(config("token: s3cret\n"), node, helper, obs).with_claims(store.clone())
+) -> Provisioner {
+    builder(token(), node, helper, obs)
+        .claims(store.clone())
+        .build()
 }
 
 fn log(store: &Store) -> Vec<String> {
@@ -253,17 +253,12 @@ async fn a_claim_that_cannot_be_kept_stops_the_cycle_before_configure() {
         });
         let node = FakeNode::new();
         let helper = SlowHelper(FakeHelper::replying(good_reply()));
-        let cfg = config("token: s3cret\n");
-        let p = Provisioner::new(
-            cfg.clone(),
-            PauseState::default(),
-            node.clone(),
-            helper.clone(),
-            CountingObserver::default(),
-            ConfigKeys(cfg),
-            Backoff::fixed(vec![Duration::ZERO]),
-        )
-        .with_claims(store.clone());
+        let p = Provisioner::builder(node.clone(), helper.clone())
+            .config(token().build().unwrap())
+            .keys(test_keys())
+            .backoff(Backoff::fixed(vec![Duration::ZERO]))
+            .claims(store.clone())
+            .build();
         let res = p.provision(&mut host()).await;
         let keeps = log(&store).iter().filter(|l| l.starts_with("keep")).count();
         if keep_fails {

@@ -11,19 +11,11 @@ use common::*;
 use provision_core::helper_protocol::{HelperReply, ServerClaims};
 use provision_core::jwt::{self, VerifyingKey};
 use provision_core::rpc::{Action, RpcErrorKind};
-use provision_core::{Host, Outcome, ProvisionErrorKind};
+use provision_core::{Features, Host, Outcome, ProvisionErrorKind};
 use tokio::time::Instant;
 
 fn host() -> Host {
     Host::new(Arc::from("n1.example.net"), Instant::now())
-}
-
-fn ed_yaml(dir: &std::path::Path) -> String {
-    format!(
-        "token: s3cret\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures:\n  ed25519: true\n",
-        prov_signer_hex(),
-        seed_file(dir, [3u8; 32])
-    )
 }
 
 #[tokio::test]
@@ -31,7 +23,7 @@ async fn no_features_fetches_inventory_then_configures_and_restarts() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     let out = p.provision(&mut host()).await.unwrap();
     assert_eq!(out, Outcome::Provisioned);
     assert_eq!(
@@ -53,11 +45,10 @@ async fn no_features_fetches_inventory_then_configures_and_restarts() {
 
 #[tokio::test]
 async fn ed25519_feature_verifies_jwt_and_nonce_and_issues_a_server_jwt() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let p = provisioner(ed25519(), &node, &helper, &obs);
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -94,11 +85,7 @@ async fn jwt_feature_alone_skips_gen25519_and_server_jwt() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let yaml = format!(
-        "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
-        prov_signer_hex()
-    );
-    let p = provisioner(config(&yaml), &node, &helper, &obs);
+    let p = provisioner(jwt(), &node, &helper, &obs);
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -129,7 +116,7 @@ async fn pki_feature_validates_the_csr_and_uses_its_ssldir() {
     let helper = FakeHelper::replying(reply);
     let obs = CountingObserver::default();
     let p = provisioner(
-        config("token: s3cret\nfeatures: {pki: true}\n"),
+        features(Features::NONE.with_pki(true)),
         &node,
         &helper,
         &obs,
@@ -159,12 +146,7 @@ async fn helper_ssldir_is_used_without_a_csr() {
     let mut reply = good_reply();
     reply.ssldir = "/helper/ssl".into();
     let helper = FakeHelper::replying(reply);
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     p.provision(&mut host()).await.unwrap();
     assert_eq!(node.configured().unwrap().ssldir, "/helper/ssl");
 }
@@ -188,7 +170,7 @@ async fn csr_with_wrong_name_or_denied_name_stops_before_the_helper() {
         node.state.lock().unwrap().csr.csr = make_csr(cn, &dns);
         let helper = FakeHelper::replying(good_reply());
         let p = provisioner(
-            config("token: s3cret\nfeatures: {pki: true}\n"),
+            features(Features::NONE.with_pki(true)),
             &node,
             &helper,
             &CountingObserver::default(),
@@ -208,7 +190,6 @@ async fn csr_with_wrong_name_or_denied_name_stops_before_the_helper() {
 
 #[tokio::test]
 async fn each_rpc_failing_stops_the_cycle_after_its_tries() {
-    let dir = tempfile::tempdir().unwrap();
     for action in [
         Action::Jwt,
         Action::Gen25519,
@@ -220,7 +201,7 @@ async fn each_rpc_failing_stops_the_cycle_after_its_tries() {
         node.fail(action, RpcErrorKind::Timeout, 100);
         let helper = FakeHelper::replying(good_reply());
         let obs = CountingObserver::default();
-        let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+        let p = provisioner(ed25519(), &node, &helper, &obs);
         let err = p.provision(&mut host()).await.unwrap_err();
         match &err.kind {
             ProvisionErrorKind::Rpc(e) => {
@@ -243,7 +224,7 @@ async fn gencsr_is_tried_once() {
     node.fail(Action::Gencsr, RpcErrorKind::Timeout, 1);
     let helper = FakeHelper::replying(good_reply());
     let p = provisioner(
-        config("features: {pki: true}\n"),
+        cfg().features(Features::NONE.with_pki(true)),
         &node,
         &helper,
         &CountingObserver::default(),
@@ -266,7 +247,7 @@ async fn transient_failures_are_retried() {
     );
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -278,12 +259,11 @@ async fn transient_failures_are_retried() {
 
 #[tokio::test]
 async fn held_lock_is_asked_again_once_then_the_node_is_left_alone() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     node.fail(Action::Jwt, RpcErrorKind::LockHeld, 10);
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let p = provisioner(ed25519(), &node, &helper, &obs);
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::LockHeld {
@@ -315,11 +295,7 @@ async fn invalid_or_expired_provisioning_jwt_is_refused() {
         let node = FakeNode::new();
         node.state.lock().unwrap().jwt = token;
         let helper = FakeHelper::replying(good_reply());
-        let yaml = format!(
-            "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
-            prov_signer_hex()
-        );
-        let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
+        let p = provisioner(jwt(), &node, &helper, &CountingObserver::default());
         let err = p.provision(&mut host()).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Jwt(_)), "{err}");
         assert!(err.to_string().contains(want), "{err}");
@@ -330,7 +306,6 @@ async fn invalid_or_expired_provisioning_jwt_is_refused() {
 
 #[tokio::test]
 async fn bad_nonce_signature_or_short_key_is_refused_without_crashing() {
-    let dir = tempfile::tempdir().unwrap();
     for short in [false, true] {
         let node = FakeNode::new();
         {
@@ -339,12 +314,7 @@ async fn bad_nonce_signature_or_short_key_is_refused_without_crashing() {
             s.short_key = short;
         }
         let helper = FakeHelper::replying(good_reply());
-        let p = provisioner(
-            config(&ed_yaml(dir.path())),
-            &node,
-            &helper,
-            &CountingObserver::default(),
-        );
+        let p = provisioner(ed25519(), &node, &helper, &CountingObserver::default());
         let err = p.provision(&mut host()).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Ed25519(_)), "{err}");
         assert_eq!(node.calls(), vec![Action::Jwt, Action::Gen25519]);
@@ -356,7 +326,7 @@ async fn helper_failure_is_counted_and_stops_the_cycle() {
     let node = FakeNode::new();
     let helper = FakeHelper::failing();
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::Helper(_)));
     assert_eq!(obs.0.helper_errors.load(Ordering::SeqCst), 1);
@@ -371,12 +341,7 @@ async fn defer_is_a_soft_failure_without_configure() {
         msg: "not yet".into(),
         ..good_reply()
     });
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(&err.kind, ProvisionErrorKind::Deferred(m) if m == "not yet"));
     assert_eq!(node.calls(), vec![Action::Inventory]);
@@ -390,7 +355,7 @@ async fn shutdown_request_shuts_the_node_down() {
         ..good_reply()
     });
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::ShutDown);
     assert_eq!(node.calls(), vec![Action::Inventory, Action::Shutdown]);
     assert_eq!(obs.0.helper_shutdowns.load(Ordering::SeqCst), 1);
@@ -412,13 +377,13 @@ async fn refused_shutdown_is_only_a_warning_but_a_timeout_is_an_error() {
         ..good_reply()
     });
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     assert_eq!(p.provision(&mut host()).await.unwrap(), Outcome::ShutDown);
     assert_eq!(obs.0.helper_shutdowns.load(Ordering::SeqCst), 0);
 
     let node = FakeNode::new();
     node.fail(Action::Shutdown, RpcErrorKind::Timeout, 3);
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     assert!(p.provision(&mut host()).await.is_err());
 }
 
@@ -431,11 +396,7 @@ async fn helper_key_is_encrypted_for_the_node() {
         key: key_pem,
         ..good_reply()
     });
-    let yaml = format!(
-        "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
-        prov_signer_hex()
-    );
-    let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
+    let p = provisioner(jwt(), &node, &helper, &CountingObserver::default());
     p.provision(&mut host()).await.unwrap();
     let c = node.configured().unwrap();
     assert!(c.key.contains("Proc-Type: 4,ENCRYPTED"));
@@ -452,12 +413,7 @@ async fn helper_key_without_the_jwt_feature_fails() {
         key: key_pem,
         ..good_reply()
     });
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::KeyEncryption(_)));
     assert!(err
@@ -470,19 +426,11 @@ async fn helper_key_without_the_jwt_feature_fails() {
 async fn empty_configuration_fails_before_sending() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(HelperReply::default());
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::EmptyConfiguration));
     assert_eq!(node.count(Action::Configure), 0);
 }
-
-const UPGRADES: &str =
-    "token: s3cret\nupgrades_repository: https://repo.example.net\nfeatures: {upgrades: true}\n";
 
 #[tokio::test]
 async fn differing_version_is_upgraded_without_configuring() {
@@ -491,12 +439,7 @@ async fn differing_version_is_upgraded_without_configuring() {
         upgrade: "0.30.0".into(),
         ..good_reply()
     });
-    let p = provisioner(
-        config(UPGRADES),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(upgrades(), &node, &helper, &CountingObserver::default());
     let out = p.provision(&mut host()).await.unwrap();
     assert_eq!(
         out,
@@ -520,12 +463,7 @@ async fn equal_version_is_configured_without_upgrade() {
         upgrade: "0.29.04".into(),
         ..good_reply()
     });
-    let p = provisioner(
-        config(UPGRADES),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(upgrades(), &node, &helper, &CountingObserver::default());
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -540,12 +478,7 @@ async fn upgrade_request_is_ignored_without_the_feature() {
         upgrade: "0.30.0".into(),
         ..good_reply()
     });
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -557,28 +490,24 @@ async fn upgrade_request_is_ignored_without_the_feature() {
 async fn upgrade_problems_are_fatal_unless_optional() {
     type Setup = fn(&FakeNode);
     let cases: [(&str, Setup, &str); 4] = [
+        ("", |_| {}, "upgrades_repository is not configured"),
         (
-            "token: s3cret\nfeatures: {upgrades: true}\n",
-            |_| {},
-            "upgrades_repository is not configured",
-        ),
-        (
-            UPGRADES,
+            "https://repo.example.net",
             |n| n.state.lock().unwrap().inventory.version.clear(),
             "did not receive a version",
         ),
         (
-            UPGRADES,
+            "https://repo.example.net",
             |n| n.state.lock().unwrap().inventory.upgradable = false,
             "does not support upgrades",
         ),
         (
-            UPGRADES,
+            "https://repo.example.net",
             |n| n.fail(Action::ReleaseUpdate, RpcErrorKind::Timeout, 3),
             "release_update",
         ),
     ];
-    for (yaml, setup, want) in cases {
+    for (repository, setup, want) in cases {
         for optional in [false, true] {
             let node = FakeNode::new();
             setup(&node);
@@ -586,8 +515,9 @@ async fn upgrade_problems_are_fatal_unless_optional() {
                 upgrade: "0.30.0".into(),
                 ..good_reply()
             });
-            let yaml = format!("{yaml}upgrades_optional: {optional}\n");
-            let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
+            let config =
+                features(Features::NONE.with_upgrades(true)).upgrades(repository, optional);
+            let p = provisioner(config, &node, &helper, &CountingObserver::default());
             let res = p.provision(&mut host()).await;
             if optional {
                 assert_eq!(res.unwrap(), Outcome::Provisioned, "{want}");
@@ -606,7 +536,7 @@ async fn pause_mid_cycle_stops_before_the_next_step() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config("token: s3cret\n"), &node, &helper, &obs);
+    let p = provisioner(token(), &node, &helper, &obs);
     node.state.lock().unwrap().pause_on = Some((Action::Inventory, p.pause_state().clone()));
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::Paused(_)), "{err}");
@@ -619,12 +549,7 @@ async fn pause_stops_retries() {
     let node = FakeNode::new();
     node.fail(Action::Configure, RpcErrorKind::Timeout, 5);
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     node.state.lock().unwrap().pause_on = Some((Action::Configure, p.pause_state().clone()));
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(
@@ -641,12 +566,7 @@ async fn pause_stops_retries() {
 async fn paused_provisioner_makes_no_calls() {
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(
-        config("token: s3cret\n"),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(token(), &node, &helper, &CountingObserver::default());
     p.pause_state().pause();
     assert!(p.provision(&mut host()).await.is_err());
     assert!(node.calls().is_empty());
@@ -654,16 +574,11 @@ async fn paused_provisioner_makes_no_calls() {
 
 #[tokio::test]
 async fn the_nonce_comes_from_the_injected_entropy() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(
-        config(&ed_yaml(dir.path())),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    )
-    .with_random(FixedRandom(0x11));
+    let p = builder(ed25519(), &node, &helper, &CountingObserver::default())
+        .random(FixedRandom(0x11))
+        .build();
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -695,16 +610,10 @@ fn backoff_jitter_comes_from_the_injected_entropy() {
 
 #[tokio::test]
 async fn second_round_reuses_what_was_fetched() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     node.fail(Action::Configure, RpcErrorKind::Timeout, 5);
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(
-        config(&ed_yaml(dir.path())),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(ed25519(), &node, &helper, &CountingObserver::default());
     let mut h = host();
     assert!(p.provision(&mut h).await.is_err());
     assert_eq!(p.provision(&mut h).await.unwrap(), Outcome::Provisioned);
@@ -714,46 +623,11 @@ async fn second_round_reuses_what_was_fetched() {
 }
 
 #[tokio::test]
-async fn rotated_verification_key_file_takes_effect_without_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let keyfile = dir.path().join("signer.pub");
-    std::fs::write(&keyfile, prov_signer_hex()).unwrap();
-    let yaml = format!(
-        "token: s3cret\njwt_verify_cert: {}\nfeatures: {{jwt: true}}\n",
-        keyfile.display()
-    );
-    let cfg = config(&yaml);
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(cfg, &node, &helper, &CountingObserver::default());
-    assert_eq!(
-        p.provision(&mut host()).await.unwrap(),
-        Outcome::Provisioned
-    );
-    // Rotate to a key that did not sign the node's token (different size, so the change is
-    // seen even within the file system's timestamp granularity).
-    let other = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
-    std::fs::write(
-        &keyfile,
-        format!("{}\n", hex::encode(other.verifying_key().to_bytes())),
-    )
-    .unwrap();
-    let err = p.provision(&mut host()).await.unwrap_err();
-    assert!(matches!(err.kind, ProvisionErrorKind::Jwt(_)), "{err}");
-}
-
-#[tokio::test]
 async fn a_single_lock_held_reply_does_not_park_the_node() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     node.fail(Action::Jwt, RpcErrorKind::LockHeld, 1);
     let helper = FakeHelper::replying(good_reply());
-    let p = provisioner(
-        config(&ed_yaml(dir.path())),
-        &node,
-        &helper,
-        &CountingObserver::default(),
-    );
+    let p = provisioner(ed25519(), &node, &helper, &CountingObserver::default());
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
         Outcome::Provisioned
@@ -763,12 +637,11 @@ async fn a_single_lock_held_reply_does_not_park_the_node() {
 
 #[tokio::test]
 async fn an_announced_node_that_never_answers_gets_one_try() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     node.fail(Action::Jwt, RpcErrorKind::Timeout, 100);
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let p = provisioner(ed25519(), &node, &helper, &obs);
     let mut h = host().found_by(provision_core::Source::Event);
     let err = p.provision(&mut h).await.unwrap_err();
     assert!(err.kind.is_unanswered_first_contact(), "{err}");
@@ -781,7 +654,7 @@ async fn an_announced_node_that_never_answers_gets_one_try() {
     // Once it has answered, the Go retry counts apply again.
     let node = FakeNode::new();
     node.fail(Action::Inventory, RpcErrorKind::Timeout, 2);
-    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let p = provisioner(ed25519(), &node, &helper, &obs);
     let mut h = host().found_by(provision_core::Source::Event);
     assert_eq!(p.provision(&mut h).await.unwrap(), Outcome::Provisioned);
     assert_eq!(node.count(Action::Inventory), 3);
@@ -797,12 +670,7 @@ async fn an_invalid_identity_is_never_sent_anything() {
     ] {
         let node = FakeNode::new();
         let helper = FakeHelper::replying(good_reply());
-        let p = provisioner(
-            config("token: s3cret\n"),
-            &node,
-            &helper,
-            &CountingObserver::default(),
-        );
+        let p = provisioner(token(), &node, &helper, &CountingObserver::default());
         let mut h = Host::new(bad.into(), tokio::time::Instant::now());
         let err = p.provision(&mut h).await.unwrap_err();
         assert!(matches!(err.kind, ProvisionErrorKind::Identity(_)), "{err}");
@@ -813,12 +681,11 @@ async fn an_invalid_identity_is_never_sent_anything() {
 
 #[tokio::test(start_paused = true)]
 async fn a_discovered_node_that_never_answers_does_not_hold_a_worker_for_a_minute() {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     node.state.lock().unwrap().silent_prefix = Some("n1".into());
     let helper = FakeHelper::replying(good_reply());
     let obs = CountingObserver::default();
-    let p = provisioner(config(&ed_yaml(dir.path())), &node, &helper, &obs);
+    let p = provisioner(ed25519(), &node, &helper, &obs);
     let started = Instant::now();
     let err = p.provision(&mut host()).await.unwrap_err();
     let took = started.elapsed();

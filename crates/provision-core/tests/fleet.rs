@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use common::*;
 use provision_core::helper_protocol::HelperReply;
+use provision_core::identity::IdentityRule;
 use provision_core::rpc::{Action, RpcErrorKind};
-use provision_core::{AddResult, Fleet, Source};
+use provision_core::{AddResult, Features, Fleet, Source};
 use tokio_util::sync::CancellationToken;
 
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -27,7 +28,7 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config("interval: 1m\n"),
+        token().interval(Duration::from_secs(60)),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -60,7 +61,7 @@ async fn full_queue_drops_new_nodes() {
     let node = FakeNode::new();
     let fleet = Fleet::with_capacity(
         provisioner(
-            config(""),
+            token(),
             &node,
             &FakeHelper::replying(good_reply()),
             &CountingObserver::default(),
@@ -80,7 +81,7 @@ async fn full_queue_drops_new_nodes() {
 async fn clear_forgets_everything() {
     let node = FakeNode::new();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &CountingObserver::default(),
@@ -103,7 +104,7 @@ async fn workers_provision_every_node_and_hold_it_for_a_minute() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -135,7 +136,7 @@ async fn workers_provision_every_node_and_hold_it_for_a_minute() {
 async fn failed_node_is_forgotten_at_once() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(config(""), &node, &FakeHelper::failing(), &obs));
+    let fleet = Fleet::new(provisioner(token(), &node, &FakeHelper::failing(), &obs));
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
     fleet.add("a", Source::Discovery);
@@ -155,7 +156,7 @@ async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() 
     node.fail(Action::Configure, RpcErrorKind::LockHeld, 2);
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -188,7 +189,9 @@ async fn upgraded_node_is_provisioned_again_when_it_comes_back() {
         upgrade: "0.30.0".into(),
         ..good_reply()
     });
-    let cfg = config("upgrades_repository: https://repo.example.net\nfeatures: {upgrades: true}\n");
+    let cfg = token()
+        .features(Features::NONE.with_upgrades(true))
+        .upgrades("https://repo.example.net", false);
     let fleet = Fleet::new(provisioner(cfg, &node, &helper, &obs));
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
@@ -210,15 +213,16 @@ async fn shutdown_stops_workers_mid_cycle() {
     let node = FakeNode::new();
     node.fail(Action::Inventory, RpcErrorKind::Timeout, 1000);
     let fleet = Fleet::new(
-        provisioner(
-            config(""),
+        builder(
+            token(),
             &node,
             &FakeHelper::replying(good_reply()),
             &CountingObserver::default(),
         )
-        .with_backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
+        .backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
             3600,
-        )])),
+        )]))
+        .build(),
     );
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(3, stop.clone()));
@@ -236,7 +240,7 @@ async fn paused_gauge_follows_the_pause_state() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -258,7 +262,7 @@ async fn paused_workers_leave_nodes_queued_until_resumed() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -285,7 +289,7 @@ async fn invalid_identities_are_refused_counted_and_never_queued() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -315,7 +319,7 @@ async fn invalid_identities_are_refused_counted_and_never_queued() {
     assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 0);
     // A site pattern replaces the grammar but not the floor.
     let fleet = Fleet::new(provisioner(
-        config("identity_pattern: '[A-Z]+'\n"),
+        token().identity_rule(IdentityRule::with_pattern("[A-Z]+").unwrap()),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -333,7 +337,7 @@ async fn announced_nodes_hold_half_the_queue_at_most() {
     let node = FakeNode::new();
     let fleet = Fleet::with_capacity(
         provisioner(
-            config(""),
+            token(),
             &node,
             &FakeHelper::replying(good_reply()),
             &CountingObserver::default(),
@@ -354,7 +358,7 @@ async fn a_flood_of_bogus_announcements_does_not_starve_discovered_nodes() {
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -410,7 +414,7 @@ async fn nothing_is_queued_while_paused() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config(""),
+        token(),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -432,7 +436,7 @@ async fn node_waiting_more_than_two_intervals_is_skipped_as_it_leaves_the_queue(
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
-        config("token: s3cret\ninterval: 1m\n"),
+        token().interval(Duration::from_secs(60)),
         &node,
         &FakeHelper::replying(good_reply()),
         &obs,
@@ -468,9 +472,11 @@ async fn drain_lets_nodes_in_flight_finish_and_starts_no_more() {
     node.fail(Action::Inventory, RpcErrorKind::Timeout, 2);
     let obs = CountingObserver::default();
     let fleet = Fleet::new(
-        provisioner(config(""), &node, &FakeHelper::replying(good_reply()), &obs).with_backoff(
-            provision_core::Backoff::fixed(vec![Duration::from_secs(10)]),
-        ),
+        builder(token(), &node, &FakeHelper::replying(good_reply()), &obs)
+            .backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
+                10,
+            )]))
+            .build(),
     );
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
@@ -501,15 +507,16 @@ async fn drain_gives_up_after_the_grace_or_when_forced() {
         let node = FakeNode::new();
         node.fail(Action::Inventory, RpcErrorKind::Timeout, 1000);
         let fleet = Fleet::new(
-            provisioner(
-                config(""),
+            builder(
+                token(),
                 &node,
                 &FakeHelper::replying(good_reply()),
                 &CountingObserver::default(),
             )
-            .with_backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
+            .backoff(provision_core::Backoff::fixed(vec![Duration::from_secs(
                 3600,
-            )])),
+            )]))
+            .build(),
         );
         let stop = CancellationToken::new();
         let run = tokio::spawn(fleet.clone().run(3, stop.clone()));

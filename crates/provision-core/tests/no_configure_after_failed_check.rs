@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::*;
 use proptest::prelude::*;
 use provision_core::rpc::{Action, RpcErrorKind};
-use provision_core::{Host, Outcome};
+use provision_core::{Features, Host, Outcome};
 
 #[derive(Debug, Clone, Copy)]
 enum Fault {
@@ -77,7 +77,6 @@ fn fault() -> impl Strategy<Value = Fault> {
 }
 
 fn run_case(pki: bool, jwt: bool, ed: bool, fault: Fault) -> (bool, Option<Outcome>) {
-    let dir = tempfile::tempdir().unwrap();
     let node = FakeNode::new();
     let mut reply = good_reply();
     let mut helper_fails = false;
@@ -127,12 +126,8 @@ fn run_case(pki: bool, jwt: bool, ed: bool, fault: Fault) -> (bool, Option<Outco
     } else {
         FakeHelper::replying(reply)
     };
-    let yaml = format!(
-        "token: s3cret\njwt_verify_cert: {}\njwt_signing_key: {}\nfeatures: {{pki: {pki}, jwt: {jwt}, ed25519: {ed}}}\n",
-        prov_signer_hex(),
-        seed_file(dir.path(), [3; 32]),
-    );
-    let p = provisioner(config(&yaml), &node, &helper, &CountingObserver::default());
+    let config = features(Features::NONE.with_pki(pki).with_jwt(jwt).with_ed25519(ed));
+    let p = provisioner(config, &node, &helper, &CountingObserver::default());
     if let Fault::PausedAt(a) = fault {
         node.state.lock().unwrap().pause_on = Some((a, p.pause_state().clone()));
     }

@@ -25,7 +25,9 @@ use std::time::Duration;
 use crate::claims::{Claim, ClaimStats, ClaimStore};
 use provision_core::claims::{ClaimFuture, ClaimOutcome, Claims, Ticket};
 use provision_core::identity::escaped;
-use provision_core::{AddResult, ClaimError, Config, Fleet, Source};
+use provision_core::{AddResult, ClaimError, Fleet, Source};
+
+use crate::config::Config;
 use provisioner_metrics::Metrics;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -170,19 +172,15 @@ impl Spreader {
 
     /// A node found by discovery or an event: queued now when it is this replica's share (or
     /// the identity is refused, which the fleet counts), else held for a claim lifetime.
-    pub fn offer<R, H, O, C>(
-        &self,
-        fleet: &Fleet<R, H, O, C>,
-        identity: &str,
-        source: Source,
-    ) -> AddResult
-    where
-        R: provision_core::NodeRpc,
-        H: provision_core::Helper,
-        O: provision_core::Observer,
-        C: provision_core::Clock,
-    {
-        if self.config.identity_rule.check(identity).is_err() || fleet.is_known(identity) {
+    pub fn offer(&self, fleet: &Fleet, identity: &str, source: Source) -> AddResult {
+        if self
+            .config
+            .provision
+            .identity_rule()
+            .check(identity)
+            .is_err()
+            || fleet.is_known(identity)
+        {
             return fleet.add(identity, source);
         }
         if !self.store.healthy() {
@@ -243,16 +241,7 @@ impl Spreader {
     /// Every [`TICK`] until `shutdown`: forget sightings that aged out, and queue the waiting
     /// nodes that are this replica's share now (those due, and all of them after the live set
     /// changed).
-    pub async fn run<R, H, O, C>(
-        self: Arc<Self>,
-        fleet: Arc<Fleet<R, H, O, C>>,
-        shutdown: CancellationToken,
-    ) where
-        R: provision_core::NodeRpc,
-        H: provision_core::Helper,
-        O: provision_core::Observer,
-        C: provision_core::Clock,
-    {
+    pub async fn run(self: Arc<Self>, fleet: Arc<Fleet>, shutdown: CancellationToken) {
         let mut seen_live = Vec::new();
         let mut was_healthy = true;
         loop {

@@ -24,9 +24,7 @@ use choria_rpc_client::connection::{
 };
 use choria_rpc_client::election::{self, Election, ElectionEvent};
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
-use provision_core::{
-    AddResult, Backoff, Config, Fleet, Observer, PauseState, Provisioner, Source,
-};
+use provision_core::{AddResult, Backoff, Fleet, Observer as _, PauseState, Provisioner, Source};
 use provisioner_metrics::{HistoryLimits, Metrics, NodeTable, Role};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -34,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::aa;
+use crate::config::Config;
 use crate::helper::SiteHelper;
 use crate::keys::FileKeys;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
@@ -102,7 +101,7 @@ pub async fn run(
         version = VERSION,
         "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",
         settings.config.file.display(),
-        go_duration(settings.config.interval),
+        go_duration(settings.config.provision.interval()),
         settings.config.workers
     );
     let Settings { config, choria, .. } = settings;
@@ -291,28 +290,31 @@ pub async fn run(
     });
     let workers = config.workers;
     let queue_size = config.work_queue_size;
-    let provisioner = Provisioner::new(
-        Arc::clone(&config),
-        pause.clone(),
+    let mut provisioner = Provisioner::builder(
         ChoriaNodeRpc::new(
             client.clone(),
             Timeouts::from_discovery_timeout(choria.discovery_timeout),
         ),
         helper,
-        // The metrics, the node history behind the API and the status page, the audit trail.
-        (Arc::clone(&metrics), (Arc::clone(&nodes), audit)),
-        FileKeys::new(Arc::clone(&config)),
-        Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
-    );
-    let provisioner = match (&claim_store, &spreader) {
-        (Some(store), Some(spreader)) => provisioner.with_claims(Arc::new(aa::ReplicaClaims::new(
-            store.clone(),
-            Arc::clone(spreader),
-        ))),
-        _ => provisioner,
-    };
-    let (provisioner, policy) = crate::rego::admission(&config, provisioner)?;
-    let fleet = Fleet::with_capacity(provisioner, queue_size);
+    )
+    .config(config.provision.clone())
+    .pause(pause.clone())
+    // The metrics, the node history behind the API and the status page, the audit trail.
+    .observer((Arc::clone(&metrics), (Arc::clone(&nodes), audit)))
+    .keys(FileKeys::new(Arc::clone(&config)))
+    .backoff(Backoff::from_millis(
+        election::backoff::FIVE_SEC.millis(),
+        true,
+    ));
+    if let (Some(store), Some(spreader)) = (&claim_store, &spreader) {
+        provisioner =
+            provisioner.claims(aa::ReplicaClaims::new(store.clone(), Arc::clone(spreader)));
+    }
+    let (admission, policy) = crate::rego::admission(&config)?;
+    if let Some(admission) = admission {
+        provisioner = provisioner.admission(admission);
+    }
+    let fleet = Fleet::with_capacity(provisioner.build(), queue_size);
     let discover_now = Arc::new(Notify::new());
 
     let work_stop = CancellationToken::new();
@@ -361,7 +363,7 @@ pub async fn run(
     }
     info!(
         "provisioning with {workers} workers, discovery every {:?}",
-        config.interval
+        config.provision.interval()
     );
 
     shutdown.cancelled().await;
@@ -442,18 +444,13 @@ async fn follow_connector(
 }
 
 /// Queue nodes announced by startup lifecycle events (the fleet queues nothing while paused).
-async fn listen<R, H, O, C>(
+async fn listen(
     client: RpcClient,
     config: Arc<Config>,
-    fleet: Arc<Fleet<R, H, O, C>>,
+    fleet: Arc<Fleet>,
     spreader: Option<Arc<aa::Spreader>>,
     shutdown: CancellationToken,
-) where
-    R: provision_core::NodeRpc,
-    H: provision_core::Helper,
-    O: Observer,
-    C: provision_core::Clock,
-{
+) {
     let mut sub = loop {
         match client
             .subscribe_lifecycle("startup", &config.lifecycle_component, None)
@@ -502,18 +499,12 @@ async fn listen<R, H, O, C>(
 
 /// Queue a found node: straight into the fleet, or (active-active) through the spreader, which
 /// queues this replica's first choices at once and the others later.
-fn add_node<R, H, O, C>(
-    fleet: &Fleet<R, H, O, C>,
+fn add_node(
+    fleet: &Fleet,
     spreader: Option<&aa::Spreader>,
     identity: &str,
     source: Source,
-) -> AddResult
-where
-    R: provision_core::NodeRpc,
-    H: provision_core::Helper,
-    O: Observer,
-    C: provision_core::Clock,
-{
+) -> AddResult {
     match spreader {
         Some(s) => s.offer(fleet, identity, source),
         None => fleet.add(identity, source),
@@ -556,20 +547,15 @@ impl HaMode {
 }
 
 /// Broadcast discovery at start, every interval, and when asked (after winning an election).
-async fn discover<R, H, O, C>(
+async fn discover(
     client: RpcClient,
     config: Arc<Config>,
-    fleet: Arc<Fleet<R, H, O, C>>,
+    fleet: Arc<Fleet>,
     spreader: Option<Arc<aa::Spreader>>,
     metrics: Arc<Metrics>,
     now: Arc<Notify>,
     shutdown: CancellationToken,
-) where
-    R: provision_core::NodeRpc,
-    H: provision_core::Helper,
-    O: Observer,
-    C: provision_core::Clock,
-{
+) {
     // The pause state the provisioner checks (leader election pauses it).
     let pause = fleet.provisioner().pause_state().clone();
     let mut early: Option<tokio::time::Instant> = None;
@@ -596,7 +582,7 @@ async fn discover<R, H, O, C>(
                 }
             }
         }
-        let next = tokio::time::Instant::now() + config.interval;
+        let next = tokio::time::Instant::now() + config.provision.interval();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => break,
@@ -627,20 +613,15 @@ async fn discover<R, H, O, C>(
 
 /// Campaign for leadership: resume and discover on winning, pause and forget every queued node
 /// on losing. A missing bucket is an error logged on every attempt, never a silent pause.
-async fn elect<R, H, O, C>(
+async fn elect(
     client: RpcClient,
     identity: String,
-    fleet: Arc<Fleet<R, H, O, C>>,
+    fleet: Arc<Fleet>,
     pause: PauseState,
     metrics: Arc<Metrics>,
     discover_now: Arc<Notify>,
     shutdown: CancellationToken,
-) where
-    R: provision_core::NodeRpc,
-    H: provision_core::Helper,
-    O: Observer,
-    C: provision_core::Clock,
-{
+) {
     let name = election::PROVISIONER_ELECTION;
     info!(election = name, "Starting leader election against '{name}'");
     let chosen = Election::choose(

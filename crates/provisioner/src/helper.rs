@@ -11,7 +11,9 @@ use bytes::Bytes;
 use helper_protocol::webhook::is_webhook;
 use helper_protocol::{HelperErrorKind, HelperRunner, WebhookClient, WebhookOptions};
 use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply};
-use provision_core::{Backoff, Config, Helper, SystemRandom};
+use provision_core::{Backoff, Helper, SystemRandom};
+
+use crate::config::Config;
 use tracing::warn;
 
 use crate::settings::Problem;

@@ -11,11 +11,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use provision_core::helper_protocol::changed_file::{file_stamp, ChangedFile, FileStamp};
+use helper_protocol::changed_file::{file_stamp, ChangedFile, FileStamp};
 
 use provision_core::jwt::VerifyingKey;
 use provision_core::policy::{self, PolicyError};
-use provision_core::{Config, KeyMaterial};
+use provision_core::KeyMaterial;
+
+use crate::config::Config;
 
 /// When the verification key file was last seen ([`file_stamp`]), `None` when there is no such
 /// file.

@@ -450,24 +450,11 @@ impl Admission for PolicyAdmission {
     }
 }
 
-/// A provisioner with its admission, and the policy to watch.
-pub type Admitted<R, H, O, C> = (
-    provision_core::Provisioner<R, H, O, C>,
-    Option<Arc<RegoPolicy>>,
-);
-
-/// `provisioner` with the configured policy and input recording, and the policy for the daemon
-/// to watch. Neither configured: `provisioner` unchanged, today's behaviour.
-pub fn admission<R, H, O, C>(
-    config: &provision_core::Config,
-    provisioner: provision_core::Provisioner<R, H, O, C>,
-) -> anyhow::Result<Admitted<R, H, O, C>>
-where
-    R: provision_core::NodeRpc,
-    H: provision_core::Helper,
-    O: provision_core::Observer,
-    C: provision_core::Clock,
-{
+/// The admission the configuration asks for (the policy and input recording), and the policy
+/// for the daemon to watch. Neither configured: `(None, None)`, every node goes on.
+pub fn admission(
+    config: &crate::config::Config,
+) -> anyhow::Result<(Option<PolicyAdmission>, Option<Arc<RegoPolicy>>)> {
     let policy = if config.rego_policy.is_empty() {
         None
     } else {
@@ -485,10 +472,9 @@ where
         Some(dir)
     };
     if policy.is_none() && record.is_none() {
-        return Ok((provisioner, None));
+        return Ok((None, None));
     }
-    let admission = PolicyAdmission::new(policy.clone(), record);
-    Ok((provisioner.with_admission(Arc::new(admission)), policy))
+    Ok((Some(PolicyAdmission::new(policy.clone(), record)), policy))
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use choria_rpc_client::config::{
     ChoriaConfig, ProvisionerOverrides, PuppetError, SecurityProvider,
 };
 use choria_rpc_client::connection::{ConnectionError, ConnectionSettings};
-use provision_core::{Config, ConfigWarning, KeyMaterial as _};
+use provision_core::KeyMaterial as _;
+
+use crate::config::{Config, ConfigWarning};
 
 use crate::keys::FileKeys;
 
@@ -294,7 +296,7 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
     let service_groups = service_groups();
     if let Some(cfg) = config {
         let mut held = Vec::new();
-        if !cfg.token.is_empty() {
+        if !cfg.provision.token().is_empty() {
             held.push("token");
         }
         if !cfg.broker_provisioning_password.is_empty() {
@@ -447,7 +449,7 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
         check_helper(&cfg.helper, &mut f);
         f.0.extend(crate::helper::unused_webhook_settings(cfg));
     }
-    if cfg.token.is_empty() {
+    if cfg.provision.token().is_empty() {
         f.warn("no token is set: servers whose provisioning JWT carries a token will refuse every request");
     }
     if !cfg.loglevel.is_empty()
@@ -461,12 +463,12 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
     }
     // The same reader the daemon's cycle uses for every node.
     let keys = FileKeys::new(Arc::new(cfg.clone()));
-    if cfg.features.jwt {
+    if cfg.provision.features().jwt {
         if let Err(e) = keys.verify_key() {
             f.fatal(format!("jwt_verify_cert: {e}"));
         }
     }
-    if cfg.features.ed25519 {
+    if cfg.provision.features().ed25519 {
         if cfg.jwt_signing_key.is_empty() {
             f.fatal("features.ed25519 needs jwt_signing_key");
         } else {
@@ -498,7 +500,10 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
             f.fatal(e.to_string());
         }
     }
-    if cfg.features.upgrades && cfg.upgrades_repository.is_empty() && !cfg.upgrades_optional {
+    if cfg.provision.features().upgrades
+        && cfg.provision.upgrades_repository().is_empty()
+        && !cfg.provision.upgrades_optional()
+    {
         f.warn("features.upgrades is on but upgrades_repository is empty: upgrades will fail");
     }
     f.0

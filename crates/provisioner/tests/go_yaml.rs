@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use provision_core::config::{Config, ConfigError, ConfigWarning};
+use provisioner::config::{Config, ConfigError, ConfigWarning};
 
 /// What the Go provisioner's loader does with a file.
 enum Go {
@@ -167,16 +167,21 @@ fn setting(c: &Config, key: &str) -> String {
         "workers" => c.workers.to_string(),
         "monitor_port" => c.monitor_port.to_string(),
         "helper" => c.helper.clone(),
-        "token" => c.token.clone(),
+        "token" => c.provision.token().to_string(),
         "site" => c.site.clone(),
-        "interval" => format!("{}s", c.interval.as_secs()),
+        "interval" => format!("{}s", c.provision.interval().as_secs()),
         "leader_election" => c.leader_election.to_string(),
         "choria_insecure" => c.choria_insecure.to_string(),
-        "upgrades_optional" => c.upgrades_optional.to_string(),
-        "features.pki" => c.features.pki.to_string(),
-        "features.jwt" => c.features.jwt.to_string(),
-        "features.upgrades" => c.features.upgrades.to_string(),
-        "cert_deny_list" => c.cert_deny_list.join(","),
+        "upgrades_optional" => c.provision.upgrades_optional().to_string(),
+        "features.pki" => c.provision.features().pki.to_string(),
+        "features.jwt" => c.provision.features().jwt.to_string(),
+        "features.upgrades" => c.provision.features().upgrades.to_string(),
+        "cert_deny_list" => c
+            .provision
+            .deny_list()
+            .patterns()
+            .collect::<Vec<_>>()
+            .join(","),
         other => panic!("the table names an unknown setting {other}"),
     }
 }
@@ -282,7 +287,7 @@ features: {jwt: true}
         "p.yaml",
     )
     .unwrap();
-    assert!(l.config.features.pki && l.config.features.jwt);
+    assert!(l.config.provision.features().pki && l.config.provision.features().jwt);
     assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
     assert!(
         l.warnings[0]
@@ -299,7 +304,7 @@ features: {jwt: true}
         "p.yaml",
     )
     .unwrap();
-    assert!(!l.config.features.pki && l.config.features.jwt);
+    assert!(!l.config.provision.features().pki && l.config.provision.features().jwt);
     assert!(
         l.warnings[0]
             .to_string()
@@ -341,14 +346,19 @@ Cert_Deny_List:
     let l = Config::from_yaml(yaml, "p.yaml").unwrap();
     let c = &l.config;
     assert_eq!(c.workers, 4);
-    assert_eq!(c.interval.as_secs(), 300);
+    assert_eq!(c.provision.interval().as_secs(), 300);
     assert_eq!(c.site, "lon");
     assert_eq!(c.helper, "/etc/choria-provisioner/helper.rb");
-    assert_eq!(c.token, "s3cret");
+    assert_eq!(c.provision.token(), "s3cret");
     assert!(c.leader_election && !c.choria_insecure);
     assert_eq!(c.monitor_port, 8080);
-    assert!(c.features.jwt && c.features.pki && !c.features.ed25519);
-    assert_eq!(c.cert_deny_list, vec!["\\.evil$".to_string()]);
+    assert!(
+        c.provision.features().jwt && c.provision.features().pki && !c.provision.features().ed25519
+    );
+    assert_eq!(
+        c.provision.deny_list().patterns().collect::<Vec<_>>(),
+        vec!["\\.evil$"]
+    );
     assert_eq!(
         l.warnings,
         vec![ConfigWarning::UnknownKey("defaults".into())]
