@@ -20,7 +20,10 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     let _log =
         provisioner::logging::init(&settings.config.loglevel, &settings.config.logfile, debug)?;
     // Refused before the runtime starts or the pid file is written.
-    provisioner::daemon::refuse_problems(&settings)?;
+    let force = CancellationToken::new();
+    let daemon = provisioner::Daemon::builder(settings)
+        .force(force.clone())
+        .build()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("provisioner")
@@ -37,18 +40,17 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
         None => None,
     };
     let shutdown = CancellationToken::new();
-    let force = CancellationToken::new();
     let result = runtime.block_on(async {
         let watch = tokio::spawn(signals.watch(shutdown.clone(), force.clone()));
-        let result = provisioner::daemon::run(settings, shutdown, force).await;
+        let result = daemon.run(shutdown).await;
         watch.abort();
         result
     });
     runtime.shutdown_timeout(Duration::from_secs(2));
     if let Err(e) = &result {
-        error!("{}", provisioner::one_line(e.as_ref()));
+        error!("{}", provisioner::one_line(e));
     }
-    result
+    Ok(result?)
 }
 
 /// The PID file, removed when dropped.

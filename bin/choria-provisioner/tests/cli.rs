@@ -850,3 +850,52 @@ fn unsupported_providers_are_one_problem_naming_what_to_use_and_stop_the_daemon(
         assert!(line.contains(problems[0]), "{line}");
     }
 }
+
+/// Regression: `check` said `ok` for a missing `monitor_token_file` and an `audit_file` in a
+/// missing directory, which `run` refused (a restart loop under the unit right after a clean
+/// check). Both now come from one preflight.
+#[test]
+fn check_refuses_a_missing_token_file_and_audit_directory_as_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    let yaml = write(
+        dir.path(),
+        "status.yaml",
+        &format!(
+            "{text}monitor_token_file: {0}/missing.token\naudit_file: {0}/missing/audit.log\n",
+            dir.path().display()
+        ),
+    );
+    let checked = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    assert!(!checked.status.success(), "{}", stdout(&checked));
+    let out = stdout(&checked);
+    assert!(!out.contains("ok: the configuration is usable"), "{out}");
+    let problems: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("problem: "))
+        .collect();
+    assert_eq!(problems.len(), 2, "{out}");
+    assert!(
+        problems.iter().any(|p| p.contains("monitor_token_file")),
+        "{out}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("does not exist")),
+        "{out}"
+    );
+    let line = one_line_failure(&provisioner(&[
+        "run",
+        "--config",
+        &yaml,
+        "--choria-config",
+        &cfg,
+    ]));
+    assert!(
+        line.contains("refusing to start, 2 problem(s) found"),
+        "{line}"
+    );
+    for p in &problems {
+        assert!(line.contains(p), "{p:?} missing from {line}");
+    }
+}

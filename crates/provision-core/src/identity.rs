@@ -18,6 +18,15 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
+/// A regular expression compiler's message on one line (it draws the pattern and a caret over
+/// several): for errors, `check` and logs.
+pub fn regex_message(e: &regex::Error) -> String {
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The longest identity accepted (the longest DNS name).
 pub const MAX_IDENTITY_LEN: usize = 253;
 /// The longest label of the built-in grammar.
@@ -87,7 +96,7 @@ impl IdentityRule {
         let re = regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
             .size_limit(1 << 20)
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| regex_message(&e))?;
         Ok(IdentityRule {
             pattern: Some((pattern.to_string(), re)),
         })

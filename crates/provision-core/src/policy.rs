@@ -128,7 +128,8 @@ impl DenyList {
             } else {
                 p
             };
-            let re = Regex::new(body).map_err(|e| (p.to_string(), e.to_string()))?;
+            let re = Regex::new(body)
+                .map_err(|e| (p.to_string(), crate::identity::regex_message(&e)))?;
             out.push((p.to_string(), re));
         }
         Ok(DenyList { patterns: out })
@@ -255,7 +256,7 @@ impl ExtraDnsNames {
         let re = regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
             .size_limit(1 << 20)
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::identity::regex_message(&e))?;
         Ok(Some(ExtraDnsNames {
             pattern: pattern.to_string(),
             re,

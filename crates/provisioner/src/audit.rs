@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::audit_stream::AuditStream;
-use anyhow::{Context, Result};
+use crate::Error;
 use choria_rpc_client::rpc::RpcClient;
 use provision_core::{NodeEvent, Observer, Verdict};
 use provisioner_metrics::nodes::issued_json;
@@ -203,17 +203,17 @@ pub struct AuditFile {
 
 impl AuditFile {
     /// Opens (creating, mode 0640) `path` for appending.
-    pub fn open(path: &Path) -> Result<AuditFile> {
+    pub fn open(path: &Path) -> Result<AuditFile, Error> {
         use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
         let file = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .mode(0o640)
             .open(path)
-            .with_context(|| format!("cannot open audit_file {}", path.display()))?;
+            .map_err(|e| Error::file("open", "audit_file", path, e))?;
         let inode = file
             .metadata()
-            .with_context(|| format!("cannot read audit_file {}", path.display()))?
+            .map_err(|e| Error::file("read", "audit_file", path, e))?
             .ino();
         Ok(AuditFile {
             path: path.to_path_buf(),
@@ -223,7 +223,7 @@ impl AuditFile {
     }
 
     /// Opens the file again when the path now names another file (or none): logrotate moved it.
-    async fn follow_rotation(&mut self) -> Result<()> {
+    async fn follow_rotation(&mut self) -> Result<(), Error> {
         use std::os::unix::fs::MetadataExt as _;
         let moved = match tokio::fs::metadata(&self.path).await {
             Ok(m) => m.ino() != self.inode,
@@ -236,16 +236,16 @@ impl AuditFile {
         Ok(())
     }
 
-    async fn append(&mut self, bytes: &[u8]) -> Result<()> {
+    async fn append(&mut self, bytes: &[u8]) -> Result<(), Error> {
         self.follow_rotation().await?;
         self.file
             .write_all(bytes)
             .await
-            .with_context(|| format!("cannot append to audit_file {}", self.path.display()))?;
+            .map_err(|e| Error::file("append to", "audit_file", &self.path, e))?;
         self.file
             .sync_data()
             .await
-            .with_context(|| format!("cannot fsync audit_file {}", self.path.display()))
+            .map_err(|e| Error::file("fsync", "audit_file", &self.path, e))
     }
 }
 
@@ -300,7 +300,7 @@ impl Writer {
                 let what = format!(
                     "{} record(s) not written: {}",
                     batch.len(),
-                    crate::one_line(e.as_ref())
+                    crate::one_line(&e)
                 );
                 self.complain(what);
             }

@@ -17,14 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::claims::ClaimStore;
-use anyhow::{bail, Context, Result};
 use choria_rpc_client::connection::{
     connect_with_retry_observed, ConnectionError, ConnectionSettings, ConnectorSnapshot,
     ConnectorStats,
 };
 use choria_rpc_client::election::{self, Election, ElectionEvent};
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
-use provision_core::{AddResult, Backoff, Fleet, Observer as _, PauseState, Provisioner, Source};
+use provision_core::{AddResult, Backoff, Fleet, Observer, PauseState, Provisioner, Source};
 use provisioner_metrics::{HistoryLimits, Metrics, NodeTable, Role};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -36,7 +35,9 @@ use crate::config::Config;
 use crate::helper::SiteHelper;
 use crate::keys::FileKeys;
 use crate::node_rpc::{ChoriaNodeRpc, Timeouts};
-use crate::settings::{preflight, Problem, Settings};
+use crate::preflight::Problem;
+use crate::settings::Settings;
+use crate::Error;
 use crate::VERSION;
 
 /// The shortest time between two discoveries started early because announced nodes wait.
@@ -52,56 +53,130 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// How often the rego_policy's files are checked for changes.
 const POLICY_POLL: Duration = Duration::from_secs(1);
 
-/// `d` as an operator writes a Choria duration: `5m`, `1h`, `90s`.
-fn go_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        0 => format!("{d:?}"),
-        s if s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
+/// The daemon, ready to run: its settings passed the preflight. Built with
+/// [`Daemon::builder`]; [`Daemon::run`] runs it until a shutdown token is cancelled.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), provisioner::Error> {
+/// use provisioner::settings::{Paths, Settings};
+/// use provisioner::Daemon;
+/// use tokio_util::sync::CancellationToken;
+///
+/// let settings = Settings::load(&Paths::new(
+///     "/etc/choria-provisioner/choria-provisioner.yaml",
+///     "/etc/choria-provisioner/choria.cfg",
+/// ))?;
+/// let shutdown = CancellationToken::new();
+/// // Cancel `shutdown` (a signal, a test, the embedding tool's own stop) to drain and return.
+/// Daemon::builder(settings).build()?.run(shutdown).await
+/// # }
+/// ```
+pub struct Daemon {
+    settings: Settings,
+    observer: Option<Arc<dyn Observer>>,
+    drain_grace: Duration,
+    force: CancellationToken,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("config", &self.settings.config.file)
+            .field("observer", &self.observer.is_some())
+            .field("drain_grace", &self.drain_grace)
+            .finish_non_exhaustive()
     }
 }
 
-/// Logs every finding of the preflight `check` runs, and refuses to start on a fatal one: the
-/// daemon would fail on it anyway, at start or for every node.
-pub fn refuse_problems(settings: &Settings) -> Result<()> {
-    let mut fatal = Vec::new();
-    for p in preflight(settings) {
-        match p {
-            Problem::Warning(w) => warn!("{w}"),
-            Problem::Fatal(text) => {
-                error!("{text}");
-                fatal.push(text);
+/// Builds a [`Daemon`].
+#[must_use]
+pub struct DaemonBuilder {
+    settings: Settings,
+    observer: Option<Arc<dyn Observer>>,
+    drain_grace: Duration,
+    force: CancellationToken,
+}
+
+impl DaemonBuilder {
+    /// Also tell `observer` everything the cycle and the work queue report (besides the
+    /// daemon's own metrics, node history and audit trail).
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// How long nodes in flight may take to finish once shutdown begins (default
+    /// [`DRAIN_GRACE`]).
+    pub fn drain_grace(mut self, grace: Duration) -> Self {
+        self.drain_grace = grace;
+        self
+    }
+
+    /// A token that, once cancelled during the drain, stops waiting for nodes in flight (the
+    /// binary cancels it on a second signal).
+    pub fn force(mut self, force: CancellationToken) -> Self {
+        self.force = force;
+        self
+    }
+
+    /// Runs the preflight `check` runs: every finding is logged, and a fatal one refuses the
+    /// start before anything binds or connects ([`Error::Refused`]).
+    pub fn build(self) -> Result<Daemon, Error> {
+        let problems = match crate::preflight::refuse(&self.settings) {
+            Ok(p) => p,
+            Err(e) => {
+                if let Error::Refused { problems } = &e {
+                    for p in problems {
+                        error!("{p}");
+                    }
+                }
+                return Err(e);
+            }
+        };
+        for p in problems {
+            if let Problem::Warning(w) = p {
+                warn!("{w}");
             }
         }
+        Ok(Daemon {
+            settings: self.settings,
+            observer: self.observer,
+            drain_grace: self.drain_grace,
+            force: self.force,
+        })
     }
-    if fatal.is_empty() {
-        return Ok(());
-    }
-    bail!(
-        "refusing to start, {} problem(s) found (as `choria-provisioner check` reports): {}",
-        fatal.len(),
-        fatal.join("; ")
-    )
 }
 
-/// Runs the provisioner described by `settings` until `shutdown` is cancelled, then drains: nodes
-/// in flight get [`DRAIN_GRACE`] to finish, or until `force` is cancelled.
-///
-/// The preflight runs first: every warning is logged, and a fatal finding refuses the start
-/// before anything binds or connects (what `choria-provisioner check` reports).
-pub async fn run(
-    settings: Settings,
-    shutdown: CancellationToken,
-    force: CancellationToken,
-) -> Result<()> {
-    refuse_problems(&settings)?;
+impl Daemon {
+    /// A builder for the daemon of `settings`.
+    pub fn builder(settings: Settings) -> DaemonBuilder {
+        DaemonBuilder {
+            settings,
+            observer: None,
+            drain_grace: DRAIN_GRACE,
+            force: CancellationToken::new(),
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains: nodes in flight get the drain grace to
+    /// finish. Returns once every task it started has stopped.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        run(self, shutdown).await
+    }
+}
+
+async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
+    let Daemon {
+        settings,
+        observer: extra_observer,
+        drain_grace,
+        force,
+    } = daemon;
     info!(
         version = VERSION,
         "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",
         settings.config.file.display(),
-        go_duration(settings.config.provision.interval()),
+        crate::text::duration(settings.config.provision.interval()),
         settings.config.workers
     );
     let Settings { config, choria, .. } = settings;
@@ -126,14 +201,11 @@ pub async fn run(
     if config.monitor_port > 0 {
         // An empty monitor_address is every interface, IPv4 and IPv6 (`[::]` dual-stack, or
         // 0.0.0.0 on a host without IPv6), as Go's `:port`.
-        let ip: std::net::IpAddr = if config.monitor_address.is_empty() {
-            std::net::Ipv6Addr::UNSPECIFIED.into()
-        } else {
-            config
-                .monitor_address
-                .parse()
-                .with_context(|| format!("invalid monitor_address {:?}", config.monitor_address))?
-        };
+        // The configuration checked it is an address.
+        let ip: std::net::IpAddr = config
+            .monitor_address
+            .parse()
+            .unwrap_or(std::net::Ipv6Addr::UNSPECIFIED.into());
         let addr = SocketAddr::new(ip, config.monitor_port);
         let token = crate::settings::read_token(&config.monitor_token_file)?;
         let api = provisioner_metrics::Monitor {
@@ -170,12 +242,11 @@ pub async fn run(
     let helper = SiteHelper::from_config(
         &config,
         Backoff::from_millis(election::backoff::FIVE_SEC.millis(), true),
-    )
-    .map_err(anyhow::Error::new)?;
+    )?;
     // Settings and security are checked before the network: what can never work stops here.
-    let security = choria.security().map_err(anyhow::Error::new)?;
-    let connection = ConnectionSettings::from_config(&choria).map_err(anyhow::Error::new)?;
-    connection.validate().map_err(anyhow::Error::new)?;
+    let security = choria.security().map_err(Error::Security)?;
+    let connection = ConnectionSettings::from_config(&choria)?;
+    connection.validate()?;
     // The first connection is tried for ever, as go-choria does, while /healthz answers 200
     // and /readyz 503; a signal ends the wait.
     metrics.set_connected(false);
@@ -201,11 +272,9 @@ pub async fn run(
             info!("stopped");
             return Ok(());
         }
-        Err(e) => return Err(anyhow::Error::new(e)),
+        Err(e) => return Err(e.into()),
     };
-    let client = RpcClient::new(nats, security, RpcOptions::from_config(&choria))
-        .await
-        .map_err(anyhow::Error::new)?;
+    let client = RpcClient::new(nats, security, RpcOptions::from_config(&choria)).await?;
     background.spawn(follow_connection(
         client.clone(),
         Arc::clone(&metrics),
@@ -234,8 +303,7 @@ pub async fn run(
             &shutdown,
             |e| error!("active-active: {e}; provisioning waits until this is fixed"),
         )
-        .await
-        .map_err(anyhow::Error::new)?;
+        .await?;
         match chosen {
             Some(store) => {
                 info!(
@@ -299,8 +367,12 @@ pub async fn run(
     )
     .config(config.provision.clone())
     .pause(pause.clone())
-    // The metrics, the node history behind the API and the status page, the audit trail.
-    .observer((Arc::clone(&metrics), (Arc::clone(&nodes), audit)))
+    // The metrics, the node history behind the API and the status page, the audit trail, and
+    // the embedder's own observer.
+    .observer((
+        (Arc::clone(&metrics), (Arc::clone(&nodes), audit)),
+        extra_observer.unwrap_or_else(|| Arc::new(provision_core::NoopObserver)),
+    ))
     .keys(FileKeys::new(Arc::clone(&config)))
     .backoff(Backoff::from_millis(
         election::backoff::FIVE_SEC.millis(),
@@ -368,13 +440,13 @@ pub async fn run(
 
     shutdown.cancelled().await;
     info!(
-        "shutting down: discovery stopped, waiting up to {DRAIN_GRACE:?} for {} busy workers",
+        "shutting down: discovery stopped, waiting up to {drain_grace:?} for {} busy workers",
         fleet.busy()
     );
     while tasks.join_next().await.is_some() {}
     // Let in-flight nodes finish, up to the grace period or a second signal, then stop the
     // workers. The fleet queues and starts nothing more from here on.
-    let abandoned = fleet.drain(DRAIN_GRACE, &force).await;
+    let abandoned = fleet.drain(drain_grace, &force).await;
     if abandoned > 0 {
         warn!("abandoning {abandoned} nodes still being provisioned; they will be found again by discovery");
     }
@@ -714,18 +786,4 @@ async fn elect(
         }
     };
     tokio::join!(campaign, follow);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::go_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn intervals_read_as_written() {
-        assert_eq!(go_duration(Duration::from_secs(60)), "1m");
-        assert_eq!(go_duration(Duration::from_secs(300)), "5m");
-        assert_eq!(go_duration(Duration::from_secs(7200)), "2h");
-        assert_eq!(go_duration(Duration::from_secs(90)), "90s");
-    }
 }

@@ -17,13 +17,20 @@ pub mod audit_stream;
 pub mod claims;
 pub mod config;
 pub mod daemon;
+mod error;
 mod goyaml;
 pub mod helper;
 pub mod keys;
 pub mod logging;
 pub mod node_rpc;
+pub mod preflight;
 pub mod rego;
 pub mod settings;
+pub mod text;
+
+pub use daemon::{Daemon, DaemonBuilder};
+pub use error::Error;
+pub use settings::{Paths, Settings};
 
 /// The release version: injected at build time by `cargo xtask dist` through
 /// `CHORIA_PROVISIONER_VERSION`, else the crate version.

@@ -11,7 +11,6 @@ use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::LevelFilter;
@@ -65,7 +64,7 @@ pub fn target(logfile: &str) -> Target<'_> {
 /// Install the global subscriber for the provisioner configuration's `loglevel` and `logfile`.
 /// A log file is written by its own thread ([`BatchedFile`]); the returned guard writes what is
 /// left and stops it when dropped.
-pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard> {
+pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard, crate::Error> {
     let level = level(loglevel, debug);
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
@@ -93,9 +92,12 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard> {
                 .create(true)
                 .append(true)
                 .open(Path::new(path))
-                .with_context(|| format!("cannot open log file {path}"))?;
-            let (batched, guard) = BatchedFile::start(file)
-                .with_context(|| format!("cannot start the writer of log file {path}"))?;
+                .map_err(|e| crate::Error::file("open", "log file", path, e))?;
+            let (batched, guard) =
+                BatchedFile::start(file).map_err(|source| crate::Error::Runtime {
+                    what: "the log file's writer",
+                    source,
+                })?;
             builder
                 .with_ansi(false)
                 .event_format(LogrusJson)
@@ -433,7 +435,7 @@ fn component(target: &str, fields: &BTreeMap<Cow<'static, str>, Value>) -> Optio
             return Some(id.clone());
         }
     }
-    let hosts = ["provision_core::fleet", "choria_provisioner::daemon"];
+    let hosts = ["provision_core::fleet", "provisioner::daemon"];
     if hosts.iter().any(|h| target.starts_with(h)) {
         return Some(Value::Str("hosts".into()));
     }

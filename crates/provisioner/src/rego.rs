@@ -454,7 +454,7 @@ impl Admission for PolicyAdmission {
 /// for the daemon to watch. Neither configured: `(None, None)`, every node goes on.
 pub fn admission(
     config: &crate::config::Config,
-) -> anyhow::Result<(Option<PolicyAdmission>, Option<Arc<RegoPolicy>>)> {
+) -> Result<(Option<PolicyAdmission>, Option<Arc<RegoPolicy>>), crate::Error> {
     let policy = if config.rego_policy.is_empty() {
         None
     } else {
@@ -466,9 +466,8 @@ pub fn admission(
         None
     } else {
         let dir = PathBuf::from(&config.record_helper_inputs);
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            anyhow::anyhow!("cannot create record_helper_inputs {}: {e}", dir.display())
-        })?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| crate::Error::file("create", "record_helper_inputs", &dir, e))?;
         Some(dir)
     };
     if policy.is_none() && record.is_none() {

@@ -1,6 +1,7 @@
 //! The harness of every process-level test in the workspace, and of `cargo xtask`'s local runs.
 //!
 //! - [`ports`]: free loopback ports and waiting for a listener.
+//! - [`ca`]: the one test certificate authority (openssl): keys, CSRs and certificates.
 //! - [`process`]: [`ProcessGuard`], a child process stopped (optionally with its whole process
 //!   group) when dropped.
 //! - [`nats`]: a real `nats-server` ([`NatsServer`]) and a three-server JetStream cluster
@@ -23,6 +24,7 @@
 //! it), and `PATH`.
 #![deny(missing_docs)]
 
+pub mod ca;
 pub mod dns;
 pub mod go_env;
 pub mod logs;
