@@ -346,7 +346,7 @@ pub fn node(args: &NodeArgs) -> Result<()> {
     let t = target(&args.api)?;
     let path = format!(
         "/api/v1/nodes/{}",
-        provisioner_metrics::api::percent_encode(&args.identity)
+        provisioner_status::api::percent_encode(&args.identity)
     );
     let n = get(&t, &path)?;
     if args.api.json {

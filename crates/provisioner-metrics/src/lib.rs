@@ -1,22 +1,17 @@
 //! The provisioner's Prometheus metrics, named, typed and labelled exactly as the Go provisioner
-//! exports them, and the HTTP endpoints that serve them.
+//! exports them; `provisioner-status` serves them over HTTP with the status API and page.
 //!
 //! The fifteen metrics of the Go provisioner (plus `choria_provisioner_lock_held` and
 //! `choria_provisioner_invalid_identities`) live in one
 //! [`Metrics`] value (no global registry) made of atomics, so the
 //! hot path never takes a lock except to look up a new `rpc` label once. [`encode`](Metrics::encode)
-//! writes the Prometheus text exposition format; [`serve`] answers `/metrics`, `/healthz` and
-//! `/readyz`.
+//! writes the Prometheus text exposition format.
 //!
 //! The two `_time` metrics are summaries without quantiles (what the Go client library exports
 //! by default): a `_sum` in seconds and a `_count`. `prometheus-client` has no summary type, so
 //! the encoding is done here; it is a few lines of text and keeps the names byte-identical.
 
 #![deny(missing_docs)]
-pub mod api;
-mod http;
-pub mod nodes;
-pub mod page;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -26,10 +21,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::process::ProcessCollector;
-
-pub use api::Monitor;
-pub use http::{serve, serve_all, serve_monitor, ServeError, Serving};
-pub use nodes::{HistoryLimits, NodeTable};
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]

@@ -24,7 +24,8 @@ use choria_rpc_client::connection::{
 use choria_rpc_client::election::{self, Election, ElectionEvent};
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
 use provision_core::{AddResult, Backoff, Fleet, Observer, PauseState, Provisioner, Source};
-use provisioner_metrics::{HistoryLimits, Metrics, NodeTable, Role};
+use provisioner_metrics::{Metrics, Role};
+use provisioner_status::{HistoryLimits, NodeTable};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -208,7 +209,7 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
             .unwrap_or(std::net::Ipv6Addr::UNSPECIFIED.into());
         let addr = SocketAddr::new(ip, config.monitor_port);
         let token = crate::settings::read_token(&config.monitor_token_file)?;
-        let api = provisioner_metrics::Monitor {
+        let api = provisioner_status::Monitor {
             metrics: Arc::clone(&metrics),
             nodes: Some(Arc::clone(&nodes)),
             version: VERSION.to_string(),
@@ -216,7 +217,7 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
             workers: config.workers,
             token,
         };
-        let serving = provisioner_metrics::serve_monitor(&[addr], api, shutdown.clone()).await?;
+        let serving = provisioner_status::serve_monitor(&[addr], api, shutdown.clone()).await?;
         let bound = serving.local_addr();
         monitor = Some(serving);
         let scope = match bound.ip() {

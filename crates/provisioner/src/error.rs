@@ -59,7 +59,7 @@ pub enum Error {
     },
     /// The monitor listener could not be started.
     #[error(transparent)]
-    Monitor(#[from] provisioner_metrics::ServeError),
+    Monitor(#[from] provisioner_status::ServeError),
     /// The broker connection cannot be made with these settings.
     #[error(transparent)]
     Connection(#[from] choria_rpc_client::connection::ConnectionError),

@@ -238,8 +238,8 @@ pub fn node_page(m: &Monitor, identity: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::nodes::{HistoryLimits, NodeTable};
-    use crate::Metrics;
     use provision_core::{Issued, NodeEvent, NodeState, Source, Verdict};
+    use provisioner_metrics::Metrics;
     use std::time::Duration;
 
     #[test]

@@ -4,7 +4,8 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use provisioner_metrics::{serve, Metrics, Role};
+use provisioner_metrics::{Metrics, Role};
+use provisioner_status::serve;
 use tokio_util::sync::CancellationToken;
 
 fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {

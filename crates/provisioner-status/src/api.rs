@@ -18,7 +18,7 @@ use provision_core::NodeState;
 use serde_json::{json, Value};
 
 use crate::nodes::NodeTable;
-use crate::{Metrics, Role};
+use provisioner_metrics::{Metrics, Role};
 
 /// The most nodes one page of `/api/v1/nodes` holds.
 pub const MAX_PAGE: usize = 500;
@@ -90,7 +90,7 @@ impl Monitor {
     /// `/api/v1/status`.
     pub fn status(&self) -> Value {
         let m = &*self.metrics;
-        let gauge = |g: &crate::Gauge| g.get().max(0);
+        let gauge = |g: &provisioner_metrics::Gauge| g.get().max(0);
         let history = match &self.nodes {
             Some(n) => {
                 n.expire();

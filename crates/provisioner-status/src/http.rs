@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::Monitor;
-use crate::{Metrics, Role};
+use provisioner_metrics::{Metrics, Role};
 
 /// How long a client has to send a complete request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);

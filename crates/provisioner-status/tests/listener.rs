@@ -8,7 +8,8 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use provisioner_metrics::{serve, Metrics};
+use provisioner_metrics::Metrics;
+use provisioner_status::serve;
 use tokio_util::sync::CancellationToken;
 
 /// The cap of the listener (`MAX_CONNECTIONS` in src/http.rs).

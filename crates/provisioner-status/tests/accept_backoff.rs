@@ -44,7 +44,7 @@ fn child_listener_with_few_descriptors() {
     let stop = tokio_util::sync::CancellationToken::new();
     let m = provisioner_metrics::Metrics::new("child");
     let addr = rt
-        .block_on(provisioner_metrics::serve(
+        .block_on(provisioner_status::serve(
             "127.0.0.1:0".parse().unwrap(),
             m,
             stop.clone(),

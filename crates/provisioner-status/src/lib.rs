@@ -1,0 +1,18 @@
+//! The provisioner's monitor listener and what it serves: `/metrics` (the
+//! [`provisioner_metrics::Metrics`] exposition), `/healthz` and `/readyz` for scrapers and
+//! supervisors, and for people the node history ([`nodes`]), the JSON status API ([`api`]) and
+//! the status page ([`page`]).
+//!
+//! The listener ([`serve_monitor`]) is hardened for a port anyone on the network may reach:
+//! request-head, idle and age limits, a connection cap, accept errors backed off, and its tasks
+//! tracked by [`Serving`] so a shutdown waits for them.
+
+#![deny(missing_docs)]
+pub mod api;
+mod http;
+pub mod nodes;
+pub mod page;
+
+pub use api::Monitor;
+pub use http::{serve, serve_all, serve_monitor, ServeError, Serving};
+pub use nodes::{HistoryLimits, NodeTable};
