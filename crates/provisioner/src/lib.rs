@@ -26,6 +26,7 @@ pub mod node_rpc;
 pub mod preflight;
 pub mod rego;
 pub mod settings;
+pub mod status_client;
 pub mod text;
 
 pub use daemon::{Daemon, DaemonBuilder};
