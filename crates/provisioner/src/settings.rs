@@ -106,8 +106,11 @@ impl Settings {
         })
     }
 
-    /// Both configurations as they are, for an embedder that builds them itself.
-    pub fn new(config: Config, choria: ChoriaConfig) -> Settings {
+    /// Both configurations built by an embedder, with the provisioner's overrides applied to
+    /// the Choria one as [`Settings::load`] applies them (the `provisioning` collective, and
+    /// with `choria_insecure` no TLS and the file provider).
+    pub fn new(config: Config, mut choria: ChoriaConfig) -> Settings {
+        choria.apply_provisioner_overrides(&overrides(&config, false));
         Settings {
             config,
             warnings: Vec::new(),

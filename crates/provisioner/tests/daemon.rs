@@ -1,0 +1,137 @@
+//! The daemon started from a library call, as another Rust tool embeds it: a real nats-server,
+//! a simulated fleet in this process, a real helper process, and `Daemon::run` in the test's
+//! runtime. The embedder's observer sees every node finish, and cancelling the shutdown token
+//! drains and returns.
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use choria_fleet_sim::crypto::JwtSigner;
+use choria_fleet_sim::{FleetConfig, ProvisioningJwt, SimFleet};
+use provision_core::events::{NodeEvent, NodeState};
+use provision_core::{CancellationToken, Observer};
+use provisioner::{Daemon, Paths, Settings};
+use test_support::NatsServer;
+
+const NODES: usize = 25;
+
+/// Counts the cycles that ended provisioned.
+#[derive(Default)]
+struct Provisioned(AtomicUsize);
+
+impl Observer for Provisioned {
+    fn node_event(&self, _identity: &str, event: &NodeEvent<'_>) {
+        if let NodeEvent::Finished(v) = event {
+            if v.state == NodeState::Provisioned {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_is_provisioned_by_the_daemon_started_from_the_library() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let signer = JwtSigner::from_key_data(hex::encode([7u8; 32]).as_bytes()).unwrap();
+    let fleet = SimFleet::start(FleetConfig::new(
+        nats.url(),
+        NODES,
+        "s3cret",
+        ProvisioningJwt::Sign(signer),
+    ))
+    .await
+    .unwrap();
+
+    // A helper process: the node's input on stdin, a configuration that turns provisioning off.
+    let helper = dir.path().join("helper.sh");
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\ncat >/dev/null\n\
+         echo '{\"defer\":false,\"msg\":\"ok\",\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let yaml = dir.path().join("provisioner.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "helper: {}\ntoken: s3cret\nworkers: 4\nchoria_insecure: true\nlogfile: discard\n",
+            helper.display()
+        ),
+    )
+    .unwrap();
+    let cfg = dir.path().join("choria.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "identity = embedded.example.net\nplugin.choria.middleware_hosts = {}\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+
+    let settings = Settings::load(&Paths::new(&yaml, &cfg)).unwrap();
+    let provisioned = Arc::new(Provisioned::default());
+    let daemon = Daemon::builder(settings)
+        .observer(Arc::clone(&provisioned))
+        .drain_grace(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(daemon.run(shutdown.clone()));
+
+    assert!(
+        fleet.wait_provisioned(NODES, Duration::from_secs(60)).await,
+        "{} of {NODES} nodes provisioned: {:?}",
+        fleet.provisioned(),
+        fleet.stats()
+    );
+    // The embedder's observer saw each node's cycle end provisioned.
+    let seen = || provisioned.0.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        if seen() >= NODES {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen(), NODES);
+
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the daemon stops after its shutdown token is cancelled")
+        .unwrap();
+    assert!(stopped.is_ok(), "{stopped:?}");
+    fleet.shutdown().await;
+}
+
+#[test]
+fn a_refused_setup_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("provisioner.yaml");
+    std::fs::write(
+        &yaml,
+        "helper: /nonexistent/helper\nchoria_insecure: true\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("choria.cfg");
+    std::fs::write(
+        &cfg,
+        "identity = p1\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+    )
+    .unwrap();
+    let settings = Settings::load(&Paths::new(&yaml, &cfg)).unwrap();
+    match Daemon::builder(settings).build() {
+        Err(provisioner::Error::Refused { problems }) => {
+            assert!(
+                problems.iter().any(|p| p.contains("/nonexistent/helper")),
+                "{problems:?}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
