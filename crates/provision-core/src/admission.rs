@@ -8,6 +8,7 @@ use helper_protocol::HelperInput;
 
 /// What an [`Admission`] decided for one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Decision {
     /// The node goes on to the helper.
     Allow,

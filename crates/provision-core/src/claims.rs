@@ -27,6 +27,7 @@ pub struct Ticket {
 
 /// What asking for a node's claim gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClaimOutcome {
     /// The node is ours: go on.
     Claimed(Ticket),

@@ -13,6 +13,7 @@ use crate::provision::{Host, Outcome, ProvisionError, ProvisionErrorKind};
 /// Where a node stands, as a node history shows it. The first two are passing states; the
 /// others end a cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NodeState {
     /// Waiting in the work queue.
     Queued,
@@ -213,6 +214,7 @@ impl Verdict {
 
 /// One thing that happened to a node.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum NodeEvent<'a> {
     /// Queued for provisioning, found by `source`.
     Queued {

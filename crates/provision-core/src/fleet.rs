@@ -37,6 +37,7 @@ pub const LOCK_HOLD: Duration = Duration::from_secs(120);
 
 /// Where a node came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Source {
     /// Broadcast discovery.
     Discovery,
@@ -45,6 +46,14 @@ pub enum Source {
 }
 
 impl Source {
+    /// The source's name in the status API and the audit trail: `discovery` or `event`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Source::Discovery => "discovery",
+            Source::Event => "event",
+        }
+    }
+
     /// How the source is named in log lines.
     pub const fn label(self) -> &'static str {
         match self {
@@ -138,6 +147,7 @@ impl Drop for Busy<'_> {
 
 /// What [`Fleet::add`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AddResult {
     /// Queued for provisioning.
     Queued,

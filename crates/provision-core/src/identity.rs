@@ -34,6 +34,7 @@ pub const MAX_LABEL_LEN: usize = 63;
 
 /// Why an identity was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdentityError {
     /// Empty.
     #[error("the identity is empty")]

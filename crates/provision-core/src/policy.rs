@@ -21,6 +21,7 @@ pub const SERVER_ISSUER: &str = "Choria Provisioner";
 
 /// A failed check; the message says what was wrong without naming the node (the caller does).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// The node sent no JWT.
     #[error("no JWT received")]

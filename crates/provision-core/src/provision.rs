@@ -90,6 +90,7 @@ pub const FIRST_CONTACT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a node's cycle ended without error.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Configured and restarted.
     Provisioned,
@@ -118,14 +119,15 @@ pub enum Outcome {
 
 /// Why a node's cycle failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProvisionErrorKind {
     /// The identity is not valid (see [`crate::identity`]); nothing was sent to the node.
     #[error("invalid identity: {0}")]
-    Identity(IdentityError),
+    Identity(#[source] IdentityError),
     /// A node that had never answered did not answer its first request: it is not tried again
     /// (a real node is found again by discovery).
     #[error("did not answer its first request: {0}")]
-    FirstContact(RpcError),
+    FirstContact(#[source] RpcError),
     /// The node waited more than two intervals in the queue: decided by the work queue as the
     /// node leaves it ([`crate::Fleet`]), before anything is sent to it.
     #[error("skipping node that's been waiting {0:?}")]
@@ -138,13 +140,13 @@ pub enum ProvisionErrorKind {
     Rpc(#[from] RpcError),
     /// The provisioning JWT did not validate.
     #[error("could not validate JWT: {0}")]
-    Jwt(PolicyError),
+    Jwt(#[source] PolicyError),
     /// The ed25519 key proof failed.
     #[error("could not fetch ed25519 public key: {0}")]
-    Ed25519(PolicyError),
+    Ed25519(#[source] PolicyError),
     /// The CSR did not validate.
     #[error("invalid CSR: {0}")]
-    Csr(PolicyError),
+    Csr(#[source] PolicyError),
     /// The helper failed.
     #[error("could not invoke configure helper: {0}")]
     Helper(#[from] HelperError),
@@ -157,10 +159,10 @@ pub enum ProvisionErrorKind {
     Denied(String),
     /// The server JWT could not be issued.
     #[error("could not issue server JWT: {0}")]
-    ServerJwt(PolicyError),
+    ServerJwt(#[source] PolicyError),
     /// The private key could not be encrypted.
     #[error("could not encrypt private key: {0}")]
-    KeyEncryption(PolicyError),
+    KeyEncryption(#[source] PolicyError),
     /// The upgrade could not be done.
     #[error("update to {target} failed: {reason}")]
     Upgrade {
@@ -175,7 +177,7 @@ pub enum ProvisionErrorKind {
     /// Active-active: the node's claim could not be taken or confirmed (the claims store is
     /// unreachable): the node is not started.
     #[error("not started: {0}")]
-    Claim(ClaimError),
+    Claim(#[source] ClaimError),
     /// Active-active: the claim could not be kept while the cycle ran, so the next step was
     /// not started (another replica may own the node now).
     #[error("claim lost before {0}, not going on")]
@@ -226,6 +228,7 @@ pub struct ProvisionError {
     /// The node.
     pub identity: Arc<str>,
     /// What failed.
+    #[source]
     pub kind: ProvisionErrorKind,
 }
 

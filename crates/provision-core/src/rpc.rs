@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// The RPC actions of provisioning, with the Go provisioner's retry counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Action {
     /// `rpcutil#inventory`.
     Inventory,
@@ -64,6 +65,7 @@ impl std::fmt::Display for Action {
 
 /// How an RPC failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcErrorKind {
     /// No reply within the request timeout.
     #[error("timeout")]
@@ -110,6 +112,7 @@ pub struct RpcError {
     /// The action.
     pub action: Action,
     /// What happened.
+    #[source]
     pub kind: RpcErrorKind,
 }
 

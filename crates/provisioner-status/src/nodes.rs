@@ -182,10 +182,7 @@ fn bounded_to(text: &str, max: usize) -> Box<str> {
 }
 
 fn source_label(s: Source) -> &'static str {
-    match s {
-        Source::Discovery => "discovery",
-        Source::Event => "event",
-    }
+    s.name()
 }
 
 fn millis(d: Duration) -> u64 {
@@ -328,6 +325,8 @@ impl NodeTable {
                     detail: bounded_to(&v.cause, MAX_DETAIL),
                 }
             }
+            // An event this history does not know yet is not recorded.
+            _ => return,
         };
         if rec.events.len() >= MAX_EVENTS {
             rec.events.pop_front();

@@ -140,10 +140,7 @@ pub fn record(
         "decision": v.state.label(),
         "step": v.step,
         "cause": v.cause,
-        "found_by": match v.source {
-            provision_core::Source::Discovery => "discovery",
-            provision_core::Source::Event => "event",
-        },
+        "found_by": v.source.name(),
         "helper_msg": v.helper_msg,
         "elapsed_ms": u64::try_from(v.elapsed.as_millis()).unwrap_or(u64::MAX),
     });
