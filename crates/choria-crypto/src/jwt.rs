@@ -10,8 +10,7 @@
 //! the tests and fault scenarios that check such tokens are refused.
 
 use ed25519_dalek::{Signer as _, Verifier as _};
-use rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey};
-use rsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
+use rsa::pkcs8::DecodePublicKey;
 use rsa::{Pkcs1v15Sign, RsaPrivateKey, RsaPublicKey};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -74,13 +73,8 @@ impl VerifyingKey {
         }
         if data.starts_with(b"-----BEGIN PUBLIC KEY") {
             let text = std::str::from_utf8(data).map_err(|_| JwtError::Key("not UTF-8".into()))?;
-            let key = RsaPublicKey::from_public_key_pem(text).or_else(|_| {
-                // Some tools write PKCS#1 under the generic label.
-                let der = crate::pem::decode(text, "PUBLIC KEY")
-                    .map_err(|e| JwtError::Key(e.to_string()))?;
-                RsaPublicKey::from_pkcs1_der(&der)
-                    .map_err(|e| JwtError::Key(format!("not an RSA public key: {e}")))
-            })?;
+            // Some tools write PKCS#1 under the generic label: the reader takes both.
+            let key = crate::pem::rsa_public_key(text).map_err(|e| JwtError::Key(e.to_string()))?;
             return Ok(VerifyingKey::Rsa(Box::new(key)));
         }
         Self::from_ed25519_hex(data)
@@ -123,15 +117,11 @@ impl SigningKey {
     /// KEY` (PKCS#1) or `-----BEGIN PRIVATE KEY` (PKCS#8) is RSA, exactly 64 bytes of hex is an
     /// ed25519 seed; anything else is refused.
     pub fn from_key_data(data: &[u8]) -> Result<Self, JwtError> {
-        if data.starts_with(b"-----BEGIN RSA PRIVATE KEY") {
+        if data.starts_with(b"-----BEGIN RSA PRIVATE KEY")
+            || data.starts_with(b"-----BEGIN PRIVATE KEY")
+        {
             let text = std::str::from_utf8(data).map_err(|_| JwtError::Key("not UTF-8".into()))?;
-            let k = RsaPrivateKey::from_pkcs1_pem(text)
-                .map_err(|e| JwtError::Key(format!("could not parse RSA private key: {e}")))?;
-            return Ok(SigningKey::Rsa(Box::new(k)));
-        }
-        if data.starts_with(b"-----BEGIN PRIVATE KEY") {
-            let text = std::str::from_utf8(data).map_err(|_| JwtError::Key("not UTF-8".into()))?;
-            let k = RsaPrivateKey::from_pkcs8_pem(text)
+            let k = crate::pem::rsa_private_key(text)
                 .map_err(|e| JwtError::Key(format!("could not parse RSA private key: {e}")))?;
             return Ok(SigningKey::Rsa(Box::new(k)));
         }

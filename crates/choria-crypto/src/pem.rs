@@ -50,6 +50,40 @@ pub fn certificate_spki_der(cert: &x509_cert::Certificate) -> Result<Vec<u8>, Pe
         .map_err(|e| PemError::Der(e.to_string()))
 }
 
+/// An RSA private key: `RSA PRIVATE KEY` (PKCS#1) or `PRIVATE KEY` (PKCS#8), decoded through
+/// [`decode`].
+pub fn rsa_private_key(text: &str) -> Result<rsa::RsaPrivateKey, PemError> {
+    use rsa::pkcs1::DecodeRsaPrivateKey as _;
+    use rsa::pkcs8::DecodePrivateKey as _;
+    match decode(text, "RSA PRIVATE KEY") {
+        Ok(der) => {
+            rsa::RsaPrivateKey::from_pkcs1_der(&der).map_err(|e| PemError::Der(e.to_string()))
+        }
+        Err(PemError::Label { found, .. }) if found == "PRIVATE KEY" => {
+            let der = decode(text, "PRIVATE KEY")?;
+            rsa::RsaPrivateKey::from_pkcs8_der(&der).map_err(|e| PemError::Der(e.to_string()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An RSA public key: `PUBLIC KEY` as a SubjectPublicKeyInfo, or PKCS#1 under that label (as
+/// some tools write it), or `RSA PUBLIC KEY`; decoded through [`decode`].
+pub fn rsa_public_key(text: &str) -> Result<rsa::RsaPublicKey, PemError> {
+    use rsa::pkcs1::DecodeRsaPublicKey as _;
+    use rsa::pkcs8::DecodePublicKey as _;
+    match decode(text, "PUBLIC KEY") {
+        Ok(der) => rsa::RsaPublicKey::from_public_key_der(&der)
+            .or_else(|_| rsa::RsaPublicKey::from_pkcs1_der(&der))
+            .map_err(|e| PemError::Der(format!("not an RSA public key: {e}"))),
+        Err(PemError::Label { found, .. }) if found == "RSA PUBLIC KEY" => {
+            let der = decode(text, "RSA PUBLIC KEY")?;
+            rsa::RsaPublicKey::from_pkcs1_der(&der).map_err(|e| PemError::Der(e.to_string()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Every PEM block of `text` as (label, DER), for files that hold several keys. Text between
 /// blocks is ignored; the DER is not parsed.
 pub fn decode_many(text: &str) -> Result<Vec<(String, Vec<u8>)>, PemError> {

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use ed25519_dalek::{Signer as _, Verifier as _};
-use rsa::pkcs1::DecodeRsaPrivateKey as _;
-use rsa::pkcs8::{DecodePrivateKey as _, DecodePublicKey as _};
+use rsa::pkcs8::DecodePublicKey as _;
 use rsa::signature::SignatureEncoding as _;
 use sha2::Sha256;
 
@@ -121,9 +120,7 @@ impl Security {
         cert_pem: String,
         key_pem: &str,
     ) -> Result<Self, String> {
-        let key = rsa::RsaPrivateKey::from_pkcs1_pem(key_pem)
-            .or_else(|_| rsa::RsaPrivateKey::from_pkcs8_pem(key_pem))
-            .map_err(|e| e.to_string())?;
+        let key = choria_crypto::pem::rsa_private_key(key_pem).map_err(|e| e.to_string())?;
         Ok(Security::X509 {
             caller_id: caller_id.into(),
             cert_pem,
