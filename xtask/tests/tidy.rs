@@ -186,3 +186,164 @@ fn every_folder_is_named_after_its_package() {
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// The crates published to crates.io together (`cargo publish` of this set, with rpm-evr).
+const PUBLISHED: [&str; 8] = [
+    "rpm-evr",
+    "choria-crypto",
+    "helper-protocol",
+    "provision-core",
+    "choria-rpc-client",
+    "provisioner-metrics",
+    "provisioner-status",
+    "provisioner",
+];
+
+/// The binary is argument parsing, logging set-up, signal handling and printing: under 1,000
+/// lines, the application being the `provisioner` library's.
+#[test]
+fn the_binary_is_thin() {
+    let dir = root().join("bin/choria-provisioner/src");
+    let mut lines = 0;
+    for entry in std::fs::read_dir(&dir).expect("the binary's sources") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            lines += std::fs::read_to_string(&path)
+                .expect("a source file")
+                .lines()
+                .count();
+        }
+    }
+    assert!(
+        lines < 1000,
+        "bin/choria-provisioner/src holds {lines} lines: move logic into crates/provisioner"
+    );
+}
+
+/// provision-core does no I/O: no file, socket or process calls in its sources, and the tokio
+/// it compiles has no networking, processes, signals or files (features add up across a
+/// workspace, so cargo is asked for the crate's own feature tree).
+#[test]
+fn the_core_does_no_io() {
+    let src = root().join("crates/provision-core/src");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("the core's sources") {
+        let path = entry.expect("a directory entry").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for needle in [
+            "std::fs",
+            "tokio::fs",
+            "std::net",
+            "tokio::net",
+            "std::process",
+            "tokio::process",
+        ] {
+            if text.contains(needle) {
+                found.push(format!("{} uses {needle}", path.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            "provision-core",
+            "-e",
+            "features,normal",
+            "--prefix",
+            "none",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tokio: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tokio feature \""))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    assert!(
+        tokio.contains("rt"),
+        "tokio's features were not found in the tree:\n{text}"
+    );
+    let io: Vec<&&str> = ["net", "fs", "process", "signal"]
+        .iter()
+        .filter(|f| tokio.contains(**f))
+        .collect();
+    assert!(
+        io.is_empty(),
+        "provision-core compiles tokio with {io:?} (all: {tokio:?}); declare tokio features per \
+         crate, never in [workspace.dependencies]"
+    );
+    for heavy in ["reqwest", "async-nats", "hyper"] {
+        assert!(
+            !text.lines().any(|l| l.starts_with(&format!("{heavy} v"))),
+            "provision-core depends on {heavy}"
+        );
+    }
+}
+
+/// The published crates carry what crates.io and docs.rs need, and every workspace crate they
+/// use is published too, with a version (a path alone cannot be published).
+#[test]
+fn the_published_crates_can_be_published() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let packages = meta["packages"].as_array().expect("packages");
+    let mut problems = Vec::new();
+    for p in packages {
+        let name = p["name"].as_str().unwrap_or_default();
+        if !PUBLISHED.contains(&name) {
+            continue;
+        }
+        if p["publish"].as_array().is_some_and(|a| a.is_empty()) {
+            problems.push(format!("{name} says publish = false"));
+        }
+        for key in [
+            "description",
+            "license",
+            "repository",
+            "readme",
+            "rust_version",
+        ] {
+            if p[key].as_str().is_none_or(str::is_empty) {
+                problems.push(format!("{name} has no {key}"));
+            }
+        }
+        if p["metadata"]["docs"]["rs"].is_null() {
+            problems.push(format!("{name} has no [package.metadata.docs.rs]"));
+        }
+        let dir = PathBuf::from(p["manifest_path"].as_str().unwrap_or_default());
+        let readme = dir.parent().map(|d| d.join("README.md"));
+        if !readme.is_some_and(|r| r.is_file()) {
+            problems.push(format!("{name} has no README.md"));
+        }
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let dep = d["name"].as_str().unwrap_or_default();
+            let is_dev = d["kind"].as_str() == Some("dev");
+            let local = d["path"].is_string();
+            if !local || is_dev {
+                continue;
+            }
+            if !PUBLISHED.contains(&dep) {
+                problems.push(format!("{name} uses {dep}, which is not published"));
+            }
+            if d["req"].as_str() == Some("*") {
+                problems.push(format!("{name} uses {dep} by path without a version"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

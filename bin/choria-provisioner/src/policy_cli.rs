@@ -3,8 +3,8 @@
 //! value.
 
 use anyhow::{bail, Context, Result};
-use provision_core::Decision;
 use provisioner::config::Config;
+use provisioner::provision_core::Decision;
 
 use crate::cli::PolicyEvalArgs;
 use provisioner::rego::{self, RegoPolicy};

@@ -148,8 +148,8 @@ pub fn nodes(args: &NodesArgs) -> Result<()> {
     let t = target(&args.api)?;
     let mut q = format!("/api/v1/nodes?offset={}&limit={}", args.offset, args.limit);
     if let Some(s) = &args.state {
-        if provision_core::NodeState::parse(s).is_none() {
-            let known: Vec<&str> = provision_core::NodeState::ALL
+        if provisioner::provision_core::NodeState::parse(s).is_none() {
+            let known: Vec<&str> = provisioner::provision_core::NodeState::ALL
                 .iter()
                 .map(|s| s.label())
                 .collect();
@@ -191,7 +191,7 @@ pub fn node(args: &NodeArgs) -> Result<()> {
     let t = target(&args.api)?;
     let path = format!(
         "/api/v1/nodes/{}",
-        provisioner_status::api::percent_encode(&args.identity)
+        provisioner::provisioner_status::api::percent_encode(&args.identity)
     );
     let n = get(&t, &path)?;
     if args.api.json {

@@ -33,6 +33,14 @@ pub use daemon::{Daemon, DaemonBuilder};
 pub use error::Error;
 pub use settings::{Paths, Settings};
 
+// The crates whose types appear in this one's signatures.
+pub use choria_rpc_client;
+pub use provision_core;
+pub use provision_core::CancellationToken;
+pub use provisioner_metrics;
+pub use provisioner_status;
+pub use serde_json;
+
 /// The release version: injected at build time by `cargo xtask dist` through
 /// `CHORIA_PROVISIONER_VERSION`, else the crate version.
 pub const VERSION: &str = match option_env!("CHORIA_PROVISIONER_VERSION") {

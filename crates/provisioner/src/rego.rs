@@ -24,7 +24,9 @@ use provision_core::helper_protocol::HelperInput;
 use provision_core::identity::escaped;
 use provision_core::{Admission, Decision};
 use regorus::utils::limits::ExecutionTimerConfig;
-use regorus::{Engine, Value};
+use regorus::Engine;
+/// The value a policy is evaluated on, from `regorus`.
+pub use regorus::Value;
 use tracing::{error, info, warn};
 
 /// The package policies are written in.
