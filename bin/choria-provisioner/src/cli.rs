@@ -89,7 +89,8 @@ pub struct ApiArgs {
     #[arg(long, value_name = "FILE", value_parser = existing_file)]
     pub config: Option<PathBuf>,
 
-    /// The monitor listener's URL instead of the configuration's, as http://HOST:PORT
+    /// The monitor listener's URL instead of the configuration's, as http://HOST:PORT or
+    /// https://HOST:PORT
     #[arg(long, value_name = "URL")]
     pub monitor: Option<String>,
 

@@ -7,9 +7,12 @@
 //! - `GET /api/v1/nodes/{identity}`: one node's history;
 //! - `GET /`: the status page ([`crate::page`]).
 //!
-//! Identities and host names are sensitive: with a token configured every one of these asks
-//! for `Authorization: Bearer TOKEN` (compared in constant time); `/metrics`, `/healthz` and
-//! `/readyz` never do.
+//! Identities and host names are sensitive. Every one of these ([`Monitor::admit`]): answers
+//! only a request whose `Host` names loopback, the address the client reached, or one of
+//! `monitor_hostnames` (a page in an operator's browser cannot be read by another site through
+//! DNS rebinding); without `monitor_token_file` answers loopback clients only; with it asks for
+//! `Authorization: Bearer TOKEN` (compared in constant time). `/metrics`, `/healthz` and
+//! `/readyz` never ask, for scrapers and supervisors.
 
 use std::sync::Arc;
 
@@ -19,6 +22,14 @@ use serde_json::{json, Value};
 
 use crate::nodes::NodeTable;
 use provisioner_metrics::{Metrics, Role};
+
+/// An IPv4-mapped IPv6 address (a dual-stack listener's view of an IPv4 client) as IPv4.
+fn canonical(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
 
 /// The most nodes one page of `/api/v1/nodes` holds.
 pub const MAX_PAGE: usize = 500;
@@ -39,8 +50,60 @@ pub struct Monitor {
     pub identity: String,
     /// The configured number of workers.
     pub workers: usize,
-    /// The bearer token the API and the status page ask for, when set.
+    /// The bearer token the API and the status page ask for, when set; without one they answer
+    /// loopback clients only.
     pub token: Option<String>,
+    /// `monitor_hostnames`: names besides loopback and the address reached that a request's
+    /// `Host` may give.
+    pub hostnames: Vec<String>,
+    /// TLS for the listener (`monitor_tls_cert`, `monitor_tls_key`), when set.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Why the API or a page refused a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No token is configured and the client is not on loopback.
+    #[error("the status API and pages answer loopback clients only: set monitor_token_file to serve them to other hosts with a bearer token")]
+    NotLoopback,
+    /// The `Host` header names something else (DNS rebinding, a proxy in the way).
+    #[error(
+        "the Host header {0:?} is not loopback, the address reached, or one of monitor_hostnames"
+    )]
+    Host(String),
+    /// The bearer token is missing or wrong.
+    #[error("a bearer token is required (Authorization: Bearer TOKEN)")]
+    Token,
+}
+
+impl Refusal {
+    /// The HTTP status of the refusal.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Token => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+/// The host of a `Host` header value, without its port or brackets, lower-cased; `None` when it
+/// is not one.
+fn host_of(value: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    if text.is_empty() || text.len() > 255 {
+        return None;
+    }
+    let host = if let Some(rest) = text.strip_prefix('[') {
+        rest.split_once(']')?.0
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            Some(_) => return None,
+            None => text,
+        }
+    };
+    Some(host.trim_end_matches('.').to_ascii_lowercase())
 }
 
 impl std::fmt::Debug for Monitor {
@@ -50,6 +113,8 @@ impl std::fmt::Debug for Monitor {
             .field("identity", &self.identity)
             .field("workers", &self.workers)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("hostnames", &self.hostnames)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -64,6 +129,50 @@ impl Monitor {
             identity: String::new(),
             workers: 0,
             token: None,
+            hostnames: Vec::new(),
+            tls: None,
+        }
+    }
+
+    /// Whether a request for the API or a page may be answered: its `Host` names loopback, the
+    /// address reached (`local`) or one of `monitor_hostnames`; then a token is asked for when
+    /// one is set, and the client must be on loopback when none is.
+    pub fn admit(
+        &self,
+        peer: std::net::IpAddr,
+        local: std::net::IpAddr,
+        host: Option<&[u8]>,
+        authorization: Option<&[u8]>,
+    ) -> Result<(), Refusal> {
+        let shown = || {
+            host.map(|h| String::from_utf8_lossy(&h[..h.len().min(128)]).into_owned())
+                .unwrap_or_default()
+        };
+        let Some(name) = host.and_then(host_of) else {
+            return Err(Refusal::Host(shown()));
+        };
+        let named_ip = name.parse::<std::net::IpAddr>().ok();
+        let host_ok = name == "localhost"
+            || name.ends_with(".localhost")
+            || named_ip.is_some_and(|ip| ip.is_loopback() || canonical(ip) == canonical(local))
+            || self
+                .hostnames
+                .iter()
+                .any(|h| h.trim_end_matches('.').eq_ignore_ascii_case(&name));
+        if !host_ok {
+            return Err(Refusal::Host(shown()));
+        }
+        if self.token.is_some() {
+            return if self.authorized(authorization) {
+                Ok(())
+            } else {
+                Err(Refusal::Token)
+            };
+        }
+        if canonical(peer).is_loopback() {
+            Ok(())
+        } else {
+            Err(Refusal::NotLoopback)
         }
     }
 
@@ -273,6 +382,103 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn monitor(token: Option<&str>, hostnames: &[&str]) -> Monitor {
+        let mut m = Monitor::metrics_only(Metrics::new(""));
+        m.token = token.map(str::to_string);
+        m.hostnames = hostnames.iter().map(|h| h.to_string()).collect();
+        m
+    }
+
+    #[test]
+    fn without_a_token_only_loopback_is_answered() {
+        let m = monitor(None, &[]);
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let lan: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        let me: std::net::IpAddr = "10.0.0.5".parse().unwrap();
+        assert_eq!(m.admit(lo, lo, Some(b"127.0.0.1:8080"), None), Ok(()));
+        assert_eq!(m.admit(lo, lo, Some(b"localhost:8080"), None), Ok(()));
+        assert_eq!(
+            m.admit(
+                "::1".parse().unwrap(),
+                "::1".parse().unwrap(),
+                Some(b"[::1]:8080"),
+                None
+            ),
+            Ok(())
+        );
+        // A dual-stack listener sees IPv4 loopback as mapped.
+        let mapped: std::net::IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert_eq!(
+            m.admit(mapped, mapped, Some(b"127.0.0.1:8080"), None),
+            Ok(())
+        );
+        assert_eq!(
+            m.admit(lan, me, Some(b"10.0.0.5:8080"), None),
+            Err(Refusal::NotLoopback)
+        );
+        assert_eq!(Refusal::NotLoopback.status(), StatusCode::FORBIDDEN);
+        assert!(Refusal::NotLoopback
+            .to_string()
+            .contains("monitor_token_file"));
+    }
+
+    #[test]
+    fn a_token_opens_the_api_to_other_hosts_and_is_required() {
+        let m = monitor(Some("s3cret"), &[]);
+        let lan: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        let me: std::net::IpAddr = "10.0.0.5".parse().unwrap();
+        assert_eq!(
+            m.admit(lan, me, Some(b"10.0.0.5:8080"), Some(b"Bearer s3cret")),
+            Ok(())
+        );
+        assert_eq!(
+            m.admit(lan, me, Some(b"10.0.0.5:8080"), Some(b"Bearer nope")),
+            Err(Refusal::Token)
+        );
+        // Loopback needs it too once it is set.
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(
+            m.admit(lo, lo, Some(b"localhost"), None),
+            Err(Refusal::Token)
+        );
+    }
+
+    #[test]
+    fn a_foreign_host_header_is_refused_dns_rebinding_included() {
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let m = monitor(None, &["prov1.example.net"]);
+        for bad in [
+            &b"evil.example.com"[..],
+            b"evil.example.com:8080",
+            b"127.0.0.2.evil.example.com",
+            b"",
+            b"prov1.example.net:http",
+            b"[::1",
+        ] {
+            assert!(
+                matches!(m.admit(lo, lo, Some(bad), None), Err(Refusal::Host(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(matches!(m.admit(lo, lo, None, None), Err(Refusal::Host(_))));
+        assert_eq!(
+            m.admit(lo, lo, Some(b"PROV1.example.net.:8080"), None),
+            Ok(())
+        );
+        // The address the client reached is a valid Host, whatever it is.
+        let m = monitor(Some("t"), &[]);
+        let me: std::net::IpAddr = "192.0.2.10".parse().unwrap();
+        assert_eq!(
+            m.admit(me, me, Some(b"192.0.2.10:8080"), Some(b"Bearer t")),
+            Ok(())
+        );
+        assert!(matches!(
+            m.admit(me, me, Some(b"192.0.2.11:8080"), Some(b"Bearer t")),
+            Err(Refusal::Host(_))
+        ));
+    }
 
     #[test]
     fn queries_are_validated_and_bounded() {

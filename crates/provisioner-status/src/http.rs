@@ -359,6 +359,49 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, _permit: OwnedSemaph
         shared: &shared,
         id,
     };
+    let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+        return;
+    };
+    let client = Client {
+        peer: peer.ip(),
+        local: local.ip(),
+    };
+    match shared.monitor.tls.clone() {
+        None => serve_io(&shared, TokioIo::new(stream), client, close, busy).await,
+        Some(config) => {
+            // The handshake is bounded like a request head: a client that never finishes it
+            // holds its connection no longer.
+            let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+            let tls = tokio::select! {
+                r = tokio::time::timeout(HEADER_READ_TIMEOUT, accept) => r,
+                _ = close.cancelled() => return,
+                _ = shared.shutdown.cancelled() => return,
+            };
+            match tls {
+                Ok(Ok(s)) => serve_io(&shared, TokioIo::new(s), client, close, busy).await,
+                Ok(Err(e)) => tracing::debug!("monitoring connection: TLS handshake failed: {e}"),
+                Err(_) => tracing::debug!("monitoring connection: TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+/// Who is asking: the peer's address and the local address it reached.
+#[derive(Debug, Clone, Copy)]
+struct Client {
+    peer: std::net::IpAddr,
+    local: std::net::IpAddr,
+}
+
+async fn serve_io<I>(
+    shared: &Shared,
+    io: TokioIo<I>,
+    client: Client,
+    close: CancellationToken,
+    busy: Arc<AtomicUsize>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let born = tokio::time::Instant::now();
     // Milliseconds after `born` at which the latest request started.
     let last_request = Arc::new(AtomicU64::new(0));
@@ -372,7 +415,7 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, _permit: OwnedSemaph
             last_request.store(since, Ordering::Release);
             let monitor = Arc::clone(&monitor);
             async move {
-                let r = respond(req, monitor).await;
+                let r = respond(req, monitor, client).await;
                 drop(guard);
                 r
             }
@@ -382,7 +425,7 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, _permit: OwnedSemaph
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), svc));
+    let mut conn = pin!(builder.serve_connection(io, svc));
     let mut closing_at: Option<tokio::time::Instant> = None;
     loop {
         let idle_at =
@@ -476,6 +519,7 @@ impl LogLimiter {
 async fn respond(
     req: Request<Incoming>,
     monitor: Arc<Monitor>,
+    client: Client,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let metrics: &Metrics = &monitor.metrics;
     let reply = |status: StatusCode, ctype: &'static str, body: String| {
@@ -483,6 +527,32 @@ async fn respond(
         *r.status_mut() = status;
         r.headers_mut()
             .insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(ctype));
+        Ok(r)
+    };
+    // The API and the pages: never cached, never framed, no script, and for a page one
+    // stylesheet only (its hash).
+    let private = |mut r: Response<Full<Bytes>>| {
+        use hyper::header::{HeaderName, HeaderValue};
+        let h = r.headers_mut();
+        h.insert(
+            hyper::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        );
+        h.insert(
+            hyper::header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        h.insert(
+            hyper::header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        );
+        h.insert(
+            hyper::header::X_FRAME_OPTIONS,
+            HeaderValue::from_static("DENY"),
+        );
+        if let Ok(csp) = HeaderValue::from_str(&crate::page::content_security_policy()) {
+            h.insert(HeaderName::from_static("content-security-policy"), csp);
+        }
         Ok(r)
     };
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -520,52 +590,56 @@ async fn respond(
             }
         }
         path if path == "/" || path.starts_with("/api/") || path.starts_with("/nodes/") => {
-            let auth = req
-                .headers()
+            let headers = req.headers();
+            let auth = headers
                 .get(hyper::header::AUTHORIZATION)
                 .map(|v| v.as_bytes());
-            if !monitor.authorized(auth) {
-                let mut r = Response::new(Full::new(Bytes::from_static(
-                    b"{\"error\":\"a bearer token is required (Authorization: Bearer TOKEN)\"}\n",
-                )));
-                *r.status_mut() = StatusCode::UNAUTHORIZED;
+            let host = headers.get(hyper::header::HOST).map(|v| v.as_bytes());
+            if let Err(refusal) = monitor.admit(client.peer, client.local, host, auth) {
+                let body = serde_json::json!({"error": refusal.to_string()}).to_string() + "\n";
+                let mut r = Response::new(Full::new(Bytes::from(body)));
+                *r.status_mut() = refusal.status();
                 r.headers_mut().insert(
                     CONTENT_TYPE,
                     hyper::header::HeaderValue::from_static("application/json"),
                 );
-                r.headers_mut().insert(
-                    hyper::header::WWW_AUTHENTICATE,
-                    hyper::header::HeaderValue::from_static("Bearer realm=\"choria-provisioner\""),
-                );
-                return Ok(r);
+                if refusal == crate::api::Refusal::Token {
+                    r.headers_mut().insert(
+                        hyper::header::WWW_AUTHENTICATE,
+                        hyper::header::HeaderValue::from_static(
+                            "Bearer realm=\"choria-provisioner\"",
+                        ),
+                    );
+                }
+                return private(r);
             }
             if path == "/" {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
                     .unwrap_or(0);
-                return reply(
+                return private(reply(
                     StatusCode::OK,
                     "text/html; charset=utf-8",
                     crate::page::status_page(&monitor, now),
-                );
+                )?);
             }
             if let Some(raw) = path.strip_prefix("/nodes/") {
                 let page = crate::api::percent_decode(raw)
                     .and_then(|id| crate::page::node_page(&monitor, &id));
-                return match page {
-                    Some(p) => reply(StatusCode::OK, "text/html; charset=utf-8", p),
+                return private(match page {
+                    Some(p) => reply(StatusCode::OK, "text/html; charset=utf-8", p)?,
                     None => reply(
                         StatusCode::NOT_FOUND,
                         "text/plain",
                         "no history for this node\n".into(),
-                    ),
-                };
+                    )?,
+                });
             }
             let (status, body) = monitor.api(path, req.uri().query());
             let mut text = body.to_string();
             text.push('\n');
-            reply(status, "application/json", text)
+            private(reply(status, "application/json", text)?)
         }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }

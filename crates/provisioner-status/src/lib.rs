@@ -12,6 +12,7 @@ pub mod api;
 mod http;
 pub mod nodes;
 pub mod page;
+pub mod tls;
 
 pub use api::Monitor;
 pub use http::{serve, serve_all, serve_monitor, ServeError, Serving};

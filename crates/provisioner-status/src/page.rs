@@ -13,6 +13,7 @@ use crate::nodes::{rfc3339, THROUGHPUT_MINUTES};
 pub const RECENT_FAILURES: usize = 20;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}\
+.spark{background:#fff;border:1px solid #ddd}\
 h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}\
 .meta{color:#555}.cards{display:flex;flex-wrap:wrap;gap:.6em}\
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .8em;min-width:9em}\
@@ -75,7 +76,7 @@ fn sparkline(points: &[(u32, u32)]) -> String {
     };
     format!(
         "<svg role=\"img\" aria-label=\"nodes per minute\" width=\"{w}\" height=\"{h}\" \
-         viewBox=\"0 0 {w} {h}\" style=\"background:#fff;border:1px solid #ddd\">\
+         viewBox=\"0 0 {w} {h}\" class=\"spark\">\
          <polyline fill=\"none\" stroke=\"#1b5e20\" stroke-width=\"2\" points=\"{}\"/>\
          <polyline fill=\"none\" stroke=\"#b00020\" stroke-width=\"1.5\" points=\"{}\"/></svg>",
         line(|p| p.0),
@@ -231,6 +232,22 @@ pub fn node_page(m: &Monitor, identity: &str) -> Option<String> {
         percent_encode(identity)
     );
     Some(out)
+}
+
+/// The pages' Content-Security-Policy: nothing may load or run but the one stylesheet they
+/// carry, named by its hash; no frame may hold them and no form may post from them.
+pub fn content_security_policy() -> String {
+    static CSP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CSP.get_or_init(|| {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(STYLE));
+        format!(
+            "default-src 'none'; style-src 'sha256-{hash}'; img-src 'none'; base-uri 'none'; \
+             form-action 'none'; frame-ancestors 'none'"
+        )
+    })
+    .clone()
 }
 
 #[cfg(test)]

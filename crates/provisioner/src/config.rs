@@ -95,8 +95,16 @@ pub struct Config {
     /// `node_history_max_age`: a node not updated for this long is forgotten.
     pub node_history_max_age: Duration,
     /// `monitor_token_file`: a file holding the bearer token the JSON API and the status pages
-    /// ask for; empty means they answer anyone who reaches the monitor listener.
+    /// ask for; empty means they answer loopback clients only.
     pub monitor_token_file: String,
+    /// `monitor_tls_cert` and `monitor_tls_key`: the monitor listener's TLS certificate (with
+    /// its chain) and key, both or neither; reloaded when they change.
+    pub monitor_tls_cert: String,
+    /// See `monitor_tls_cert`.
+    pub monitor_tls_key: String,
+    /// `monitor_hostnames`: names a request's `Host` may give for the API and the pages, besides
+    /// loopback and the address the client reached.
+    pub monitor_hostnames: Vec<String>,
     /// `audit_file`: the file one JSON line per decision is appended to; empty means none.
     pub audit_file: String,
     /// `audit_stream`: the JetStream stream the same lines are published to; empty means none.
@@ -163,6 +171,9 @@ impl std::fmt::Debug for Config {
             node_history_size,
             node_history_max_age,
             monitor_token_file,
+            monitor_tls_cert,
+            monitor_tls_key,
+            monitor_hostnames,
             audit_file,
             audit_stream,
             file,
@@ -197,6 +208,9 @@ impl std::fmt::Debug for Config {
             .field("node_history_size", node_history_size)
             .field("node_history_max_age", node_history_max_age)
             .field("monitor_token_file", monitor_token_file)
+            .field("monitor_tls_cert", monitor_tls_cert)
+            .field("monitor_tls_key", monitor_tls_key)
+            .field("monitor_hostnames", monitor_hostnames)
             .field("audit_file", audit_file)
             .field("audit_stream", audit_stream)
             .field("file", file)
@@ -347,6 +361,16 @@ pub enum ConfigError {
     /// `monitor_address` is not an IP address.
     #[error("invalid monitor_address {0:?}: it must be an IPv4 or IPv6 address, for example 127.0.0.1 or ::1")]
     MonitorAddress(String),
+    /// Only one of `monitor_tls_cert` and `monitor_tls_key` is set.
+    #[error(
+        "monitor_tls_cert and monitor_tls_key go together: set both, or neither for plain HTTP"
+    )]
+    MonitorTls,
+    /// A `monitor_hostnames` entry is not a host name.
+    #[error(
+        "invalid monitor_hostnames entry {0:?}: a host name of letters, digits, '-', '_' and '.'"
+    )]
+    MonitorHostname(String),
     /// `audit_stream` is not a JetStream stream name.
     #[error("invalid audit_stream {0:?}: a stream name has no spaces, '.', '*', '>', '/' or '\\'")]
     AuditStream(String),
@@ -439,6 +463,9 @@ struct RawConfig {
     node_history_size: u32,
     node_history_max_age: String,
     monitor_token_file: String,
+    monitor_tls_cert: String,
+    monitor_tls_key: String,
+    monitor_hostnames: Vec<String>,
     audit_file: String,
     audit_stream: String,
 }
@@ -457,7 +484,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 38] = [
+const FIELDS: [Field; 41] = [
     field(
         "workers",
         Kind::Int {
@@ -521,6 +548,9 @@ const FIELDS: [Field; 38] = [
     ),
     field("node_history_max_age", Kind::Str),
     field("monitor_token_file", Kind::Str),
+    field("monitor_tls_cert", Kind::Str),
+    field("monitor_tls_key", Kind::Str),
+    field("monitor_hostnames", Kind::StrList),
     field("audit_file", Kind::Str),
     field("audit_stream", Kind::Str),
 ];
@@ -591,6 +621,12 @@ impl RawConfig {
             node_history_size: u32::try_from(int("node_history_size")).unwrap_or(u32::MAX),
             node_history_max_age: text("node_history_max_age"),
             monitor_token_file: text("monitor_token_file"),
+            monitor_tls_cert: text("monitor_tls_cert"),
+            monitor_tls_key: text("monitor_tls_key"),
+            monitor_hostnames: match s.get("monitor_hostnames") {
+                Some(Value::StrList(v)) => v.clone(),
+                _ => Vec::new(),
+            },
             audit_file: text("audit_file"),
             audit_stream: text("audit_stream"),
         }
@@ -824,6 +860,25 @@ impl Config {
                     DEFAULT_NODE_HISTORY_MAX_AGE
                 })
         };
+        let monitor_tls_cert = raw.monitor_tls_cert.trim().to_string();
+        let monitor_tls_key = raw.monitor_tls_key.trim().to_string();
+        if monitor_tls_cert.is_empty() != monitor_tls_key.is_empty() {
+            errors.push(ConfigError::MonitorTls);
+        }
+        let monitor_hostnames: Vec<String> = raw
+            .monitor_hostnames
+            .iter()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect();
+        if let Some(bad) = monitor_hostnames.iter().find(|h| {
+            h.len() > 253
+                || !h
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        }) {
+            errors.push(ConfigError::MonitorHostname(bad.clone()));
+        }
         let audit_stream = raw.audit_stream.trim().to_string();
         if audit_stream
             .chars()
@@ -869,6 +924,9 @@ impl Config {
             node_history_size,
             node_history_max_age,
             monitor_token_file: raw.monitor_token_file.trim().to_string(),
+            monitor_tls_cert,
+            monitor_tls_key,
+            monitor_hostnames,
             audit_file: raw.audit_file.trim().to_string(),
             audit_stream,
             file: path.to_path_buf(),

@@ -166,6 +166,20 @@ impl Daemon {
     }
 }
 
+/// The monitor listener's TLS configuration, when `monitor_tls_cert` and `monitor_tls_key` are
+/// set.
+fn monitor_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfig>>, Error> {
+    if config.monitor_tls_cert.is_empty() {
+        return Ok(None);
+    }
+    provisioner_status::tls::server_config(
+        Path::new(&config.monitor_tls_cert),
+        Path::new(&config.monitor_tls_key),
+    )
+    .map(Some)
+    .map_err(Error::MonitorTls)
+}
+
 async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
     let Daemon {
         settings,
@@ -216,6 +230,8 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
             identity: choria.identity.clone(),
             workers: config.workers,
             token,
+            hostnames: config.monitor_hostnames.clone(),
+            tls: monitor_tls(&config)?,
         };
         let serving = provisioner_status::serve_monitor(&[addr], api, shutdown.clone()).await?;
         let bound = serving.local_addr();
@@ -231,12 +247,8 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
             bound.port()
         );
         info!(
-            "the status page (/), node pages (/nodes/) and the JSON API (/api/v1/) are served there too, {}",
-            if config.monitor_token_file.is_empty() {
-                "without a token (monitor_token_file is not set)"
-            } else {
-                "behind the bearer token of monitor_token_file"
-            }
+            "the status page (/), node pages (/nodes/) and the JSON API (/api/v1/) are served there too: {}",
+            crate::preflight::api_access(&config)
         );
     }
 

@@ -60,6 +60,9 @@ pub enum Error {
     /// The monitor listener could not be started.
     #[error(transparent)]
     Monitor(#[from] provisioner_status::ServeError),
+    /// The monitor listener's TLS files cannot be used.
+    #[error(transparent)]
+    MonitorTls(provisioner_status::tls::TlsError),
     /// The broker connection cannot be made with these settings.
     #[error(transparent)]
     Connection(#[from] choria_rpc_client::connection::ConnectionError),

@@ -206,10 +206,44 @@ pub fn refuse(settings: &Settings) -> Result<Vec<Problem>, crate::Error> {
     }
 }
 
-/// The monitor token file must be readable and not empty, and the audit file's directory must
-/// exist: the daemon reads the one and opens the other at start.
+/// Who the status API and pages answer, in words: for the daemon's start-up line and `check`.
+pub fn api_access(cfg: &Config) -> String {
+    let who = if cfg.monitor_token_file.is_empty() {
+        "loopback clients only (monitor_token_file is not set)".to_string()
+    } else {
+        format!(
+            "any host with the bearer token of monitor_token_file {}",
+            cfg.monitor_token_file
+        )
+    };
+    let tls = if cfg.monitor_tls_cert.is_empty() {
+        "plain HTTP"
+    } else {
+        "HTTPS (monitor_tls_cert)"
+    };
+    let hosts = if cfg.monitor_hostnames.is_empty() {
+        "Host: loopback or the address reached".to_string()
+    } else {
+        format!(
+            "Host: loopback, the address reached or {}",
+            cfg.monitor_hostnames.join(", ")
+        )
+    };
+    format!("{who}, {tls}, {hosts}")
+}
+
+/// The monitor token file must be readable and not empty, the monitor's TLS files must load,
+/// and the audit file's directory must exist: the daemon reads them and opens it at start.
 fn status_problems(cfg: &Config) -> Vec<Problem> {
     let mut out = Vec::new();
+    if !cfg.monitor_tls_cert.is_empty() && !cfg.monitor_tls_key.is_empty() {
+        if let Err(e) = provisioner_status::tls::server_config(
+            Path::new(&cfg.monitor_tls_cert),
+            Path::new(&cfg.monitor_tls_key),
+        ) {
+            out.push(Problem::Fatal(e.to_string()));
+        }
+    }
     if let Err(e) = read_token(&cfg.monitor_token_file) {
         out.push(Problem::Fatal(crate::one_line(&e)));
     }
@@ -293,6 +327,9 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
         }
         if !cfg.webhook.tls_key.is_empty() {
             key_file_readable(Path::new(&cfg.webhook.tls_key), "helper_tls_key", &mut out);
+        }
+        if !cfg.monitor_tls_key.is_empty() {
+            key_file_readable(Path::new(&cfg.monitor_tls_key), "monitor_tls_key", &mut out);
         }
     }
     if let Some(c) = choria {
@@ -792,39 +829,44 @@ fn plan(cfg: &Config) -> String {
     ) + &status_plan(cfg)
 }
 
-/// The node history, the monitor token (set or not, never its contents) and the audit trail.
+/// The node history, the monitor token (set or not, never its contents), who the status API
+/// answers, and the audit trail.
 fn status_plan(cfg: &Config) -> String {
+    let token = if cfg.monitor_token_file.is_empty() {
+        "not set (the status page, node pages and /api/v1/ answer loopback clients only)"
+            .to_string()
+    } else {
+        format!(
+            "set, read from {} (the status page, node pages and /api/v1/ ask for it)",
+            cfg.monitor_token_file
+        )
+    };
+    let audit_file = if cfg.audit_file.is_empty() {
+        "none (audit_file unset)".to_string()
+    } else {
+        format!("{} (one JSON line per decision, fsynced)", cfg.audit_file)
+    };
+    let audit_stream = if cfg.audit_stream.is_empty() {
+        "none (audit_stream unset)".to_string()
+    } else {
+        format!(
+            "{} (subject choria.provisioner.audit; opened after connecting, tried again while it \
+             cannot be reached)",
+            cfg.audit_stream
+        )
+    };
     format!(
-        "  node history: up to {} nodes, each kept {} after its last change
-           monitor token: {}
-  audit file: {}
-  audit stream: {}
-",
+        "  node history: up to {} nodes, each kept {} after its last change\n  \
+         monitor token: {token}\n  \
+         status API: {}\n  \
+         audit file: {audit_file}\n  \
+         audit stream: {audit_stream}\n",
         cfg.node_history_size,
         duration(cfg.node_history_max_age),
-        if cfg.monitor_token_file.is_empty() {
-            "not set (the status page, node pages and /api/v1/ answer anyone who reaches the \
-             monitor listener)"
-                .to_string()
+        if cfg.monitor_port == 0 {
+            "off (monitor_port 0)".to_string()
         } else {
-            format!(
-                "set, read from {} (the status page, node pages and /api/v1/ ask for it)",
-                cfg.monitor_token_file
-            )
-        },
-        if cfg.audit_file.is_empty() {
-            "none (audit_file unset)".to_string()
-        } else {
-            format!("{} (one JSON line per decision, fsynced)", cfg.audit_file)
-        },
-        if cfg.audit_stream.is_empty() {
-            "none (audit_stream unset)".to_string()
-        } else {
-            format!(
-                "{} (subject choria.provisioner.audit; opened after connecting, tried again \
-                 while it cannot be reached)",
-                cfg.audit_stream
-            )
+            api_access(cfg)
         },
     )
 }

@@ -115,6 +115,12 @@ impl StatusClient {
             (None, None) => String::new(),
         };
         let token = read_token(&token_file)?;
+        // With TLS on the listener, its certificate file is trusted besides the system's roots
+        // (a self-signed or site-CA certificate).
+        let trusted = config
+            .as_ref()
+            .map(|c| c.monitor_tls_cert.clone())
+            .filter(|c| !c.is_empty());
         let base = match (monitor, &config) {
             (Some(url), _) => base_url(url)?,
             (None, Some(c)) => {
@@ -123,32 +129,62 @@ impl StatusClient {
                         file: c.file.display().to_string(),
                     });
                 }
-                // Every interface (empty or unspecified) is reached on loopback.
+                // Every interface (empty or unspecified) is reached on loopback; over TLS by
+                // the name a certificate carries.
                 let ip: IpAddr = match c.monitor_address.parse::<IpAddr>() {
                     Ok(ip) if ip.is_unspecified() && ip.is_ipv6() => Ipv6Addr::LOCALHOST.into(),
                     Ok(ip) if ip.is_unspecified() => Ipv4Addr::LOCALHOST.into(),
                     Ok(ip) => ip,
                     Err(_) => Ipv4Addr::LOCALHOST.into(),
                 };
-                format!("http://{}", SocketAddr::new(ip, c.monitor_port))
+                if c.monitor_tls_cert.is_empty() {
+                    format!("http://{}", SocketAddr::new(ip, c.monitor_port))
+                } else if ip.is_loopback() {
+                    format!("https://localhost:{}", c.monitor_port)
+                } else {
+                    format!("https://{}", SocketAddr::new(ip, c.monitor_port))
+                }
             }
             (None, None) => return Err(StatusError::NoTarget),
         };
-        StatusClient::new(base, token)
+        StatusClient::with_roots(base, token, trusted.as_deref().map(Path::new))
     }
 
-    /// A client of the API at `base` (`http://HOST:PORT`), sending `token` as a bearer token.
+    /// A client of the API at `base` (`http://HOST:PORT` or `https://HOST:PORT`), sending
+    /// `token` as a bearer token.
     pub fn new(base: String, token: Option<String>) -> Result<StatusClient, StatusError> {
-        let http = reqwest::Client::builder()
+        StatusClient::with_roots(base, token, None)
+    }
+
+    /// [`StatusClient::new`], also trusting the certificates in the PEM file `roots`.
+    pub fn with_roots(
+        base: String,
+        token: Option<String>,
+        roots: Option<&Path>,
+    ) -> Result<StatusClient, StatusError> {
+        let unreachable = |detail: String| StatusError::Unreachable {
+            base: base.clone(),
+            detail,
+        };
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(TIMEOUT)
             .timeout(TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .map_err(|e| StatusError::Unreachable {
-                base: base.clone(),
-                detail: e.to_string(),
+            .no_proxy();
+        if let Some(path) = roots {
+            let pem = std::fs::read(path).map_err(|e| {
+                unreachable(format!(
+                    "cannot read monitor_tls_cert {}: {e}",
+                    path.display()
+                ))
             })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| unreachable(format!("monitor_tls_cert {}: {e}", path.display())))?;
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http = builder.build().map_err(|e| unreachable(e.to_string()))?;
         Ok(StatusClient { base, token, http })
     }
 
@@ -204,25 +240,32 @@ impl StatusClient {
     }
 }
 
-/// `http://HOST:PORT` (a trailing `/` allowed) as a base URL without the slash.
+/// `http://HOST:PORT` or `https://HOST:PORT` (a trailing `/` allowed) as a base URL without
+/// the slash.
 fn base_url(url: &str) -> Result<String, StatusError> {
     let bad = |why| StatusError::BadUrl {
         url: url.to_string(),
         why,
     };
-    let rest = url.strip_prefix("http://").ok_or(bad(
-        "only http://HOST:PORT is supported (the monitor listener speaks plain HTTP)",
-    ))?;
+    let (scheme, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(r), _) => ("http", r),
+        (_, Some(r)) => ("https", r),
+        _ => {
+            return Err(bad(
+                "only http://HOST:PORT or https://HOST:PORT is supported",
+            ))
+        }
+    };
     let hostport = rest.trim_end_matches('/');
     if hostport.is_empty() || hostport.contains(['/', '?', '#', '@']) {
         return Err(bad("expected http://HOST:PORT"));
     }
-    let parsed = reqwest::Url::parse(&format!("http://{hostport}/"))
+    let parsed = reqwest::Url::parse(&format!("{scheme}://{hostport}/"))
         .map_err(|_| bad("expected http://HOST:PORT"))?;
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(bad("expected http://HOST:PORT"));
     }
-    Ok(format!("http://{hostport}"))
+    Ok(format!("{scheme}://{hostport}"))
 }
 
 #[cfg(test)]
@@ -240,8 +283,12 @@ mod tests {
             Some("http://[::1]:9")
         );
         assert!(base_url("http://127.0.0.1").is_ok());
+        assert_eq!(
+            base_url("https://prov1.example.net:8443").ok().as_deref(),
+            Some("https://prov1.example.net:8443")
+        );
         for bad in [
-            "https://x:1",
+            "ftp://x:1",
             "http://x:1/api",
             "http://",
             "http://u@x:1",
