@@ -143,6 +143,11 @@ pub struct Verdict {
     pub upgrade: Option<(String, String)>,
     /// How long the cycle took.
     pub elapsed: Duration,
+    /// Whether the node answered any request: a cycle that ends without an answer (nothing
+    /// serves the name, it never replied, it waited too long in the queue) reached no decision
+    /// about a node that may not exist, and an audit trail may count such cycles rather than
+    /// record each.
+    pub answered: bool,
 }
 
 impl Verdict {
@@ -157,6 +162,7 @@ impl Verdict {
             issued: host.issued().clone(),
             upgrade: None,
             elapsed,
+            answered: host.answered(),
         };
         match result {
             Ok(Outcome::Provisioned) => {}
@@ -208,6 +214,7 @@ impl Verdict {
             issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::ZERO,
+            answered: false,
         }
     }
 }

@@ -317,6 +317,12 @@ impl Host {
         &self.identity
     }
 
+    /// Whether the node answered any request (a refusal included): a node that never did may
+    /// not exist at all (anyone can announce or answer discovery for any name).
+    pub fn answered(&self) -> bool {
+        self.contact.answered
+    }
+
     /// The verified provisioning JWT claims, once fetched.
     pub fn claims(&self) -> Option<&ProvisioningClaims> {
         self.claims.as_ref()

@@ -165,6 +165,9 @@ pub struct Metrics {
     /// `choria_provisioner_audit_stream_errors`: failed attempts to open the audit stream or to
     /// store a record in it (not in the Go set).
     pub audit_stream_errors: Counter,
+    /// `choria_provisioner_audit_write_errors`: batches of audit records the audit file could
+    /// not take (a full disk, say), each cut back to its last whole line (not in the Go set).
+    pub audit_write_errors: Counter,
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -251,6 +254,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "choria_provisioner_audit_stream_errors",
         "counter",
         "How many attempts to open the audit stream or store a record in it failed",
+    ),
+    (
+        "choria_provisioner_audit_write_errors",
+        "counter",
+        "How many batches of audit records the audit file could not take",
     ),
     (
         "choria_provisioner_busy_workers",
@@ -386,6 +394,7 @@ impl Metrics {
             active_replicas: Gauge::default(),
             audit_dropped: Counter::default(),
             audit_stream_errors: Counter::default(),
+            audit_write_errors: Counter::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -527,6 +536,9 @@ impl Metrics {
                 }
                 "choria_provisioner_audit_stream_errors" => {
                     plain(self.audit_stream_errors.get().to_string(), &mut out)
+                }
+                "choria_provisioner_audit_write_errors" => {
+                    plain(self.audit_write_errors.get().to_string(), &mut out)
                 }
                 "choria_provisioner_policy_denied" => {
                     plain(self.policy_denied.get().to_string(), &mut out)

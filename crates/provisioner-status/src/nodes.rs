@@ -612,6 +612,7 @@ mod tests {
             issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::from_millis(5),
+            answered: true,
         }
     }
 

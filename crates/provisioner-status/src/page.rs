@@ -272,6 +272,7 @@ mod tests {
             issued: Issued::default(),
             upgrade: None,
             elapsed: Duration::ZERO,
+            answered: true,
         };
         let now = crate::nodes::now_ms();
         nodes.record_at(id, &NodeEvent::Finished(&v), now);

@@ -12,6 +12,14 @@
 //! attempts are counted in `choria_provisioner_audit_stream_errors`. A record holds the
 //! identity, the decision, the step and cause, the helper's message, and what the node was
 //! given by serial, fingerprint or token id: never a certificate, key, token or JWT.
+//!
+//! A cycle that ended without the node ever answering (nothing serves the name, it never
+//! replied, it waited too long in the queue) decided nothing about a node that may not exist,
+//! and anyone with a provisioning JWT can announce such nodes by the hundred thousand: those are
+//! counted per state, step and source and written as one summary record per kind every
+//! [`SUMMARY_EVERY`], so a flood costs a bounded number of lines. A batch the file cannot take
+//! (a full disk) is cut back to the last whole line, counted in
+//! `choria_provisioner_audit_write_errors` and logged at most once a minute.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -25,7 +33,6 @@ use provision_core::{NodeEvent, Observer, Verdict};
 use provisioner_metrics::Metrics;
 use provisioner_status::nodes::issued_json;
 use serde_json::json;
-use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +50,11 @@ pub const RETRY_MAX: Duration = Duration::from_secs(30);
 const BATCH: usize = 512;
 /// At most one log line per this interval about dropped or unwritten records.
 const LOG_EVERY: Duration = Duration::from_secs(60);
+/// How often the cycles that reached no decision are written as one summary record per kind.
+pub const SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
+/// Cycles that reached no decision, by (state, step, source), since the last summary.
+type Undecided = Mutex<std::collections::BTreeMap<(&'static str, &'static str, &'static str), u64>>;
 
 /// One record waiting to be written: the node and its JSON line (with its newline).
 struct Line {
@@ -57,6 +69,7 @@ pub struct Audit {
     site: String,
     metrics: Arc<Metrics>,
     last_drop_log: Mutex<Option<Instant>>,
+    undecided: Arc<Undecided>,
 }
 
 /// The writer side, run by [`Writer::run`].
@@ -66,6 +79,9 @@ pub struct Writer {
     stream: Option<StreamSink>,
     metrics: Arc<Metrics>,
     last_error: Option<Instant>,
+    undecided: Arc<Undecided>,
+    provisioner: String,
+    site: String,
 }
 
 /// Where the stream is opened from: its name and the provisioner's connection.
@@ -74,6 +90,8 @@ pub struct StreamTarget {
     pub name: String,
     /// The connection it is reached over.
     pub client: RpcClient,
+    /// What a stream created here keeps.
+    pub limits: crate::audit_stream::StreamLimits,
 }
 
 /// The audit trail as configured: `Audit` for the observer, `Writer` when a destination is set.
@@ -97,12 +115,14 @@ fn channel_sized(
 ) -> (Audit, Option<Writer>) {
     let on = file.is_some() || stream.is_some();
     let (tx, rx) = mpsc::channel(queue);
+    let undecided = Arc::new(Undecided::default());
     let audit = Audit {
         tx: on.then_some(tx),
         provisioner: provisioner.to_string(),
         site: site.to_string(),
         metrics: Arc::clone(&metrics),
         last_drop_log: Mutex::new(None),
+        undecided: Arc::clone(&undecided),
     };
     let stream = stream.map(|t| StreamSink {
         target: t,
@@ -120,6 +140,9 @@ fn channel_sized(
             stream,
             metrics,
             last_error: None,
+            undecided,
+            provisioner: provisioner.to_string(),
+            site: site.to_string(),
         }),
     )
 }
@@ -160,6 +183,15 @@ impl Observer for Audit {
         let (Some(tx), NodeEvent::Finished(v)) = (&self.tx, event) else {
             return;
         };
+        if !v.answered {
+            // Summed up by the writer: a flood of announced names costs a few lines.
+            let mut u = self.undecided.lock().unwrap_or_else(|e| e.into_inner());
+            let n = u
+                .entry((v.state.label(), v.step, v.source.name()))
+                .or_insert(0);
+            *n = n.saturating_add(1);
+            return;
+        }
         let mut json = record(
             &self.provisioner,
             &self.site,
@@ -194,7 +226,7 @@ impl Observer for Audit {
 /// `audit_file`, opened for appending; reopened when logrotate has moved it.
 pub struct AuditFile {
     path: PathBuf,
-    file: tokio::fs::File,
+    file: Arc<std::fs::File>,
     inode: u64,
 }
 
@@ -214,7 +246,7 @@ impl AuditFile {
             .ino();
         Ok(AuditFile {
             path: path.to_path_buf(),
-            file: tokio::fs::File::from_std(file),
+            file: Arc::new(file),
             inode,
         })
     }
@@ -233,16 +265,26 @@ impl AuditFile {
         Ok(())
     }
 
-    async fn append(&mut self, bytes: &[u8]) -> Result<(), Error> {
+    /// Appends whole lines and syncs them, off the async workers; a write that fails part way
+    /// (a full disk) is cut back to where it started, so the file never ends in part of a line.
+    async fn append(&mut self, bytes: Vec<u8>) -> Result<(), Error> {
+        use std::io::Write as _;
         self.follow_rotation().await?;
-        self.file
-            .write_all(bytes)
-            .await
-            .map_err(|e| Error::file("append to", "audit_file", &self.path, e))?;
-        self.file
-            .sync_data()
-            .await
-            .map_err(|e| Error::file("fsync", "audit_file", &self.path, e))
+        let file = Arc::clone(&self.file);
+        let done = tokio::task::spawn_blocking(move || {
+            let before = file.metadata()?.len();
+            let written = (&*file).write_all(&bytes).and_then(|()| file.sync_data());
+            if let Err(e) = written {
+                // Whatever part of the batch reached the file is removed; it is counted lost.
+                let _ = file.set_len(before);
+                let _ = file.sync_data();
+                return Err(e);
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        done.map_err(|e| Error::file("append to", "audit_file", &self.path, e))
     }
 }
 
@@ -252,12 +294,19 @@ impl Writer {
     /// is opened here, and tried again while records wait for it.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut summary = tokio::time::interval_at(Instant::now() + SUMMARY_EVERY, SUMMARY_EVERY);
+        summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let wake = self.stream.as_ref().and_then(StreamSink::wake_at);
             let n = tokio::select! {
                 n = self.rx.recv_many(&mut batch, BATCH) => n,
                 _ = sleep_until(wake), if wake.is_some() => {
                     self.flush_stream(false).await;
+                    continue;
+                }
+                _ = summary.tick() => {
+                    self.summarise(&mut batch);
+                    self.write(&mut batch).await;
                     continue;
                 }
                 _ = stop.cancelled() => {
@@ -267,16 +316,47 @@ impl Writer {
                             self.write(&mut batch).await;
                         }
                     }
+                    self.summarise(&mut batch);
                     self.write(&mut batch).await;
                     self.finish().await;
                     return;
                 }
             };
             if n == 0 {
+                self.summarise(&mut batch);
+                self.write(&mut batch).await;
                 self.finish().await;
                 return;
             }
             self.write(&mut batch).await;
+        }
+    }
+
+    /// One record per kind of cycle that reached no decision since the last summary, with its
+    /// count; nothing when there were none.
+    fn summarise(&mut self, batch: &mut Vec<Line>) {
+        let counts = std::mem::take(&mut *self.undecided.lock().unwrap_or_else(|e| e.into_inner()));
+        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        for ((state, step, found_by), count) in counts {
+            let mut json = json!({
+                "time": time,
+                "provisioner": self.provisioner,
+                "site": self.site,
+                "decision": "undecided",
+                "state": state,
+                "step": step,
+                "found_by": found_by,
+                "count": count,
+                "window_seconds": SUMMARY_EVERY.as_secs(),
+                "cause": "the node never answered: nothing was decided about it",
+            })
+            .to_string()
+            .into_bytes();
+            json.push(b'\n');
+            batch.push(Line {
+                identity: String::new(),
+                json,
+            });
         }
     }
 
@@ -293,7 +373,8 @@ impl Writer {
         }
         if let Some(f) = &mut self.file {
             let bytes: Vec<u8> = batch.iter().flat_map(|l| l.json.iter().copied()).collect();
-            if let Err(e) = f.append(&bytes).await {
+            if let Err(e) = f.append(bytes).await {
+                self.metrics.audit_write_errors.inc();
                 let what = format!(
                     "{} record(s) not written: {}",
                     batch.len(),
@@ -337,7 +418,13 @@ impl Writer {
         }
         let stream = match &s.open {
             Some(open) => open.clone(),
-            None => match AuditStream::open(s.target.client.nats().clone(), &s.target.name).await {
+            None => match AuditStream::open(
+                s.target.client.nats().clone(),
+                &s.target.name,
+                s.target.limits,
+            )
+            .await
+            {
                 Ok(open) => {
                     info!(
                         "audit: publishing decisions to stream {} through {}{}",
@@ -525,6 +612,7 @@ mod tests {
             issued: provision_core::Issued::default(),
             upgrade: None,
             elapsed: Duration::from_millis(5),
+            answered: true,
         };
         for n in 0..10 {
             audit.node_event(&format!("n{n}.example.net"), &NodeEvent::Finished(&v));

@@ -61,11 +61,35 @@ impl std::fmt::Debug for AuditStream {
     }
 }
 
-fn stream_config(name: &str) -> jetstream::stream::Config {
+/// How much of the audit trail the stream keeps: records older than `max_age` or beyond
+/// `max_bytes` are discarded, oldest first, so the stream cannot fill the server's storage that
+/// the election and claims buckets share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// `audit_stream_max_age`.
+    pub max_age: Duration,
+    /// `audit_stream_max_bytes`.
+    pub max_bytes: u64,
+}
+
+impl Default for StreamLimits {
+    /// 30 days and 1 GiB.
+    fn default() -> Self {
+        StreamLimits {
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            max_bytes: 1 << 30,
+        }
+    }
+}
+
+fn stream_config(name: &str, limits: StreamLimits) -> jetstream::stream::Config {
     jetstream::stream::Config {
         name: name.to_string(),
         subjects: vec![AUDIT_SUBJECT.to_string()],
         storage: jetstream::stream::StorageType::File,
+        max_age: limits.max_age,
+        max_bytes: i64::try_from(limits.max_bytes).unwrap_or(i64::MAX),
+        discard: jetstream::stream::DiscardPolicy::Old,
         ..Default::default()
     }
 }
@@ -73,15 +97,34 @@ fn stream_config(name: &str) -> jetstream::stream::Config {
 impl AuditStream {
     /// Opens (or creates) `stream` through the `choria.streams` import, else the account's own
     /// JetStream (any failure through the import tries the account's own).
-    pub async fn open(client: async_nats::Client, stream: &str) -> Result<AuditStream, AuditError> {
+    ///
+    /// A stream created here gets `limits`; an existing one is left as its operator made it,
+    /// with a warning when it keeps records for ever.
+    pub async fn open(
+        client: async_nats::Client,
+        stream: &str,
+        limits: StreamLimits,
+    ) -> Result<AuditStream, AuditError> {
         let probe = first_answering(
             |api| {
                 let js = api.context(client.clone(), AUDIT_TIMEOUT);
                 async move {
-                    js.get_or_create_stream(stream_config(stream))
+                    let found = js
+                        .get_or_create_stream(stream_config(stream, limits))
                         .await
-                        .map(|_| js)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string())?;
+                    let c = &found.cached_info().config;
+                    if c.max_age.is_zero() && c.max_bytes <= 0 && c.max_messages <= 0 {
+                        tracing::warn!(
+                            "audit: stream {stream} keeps every record for ever and can fill the \
+                             server's storage, which the election and claims buckets share: give \
+                             it limits, e.g. nats stream edit {stream} --max-age {}s --max-bytes {} \
+                             --discard old",
+                            limits.max_age.as_secs(),
+                            limits.max_bytes
+                        );
+                    }
+                    Ok::<_, String>(js)
                 }
             },
             |_| true,

@@ -109,6 +109,9 @@ pub struct Config {
     pub audit_file: String,
     /// `audit_stream`: the JetStream stream the same lines are published to; empty means none.
     pub audit_stream: String,
+    /// `audit_stream_max_age` and `audit_stream_max_bytes`: what a stream the provisioner
+    /// creates keeps (30 days and 1 GiB by default), the oldest records discarded first.
+    pub audit_stream_limits: crate::audit_stream::StreamLimits,
     /// The file this was loaded from.
     pub file: PathBuf,
 }
@@ -176,6 +179,7 @@ impl std::fmt::Debug for Config {
             monitor_hostnames,
             audit_file,
             audit_stream,
+            audit_stream_limits,
             file,
         } = self;
         f.debug_struct("Config")
@@ -213,6 +217,7 @@ impl std::fmt::Debug for Config {
             .field("monitor_hostnames", monitor_hostnames)
             .field("audit_file", audit_file)
             .field("audit_stream", audit_stream)
+            .field("audit_stream_limits", audit_stream_limits)
             .field("file", file)
             .finish()
     }
@@ -361,6 +366,9 @@ pub enum ConfigError {
     /// `monitor_address` is not an IP address.
     #[error("invalid monitor_address {0:?}: it must be an IPv4 or IPv6 address, for example 127.0.0.1 or ::1")]
     MonitorAddress(String),
+    /// An audit stream limit of zero would keep nothing.
+    #[error("{0} must be more than zero")]
+    AuditStreamLimit(&'static str),
     /// Only one of `monitor_tls_cert` and `monitor_tls_key` is set.
     #[error(
         "monitor_tls_cert and monitor_tls_key go together: set both, or neither for plain HTTP"
@@ -468,6 +476,8 @@ struct RawConfig {
     monitor_hostnames: Vec<String>,
     audit_file: String,
     audit_stream: String,
+    audit_stream_max_age: String,
+    audit_stream_max_bytes: u64,
 }
 
 const fn field(name: &'static str, kind: Kind) -> Field {
@@ -484,7 +494,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 41] = [
+const FIELDS: [Field; 43] = [
     field(
         "workers",
         Kind::Int {
@@ -553,6 +563,13 @@ const FIELDS: [Field; 41] = [
     field("monitor_hostnames", Kind::StrList),
     field("audit_file", Kind::Str),
     field("audit_stream", Kind::Str),
+    field("audit_stream_max_age", Kind::Str),
+    field(
+        "audit_stream_max_bytes",
+        Kind::Int {
+            max: i64::MAX as u64,
+        },
+    ),
 ];
 
 impl RawConfig {
@@ -629,6 +646,8 @@ impl RawConfig {
             },
             audit_file: text("audit_file"),
             audit_stream: text("audit_stream"),
+            audit_stream_max_age: text("audit_stream_max_age"),
+            audit_stream_max_bytes: int("audit_stream_max_bytes"),
         }
     }
 }
@@ -879,6 +898,32 @@ impl Config {
         }) {
             errors.push(ConfigError::MonitorHostname(bad.clone()));
         }
+        let defaults = crate::audit_stream::StreamLimits::default();
+        let audit_stream_limits = crate::audit_stream::StreamLimits {
+            max_age: if raw.audit_stream_max_age.trim().is_empty() {
+                defaults.max_age
+            } else {
+                match parse_duration(raw.audit_stream_max_age.trim()) {
+                    Ok(d) if !d.is_zero() => d,
+                    Ok(_) => {
+                        errors.push(ConfigError::AuditStreamLimit("audit_stream_max_age"));
+                        defaults.max_age
+                    }
+                    Err(reason) => {
+                        errors.push(ConfigError::Duration {
+                            key: "audit_stream_max_age",
+                            value: raw.audit_stream_max_age.clone(),
+                            reason,
+                        });
+                        defaults.max_age
+                    }
+                }
+            },
+            max_bytes: match raw.audit_stream_max_bytes {
+                0 => defaults.max_bytes,
+                n => n,
+            },
+        };
         let audit_stream = raw.audit_stream.trim().to_string();
         if audit_stream
             .chars()
@@ -929,6 +974,7 @@ impl Config {
             monitor_hostnames,
             audit_file: raw.audit_file.trim().to_string(),
             audit_stream,
+            audit_stream_limits,
             file: path.to_path_buf(),
         };
         (config, errors)

@@ -349,6 +349,7 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
     let stream = (!config.audit_stream.is_empty()).then(|| crate::audit::StreamTarget {
         name: config.audit_stream.clone(),
         client: client.clone(),
+        limits: config.audit_stream_limits,
     });
     let (audit, audit_writer) = crate::audit::channel(
         &choria.identity,

@@ -851,8 +851,10 @@ fn status_plan(cfg: &Config) -> String {
     } else {
         format!(
             "{} (subject choria.provisioner.audit; opened after connecting, tried again while it \
-             cannot be reached)",
-            cfg.audit_stream
+             cannot be reached; created keeping {} and {} bytes, the oldest records discarded)",
+            cfg.audit_stream,
+            duration(cfg.audit_stream_limits.max_age),
+            cfg.audit_stream_limits.max_bytes
         )
     };
     format!(
