@@ -16,7 +16,11 @@ use anyhow::{bail, Context, Result};
 
 use crate::tools::{root, run, which};
 
+mod fleet;
 mod go_deploy;
+mod maint;
+mod sandbox;
+mod unit_security;
 
 const NAME: &str = "choria-provisioner";
 const HOMEPAGE: &str = "https://github.com/choria-io/provisioner-rs";
@@ -24,12 +28,20 @@ const MAINTAINER_EMAIL: &str = "choria-provisioner@choria.io";
 
 /// The RPM epoch. The Go provisioner's RPMs, also named `choria-provisioner`, carry no epoch and
 /// versions up to 0.16.0: with epoch 1 every version of ours is newer than every one of theirs,
-/// so installing ours replaces theirs in place and their repository never replaces ours. (The Go
-/// provisioner has no Debian package, so the Debian version needs no epoch.)
+/// so installing ours replaces theirs in place and their repository never replaces ours; going
+/// back to a Go release is a downgrade (`dnf downgrade`, `rpm -U --oldpackage`), which the
+/// install test performs. (The Go provisioner has no Debian package, so the Debian version needs
+/// no epoch.)
 const RPM_EPOCH: &str = "1";
 
 /// The Go package's log file: named by copied configurations, writable under our unit.
 const GO_LOG: &str = "/var/log/choria-provisioner.log";
+
+/// The service account and its group, made by the packages from the sysusers.d file.
+const SERVICE_USER: &str = "choria-provisioner";
+
+/// The line of the maintainer scripts replaced by packaging/maintainer-functions.sh.
+const FUNCTIONS_MARKER: &str = "@MAINTAINER_FUNCTIONS@";
 
 /// What the packages install, relative to `/`: path, mode, whether it is configuration.
 const LAYOUT: &[(&str, u32, bool)] = &[
@@ -47,6 +59,12 @@ const LAYOUT: &[(&str, u32, bool)] = &[
         false,
     ),
     ("usr/lib/tmpfiles.d/choria-provisioner.conf", 0o644, false),
+    ("usr/lib/sysusers.d/choria-provisioner.conf", 0o644, false),
+    (
+        "usr/share/choria-provisioner/systemd/run-as-root.conf",
+        0o644,
+        false,
+    ),
     (
         "usr/share/choria-provisioner/examples/helper-plain.py",
         0o755,
@@ -97,7 +115,9 @@ pub struct Args {
     /// List and check every package's contents and metadata, systemd-analyze the unit.
     #[arg(long)]
     verify: bool,
-    /// (root, dpkg) Install the .deb, run --version and check from it, then purge it.
+    /// (root, dpkg) Install the .deb and test it as installed: the service account, owners
+    /// and modes, check and a simulated fleet as the unit runs the daemon, the upgrade decision,
+    /// a Go deployment's migration; then purge it, and replace a Go-style RPM and back.
     #[arg(long)]
     install_test: bool,
 }
@@ -206,9 +226,35 @@ pub fn main(args: Args) -> Result<()> {
         // A binary built earlier (`--no-build`) carries whatever version and commit it was built
         // with; only a build from this run is held to them.
         let expect = o.build.then_some((o.version.as_str(), commit.as_str()));
-        install_test(&files.deb, &files.rpm, &out, expect)?;
+        let bins = fleet_binaries(&root, o.build)?;
+        install_test(&files.deb, &files.rpm, &out, expect, bins.as_deref())?;
     }
     Ok(())
+}
+
+/// The fleet simulator and the demo helper the install test provisions a fleet with: built in
+/// release after the packages (a separate build, so the packaged binary is never rebuilt with
+/// their features), or with `--no-build` whatever release build is there.
+fn fleet_binaries(root: &Path, build: bool) -> Result<Option<PathBuf>> {
+    let dir = target_dir(root).join("release");
+    if build {
+        println!("dist: release build of the fleet simulator and the demo helper");
+        run(Command::new(cargo())
+            .current_dir(root)
+            .env_remove("CARGO_MANIFEST_DIR")
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "choria-fleet-sim",
+                "-p",
+                "choria-demo-helper",
+            ]))?;
+    }
+    let ok = ["choria-fleet-sim", "choria-demo-helper"]
+        .iter()
+        .all(|b| dir.join(b).is_file());
+    Ok(ok.then_some(dir))
 }
 
 struct Packages {
@@ -305,6 +351,12 @@ fn source_of(root: &Path, binary: &Path, dest: &str) -> PathBuf {
         "usr/lib/tmpfiles.d/choria-provisioner.conf" => {
             root.join("packaging/choria-provisioner.tmpfiles")
         }
+        "usr/lib/sysusers.d/choria-provisioner.conf" => {
+            root.join("packaging/choria-provisioner.sysusers")
+        }
+        "usr/share/choria-provisioner/systemd/run-as-root.conf" => {
+            root.join("packaging/run-as-root.conf")
+        }
         d if d.starts_with("etc/choria-provisioner/") || d.ends_with(".service") => {
             root.join("packaging").join(file)
         }
@@ -383,13 +435,22 @@ fn build_deb(root: &Path, stage: &Path, o: &Options, out: &Path, deb: &Path) -> 
     run(Command::new("cp").arg("-a").arg(stage).arg(&tree))?;
     let control_dir = tree.join("DEBIAN");
     fs::create_dir_all(&control_dir)?;
-    for script in ["postinst", "prerm", "postrm"] {
+    for script in ["prerm", "postrm"] {
         install_file(
             &root.join("packaging/debian").join(script),
             &control_dir.join(script),
             0o755,
         )?;
     }
+    let postinst = with_functions(
+        root,
+        &fs::read_to_string(root.join("packaging/debian/postinst.in"))?,
+    )?;
+    fs::write(control_dir.join("postinst"), postinst)?;
+    fs::set_permissions(
+        control_dir.join("postinst"),
+        fs::Permissions::from_mode(0o755),
+    )?;
     install_file(
         &root.join("packaging/debian/conffiles"),
         &control_dir.join("conffiles"),
@@ -446,13 +507,17 @@ fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> 
         fs::remove_dir_all(&top)?;
     }
     fs::create_dir_all(top.join("SPECS"))?;
-    let spec = fs::read_to_string(root.join("packaging/rpm/choria-provisioner.spec.in"))?
-        .replace("@RPM_EPOCH@", RPM_EPOCH)
-        .replace("@RPM_VERSION@", &o.version)
-        .replace("@RPM_RELEASE@", &o.release)
-        .replace("@RPM_ARCH@", rpm_arch()?)
-        .replace("@HOMEPAGE@", HOMEPAGE)
-        .replace("@STAGE@", &stage.to_string_lossy());
+    let spec = with_functions(
+        root,
+        &fs::read_to_string(root.join("packaging/rpm/choria-provisioner.spec.in"))?,
+    )?
+    .replace("@SYSUSERS_LINE@", &sysusers_line(root)?)
+    .replace("@RPM_EPOCH@", RPM_EPOCH)
+    .replace("@RPM_VERSION@", &o.version)
+    .replace("@RPM_RELEASE@", &o.release)
+    .replace("@RPM_ARCH@", rpm_arch()?)
+    .replace("@HOMEPAGE@", HOMEPAGE)
+    .replace("@STAGE@", &stage.to_string_lossy());
     let spec_file = top.join("SPECS").join(format!("{NAME}.spec"));
     fs::write(&spec_file, spec)?;
     run(&mut rpmbuild(
@@ -466,6 +531,61 @@ fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> 
     fs::rename(&built, rpm)
         .with_context(|| format!("cannot move {} to {}", built.display(), rpm.display()))?;
     Ok(())
+}
+
+/// The shared shell functions of the maintainer scripts (packaging/maintainer-functions.sh).
+fn maintainer_functions(root: &Path) -> Result<String> {
+    let path = root.join("packaging/maintainer-functions.sh");
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    // rpm expands macros in scriptlets, so a percent sign would not reach the shell as written.
+    if text.contains('%') {
+        bail!(
+            "{} holds a percent sign, which rpm would expand",
+            path.display()
+        );
+    }
+    Ok(text.trim_end().to_string())
+}
+
+/// `script` with each line that is [`FUNCTIONS_MARKER`] alone replaced by the shared functions.
+fn with_functions(root: &Path, script: &str) -> Result<String> {
+    let functions = maintainer_functions(root)?;
+    if !script.lines().any(|l| l.trim() == FUNCTIONS_MARKER) {
+        bail!("a maintainer script template has no {FUNCTIONS_MARKER} line");
+    }
+    let mut out = String::new();
+    for line in script.lines() {
+        if line.trim() == FUNCTIONS_MARKER {
+            out.push_str(&functions);
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The one entry of packaging/choria-provisioner.sysusers, which the RPM's pre-install scriptlet
+/// hands to systemd-sysusers before the file itself is unpacked.
+fn sysusers_line(root: &Path) -> Result<String> {
+    let path = root.join("packaging/choria-provisioner.sysusers");
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    match lines.as_slice() {
+        [line] if line.starts_with(&format!("u {SERVICE_USER} ")) && !line.contains('\'') => {
+            Ok(line.to_string())
+        }
+        _ => bail!(
+            "{} should hold one `u {SERVICE_USER} ...` line without single quotes, holds {lines:?}",
+            path.display()
+        ),
+    }
 }
 
 fn write_checksums(out: &Path, files: &Packages) -> Result<()> {
@@ -656,50 +776,249 @@ fn verify(stage: &Path, files: &Packages) -> Result<()> {
     }
     println!("ok: rpm epoch {RPM_EPOCH}, {GO_LOG} owned as %ghost");
 
+    // Owners and modes the RPM installs with (the .deb's files are root's, its postinst gives
+    // the configuration to the account's group).
+    let owners = capture(
+        Command::new("rpm")
+            .args([
+                "-qp",
+                "--queryformat",
+                "[%{FILENAMES} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEMODES:octal}\\n]",
+            ])
+            .arg(&files.rpm),
+    )?;
+    let service = format!("{SERVICE_USER} {SERVICE_USER}");
+    for (path, owner, mode) in [
+        ("/etc/choria-provisioner", "root choria-provisioner", "0750"),
+        (
+            "/etc/choria-provisioner/choria-provisioner.yaml",
+            "root choria-provisioner",
+            "0640",
+        ),
+        (
+            "/etc/choria-provisioner/choria.cfg",
+            "root choria-provisioner",
+            "0640",
+        ),
+        (GO_LOG, service.as_str(), "0660"),
+    ] {
+        let line = owners
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(path))
+            .with_context(|| format!("rpm: {path} is not in the package"))?;
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let got_mode = f.get(3).map(|m| &m[m.len().saturating_sub(4)..]);
+        if f.get(1..3).map(|o| o.join(" ")).as_deref() != Some(owner) || got_mode != Some(mode) {
+            bail!("rpm: {line}: expected {owner} {mode}");
+        }
+    }
+    println!("ok: rpm owners: the configuration root:{SERVICE_USER} (0750, 0640), {GO_LOG} the account's");
+    verify_scripts(files)?;
+
     // The systemd unit.
     verify_unit(stage)?;
 
     // The logrotate file, where logrotate is installed.
-    match which("logrotate") {
-        Ok(lr) => {
-            let state = std::env::temp_dir().join("choria-provisioner-logrotate.state");
-            let o = Command::new(lr)
-                .arg("--debug")
-                .arg("--state")
-                .arg(&state)
-                .arg(stage.join("etc/logrotate.d/choria-provisioner"))
-                .output()?;
-            let text = String::from_utf8_lossy(&o.stderr);
-            if !o.status.success() || text.contains("error:") {
-                bail!("logrotate --debug rejects the logrotate file:\n{text}");
-            }
-            println!("ok: logrotate --debug accepts the logrotate file");
-        }
-        Err(_) => {
-            println!("skipped: logrotate is not installed, the logrotate file is not checked")
-        }
+    logrotate_accepts(&stage.join("etc/logrotate.d/choria-provisioner"))
+}
+
+/// `logrotate --debug FILE` reports no error. logrotate looks up the users its `su` lines name,
+/// so where the service account does not exist (a build host) a copy naming root is read and
+/// the account is checked by the install test.
+fn logrotate_accepts(file: &Path) -> Result<()> {
+    let Ok(lr) = which("logrotate") else {
+        println!("skipped: logrotate is not installed, the logrotate file is not checked");
+        return Ok(());
+    };
+    let account = Command::new("getent")
+        .args(["passwd", SERVICE_USER])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let dir = std::env::temp_dir().join(format!("dist-logrotate-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let checked = if account {
+        file.to_path_buf()
+    } else {
+        let copy = dir.join("choria-provisioner");
+        let text = fs::read_to_string(file)?
+            .replace(&format!("su {SERVICE_USER} {SERVICE_USER}"), "su root root");
+        fs::write(&copy, text)?;
+        copy
+    };
+    let o = Command::new(lr)
+        .arg("--debug")
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg(&checked)
+        .output();
+    let _ = fs::remove_dir_all(&dir);
+    let o = o?;
+    let text = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() || text.contains("error:") {
+        bail!("logrotate --debug rejects {}:\n{text}", file.display());
+    }
+    if account {
+        println!("ok: logrotate --debug accepts {}", file.display());
+    } else {
+        println!(
+            "ok: logrotate --debug accepts {} (its su lines read as root: no {SERVICE_USER} \
+             account here)",
+            file.display()
+        );
     }
     Ok(())
 }
 
-/// `systemd-analyze verify` of the staged unit. systemd 252 checks that `ExecStart` is an
-/// executable, so a copy of the unit pointing at the staged binary is verified; the install test
-/// verifies the installed unit as it is.
+/// Every maintainer script parses (`sh -n`), and those that make the account and restart the
+/// service hold the shared functions exactly as written (rpm expands macros in scriptlets).
+fn verify_scripts(files: &Packages) -> Result<()> {
+    let functions = maintainer_functions(&crate::tools::root())?;
+    let parses = |what: &str, script: &str| -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("dist-scripts-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let file = dir.join("script");
+        fs::write(&file, script)?;
+        let o = Command::new("sh").arg("-n").arg(&file).output()?;
+        let _ = fs::remove_dir_all(&dir);
+        if !o.status.success() {
+            bail!(
+                "{what} does not parse: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(())
+    };
+    let holds_functions = |what: &str, script: &str| -> Result<()> {
+        for line in functions.lines().filter(|l| !l.trim().is_empty()) {
+            if !script.lines().any(|s| s == line) {
+                bail!("{what} lacks the maintainer function line {line:?}");
+            }
+        }
+        Ok(())
+    };
+    for (tag, shared) in [
+        ("PREIN", true),
+        ("POSTIN", true),
+        ("PREUN", false),
+        ("POSTUN", false),
+    ] {
+        let script = capture(
+            Command::new("rpm")
+                .args(["-qp", "--queryformat", &format!("%{{{tag}}}")])
+                .arg(&files.rpm),
+        )?;
+        let what = format!("the rpm's {tag} scriptlet");
+        parses(&what, &script)?;
+        if shared {
+            holds_functions(&what, &script)?;
+        }
+    }
+    let control = std::env::temp_dir().join(format!("dist-control-{}", std::process::id()));
+    if control.exists() {
+        fs::remove_dir_all(&control)?;
+    }
+    run(Command::new("dpkg-deb")
+        .arg("-e")
+        .arg(&files.deb)
+        .arg(&control))?;
+    let result = (|| -> Result<()> {
+        for script in ["postinst", "prerm", "postrm"] {
+            let text = fs::read_to_string(control.join(script))?;
+            let what = format!("the deb's {script}");
+            parses(&what, &text)?;
+            if script == "postinst" {
+                holds_functions(&what, &text)?;
+            }
+        }
+        Ok(())
+    })();
+    let _ = fs::remove_dir_all(&control);
+    result?;
+    println!("ok: the maintainer scripts parse and hold the shared functions as written");
+    Ok(())
+}
+
+/// `systemd-analyze verify` of the staged unit, alone and with the run-as-root drop-in, and its
+/// security: a service account, never root, and an exposure of at most 1.0
+/// ([`unit_security`]). systemd 252 checks that `ExecStart` is an executable, so copies of the
+/// unit pointing at the staged binary are verified; the install test verifies the installed unit
+/// as it is.
 fn verify_unit(stage: &Path) -> Result<()> {
     let unit = stage.join("usr/lib/systemd/system/choria-provisioner.service");
     let staged_bin = stage.join("usr/sbin/choria-provisioner");
-    let dir = stage
+    let text = fs::read_to_string(&unit)?;
+    let user = unit_security::service_user(&text).map_err(anyhow::Error::msg)?;
+    if user != SERVICE_USER {
+        bail!("the unit runs as {user:?}, not the packages' account {SERVICE_USER}");
+    }
+    println!("ok: the unit runs as {SERVICE_USER}");
+    let check_dir = stage
         .parent()
         .context("stage without a parent")?
         .join("unit-check");
-    fs::create_dir_all(&dir)?;
-    let copy = dir.join("choria-provisioner.service");
-    let text = fs::read_to_string(&unit)?.replace(
+    let text = text.replace(
         "/usr/sbin/choria-provisioner",
         &staged_bin.to_string_lossy(),
     );
-    fs::write(&copy, text)?;
-    analyze_unit(&copy)
+    let mut scores = Vec::new();
+    for with_root in [false, true] {
+        let dir = check_dir.join(if with_root { "run-as-root" } else { "unit" });
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        fs::create_dir_all(&dir)?;
+        let copy = dir.join("choria-provisioner.service");
+        fs::write(&copy, &text)?;
+        if with_root {
+            let d = dir.join("choria-provisioner.service.d");
+            fs::create_dir_all(&d)?;
+            fs::copy(
+                stage.join("usr/share/choria-provisioner/systemd/run-as-root.conf"),
+                d.join("run-as-root.conf"),
+            )?;
+        }
+        analyze_unit(&copy)?;
+        scores.push(unit_exposure(&copy)?);
+    }
+    if let [Some(unit), Some(root)] = scores.as_slice() {
+        if *unit > unit_security::MAX_EXPOSURE_TENTHS {
+            bail!(
+                "systemd-analyze security rates the unit {}, above {}",
+                unit_security::format_tenths(*unit),
+                unit_security::format_tenths(unit_security::MAX_EXPOSURE_TENTHS)
+            );
+        }
+        println!(
+            "ok: systemd-analyze security --offline=true rates the unit {} (at most {}), {} \
+             with the run-as-root drop-in",
+            unit_security::format_tenths(*unit),
+            unit_security::format_tenths(unit_security::MAX_EXPOSURE_TENTHS),
+            unit_security::format_tenths(*root)
+        );
+    }
+    Ok(())
+}
+
+/// `systemd-analyze security --offline=true` of `unit` (drop-ins beside it included), printed;
+/// `None` when no systemd-analyze here can score a unit file.
+fn unit_exposure(unit: &Path) -> Result<Option<u32>> {
+    let Ok(analyze) = which("systemd-analyze") else {
+        println!("skipped: systemd-analyze is not installed, the unit's exposure is not scored");
+        return Ok(None);
+    };
+    match unit_security::exposure(&analyze, unit).map_err(anyhow::Error::msg)? {
+        Ok((tenths, report)) => {
+            section(
+                &format!("systemd-analyze security --offline=true {}", unit.display()),
+                &report,
+            );
+            Ok(Some(tenths))
+        }
+        Err(why) => {
+            println!("skipped: {why}, the unit's exposure is not scored");
+            Ok(None)
+        }
+    }
 }
 
 /// Runs `systemd-analyze verify` on `unit`; any line naming the unit is a problem (unknown
@@ -733,22 +1052,56 @@ fn mentions_unit_problem(text: &str) -> bool {
         .any(|l| l.contains("choria-provisioner.service"))
 }
 
-/// Installs the .deb with dpkg, runs the installed binary, installs a configuration copied from
-/// a Go deployment and runs it under the unit's credentials and file system view, upgrades over
-/// an edited configuration, then purges the package; and replaces a Go-style RPM with ours.
-fn install_test(deb: &Path, rpm: &Path, out: &Path, expect: Option<(&str, &str)>) -> Result<()> {
-    let deb_result = deb_install_test(deb, expect);
+/// Installs the .deb with dpkg and checks it as installed: the service account, ownership and
+/// modes, the installed unit, `check` as the unit runs it, the upgrade decision over a good and
+/// a refused configuration, a Go deployment through its migration, an upgrade over an edited
+/// configuration, and a simulated fleet provisioned by the package; then purges it. Then our
+/// RPM replaces a Go-style RPM, and the Go RPM replaces ours again (the rollback).
+fn install_test(
+    deb: &Path,
+    rpm: &Path,
+    out: &Path,
+    expect: Option<(&str, &str)>,
+    bins: Option<&Path>,
+) -> Result<()> {
+    let deb_result = deb_install_test(deb, rpm, expect, bins);
     // The RPM swap runs whatever the .deb test found, so one run reports both.
     let rpm_result = go_deploy::rpm_replaces_go(rpm, out);
     deb_result.and(rpm_result)
 }
 
-fn deb_install_test(deb: &Path, expect: Option<(&str, &str)>) -> Result<()> {
+fn deb_install_test(
+    deb: &Path,
+    rpm: &Path,
+    expect: Option<(&str, &str)>,
+    bins: Option<&Path>,
+) -> Result<()> {
     which("dpkg")?;
-    run(Command::new("dpkg").arg("-i").arg(deb))?;
+    let bin = Path::new("/usr/sbin/choria-provisioner");
+    let o = Command::new("dpkg").arg("-i").arg(deb).output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    section("dpkg -i (first install)", &text);
+    if !o.status.success() {
+        bail!("dpkg -i failed: {}", o.status);
+    }
     let result = installed_checks(expect)
-        .and_then(|()| go_deploy::go_deployment(Path::new("/usr/sbin/choria-provisioner")))
-        .and_then(|()| upgrade_keeps_config(deb));
+        .and_then(|()| upgrade_over_good_config(deb, rpm))
+        .and_then(|()| go_deploy::go_deployment(bin, deb, rpm))
+        .and_then(|()| upgrade_keeps_config(deb))
+        .and_then(|()| match bins {
+            Some(bins) => fleet::provision_fleet(bin, bins),
+            None => {
+                println!(
+                    "skipped: no fleet simulator and demo helper built (--no-build): no fleet \
+                     is provisioned under the unit's account"
+                );
+                Ok(())
+            }
+        });
     let purge = run(Command::new("dpkg").args(["--purge", NAME]));
     go_deploy::clean_up();
     result?;
@@ -758,42 +1111,107 @@ fn deb_install_test(deb: &Path, expect: Option<(&str, &str)>) -> Result<()> {
             bail!("dpkg --purge left {left} behind");
         }
     }
-    println!("ok: the .deb installs, runs and purges cleanly");
+    println!(
+        "ok: the .deb installs, runs and purges cleanly (the {SERVICE_USER} account stays, as \
+         Debian packages leave theirs)"
+    );
     Ok(())
 }
 
-/// Installing the package again over an edited configuration (an upgrade, for dpkg) keeps the
-/// operator's file, its owner and its mode.
-fn upgrade_keeps_config(deb: &Path) -> Result<()> {
-    let yaml = Path::new("/etc/choria-provisioner/choria-provisioner.yaml");
-    let mut text = fs::read_to_string(yaml)?;
-    text.push_str("# edited by the operator\n");
-    fs::write(yaml, &text)?;
-    run(Command::new("dpkg")
-        .args(["-i", "--force-confold"])
-        .arg(deb))?;
-    let after = fs::read_to_string(yaml)?;
-    if after != text {
+/// `stat` of `path`: owner, group, octal mode.
+fn stat(path: &str) -> Result<String> {
+    Ok(
+        capture(Command::new("stat").args(["-c", "%U %G %a"]).arg(path))
+            .with_context(|| format!("{path} does not exist"))?
+            .trim()
+            .to_string(),
+    )
+}
+
+/// The service account and the owners and modes the package leaves.
+fn account_and_ownership() -> Result<()> {
+    let passwd = capture(Command::new("getent").args(["passwd", SERVICE_USER]))
+        .with_context(|| format!("the package made no {SERVICE_USER} account"))?;
+    let f: Vec<&str> = passwd.trim().split(':').collect();
+    let uid: u32 = f.get(2).and_then(|u| u.parse().ok()).unwrap_or(u32::MAX);
+    let group = capture(Command::new("getent").args(["group", SERVICE_USER]))
+        .with_context(|| format!("the package made no {SERVICE_USER} group"))?;
+    let gid = group.split(':').nth(2).unwrap_or("");
+    let login_denied = f
+        .get(6)
+        .is_some_and(|s| s.ends_with("nologin") || s.ends_with("false"));
+    if uid == 0
+        || uid >= 1000
+        || f.get(3) != Some(&gid)
+        || f.get(5) != Some(&"/var/lib/choria-provisioner")
+        || !login_denied
+    {
         bail!(
-            "reinstalling the package replaced the edited {}",
-            yaml.display()
+            "{SERVICE_USER} should be a system account (uid below 1000) with its own group, home \
+             /var/lib/choria-provisioner and no login shell: {}",
+            passwd.trim()
         );
     }
-    let owner = capture(Command::new("stat").args(["-c", "%U %G %a"]).arg(yaml))?;
-    if owner.trim() != "root root 640" {
-        bail!(
-            "{} is {owner:?} after an upgrade, expected root root 640",
-            yaml.display()
-        );
+    println!(
+        "ok: the {SERVICE_USER} account and group exist: {}",
+        passwd.trim()
+    );
+    let service = format!("{SERVICE_USER} {SERVICE_USER}");
+    for (path, want) in [
+        ("/etc/choria-provisioner", "root choria-provisioner 750"),
+        (
+            "/etc/choria-provisioner/choria-provisioner.yaml",
+            "root choria-provisioner 640",
+        ),
+        (
+            "/etc/choria-provisioner/choria.cfg",
+            "root choria-provisioner 640",
+        ),
+        (GO_LOG, &format!("{service} 660")),
+        ("/var/lib/choria-provisioner", &format!("{service} 750")),
+        ("/var/log/choria-provisioner", &format!("{service} 755")),
+        (
+            "/usr/lib/sysusers.d/choria-provisioner.conf",
+            "root root 644",
+        ),
+        (
+            "/usr/share/choria-provisioner/systemd/run-as-root.conf",
+            "root root 644",
+        ),
+        ("/usr/sbin/choria-provisioner", "root root 755"),
+    ] {
+        let got = stat(path)?;
+        if got != want {
+            bail!("{path} is {got}, expected {want}");
+        }
+        println!("ok: {path} {got}");
     }
-    println!("ok: an upgrade keeps the edited configuration, root root 640");
     Ok(())
 }
 
 fn installed_checks(expect: Option<(&str, &str)>) -> Result<()> {
-    analyze_unit(Path::new(
-        "/usr/lib/systemd/system/choria-provisioner.service",
-    ))?;
+    let unit = Path::new("/usr/lib/systemd/system/choria-provisioner.service");
+    analyze_unit(unit)?;
+    let user =
+        unit_security::service_user(&fs::read_to_string(unit)?).map_err(anyhow::Error::msg)?;
+    if user != SERVICE_USER {
+        bail!("the installed unit runs as {user}");
+    }
+    if let Some(t) = unit_exposure(unit)? {
+        if t > unit_security::MAX_EXPOSURE_TENTHS {
+            bail!(
+                "systemd-analyze security rates the installed unit {}",
+                unit_security::format_tenths(t)
+            );
+        }
+        println!(
+            "ok: the installed unit runs as {SERVICE_USER}, exposure {}",
+            unit_security::format_tenths(t)
+        );
+    }
+    account_and_ownership()?;
+    logrotate_accepts(Path::new("/etc/logrotate.d/choria-provisioner"))?;
+
     let bin = "/usr/sbin/choria-provisioner";
     let v = capture(Command::new(bin).arg("--version"))?;
     section("installed choria-provisioner --version", &v);
@@ -813,36 +1231,53 @@ fn installed_checks(expect: Option<(&str, &str)>) -> Result<()> {
     }
 
     // The configuration the package installs is not runnable until edited (no helper at
-    // /etc/choria-provisioner/helper): check must say so and fail.
-    let o = Command::new(bin)
-        .args([
-            "check",
-            "--config",
-            "/etc/choria-provisioner/choria-provisioner.yaml",
-            "--choria-config",
-            "/etc/choria-provisioner/choria.cfg",
-        ])
+    // /etc/choria-provisioner/helper): check, as the unit runs it, must read it, say so and
+    // fail.
+    let sandbox = sandbox::Sandbox::of_unit(&[])?;
+    let o = sandbox
+        .command(
+            Path::new(bin),
+            &[
+                "check",
+                "--config",
+                "/etc/choria-provisioner/choria-provisioner.yaml",
+                "--choria-config",
+                "/etc/choria-provisioner/choria.cfg",
+            ],
+        )?
         .output()?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    section("installed check with the packaged configuration", &text);
+    section(
+        "check with the packaged configuration, as the unit runs it",
+        &text,
+    );
     if o.status.success() || !text.contains("/etc/choria-provisioner/helper") {
         bail!("check of the packaged configuration should fail naming the missing helper");
     }
-    println!("ok: check rejects the unedited packaged configuration and names the helper");
+    println!(
+        "ok: as {SERVICE_USER}, check reads the packaged configuration, rejects it and names \
+         the helper"
+    );
 
-    // A complete plain-mode configuration using the packaged sample helper: check must pass.
-    let dir = std::env::temp_dir().join(format!("choria-provisioner-dist-{}", std::process::id()));
-    fs::create_dir_all(&dir)?;
-    let result = check_complete_config(bin, &dir);
-    let _ = fs::remove_dir_all(&dir);
-    result
+    // A complete plain-mode configuration in the packaged paths, using the packaged sample
+    // helper: check, as the unit runs it, must pass.
+    check_complete_config(Path::new(bin), &sandbox)
 }
 
-fn check_complete_config(bin: &str, dir: &Path) -> Result<()> {
+/// The packaged paths' contents are replaced, their owners and modes kept, as an operator
+/// edits them.
+fn write_keeping_owner(path: &str, text: &str) -> Result<()> {
+    fs::write(path, text).with_context(|| format!("cannot write {path}"))
+}
+
+fn check_complete_config(bin: &Path, sandbox: &sandbox::Sandbox) -> Result<()> {
+    let dir = Path::new("/etc/choria-provisioner/complete");
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
     // x509 material for the client configuration's file provider.
     let ssl =
         |args: &[&str]| capture(Command::new("openssl").current_dir(dir).args(args)).map(drop);
@@ -888,10 +1323,15 @@ fn check_complete_config(bin: &str, dir: &Path) -> Result<()> {
         "-out",
         "cert.pem",
     ])?;
-    let cfg = dir.join("choria.cfg");
-    fs::write(
-        &cfg,
-        format!(
+    fs::remove_file(dir.join("ca-key.pem"))?;
+    // The client's key readable through the account's group, the rest of the directory too.
+    run(Command::new("chown")
+        .args(["-R", &format!("root:{SERVICE_USER}")])
+        .arg(dir))?;
+    run(Command::new("chmod").args(["-R", "u=rwX,g=rX,o="]).arg(dir))?;
+    write_keeping_owner(
+        "/etc/choria-provisioner/choria.cfg",
+        &format!(
             "identity = provisioner.example.net\n\
              plugin.choria.middleware_hosts = nats://127.0.0.1:4222\n\
              plugin.choria.use_srv = false\n\
@@ -902,29 +1342,84 @@ fn check_complete_config(bin: &str, dir: &Path) -> Result<()> {
             d = dir.display()
         ),
     )?;
-    let yaml = dir.join("provisioner.yaml");
-    fs::write(
-        &yaml,
-        "workers: 2\ninterval: 5m\nlogfile: stdout\nloglevel: info\n\
-         helper: /usr/share/choria-provisioner/examples/helper-plain.py\n\
-         token: s3cret\nsite: dist-test\nmonitor_port: 0\n",
+    write_keeping_owner(
+        "/etc/choria-provisioner/choria-provisioner.yaml",
+        "workers: 2\ninterval: 5m\nlogfile: /var/log/choria-provisioner/choria-provisioner.log\n\
+         loglevel: info\nhelper: /usr/share/choria-provisioner/examples/helper-plain.py\n\
+         token: s3cret\nsite: dist-test\nmonitor_port: 0\n\
+         audit_file: /var/log/choria-provisioner/audit.jsonl\n",
     )?;
-    let o = Command::new(bin)
-        .arg("check")
-        .arg("--config")
-        .arg(&yaml)
-        .arg("--choria-config")
-        .arg(&cfg)
+    let o = sandbox
+        .command(
+            bin,
+            &[
+                "check",
+                "--config",
+                "/etc/choria-provisioner/choria-provisioner.yaml",
+                "--choria-config",
+                "/etc/choria-provisioner/choria.cfg",
+            ],
+        )?
         .output()?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    section("installed check with a complete configuration", &text);
+    section(
+        "check with a complete configuration in the packaged paths, as the unit runs it",
+        &text,
+    );
     if !o.status.success() {
-        bail!("check of a complete configuration failed: {}", o.status);
+        bail!(
+            "check of a complete configuration failed as {SERVICE_USER}: {}",
+            o.status
+        );
     }
-    println!("ok: check accepts a complete configuration using the packaged sample helper");
+    println!(
+        "ok: as {SERVICE_USER}, check accepts a complete configuration in the packaged paths \
+         (the client key read through the group)"
+    );
+    Ok(())
+}
+
+/// An upgrade over the complete configuration [`check_complete_config`] left: check passes, so
+/// the running service is restarted (.deb postinst and RPM post-install).
+fn upgrade_over_good_config(deb: &Path, rpm: &Path) -> Result<()> {
+    let running = sandbox::Sandbox::of_unit(&[])?;
+    maint::deb_upgrade(deb, &running)?.restarted("the .deb over a good configuration")?;
+    maint::rpm_post_upgrade(rpm, &running)?.restarted("the RPM over a good configuration")?;
+    println!(
+        "ok: upgrading over a configuration check accepts restarts the running service (.deb \
+         postinst, RPM post-install)"
+    );
+    account_and_ownership()
+}
+
+/// Installing the package again over an edited configuration (an upgrade, for dpkg) keeps the
+/// operator's file, its owner and its mode.
+fn upgrade_keeps_config(deb: &Path) -> Result<()> {
+    let yaml = Path::new("/etc/choria-provisioner/choria-provisioner.yaml");
+    let mut text = fs::read_to_string(yaml)?;
+    text.push_str("# edited by the operator\n");
+    fs::write(yaml, &text)?;
+    run(Command::new("dpkg")
+        .args(["-i", "--force-confold"])
+        .arg(deb))?;
+    let after = fs::read_to_string(yaml)?;
+    if after != text {
+        bail!(
+            "reinstalling the package replaced the edited {}",
+            yaml.display()
+        );
+    }
+    let owner = stat(&yaml.to_string_lossy())?;
+    if owner != "root choria-provisioner 640" {
+        bail!(
+            "{} is {owner:?} after an upgrade, expected root choria-provisioner 640",
+            yaml.display()
+        );
+    }
+    println!("ok: an upgrade keeps the edited configuration, root choria-provisioner 640");
     Ok(())
 }

@@ -1,6 +1,10 @@
 //! The package swap from the Go provisioner, checked as far as it can be without systemd
-//! running: the installed unit's credentials and sandbox, a configuration copied from a Go
-//! deployment run under them, and our RPM replacing a Go-style RPM in place.
+//! running: a configuration copied from a Go deployment (root-only keys, helper and CA, the
+//! puppet provider's root.mcollective) under the installed unit's account, which `check` and the
+//! upgrade refuse; then under each way docs/service.md gives to run it (the run-as-root drop-in,
+//! group permissions with the Go certname, systemd credentials), where `check`, the helper, `run`
+//! and the upgrade succeed; and our RPM replacing a Go-style RPM in place and being replaced by
+//! it again (the rollback).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -10,147 +14,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::{capture, section, GO_LOG, NAME, RPM_EPOCH};
-use crate::tools::{run, which};
+use super::maint;
+use super::sandbox::Sandbox;
+use super::{capture, section, GO_LOG, NAME, RPM_EPOCH, SERVICE_USER};
+use crate::tools::run;
 
-const UNIT: &str = "/usr/lib/systemd/system/choria-provisioner.service";
 pub(super) const ETC: &str = "/etc/choria-provisioner";
 
-/// The directives of the installed unit's `[Service]` section, in order (a key may repeat).
-fn service_directives(text: &str) -> Vec<(String, String)> {
-    let mut in_service = false;
-    let mut out = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('[') {
-            in_service = line == "[Service]";
-            continue;
-        }
-        if !in_service || line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        if let Some((k, v)) = line.split_once('=') {
-            out.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
-    out
-}
+/// The packaged drop-in that runs the service as root.
+pub(super) const RUN_AS_ROOT: &str = "/usr/share/choria-provisioner/systemd/run-as-root.conf";
 
-/// What the unit gives the service: its user, the paths it may write, and whether it keeps any
-/// capability.
-struct Sandbox {
-    user: String,
-    writable: Vec<PathBuf>,
-}
+/// The drop-in docs/service.md gives to keep the Go provisioner's puppet certname under the
+/// service account.
+const GO_CERTNAME_DROPIN: &str = "[Service]\nEnvironment=MCOLLECTIVE_CERTNAME=root.mcollective\n";
 
-fn unit_sandbox() -> Result<Sandbox> {
-    let text = fs::read_to_string(UNIT).with_context(|| format!("cannot read {UNIT}"))?;
-    let d = service_directives(&text);
-    let get = |k: &'static str| {
-        d.iter()
-            .filter(move |(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-    };
-    let last = |k: &'static str| get(k).next_back().unwrap_or("");
-    let user = match last("User") {
-        "" => "root".to_string(),
-        u => u.to_string(),
-    };
-    // Drop-in compatibility: the Go package's unit runs as root, so a copied configuration
-    // keeps its certname, ssldir and root-owned helper inputs.
-    if user != "root" {
-        bail!("{UNIT} runs as {user:?}; a copied Go deployment expects root");
-    }
-    // ...and root here holds no capability and gains none.
-    let caps: Vec<&str> = get("CapabilityBoundingSet").collect();
-    if caps.last().is_none_or(|c| !c.is_empty()) || !get("AmbientCapabilities").all(str::is_empty) {
-        bail!("{UNIT} must drop every capability (CapabilityBoundingSet= empty), has {caps:?}");
-    }
-    for (k, v) in [
-        ("NoNewPrivileges", "yes"),
-        ("ProtectSystem", "strict"),
-        ("ProtectHome", "yes"),
-        ("PrivateTmp", "yes"),
-        ("PrivateDevices", "yes"),
-    ] {
-        if last(k) != v {
-            bail!("{UNIT}: {k}={} (expected {v})", last(k));
-        }
-    }
-    let mut writable = Vec::new();
-    for p in get("ReadWritePaths").flat_map(str::split_whitespace) {
-        writable.push(PathBuf::from(p.trim_start_matches('-')));
-    }
-    for (k, base) in [
-        ("LogsDirectory", "/var/log"),
-        ("StateDirectory", "/var/lib"),
-        ("RuntimeDirectory", "/run"),
-    ] {
-        for p in get(k).flat_map(str::split_whitespace) {
-            writable.push(Path::new(base).join(p));
-        }
-    }
-    if !writable.iter().any(|p| p == Path::new(GO_LOG)) {
-        bail!("{UNIT} does not let the service write {GO_LOG} (ReadWritePaths=)");
-    }
-    println!(
-        "ok: the unit runs as root with no capabilities, NoNewPrivileges, ProtectSystem=strict; \
-         writable: {}",
-        writable
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    Ok(Sandbox { user, writable })
-}
-
-/// A command run as the unit runs the service: a private mount namespace where `/` is read-only
-/// but for the unit's writable paths, then the unit's user with an empty capability bounding
-/// set, no new privileges and the environment systemd gives a service with `User=`.
-fn as_the_unit(sandbox: &Sandbox, program: &Path, args: &[&str]) -> Result<Command> {
-    let setpriv = which("setpriv")?;
-    let unshare = which("unshare")?;
-    let mut script = String::from("set -e\nmount --make-rprivate /\n");
-    for p in &sandbox.writable {
-        let q = shell_quote(&p.to_string_lossy());
-        // The unit's *Directory= entries are created by systemd before the start.
-        if !p.exists() {
-            script.push_str(&format!("mkdir -p {q}\n"));
-        }
-        script.push_str(&format!("mount --bind {q} {q}\n"));
-    }
-    script.push_str("mount -o remount,bind,ro /\n");
-    // PrivateTmp=yes: a /tmp and /var/tmp of the service's own.
-    script.push_str("mount -t tmpfs tmpfs /tmp\nmount -t tmpfs tmpfs /var/tmp\n");
-    script.push_str("cd /var/lib/choria-provisioner\nexec \"$@\"\n");
-    let mut cmd = Command::new(unshare);
-    cmd.args(["--mount", "--", "sh", "-c", &script, "sh"])
-        .arg(setpriv)
-        .args([
-            &format!("--reuid={}", sandbox.user),
-            &format!("--regid={}", sandbox.user),
-            "--clear-groups",
-            "--bounding-set=-all",
-            "--inh-caps=-all",
-            "--no-new-privs",
-        ])
-        .arg(program)
-        .args(args)
-        .env_clear()
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .env("USER", &sandbox.user)
-        .env("LOGNAME", &sandbox.user)
-        .env("HOME", "/root")
-        .env("SHELL", "/bin/sh");
-    Ok(cmd)
-}
-
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
+/// Where systemd puts a unit's credentials (LoadCredential=).
+const CREDENTIALS: &str = "/run/credentials/choria-provisioner.service";
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     capture(Command::new("openssl").current_dir(dir).args(args)).map(drop)
@@ -163,6 +42,15 @@ fn write_mode(path: &Path, text: &str, mode: u32) -> Result<()> {
     fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot set the mode of {}", path.display()))
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))
+}
+
+fn chown(owner: &str, paths: &[&Path]) -> Result<()> {
+    run(Command::new("chown").arg(owner).args(paths))
 }
 
 /// The site's helper as a Go deployment has it: it signs each server's CSR with a CA key only
@@ -184,26 +72,29 @@ print(json.dumps({"defer": False, "msg": "", "certificate": cert,
                   "ca": open(ca + "/ca.pem").read(), "configuration": {"identity": req["identity"]}}))
 "#;
 
+/// The files of a Go deployment, as [`write_go_deployment`] makes them.
+struct GoSite {
+    ca: PathBuf,
+    ssl: PathBuf,
+    key: PathBuf,
+    helper: PathBuf,
+    yaml: PathBuf,
+    cfg: PathBuf,
+    port: u16,
+}
+
+const CERTNAME: &str = "root.mcollective";
+
 /// A configuration copied from a Go deployment, installed over the packaged one: Go-style keys
 /// (`Helper:`, `Features:`) and YAML 1.1 booleans, the Go package's log path, a `choria.cfg`
 /// naming no security provider (so `puppet`, with a puppet-style ssldir holding root's
 /// `root.mcollective` certificate, as `choria enroll` run by root makes it), and the site's
-/// helper reading a root-only CA key. `check` must accept it under the unit's credentials, the
-/// helper must sign with the CA key there, and `run` must write the Go log path there.
-pub(super) fn go_deployment(bin: &Path) -> Result<()> {
-    let sandbox = unit_sandbox()?;
-    let log = Path::new(GO_LOG);
-    let st = capture(Command::new("stat").args(["-c", "%U %G %a"]).arg(log))
-        .with_context(|| format!("the package did not create {GO_LOG}"))?;
-    if st.trim() != "root root 640" {
-        bail!("{GO_LOG} is {st:?}, expected root root 640");
-    }
-    println!("ok: {GO_LOG} exists, root root 640");
-
+/// helper reading a root-only CA key; every file root's alone, as on the Go host.
+fn write_go_deployment() -> Result<GoSite> {
     let etc = Path::new(ETC);
     let ca = etc.join("ca");
     fs::create_dir_all(&ca)?;
-    fs::set_permissions(&ca, fs::Permissions::from_mode(0o700))?;
+    set_mode(&ca, 0o700)?;
     openssl(
         &ca,
         &[
@@ -222,17 +113,16 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
             "ca.pem",
         ],
     )?;
-    fs::set_permissions(ca.join("ca-key.pem"), fs::Permissions::from_mode(0o600))?;
-    fs::set_permissions(ca.join("ca.pem"), fs::Permissions::from_mode(0o644))?;
+    set_mode(&ca.join("ca-key.pem"), 0o600)?;
+    set_mode(&ca.join("ca.pem"), 0o644)?;
 
     // The puppet-style ssldir: certs/<certname>.pem, private_keys/<certname>.pem, certs/ca.pem.
     let ssl = etc.join("ssl");
     for sub in ["certs", "private_keys"] {
         fs::create_dir_all(ssl.join(sub))?;
     }
-    fs::set_permissions(ssl.join("private_keys"), fs::Permissions::from_mode(0o750))?;
-    let certname = "root.mcollective";
-    let key = ssl.join(format!("private_keys/{certname}.pem"));
+    set_mode(&ssl.join("private_keys"), 0o750)?;
+    let key = ssl.join(format!("private_keys/{CERTNAME}.pem"));
     let csr = ca.join("client.csr");
     openssl(
         &ca,
@@ -242,14 +132,14 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
             "rsa:2048",
             "-nodes",
             "-subj",
-            &format!("/CN={certname}"),
+            &format!("/CN={CERTNAME}"),
             "-keyout",
             &key.to_string_lossy(),
             "-out",
             &csr.to_string_lossy(),
         ],
     )?;
-    fs::set_permissions(&key, fs::Permissions::from_mode(0o640))?;
+    set_mode(&key, 0o640)?;
     openssl(
         &ca,
         &[
@@ -266,7 +156,7 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
             "-days",
             "2",
             "-out",
-            &ssl.join(format!("certs/{certname}.pem")).to_string_lossy(),
+            &ssl.join(format!("certs/{CERTNAME}.pem")).to_string_lossy(),
         ],
     )?;
     fs::copy(ca.join("ca.pem"), ssl.join("certs/ca.pem"))?;
@@ -308,44 +198,62 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
         ),
         0o640,
     )?;
-    let (yaml_s, cfg_s) = (yaml.to_string_lossy(), cfg.to_string_lossy());
-    let files = ["--config", &yaml_s, "--choria-config", &cfg_s];
+    let root_only: Vec<&Path> = vec![etc, &ca, &ssl, &yaml, &cfg, &helper];
+    chown("root:root", &root_only)?;
+    run(Command::new("chown")
+        .args(["-R", "root:root"])
+        .arg(&ca)
+        .arg(&ssl))?;
+    Ok(GoSite {
+        ca,
+        ssl,
+        key,
+        helper,
+        yaml,
+        cfg,
+        port,
+    })
+}
 
-    // check, as the unit runs the daemon.
-    let o = as_the_unit(&sandbox, bin, &[&["check"], &files[..]].concat())?.output()?;
+/// `check` of `cfg` under `sandbox`: whether it passed, and its output.
+fn check(sandbox: &Sandbox, bin: &Path, yaml: &Path, cfg: &Path) -> Result<(bool, String)> {
+    let (y, c) = (yaml.to_string_lossy(), cfg.to_string_lossy());
+    let o = sandbox
+        .command(bin, &["check", "--config", &y, "--choria-config", &c])?
+        .output()?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    section(
-        "check of a Go deployment's configuration, as the unit runs it",
-        &text,
-    );
-    // Every step runs even when one fails, so one run reports every problem.
+    Ok((o.status.success(), text))
+}
+
+/// Under `sandbox` (`how` names it): `check` accepts the Go deployment and names the Go
+/// certname, the site helper signs a server's CSR with the site's CA key, and `run` writes the
+/// Go package's log file. Every step runs even when one fails, so one run reports every problem.
+fn go_site_runs(sandbox: &Sandbox, how: &str, bin: &Path, site: &GoSite) -> Result<()> {
+    println!("== the Go deployment {how}: {}", sandbox.describe());
     let mut failures = Vec::new();
-    if !o.status.success() {
-        failures.push(format!(
-            "check refuses the Go deployment's configuration under the unit: {}",
-            o.status
-        ));
+    let (ok, text) = check(sandbox, bin, &site.yaml, &site.cfg)?;
+    section(&format!("check of the Go deployment {how}"), &text);
+    if !ok {
+        failures.push(format!("check refuses the Go deployment {how}"));
     } else if text.contains("warning: unknown") || text.to_lowercase().contains("unknown key") {
         failures.push("check warns about a Go-style key of the copied configuration".into());
-    } else if !text.contains(certname) {
+    } else if !text.contains(&format!("caller: choria={CERTNAME}")) {
         failures.push(format!(
-            "check does not name the certname {certname} the Go provisioner used as root"
+            "check does not name the caller choria={CERTNAME} the Go provisioner used as root"
         ));
     } else {
-        println!(
-            "ok: check accepts the Go deployment's configuration under the unit's credentials"
-        );
+        println!("ok: check accepts the Go deployment {how}, caller choria={CERTNAME}");
     }
 
-    // The helper, as the unit runs it, signs a server's CSR with the root-only CA key.
-    let node_key = ca.join("node.key");
-    let node_csr = ca.join("node.csr");
+    // The helper signs a server's CSR with the site's CA key.
+    let node_key = site.ca.join("node.key");
+    let node_csr = site.ca.join("node.csr");
     openssl(
-        &ca,
+        &site.ca,
         &[
             "req",
             "-newkey",
@@ -366,7 +274,10 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
         "inventory": "{}",
         "jwt": null,
     });
-    let mut child = as_the_unit(&sandbox, &helper, &[])?
+    let _ = fs::remove_file(&node_key);
+    let _ = fs::remove_file(&node_csr);
+    let mut child = sandbox
+        .command(&site.helper, &[])?
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -376,27 +287,27 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
         stdin.write_all(input.to_string().as_bytes())?;
     }
     let o = child.wait_with_output()?;
-    let reply: serde_json::Value = serde_json::from_slice(&o.stdout).with_context(|| {
-        format!(
-            "the site helper under the unit printed no JSON: {}",
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })?;
+    let reply: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
     if reply["certificate"]
         .as_str()
         .is_some_and(|c| c.contains("BEGIN CERTIFICATE"))
     {
-        println!("ok: the site helper reads the root-only CA key under the unit's credentials");
+        println!("ok: the site helper signs with the site's CA key {how}");
     } else {
         failures.push(format!(
-            "the site helper under the unit signed nothing: {reply}"
+            "the site helper {how} signed nothing: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
         ));
     }
 
-    // run, as the unit runs it, writes the Go package's log file.
+    // run writes the Go package's log file.
+    let log = Path::new(GO_LOG);
     let before = fs::metadata(log)?.len();
-    let out = fs::File::create(std::env::temp_dir().join("choria-provisioner-go-run.out"))?;
-    let mut child = as_the_unit(&sandbox, bin, &[&["run"], &files[..]].concat())?
+    let out_path = std::env::temp_dir().join("choria-provisioner-go-run.out");
+    let out = fs::File::create(&out_path)?;
+    let (y, c) = (site.yaml.to_string_lossy(), site.cfg.to_string_lossy());
+    let mut child = sandbox
+        .command(bin, &["run", "--config", &y, "--choria-config", &c])?
         .stdout(out.try_clone()?)
         .stderr(out)
         .spawn()?;
@@ -423,30 +334,161 @@ pub(super) fn go_deployment(bin: &Path) -> Result<()> {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let logged = fs::read_to_string(log).unwrap_or_default();
-    section(&format!("{GO_LOG} after run under the unit"), &logged);
     if grew {
-        println!("ok: run under the unit's sandbox writes {GO_LOG}");
+        println!("ok: run {how} writes {GO_LOG} (to port {})", site.port);
     } else {
-        failures.push(format!("run under the unit wrote nothing to {GO_LOG}"));
+        section(
+            &format!("run {how}: output"),
+            &fs::read_to_string(&out_path).unwrap_or_default(),
+        );
+        failures.push(format!("run {how} wrote nothing to {GO_LOG}"));
     }
     if !failures.is_empty() {
         bail!(
-            "the Go deployment case failed:\n  {}",
+            "the Go deployment {how} failed:\n  {}",
             failures.join("\n  ")
         );
     }
     Ok(())
 }
 
+/// The Go deployment through the migration: refused under the service account by `check` and
+/// by the upgrade (which leaves the running service alone and says why); then, in the three
+/// ways docs/service.md gives, accepted and run, and an upgrade restarts the service.
+pub(super) fn go_deployment(bin: &Path, deb: &Path, rpm: &Path) -> Result<()> {
+    let account = Sandbox::of_unit(&[])?;
+    if account.user != SERVICE_USER || account.group != SERVICE_USER {
+        bail!(
+            "the installed unit runs as {}:{}, expected {SERVICE_USER}",
+            account.user,
+            account.group
+        );
+    }
+    let dropin = fs::read_to_string(RUN_AS_ROOT)
+        .with_context(|| format!("the package did not install {RUN_AS_ROOT}"))?;
+    let as_root = Sandbox::of_unit(&[&dropin])?;
+    if as_root.user != "root" {
+        bail!("{RUN_AS_ROOT} does not run the service as root");
+    }
+    let site = write_go_deployment()?;
+
+    // As the package installs the unit, the account cannot read a Go site's root-only files.
+    let (ok, text) = check(&account, bin, &site.yaml, &site.cfg)?;
+    section(
+        "check of the Go deployment as the service account (before migrating)",
+        &text,
+    );
+    if ok {
+        bail!("check accepts a Go site's root-only files as {SERVICE_USER}: the test is wrong");
+    }
+    println!("ok: check refuses the unmigrated Go deployment as {SERVICE_USER}");
+
+    // So an upgrade leaves the running service alone and says why, for the .deb and the RPM.
+    // dpkg's postinst gives the two configuration files to the account's group, which is not
+    // enough: the ssldir is root's and names root.mcollective.
+    maint::deb_upgrade(deb, &account)?.refused("the .deb over the Go deployment", "problem: ")?;
+    maint::rpm_post_upgrade(rpm, &account)?
+        .refused("the RPM over the Go deployment", "problem: ")?;
+    println!(
+        "ok: upgrading over the unmigrated Go deployment leaves the running service alone and \
+         says why (.deb postinst, RPM post-install)"
+    );
+
+    // 1. The run-as-root drop-in: the Go deployment as it is.
+    go_site_runs(&as_root, "under the run-as-root drop-in", bin, &site)?;
+    maint::deb_upgrade(deb, &as_root)?.restarted("the .deb with the run-as-root drop-in")?;
+
+    // 2. Group permissions, as docs/service.md gives them: the helper, the CA key and the
+    // ssldir readable by the account's group, and the Go certname in a drop-in.
+    let group = format!("root:{SERVICE_USER}");
+    run(Command::new("chown")
+        .args(["-R", &group])
+        .arg(&site.ca)
+        .arg(&site.ssl))?;
+    chown(&group, &[&site.helper])?;
+    set_mode(&site.helper, 0o750)?;
+    set_mode(&site.ca, 0o750)?;
+    set_mode(&site.ca.join("ca-key.pem"), 0o640)?;
+    set_mode(&site.key, 0o640)?;
+    let migrated = Sandbox::of_unit(&[GO_CERTNAME_DROPIN])?;
+    go_site_runs(
+        &migrated,
+        "as the service account with group permissions",
+        bin,
+        &site,
+    )?;
+    maint::deb_upgrade(deb, &migrated)?.restarted("the .deb after the migration")?;
+    maint::rpm_post_upgrade(rpm, &migrated)?.restarted("the RPM after the migration")?;
+    println!("ok: after the migration an upgrade restarts the service (.deb and RPM)");
+
+    // 3. systemd credentials: the certificate, key and CA handed over by LoadCredential= (here
+    // put where systemd puts them, owned by the account, 0400), read by the file provider.
+    credentials(bin, &site)
+}
+
+/// The LoadCredential= way of docs/service.md, `check` only: the `file` provider reading the
+/// credentials directory, the Go certname from MCOLLECTIVE_CERTNAME.
+fn credentials(bin: &Path, site: &GoSite) -> Result<()> {
+    let dir = Path::new(CREDENTIALS);
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    for (name, from) in [
+        (
+            "provisioner.pem",
+            site.ssl.join(format!("certs/{CERTNAME}.pem")),
+        ),
+        ("provisioner.key", site.key.clone()),
+        ("ca.pem", site.ssl.join("certs/ca.pem")),
+    ] {
+        let to = dir.join(name);
+        fs::copy(&from, &to)?;
+        set_mode(&to, 0o400)?;
+    }
+    let owner = format!("{SERVICE_USER}:{SERVICE_USER}");
+    run(Command::new("chown").args(["-R", &owner]).arg(dir))?;
+    set_mode(dir, 0o500)?;
+    let cfg = Path::new(ETC).join("choria-credentials.cfg");
+    write_mode(
+        &cfg,
+        &format!(
+            "identity = provisioner.example.net\n\
+             plugin.choria.middleware_hosts = nats://127.0.0.1:{}\n\
+             plugin.security.provider = file\n\
+             plugin.security.file.certificate = {CREDENTIALS}/provisioner.pem\n\
+             plugin.security.file.key = {CREDENTIALS}/provisioner.key\n\
+             plugin.security.file.ca = {CREDENTIALS}/ca.pem\n",
+            site.port
+        ),
+        0o640,
+    )?;
+    chown(&format!("root:{SERVICE_USER}"), &[&cfg])?;
+    let mut sandbox = Sandbox::of_unit(&[GO_CERTNAME_DROPIN])?;
+    sandbox
+        .env
+        .push(("CREDENTIALS_DIRECTORY".into(), CREDENTIALS.into()));
+    let result = check(&sandbox, bin, &site.yaml, &cfg);
+    let _ = fs::remove_dir_all(dir);
+    let _ = fs::remove_file(&cfg);
+    let (ok, text) = result?;
+    section("check with the key from LoadCredential=", &text);
+    if !ok || !text.contains(&format!("caller: choria={CERTNAME}")) {
+        bail!("check refuses the LoadCredential= configuration, or names another caller");
+    }
+    println!("ok: check accepts the key handed over by LoadCredential=, caller choria={CERTNAME}");
+    Ok(())
+}
+
 /// Removes what [`go_deployment`] added under /etc/choria-provisioner (after the purge, which
 /// leaves files it did not install).
 pub(super) fn clean_up() {
-    for sub in ["ca", "ssl"] {
+    for sub in ["ca", "ssl", "fleet", "complete"] {
         let _ = fs::remove_dir_all(Path::new(ETC).join(sub));
     }
     let _ = fs::remove_file(Path::new(ETC).join("helper"));
+    let _ = fs::remove_dir_all(CREDENTIALS);
     let _ = fs::remove_dir(ETC);
+    // The runtime directory the sandbox made as systemd would (and removes at stop).
+    let _ = fs::remove_dir_all("/run/choria-provisioner");
 }
 
 /// A stand-in for the Go provisioner's RPM: its name, version and release, and the files its
@@ -540,7 +582,7 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     if fs::read_to_string(&log).unwrap_or_default() != "{\"msg\":\"a Go log line\"}\n" {
         bail!("replacing the Go package removed or changed {GO_LOG}");
     }
-    let unit = fs::read_to_string(sysroot.join(UNIT.trim_start_matches('/')))?;
+    let unit = fs::read_to_string(sysroot.join(super::sandbox::UNIT.trim_start_matches('/')))?;
     if !unit.contains("CapabilityBoundingSet=") {
         bail!("replacing the Go package left the Go unit in place");
     }
@@ -552,6 +594,58 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
         bail!("the Go RPM replaced ours: its version should be older than ours");
     }
     println!("ok: the Go RPM does not replace ours");
+
+    // The rollback docs/migrating.md gives: a downgrade to the Go RPM (what `dnf downgrade`
+    // runs), which epoch 1 makes an explicit --oldpackage.
+    let o = rpm(&["-U", "--oldpackage", "--nodeps", "--noscripts"])
+        .arg(&go_rpm)
+        .output()?;
+    if !o.status.success() {
+        bail!(
+            "rpm -U --oldpackage of the Go RPM over ours failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let q = capture(&mut rpm(&[
+        "-q",
+        "--queryformat",
+        "%{EPOCH}:%{VERSION}-%{RELEASE}\n",
+        NAME,
+    ]))?;
+    if q.trim() != "(none):0.16.0-1.el8" {
+        bail!("after the rollback the installed {NAME} is {q:?}, expected the Go 0.16.0-1.el8");
+    }
+    let mut kept = Vec::new();
+    if fs::read_to_string(&yaml)? != edited {
+        bail!("the rollback lost the edited choria-provisioner.yaml");
+    }
+    kept.push("the edited choria-provisioner.yaml");
+    // choria.cfg was ours, the Go package has none: rpm saves the site's copy aside.
+    let saved = cfg.with_extension("cfg.rpmsave");
+    if fs::read_to_string(&saved).ok().as_deref() != Some(site_cfg) || cfg.exists() {
+        bail!(
+            "the rollback should leave the site's choria.cfg as choria.cfg.rpmsave (as \
+             docs/migrating.md says); choria.cfg exists: {}, .rpmsave: {:?}",
+            cfg.exists(),
+            fs::read_to_string(&saved).ok()
+        );
+    }
+    kept.push("choria.cfg as choria.cfg.rpmsave");
+    let unit = fs::read_to_string(sysroot.join(super::sandbox::UNIT.trim_start_matches('/')))?;
+    if !unit.contains("User=root") || unit.contains("CapabilityBoundingSet=") {
+        bail!("the rollback did not put the Go unit back");
+    }
+    let log_text = fs::read_to_string(&log).unwrap_or_default();
+    println!(
+        "ok: rpm -U --oldpackage puts the Go RPM back ({}), keeping {}; {GO_LOG} {}",
+        q.trim(),
+        kept.join(", "),
+        if log_text.is_empty() {
+            "is emptied (the Go package ships it as a file)"
+        } else {
+            "is kept"
+        }
+    );
     fs::remove_dir_all(&top)?;
     Ok(())
 }

@@ -1,0 +1,258 @@
+//! A simulated fleet provisioned by the installed package: test-support's nats-server, the
+//! fleet simulator, and the installed binary with the packaged paths
+//! (/etc/choria-provisioner/choria-provisioner.yaml and choria.cfg, root:choria-provisioner
+//! 0640) run as the service account. The helper (the demo helper, signing CSRs in `pki` mode)
+//! and the CA key it reads sit in /etc/choria-provisioner/fleet, readable through the account's
+//! group. Where systemd is PID 1 the real unit runs it; elsewhere [`Sandbox`] does.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use test_support::provisioner::ProvisionerProcess;
+use test_support::stack::{write_run_files, ProvisionerOptions};
+use test_support::Mode;
+
+use super::sandbox::{account, Sandbox};
+use super::{capture, section, SERVICE_USER};
+use crate::stack::{metric_sum, start_nats, Proc};
+use crate::tools::run;
+
+/// How many simulated servers are provisioned.
+const NODES: usize = 40;
+
+const ETC: &str = "/etc/choria-provisioner";
+const YAML: &str = "/etc/choria-provisioner/choria-provisioner.yaml";
+const CFG: &str = "/etc/choria-provisioner/choria.cfg";
+const LOG: &str = "/var/log/choria-provisioner/choria-provisioner.log";
+const AUDIT: &str = "/var/log/choria-provisioner/audit.jsonl";
+/// A runtime drop-in giving the real unit the demo helper's environment.
+const DROPIN: &str = "/run/systemd/system/choria-provisioner.service.d/dist-install-test.conf";
+
+/// Whether systemd runs this machine (PID 1), so the real unit can be started.
+pub(super) fn systemd_is_pid1() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+        && fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd")
+}
+
+/// Provisions [`NODES`] simulated servers with the installed package as its unit runs it.
+/// `bins` holds the fleet simulator and the demo helper.
+pub(super) fn provision_fleet(bin: &Path, bins: &Path) -> Result<()> {
+    let work = std::env::temp_dir().join(format!("dist-fleet-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    let result = fleet(bin, bins, &work);
+    if result.is_err() {
+        for f in [LOG, &work.join("fleet-sim.log").to_string_lossy()] {
+            section(
+                &format!("{f} (end)"),
+                &test_support::logs::tail(Path::new(f), 30),
+            );
+        }
+    }
+    let _ = fs::remove_dir_all(&work);
+    result
+}
+
+fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
+    let (_nats, url) = start_nats(work)?;
+    // The site's files: the demo helper, the CA it signs with, the provisioning JWT signer.
+    let site = Path::new(ETC).join("fleet");
+    let _ = fs::remove_dir_all(&site);
+    fs::create_dir_all(&site)?;
+    let helper = site.join("helper");
+    fs::copy(bins.join("choria-demo-helper"), &helper)?;
+    let files = write_run_files(
+        &site,
+        bins,
+        &ProvisionerOptions {
+            mode: Mode::Pki,
+            workers: 4,
+            helper: &helper.to_string_lossy(),
+            broker: &url,
+            identity: "provisioner",
+            leader_election: false,
+            extra_yaml: &format!("audit_file: {AUDIT}\n"),
+        },
+    )?;
+    // The packaged paths, as an operator edits them.
+    let yaml = fs::read_to_string(&files.provisioner_yaml)?;
+    let yaml = yaml
+        .lines()
+        .map(|l| {
+            if l.starts_with("logfile:") {
+                format!("logfile: {LOG}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    fs::write(YAML, yaml + "\n")?;
+    fs::copy(&files.choria_cfg, CFG)?;
+    fs::remove_file(&files.provisioner_yaml)?;
+    fs::remove_file(&files.choria_cfg)?;
+    // Readable by the account's group and no one else, the CA key included.
+    let owner = format!("root:{SERVICE_USER}");
+    run(Command::new("chown").args(["-R", &owner]).arg(&site))?;
+    run(Command::new("chmod")
+        .args(["-R", "u=rwX,g=rX,o="])
+        .arg(&site))?;
+    run(Command::new("chown").arg(&owner).args([YAML, CFG]))?;
+    run(Command::new("chmod").args(["0640", YAML, CFG]))?;
+
+    let helper_env = [
+        ("CHORIA_BROKERS", url.clone()),
+        ("CHORIA_CA_CERT", files.ca_cert.display().to_string()),
+        ("CHORIA_CA_KEY", files.ca_key.display().to_string()),
+        ("CHORIA_ISSUER", files.signer_pub.clone()),
+    ];
+    let sandbox = Sandbox::of_unit(&[])?;
+
+    // check as the unit runs it.
+    let o = sandbox
+        .command(bin, &["check", "--config", YAML, "--choria-config", CFG])?
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    section(
+        "check of the fleet configuration as the unit runs it",
+        &text,
+    );
+    if !o.status.success() {
+        bail!("check refuses the fleet configuration as {SERVICE_USER}");
+    }
+
+    let sim_log = work.join("fleet-sim.log");
+    let mut sim_cmd = files.fleet_sim(bins, &url, NODES, Mode::Pki, "dist-node", &sim_log)?;
+    sim_cmd.arg("--exit-when-done").args(["--timeout", "150s"]);
+    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+
+    let real_unit = systemd_is_pid1();
+    let started = Instant::now();
+    let (pid, mut guard) = if real_unit {
+        println!("dist: systemd is PID 1: the fleet is provisioned by the real unit");
+        let env: Vec<String> = helper_env
+            .iter()
+            .map(|(k, v)| format!("Environment={k}={v}"))
+            .collect();
+        if let Some(d) = Path::new(DROPIN).parent() {
+            fs::create_dir_all(d)?;
+        }
+        fs::write(DROPIN, format!("[Service]\n{}\n", env.join("\n")))?;
+        run(Command::new("systemctl").arg("daemon-reload"))?;
+        run(Command::new("systemctl").args(["start", "choria-provisioner.service"]))?;
+        let pid = capture(Command::new("systemctl").args([
+            "show",
+            "--property=MainPID",
+            "--value",
+            "choria-provisioner.service",
+        ]))?
+        .trim()
+        .parse::<u32>()?;
+        (pid, None)
+    } else {
+        println!(
+            "dist: systemd is not PID 1 here: the real unit cannot run, so the fleet is \
+             provisioned under the unit's account and file system view without systemd ({})",
+            sandbox.describe()
+        );
+        let mut cmd = sandbox.command(bin, &["run", "--config", YAML, "--choria-config", CFG])?;
+        for (k, v) in &helper_env {
+            cmd.env(k, v);
+        }
+        let p = ProvisionerProcess::spawn(
+            "provisioner",
+            &mut cmd,
+            &work.join("provisioner.out"),
+            files.monitor_port,
+            Duration::from_secs(5),
+        )?;
+        (p.pid(), Some(p))
+    };
+    let result = watch(&mut sim, pid, files.monitor_port, started);
+    if real_unit {
+        let _ = Command::new("systemctl")
+            .args(["stop", "choria-provisioner.service"])
+            .status();
+        let _ = fs::remove_file(DROPIN);
+        let _ = Command::new("systemctl").arg("daemon-reload").status();
+    } else if let Some(p) = guard.as_mut() {
+        p.proc.terminate(Duration::from_secs(10));
+    }
+    result?;
+
+    // What the service wrote is the account's.
+    for f in [LOG, AUDIT] {
+        let st = capture(Command::new("stat").args(["-c", "%U %G"]).arg(f))
+            .with_context(|| format!("the provisioner did not write {f}"))?;
+        if st.trim() != format!("{SERVICE_USER} {SERVICE_USER}") {
+            bail!("{f} is owned by {st:?}, expected {SERVICE_USER}");
+        }
+    }
+    let audit = fs::read_to_string(AUDIT)?;
+    println!(
+        "ok: {LOG} and {AUDIT} ({} lines) are the account's",
+        audit.lines().count()
+    );
+    Ok(())
+}
+
+/// Waits for the simulator to report every node provisioned, checking that the provisioner runs
+/// as the service account.
+fn watch(sim: &mut Proc, pid: u32, port: u16, started: Instant) -> Result<()> {
+    let (uid, _, _) = account(SERVICE_USER)?;
+    // The sandbox starts as root (mounts), then execs into the account: wait for the exec.
+    let uids = |pid: u32| -> Result<Vec<String>> {
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("the provisioner (pid {pid}) is not running"))?;
+        Ok(status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
+            .unwrap_or_default())
+    };
+    let want = uid.to_string();
+    let settle = Instant::now() + Duration::from_secs(15);
+    let mut now = uids(pid)?;
+    while now.iter().any(|u| *u != want) && Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(100));
+        now = uids(pid)?;
+    }
+    if now.iter().any(|u| *u != want) {
+        bail!("the provisioner runs with uids {now:?}, expected {SERVICE_USER} ({uid})");
+    }
+    println!("ok: the provisioner runs as {SERVICE_USER} (uid {uid}, pid {pid})");
+    let deadline = started + Duration::from_secs(180);
+    let st = loop {
+        if let Some(st) = sim.exited() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            bail!("the fleet was not provisioned within 180 s");
+        }
+        if !test_support::process::alive(pid) {
+            bail!("the provisioner exited while the fleet waited");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let metrics = test_support::metrics::scrape(port);
+    let done = metric_sum(&metrics, "choria_provisioner_provisioned");
+    if !st.success() || done < NODES as f64 {
+        bail!(
+            "the simulated fleet was not fully provisioned ({st}; provisioned {done} of {NODES})"
+        );
+    }
+    println!(
+        "ok: {NODES} simulated servers provisioned ({} x509, by the helper as {SERVICE_USER}) in \
+         {:.1}s",
+        Mode::Pki.name(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
