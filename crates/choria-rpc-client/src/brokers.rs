@@ -329,10 +329,7 @@ pub enum SrvError {
 /// The host's domain, as facter's `networking.domain` finds it: what follows the first dot of
 /// the host name, else `resolv.conf`'s `domain`, else its first `search` entry.
 pub fn host_domain() -> Option<String> {
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_default();
+    let hostname = crate::config::host_name();
     if let Some((_, d)) = hostname.trim().split_once('.') {
         if valid_dns_name(d.trim_end_matches('.')).is_ok() {
             return Some(d.trim_end_matches('.').to_string());

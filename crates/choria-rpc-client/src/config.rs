@@ -614,15 +614,59 @@ pub fn user_config_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/etc/puppetlabs/mcollective/client.cfg"))
 }
 
-/// The default identity: the host name (go-choria prefers a fully qualified one; no DNS or
-/// facter lookup is done here).
+/// The host name as the kernel has it (`uname(2)`, as Go's `os.Hostname`): it needs no file,
+/// so it works under a unit whose `/proc` shows processes only (`ProcSubset=pid`) and without
+/// `HOSTNAME` in the environment. Empty when the kernel has none.
+pub fn host_name() -> String {
+    let uts = rustix::system::uname();
+    uts.nodename().to_string_lossy().trim().to_string()
+}
+
+/// The fully qualified name `/etc/hosts` gives `short` (what `hostname -f` finds through the
+/// files source): the first name with a dot on a line that names `short`.
+fn hosts_fqdn(short: &str, hosts: &str) -> Option<String> {
+    hosts.lines().find_map(|line| {
+        let line = line.split('#').next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        let _address = words.next()?;
+        let names: Vec<&str> = words.collect();
+        if !names.iter().any(|n| n.eq_ignore_ascii_case(short)) {
+            return None;
+        }
+        names
+            .iter()
+            .find(|n| {
+                n.contains('.')
+                    && n.to_ascii_lowercase()
+                        .starts_with(&format!("{}.", short.to_ascii_lowercase()))
+            })
+            .map(|n| n.trim_end_matches('.').to_string())
+    })
+}
+
+/// The default identity as go-choria finds it: the host name when it has two or more dots,
+/// else its fully qualified name (`/etc/hosts`, else the host name and the domain facter would
+/// report), else the short host name; `localhost` only when the kernel has no name at all.
 fn default_identity() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| "localhost".to_string())
+    let name = host_name();
+    if name.is_empty() {
+        return "localhost".to_string();
+    }
+    if name.matches('.').count() >= 2 {
+        return name;
+    }
+    let short = name.split('.').next().unwrap_or(&name).to_string();
+    let hosts = std::fs::read("/etc/hosts").unwrap_or_default();
+    let hosts = String::from_utf8_lossy(&hosts[..hosts.len().min(1 << 20)]).into_owned();
+    if let Some(fqdn) = hosts_fqdn(&short, &hosts) {
+        return fqdn;
+    }
+    if let Some(domain) = crate::brokers::host_domain() {
+        if !name.contains('.') {
+            return format!("{name}.{domain}");
+        }
+    }
+    name
 }
 
 fn list(v: &str) -> Vec<String> {
@@ -927,6 +971,38 @@ fn running_as_root() -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    #[test]
+    fn the_fqdn_is_the_hosts_file_name_of_the_short_name() {
+        let hosts = "127.0.0.1 localhost\n\
+                     # 10.0.0.9 prov1.wrong.example\n\
+                     10.0.0.5 prov1.lon.example.net prov1 # the host\n\
+                     10.0.0.6 other.example.net other\n";
+        assert_eq!(
+            hosts_fqdn("prov1", hosts).as_deref(),
+            Some("prov1.lon.example.net")
+        );
+        assert_eq!(
+            hosts_fqdn("PROV1", hosts).as_deref(),
+            Some("prov1.lon.example.net")
+        );
+        assert_eq!(hosts_fqdn("nothere", hosts), None);
+        // A line naming the host with no qualified name of it gives nothing.
+        assert_eq!(
+            hosts_fqdn("solo", "10.0.0.7 solo other.example.net\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_host_name_comes_from_the_kernel() {
+        let name = host_name();
+        assert!(!name.is_empty());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        if !kernel.trim().is_empty() {
+            assert_eq!(name, kernel.trim());
+        }
+    }
     use super::*;
 
     const SAMPLE: &str = "

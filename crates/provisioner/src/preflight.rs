@@ -285,10 +285,19 @@ fn check_helper(helper: &str, f: &mut Findings) {
                 .find(|c| c.is_file())
         })
     };
-    match path.as_deref().map(std::fs::metadata) {
-        Some(Ok(m)) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
-        Some(Ok(_)) => f.fatal(format!("helper {program} is not an executable file")),
-        Some(Err(e)) => f.fatal(format!("helper {program}: {e}")),
+    match path.as_deref().map(|p| (p, std::fs::metadata(p))) {
+        Some((p, Ok(m))) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
+            // Mode bits say someone may run it; whether this user may (a root-only 0700
+            // helper under the service's account) only the kernel says.
+            if let Err(e) = rustix::fs::access(p, rustix::fs::Access::EXEC_OK) {
+                f.fatal(format!(
+                    "helper {program} cannot be run by this user (uid {}): {e}",
+                    rustix::process::geteuid().as_raw()
+                ));
+            }
+        }
+        Some((_, Ok(_))) => f.fatal(format!("helper {program} is not an executable file")),
+        Some((_, Err(e))) => f.fatal(format!("helper {program}: {e}")),
         None => f.fatal(format!("helper {program} is not found on PATH")),
     }
 }
@@ -297,10 +306,12 @@ fn check_helper(helper: &str, f: &mut Findings) {
 /// daemon logs the same list at start.
 ///
 /// Key files (`jwt_signing_key`, the file provider's key, the choria provider's seed) should be
-/// the owner's alone (root under the packaged unit): any group or other permission is reported. The provisioner YAML
-/// (when it sets `token` or `broker_provisioning_password`) and the Choria configuration (when
-/// it sets `plugin.nats.pass`) are installed `root:root` 0640: they are reported when others can
-/// read them, or a group other than the service's (the group this process runs as, or a
+/// readable by their owner and, at most, the service's group: a write permission for group or
+/// others, a read permission for others, or a group read for another group is reported. The
+/// provisioner YAML (when it sets `token` or `broker_provisioning_password`) and the Choria
+/// configuration (when it sets `plugin.nats.pass`) are installed `root:choria-provisioner`
+/// 0640: they are reported when others can read them, or a group other than the service's (the
+/// group this process runs as, or a
 /// `choria-provisioner` group left by an earlier package).
 fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> Vec<String> {
     let mut out = Vec::new();
@@ -323,13 +334,28 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
             );
         }
         if !cfg.jwt_signing_key.is_empty() {
-            key_file_readable(Path::new(&cfg.jwt_signing_key), "jwt_signing_key", &mut out);
+            key_file_readable(
+                Path::new(&cfg.jwt_signing_key),
+                "jwt_signing_key",
+                &service_groups,
+                &mut out,
+            );
         }
         if !cfg.webhook.tls_key.is_empty() {
-            key_file_readable(Path::new(&cfg.webhook.tls_key), "helper_tls_key", &mut out);
+            key_file_readable(
+                Path::new(&cfg.webhook.tls_key),
+                "helper_tls_key",
+                &service_groups,
+                &mut out,
+            );
         }
         if !cfg.monitor_tls_key.is_empty() {
-            key_file_readable(Path::new(&cfg.monitor_tls_key), "monitor_tls_key", &mut out);
+            key_file_readable(
+                Path::new(&cfg.monitor_tls_key),
+                "monitor_tls_key",
+                &service_groups,
+                &mut out,
+            );
         }
     }
     if let Some(c) = choria {
@@ -351,25 +377,38 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
                 SecurityProvider::Puppet => "the puppet provider's private key",
                 _ => "plugin.security.file.key",
             };
-            key_file_readable(k, what, &mut out);
+            key_file_readable(k, what, &service_groups, &mut out);
         }
         if let Some(s) = &c.choria_seed_file {
-            key_file_readable(s, "plugin.security.choria.seed_file", &mut out);
+            key_file_readable(
+                s,
+                "plugin.security.choria.seed_file",
+                &service_groups,
+                &mut out,
+            );
         }
     }
     out
 }
 
 /// A key file should not be readable by group or others.
-fn key_file_readable(path: &Path, what: &str, out: &mut Vec<String>) {
-    if let Ok(m) = std::fs::metadata(path) {
-        let mode = m.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            out.push(format!(
-                "{what} {} is readable by group or others (mode {mode:o})",
-                path.display()
-            ));
-        }
+fn key_file_readable(path: &Path, what: &str, service_groups: &[u32], out: &mut Vec<String>) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(m) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = m.permissions().mode() & 0o777;
+    // The service's own group may read its keys (the packages' layout); nobody else may, and
+    // nobody but the owner may write them.
+    let group_read_ok = service_groups.contains(&m.gid());
+    let exposed = mode & 0o027 != 0 || (mode & 0o040 != 0 && !group_read_ok);
+    if exposed {
+        out.push(format!(
+            "{what} {} is readable by group or others (mode {mode:o}); make it the owner's alone \
+             (chmod 0600), or readable by the service's group only (chmod 0640, group \
+             {SERVICE_GROUP})",
+            path.display()
+        ));
     }
 }
 
@@ -399,8 +438,8 @@ fn config_file_readable(
     };
     out.push(format!(
         "{what} {} holds {secret} and is readable by {who} (mode {mode:o}); \
-         make it readable by root only (chmod 0640 or 0600, owner and group root, as the \
-         packages install it)",
+         make it readable by its owner and the service's group only (chmod 0640, owner root, \
+         group {SERVICE_GROUP}, as the packages install it)",
         path.display()
     ));
 }
@@ -525,6 +564,13 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
 
 fn preflight_choria(c: &ChoriaConfig) -> Vec<Problem> {
     let mut f = Findings::default();
+    if c.identity == "localhost" || c.identity.starts_with("localhost.") {
+        f.warn(format!(
+            "identity is {}: every provisioner that finds no better name shares it (caller id, \
+             election candidate, active-active replica); set identity in the Choria configuration",
+            quoted(&c.identity)
+        ));
+    }
     // What the connection refuses before trying the network: bad middleware hosts, a bad SRV
     // domain or CHORIA_PROVISIONER_DNS_SERVER, an unreadable or malformed credentials file.
     if let Err(e) = ConnectionSettings::from_config(c).and_then(|s| s.validate()) {
