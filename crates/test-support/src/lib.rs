@@ -1,7 +1,8 @@
 //! The harness of every process-level test in the workspace, and of `cargo xtask`'s local runs.
 //!
 //! - [`ports`]: free loopback ports and waiting for a listener.
-//! - [`ca`]: the one test certificate authority (openssl): keys, CSRs and certificates.
+//! - [`ca`]: the one test certificate authority (openssl): keys, CSRs and certificates, for the
+//!   tests and for the go-choria environment alike.
 //! - [`process`]: [`ProcessGuard`], a child process stopped (optionally with its whole process
 //!   group) when dropped.
 //! - [`nats`]: a real `nats-server` ([`NatsServer`]) and a three-server JetStream cluster
