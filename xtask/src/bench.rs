@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::demo::HelperKind;
-use crate::stack::{self, Mode, Proc, ProvisionerOptions};
+use crate::stack::{self, Mode, Proc};
 use crate::tools::root;
 
 /// `cargo xtask bench` flags.
@@ -205,19 +205,11 @@ fn contender_with(
         None => extra_yaml.to_string(),
         Some(w) => format!("{}{extra_yaml}", w.extra_yaml()),
     };
-    let files = stack::write_run_files(
-        &dir,
-        bins,
-        &ProvisionerOptions {
-            mode: args.mode,
-            workers,
-            helper: &helper_cmd,
-            broker: &url,
-            identity: "provisioner",
-            leader_election: false,
-            extra_yaml: &extra_yaml,
-        },
-    )?;
+    let files = stack::write_run_files(&dir, bins)?;
+    let mut settings = files
+        .provisioner(&dir, &url, &helper_cmd, args.mode)
+        .yaml(&extra_yaml);
+    settings.workers = workers;
     let webhook_server = match &webhook {
         None => None,
         Some(w) => Some(w.start(bins, &files, &url, &dir.join("webhook.log"))?),
@@ -250,9 +242,9 @@ fn contender_with(
     let program: PathBuf = go_bin
         .map(Path::to_path_buf)
         .unwrap_or_else(|| bins.join("choria-provisioner"));
+    let launch = settings.prepare(&program, &dir)?;
     let started = Instant::now();
-    let out = dir.join("provisioner.out");
-    let mut prov = files.start_provisioner(&program, &url, &[], &out)?;
+    let mut prov = launch.spawn()?;
     let pid = prov.pid();
     let mut peak = 0.0f64;
     let mut cpu = 0.0f64;
@@ -640,26 +632,13 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     let hang = dir.join("hang.sh");
     std::fs::write(&hang, "#!/bin/sh\nexec sleep 3600\n")?;
     crate::tools::run(Command::new("chmod").arg("0755").arg(&hang))?;
-    let files = stack::write_run_files(
-        &dir,
-        bins,
-        &ProvisionerOptions {
-            mode: Mode::Plain,
-            workers: 1,
-            helper: &hang.display().to_string(),
-            broker: &url,
-            identity: "provisioner",
-            leader_election: false,
-            // The node history holds every waiting node, so its cost is in the figure.
-            extra_yaml: &format!("node_history_size: {}\n", n.max(1)),
-        },
-    )?;
-    let mut prov = files.start_provisioner(
-        &bins.join("choria-provisioner"),
-        &url,
-        &[],
-        &dir.join("provisioner.out"),
-    )?;
+    let files = stack::write_run_files(&dir, bins)?;
+    let mut settings = files
+        .provisioner(&dir, &url, &hang.display().to_string(), Mode::Plain)
+        // The node history holds every waiting node, so its cost is in the figure.
+        .yaml(&format!("node_history_size: {}\n", n.max(1)));
+    settings.workers = 1;
+    let mut prov = settings.start(&bins.join("choria-provisioner"), &dir)?;
     // Let it connect, run its first (empty) discovery and settle.
     std::thread::sleep(Duration::from_secs(3));
     let pid = prov.pid();

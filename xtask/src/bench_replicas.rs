@@ -12,10 +12,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use test_support::provisioner::ProvisionerProcess;
 use test_support::NatsCluster;
 
-use crate::stack::{self, Mode, Proc, ProvisionerOptions};
+use crate::stack::{self, Mode, Proc};
 use crate::tools::root;
 
 /// What one run achieved.
@@ -66,20 +65,13 @@ fn run(
     let cluster = NatsCluster::start_with(3, "max_payload: 4MB")?;
     let url = cluster.url();
     let helper = bins.join("choria-demo-helper");
-    let files = stack::write_run_files(
-        &dir,
-        bins,
-        &ProvisionerOptions {
-            mode: Mode::Plain,
-            workers,
-            helper: &helper.display().to_string(),
-            broker: &url,
-            identity: "provisioner",
-            leader_election: false,
-            extra_yaml: "active_active: true\nclaim_lifetime: 30s\n",
-        },
-    )?;
-    test_support::owner_only(&files.provisioner_yaml)?;
+    let files = stack::write_run_files(&dir, bins)?;
+    let mut settings = files
+        .provisioner(&dir, &url, &helper.display().to_string(), Mode::Plain)
+        .yaml("active_active: true\nclaim_lifetime: 30s\n")
+        .env("CHORIA_HELPER_DELAY_MS", helper_delay_ms.to_string());
+    settings.workers = workers;
+    settings.grace = Duration::from_secs(5);
     let sim_log = dir.join("fleet-sim.log");
     let mut sim_cmd = files.fleet_sim(bins, &url, nodes, Mode::Plain, "bench", &sim_log)?;
     sim_cmd
@@ -93,28 +85,11 @@ fn run(
     let mut procs = Vec::new();
     for n in 0..replicas {
         let identity = format!("replica-{n}");
-        let f = files.for_identity(&dir, &identity)?;
-        let mut cmd = f.provisioner_command(&bins.join("choria-provisioner"));
-        f.helper_env(&mut cmd, &url);
-        cmd.env("CHORIA_HELPER_DELAY_MS", helper_delay_ms.to_string());
-        let log = dir.join(format!("{identity}.log"));
-        let p = ProvisionerProcess::spawn(
-            &identity,
-            &mut cmd,
-            &dir.join(format!("{identity}.out")),
-            f.monitor_port,
-            Duration::from_secs(5),
-        )?
-        .with_log(&log);
-        procs.push(p);
+        let replica = settings.for_identity(&identity);
+        procs.push(replica.start(&bins.join("choria-provisioner"), &dir)?);
     }
     for p in &mut procs {
-        p.wait_log_from(
-            "listening for startup events",
-            0,
-            "a replica to start",
-            Duration::from_secs(60),
-        )?;
+        p.wait_ready(Duration::from_secs(60))?;
     }
     let started = Instant::now();
     let (low, high) = (nodes as f64 * 0.1, nodes as f64 * 0.9);

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::stack::{self, Mode, Proc, ProvisionerOptions};
+use crate::stack::{self, Mode, Proc};
 use crate::tools::root;
 
 /// `cargo xtask demo` flags.
@@ -66,19 +66,12 @@ pub fn main(args: Args) -> Result<()> {
         Some(p) => p.url.clone(),
     };
     let extra_yaml = plan.as_ref().map(|p| p.extra_yaml()).unwrap_or_default();
-    let files = stack::write_run_files(
-        &dir,
-        &bins,
-        &ProvisionerOptions {
-            mode: args.mode,
-            workers: 8,
-            helper: &helper,
-            broker: &url,
-            identity: "provisioner",
-            leader_election: false,
-            extra_yaml: &extra_yaml,
-        },
-    )?;
+    let files = stack::write_run_files(&dir, &bins)?;
+    let mut settings = files
+        .provisioner(&dir, &url, &helper, args.mode)
+        .yaml(&extra_yaml);
+    settings.workers = 8;
+    settings.pid_file = Some(dir.join("provisioner.pid"));
     let _webhook = match &plan {
         None => None,
         Some(p) => {
@@ -104,14 +97,8 @@ pub fn main(args: Args) -> Result<()> {
     );
 
     let started = Instant::now();
-    let pid_file = dir.join("provisioner.pid").display().to_string();
-    let mut prov = files.start_provisioner(
-        &bins.join("choria-provisioner"),
-        &url,
-        &["--pid".into(), pid_file],
-        &dir.join("provisioner.out"),
-    )?;
-    let metrics_url = format!("http://127.0.0.1:{}/metrics", files.monitor_port);
+    let mut prov = settings.start(&bins.join("choria-provisioner"), &dir)?;
+    let metrics_url = format!("http://127.0.0.1:{}/metrics", prov.port);
     eprintln!("demo: provisioner started, metrics at {metrics_url}");
 
     let mut last = -1.0;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use test_support::dns::{DnsServer, SrvRecord};
 use test_support::go_env::{self, EnvOptions, GoEnv};
-use test_support::provisioner::ProvisionerProcess;
+use test_support::provisioner::Launch;
 use test_support::{Mode, ProcessGuard};
 
 use crate::tools::root;
@@ -141,10 +141,17 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
             PathBuf::from(get("client_config")?),
         )
     };
-    let mut prov_cmd =
-        ProvisionerProcess::command(&bins.join("choria-provisioner"), &[], &yaml, &cfg);
+    let out = dir.join("choria-provisioner.out");
+    let mut launch = Launch::new(
+        "choria-provisioner",
+        &bins.join("choria-provisioner"),
+        &yaml,
+        &cfg,
+        &out,
+    );
+    launch.grace = Duration::from_secs(3);
     if flow == Flow::Key {
-        prov_cmd.env("HELPER_SUPPLY_KEY", "1");
+        launch.env.push(("HELPER_SUPPLY_KEY".into(), "1".into()));
     }
     // The Go site's brokers are found by SRV, served by a real DNS server on loopback.
     let _dns = if flow == Flow::GoDeployment {
@@ -153,18 +160,14 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         let addr = dns.addr();
         // As systemd sets it for the packaged unit (User=root): the puppet provider's certname
         // is root.mcollective, as under the Go package.
-        prov_cmd
-            .env(DNS_SERVER_ENV, addr)
-            .env("USER", "root")
-            .env_remove("MCOLLECTIVE_CERTNAME")
-            .env_remove("CHORIA_SRV_DOMAIN");
+        launch.env.push((DNS_SERVER_ENV.into(), addr));
+        launch.env.push(("USER".into(), "root".into()));
+        launch.env_remove = vec!["MCOLLECTIVE_CERTNAME".into(), "CHORIA_SRV_DOMAIN".into()];
         Some(dns)
     } else {
         None
     };
-    let out = dir.join("choria-provisioner.out");
-    let grace = Duration::from_secs(3);
-    let mut prov = ProvisionerProcess::spawn("choria-provisioner", &mut prov_cmd, &out, 0, grace)?;
+    let mut prov = launch.spawn()?;
 
     // Every server rewrites its configuration as the helper said.
     let server_dir = PathBuf::from(get("server_dir")?);

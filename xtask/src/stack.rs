@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 pub use test_support::metrics::metric_sum;
-pub use test_support::stack::{build_binaries, static_helper, write_run_files, ProvisionerOptions};
+pub use test_support::stack::{build_binaries, static_helper, write_run_files};
 pub use test_support::{Mode, NatsServer, ProcessGuard as Proc};
 
 /// Start nats-server with JetStream in `dir` on a free port, its log in `dir` (installing

@@ -28,6 +28,7 @@ use helper_protocol::{WebhookClient, WebhookOptions};
 use provision_core::helper_protocol::{HelperInput, HelperReply};
 use provision_core::identity::IdentityRule;
 use serde_json::{json, Value};
+use test_support::ca::{self, KeyFormat, TestCa};
 
 /// A directory removed when the test ends, one per test (the tests run at once).
 struct TempDir(PathBuf);
@@ -336,65 +337,27 @@ fn openssl(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// A CA in `ca`, made with openssl; false when openssl is missing.
+/// The test CA in `ca`; false when openssl is missing.
 fn make_ca(ca: &Path) -> bool {
     if !has("openssl") {
         return false;
     }
     std::fs::create_dir_all(ca).unwrap();
-    openssl(
-        ca,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=ca",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca.pem",
-        ],
-    );
+    TestCa::new(ca).unwrap();
     true
 }
 
-/// A CSR for `subject` (with a `subjectAltName` request when `san` is given) made in `dir` with
-/// one key kept there; `None` when openssl refuses the subject (it limits a CN to 64 bytes).
-fn csr(dir: &Path, subject: &str, san: Option<&str>) -> Option<String> {
-    if !dir.join("key.pem").exists() {
-        openssl(
-            dir,
-            &[
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-out",
-                "key.pem",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-            ],
-        );
+/// A CSR for `subject` (asking for `sans` as its subjectAltName) made in `dir` with one key kept
+/// there; `None` when openssl refuses the subject (it limits a CN to 64 bytes).
+fn csr(dir: &Path, subject: &str, sans: &[&str]) -> Option<String> {
+    let key = dir.join("key.pem");
+    if !key.exists() {
+        ca::rsa_key(&key, KeyFormat::Pkcs8).unwrap();
     }
-    let mut args = vec![
-        "req", "-new", "-key", "key.pem", "-subj", subject, "-out", "req.pem",
-    ];
-    let ext = san.map(|s| format!("subjectAltName={s}"));
-    if let Some(ext) = &ext {
-        args.extend(["-addext", ext]);
-    }
-    let o = Command::new("openssl")
-        .current_dir(dir)
-        .args(&args)
-        .output()
-        .unwrap();
-    o.status
-        .success()
-        .then(|| std::fs::read_to_string(dir.join("req.pem")).unwrap())
+    let out = dir.join("req.pem");
+    ca::request(&key, subject, sans, &out)
+        .ok()
+        .map(|()| std::fs::read_to_string(out).unwrap())
 }
 
 /// The subject alternative names of a PEM certificate, as openssl prints them.
@@ -507,7 +470,11 @@ fn the_documented_helpers_answer_within_the_contract() {
             csr(
                 dir.path(),
                 &format!("/CN={}", input.identity),
-                Some("DNS:admin.privileged.mcollective,DNS:node1.example.net,IP:10.0.0.1"),
+                &[
+                    "admin.privileged.mcollective",
+                    "node1.example.net",
+                    "10.0.0.1",
+                ],
             )
         })
         .flatten();
@@ -595,7 +562,7 @@ fn the_shipped_helpers_refuse_hostile_identities() {
     let have_openssl = make_ca(&ca);
     let (_, base) = documented_input();
     let good_csr = have_openssl
-        .then(|| csr(dir.path(), "/CN=node1.example.net", None))
+        .then(|| csr(dir.path(), "/CN=node1.example.net", &[]))
         .flatten();
     let ca_before = have_openssl.then(|| snapshot(&ca));
 
@@ -615,7 +582,7 @@ fn the_shipped_helpers_refuse_hostile_identities() {
             // The attack as sent: a CSR whose common name is the identity, where openssl can
             // make one; else a good CSR, which must not matter.
             let own_csr = match (ex.mode, identity.as_str()) {
-                (Mode::Pki, Some(id)) => csr(dir.path(), &format!("/CN={id}"), None),
+                (Mode::Pki, Some(id)) => csr(dir.path(), &format!("/CN={id}"), &[]),
                 _ => None,
             };
             let node = input_for(
@@ -739,7 +706,7 @@ fn the_shipped_helpers_survive_hostile_inventories_and_directories() {
     let have_openssl = make_ca(&ca);
     let (_, base) = documented_input();
     let good_csr = have_openssl
-        .then(|| csr(dir.path(), "/CN=node1.example.net", None))
+        .then(|| csr(dir.path(), "/CN=node1.example.net", &[]))
         .flatten();
     let web = json!({"facts": {"role": "web"}}).to_string();
     let inventories = [
@@ -830,7 +797,7 @@ fn the_x509_helpers_sign_only_a_csr_of_the_identity() {
         "/CN=node1.example.net\\/CN=x",
     ]
     .into_iter()
-    .map(|s| (s, csr(dir.path(), s, None).unwrap()))
+    .map(|s| (s, csr(dir.path(), s, &[]).unwrap()))
     .collect();
     let mut checked = 0;
     for ex in examples(dir.path(), &ca)
@@ -858,7 +825,7 @@ fn the_x509_helpers_sign_only_a_csr_of_the_identity() {
             assert!(reply.certificate.is_empty());
         }
         // A CSR whose signature does not verify.
-        let good = csr(dir.path(), "/CN=node1.example.net", None).unwrap();
+        let good = csr(dir.path(), "/CN=node1.example.net", &[]).unwrap();
         // One base64 character changed in the last full line, inside the signature.
         let lines: Vec<&str> = good.lines().collect();
         let target = lines.len() - 3;

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
+use test_support::ca::KeyFormat;
 
 fn run(input: &Value, envs: &[(&str, &str)]) -> Value {
     let mut child = Command::new(env!("CARGO_BIN_EXE_choria-demo-helper"))
@@ -85,26 +86,7 @@ fn pki_reply_carries_a_certificate_signed_by_the_ca() {
         .output()
         .unwrap();
     assert!(st.status.success());
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-new",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=n2.example.net",
-        ])
-        .args([
-            "-keyout",
-            &format!("{d}/k.pem"),
-            "-out",
-            &format!("{d}/req.pem"),
-        ])
-        .output()
-        .unwrap();
-    assert!(ok.status.success());
-    let csr = std::fs::read_to_string(format!("{d}/req.pem")).unwrap();
+    let csr = request(dir.path(), "/CN=n2.example.net", &[]);
     let input = json!({"identity": "n2.example.net", "csr": {"csr": csr, "public_key": "", "ssldir": "/srv/ssl"},
         "ed25519_pubkey": null, "inventory": "{}", "jwt": null});
     let ca = format!("{d}/ca.pem");
@@ -144,34 +126,21 @@ fn hostile_identities() -> Vec<String> {
     ]
 }
 
-/// A test CA made by the helper itself, and a CSR made by openssl with `subject` and, when
-/// given, a `subjectAltName` extension asking for more names.
-fn ca_and_csr(d: &str, subject: &str, san: Option<&str>) -> String {
+/// A CSR for `subject` (as openssl writes it) made in `dir` by the test CA's recipe, asking for
+/// `sans` as its subjectAltName extension when there are any; its PEM.
+fn request(dir: &Path, subject: &str, sans: &[&str]) -> String {
+    let req = test_support::ca::csr(dir, "req", subject, sans, KeyFormat::Pkcs8).unwrap();
+    std::fs::read_to_string(req.csr).unwrap()
+}
+
+/// A test CA made by the helper itself, and a CSR for `subject` asking for `sans`.
+fn ca_and_csr(d: &str, subject: &str, sans: &[&str]) -> String {
     let st = Command::new(env!("CARGO_BIN_EXE_choria-demo-helper"))
         .args(["init-ca", &format!("{d}/ca")])
         .output()
         .unwrap();
     assert!(st.status.success());
-    let mut req = Command::new("openssl");
-    req.args([
-        "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-    ])
-    .args([
-        "-keyout",
-        &format!("{d}/k.pem"),
-        "-out",
-        &format!("{d}/req.pem"),
-    ]);
-    if let Some(san) = san {
-        req.args(["-addext", &format!("subjectAltName={san}")]);
-    }
-    let ok = req.output().unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    std::fs::read_to_string(format!("{d}/req.pem")).unwrap()
+    request(Path::new(d), subject, sans)
 }
 
 /// Every file under `dir` with its length and modification time.
@@ -224,7 +193,7 @@ fn assert_refused(reply: &Value, what: &str, why: &str) {
 fn hostile_identities_are_deferred_in_every_mode() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let csr = ca_and_csr(d, "/CN=node1.example.net", None);
+    let csr = ca_and_csr(d, "/CN=node1.example.net", &[]);
     let ca_dir = dir.path().join("ca");
     let before = snapshot(&ca_dir);
     let ca = format!("{d}/ca/ca.pem");
@@ -266,7 +235,7 @@ fn pki_certificate_names_the_identity_alone() {
     let csr = ca_and_csr(
         d,
         "/CN=n3.example.net/O=Example",
-        Some("DNS:admin.privileged.mcollective,DNS:n3.example.net,IP:10.0.0.1"),
+        &["admin.privileged.mcollective", "n3.example.net", "10.0.0.1"],
     );
     let ca = format!("{d}/ca/ca.pem");
     let key = format!("{d}/ca/ca-key.pem");
@@ -285,7 +254,7 @@ fn pki_certificate_names_the_identity_alone() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
-        let csr = ca_and_csr(d, subject, None);
+        let csr = ca_and_csr(d, subject, &[]);
         let ca = format!("{d}/ca/ca.pem");
         let key = format!("{d}/ca/ca-key.pem");
         let envs = [("CHORIA_CA_CERT", ca.as_str()), ("CHORIA_CA_KEY", &key)];
@@ -299,7 +268,7 @@ fn pki_certificate_names_the_identity_alone() {
 fn hostile_directories_are_deferred() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let csr = ca_and_csr(d, "/CN=n4.example.net", None);
+    let csr = ca_and_csr(d, "/CN=n4.example.net", &[]);
     let ca = format!("{d}/ca/ca.pem");
     let key = format!("{d}/ca/ca-key.pem");
     let envs = [("CHORIA_CA_CERT", ca.as_str()), ("CHORIA_CA_KEY", &key)];

@@ -65,7 +65,7 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
     create_bucket(&env.url()).await;
     let helper = format!("{} slow 0.3", test_helper("scenario.py"));
     let start = |name: &str| {
-        let mut o = ProvOptions::new(helper.clone()).yaml(&format!(
+        let mut o = env.provisioner(helper.clone()).yaml(&format!(
             "audit_stream: {STREAM}\naudit_file: {}",
             env.path().join(format!("{name}.audit.jsonl")).display()
         ));
@@ -207,10 +207,11 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
     .unwrap();
     let file = env.path().join("audit.jsonl");
     let mut prov = env.start(
-        &ProvOptions::new(example_helper("helper-plain.py")).yaml(&format!(
-            "audit_stream: {STREAM}\naudit_file: {}",
-            file.display()
-        )),
+        &env.provisioner(example_helper("helper-plain.py"))
+            .yaml(&format!(
+                "audit_stream: {STREAM}\naudit_file: {}",
+                file.display()
+            )),
     );
     prov.wait_ready().await;
     assert!(

@@ -13,7 +13,6 @@ use choria_fleet_sim::{FleetConfig, Mode, ProvisioningJwt, SimFleet};
 use common::*;
 use test_support::dns::{DnsServer, SrvRecord};
 use test_support::nats::NatsOperator;
-use test_support::provisioner::ProvisionerConfig;
 use test_support::NatsServer;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -30,39 +29,21 @@ fn fleet_config(url: &str, nodes: usize, signer: &Signer) -> FleetConfig {
     c.identity_prefix = "node".into();
     c.domain = "example.net".into();
     c.restart_delay = Duration::from_millis(300);
-    c.rsa_keys_pem = Some(rsa_keys_pem(1));
+    c.rsa_keys_pem = Some(test_support::ca::rsa_keys_pem(1).unwrap());
     c
 }
 
-/// Write the provisioner's YAML (plain mode, the sample helper) and the given Choria
-/// configuration; start it with `env`.
+/// Start the provisioner (plain mode, the sample helper) in `dir` with the given Choria
+/// configuration and `env`.
 fn start(dir: &Path, signer: &Signer, choria_cfg: &str, env: &[(&str, String)]) -> Prov {
-    let c = ProvisionerConfig::new(
-        "provisioner1",
-        "unused",
-        &example_helper("helper-plain.py"),
-        TOKEN,
-        &signer.public_hex,
-    );
-    let yaml = dir.join("provisioner1.yaml");
-    std::fs::write(&yaml, c.yaml()).unwrap();
-    let cfg = dir.join("choria.cfg");
-    std::fs::write(&cfg, choria_cfg).unwrap();
-    let mut env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    env.push((
-        "CHORIA_BROKERS".into(),
-        "nats://broker.example.net:4222".into(),
-    ));
-    Prov::spawn(
-        "provisioner1",
+    let mut p = provisioner("unused", example_helper("helper-plain.py"), signer);
+    p.choria_config = Some(choria_cfg.to_string());
+    for (k, v) in env {
+        p = p.env(k, v.clone());
+    }
+    start_in(
         dir,
-        &yaml,
-        &["--choria-config".into(), cfg.display().to_string()],
-        &env,
-        c.monitor_port,
+        &p.env("CHORIA_BROKERS", "nats://broker.example.net:4222"),
     )
 }
 

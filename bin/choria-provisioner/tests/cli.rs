@@ -309,7 +309,8 @@ fn check_on_a_broken_setup_lists_every_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_keys_are_warned_by_name() {
     let env = Env::new();
-    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+    let opts = env
+        .provisioner(example_helper("helper-plain.py"))
         .yaml("feature:\n  pki: true\nbroker_port: 4222\nworkerz: 3");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -329,7 +330,7 @@ async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
     let env = Env::new();
     let pid_file = env.path().join("run/provisioner.pid");
     std::fs::create_dir(env.path().join("run")).unwrap();
-    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut opts = env.provisioner(example_helper("helper-plain.py"));
     opts.pid_file = Some(pid_file.clone());
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -343,7 +344,7 @@ async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
 async fn sigterm_and_sigint_exit_cleanly() {
     let env = Env::new();
     for sig in ["TERM", "INT"] {
-        let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+        let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
         prov.wait_ready().await;
         prov.stop_with(sig).await;
         let out = prov.output();
@@ -372,14 +373,13 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
             test_support::free_port()
         ),
     );
-    let mut prov = Prov::spawn(
+    let mut prov = Prov::launch(&Launch::new(
         "unconnected",
-        dir.path(),
+        Path::new(BIN),
         Path::new(&yaml),
-        &["--choria-config".into(), cfg],
-        &[],
-        0,
-    );
+        Path::new(&cfg),
+        &dir.path().join("unconnected.out"),
+    ));
     assert!(
         prov.wait_log("starting using configuration file", Duration::from_secs(20))
             .await
@@ -391,7 +391,7 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_flag_wins_over_the_configured_level() {
     let env = Env::new();
-    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut opts = env.provisioner(example_helper("helper-plain.py"));
     opts.loglevel = "warn".into();
     let mut quiet = env.start(&opts);
     // Nothing below warn is logged, so wait for the metrics listener instead of a log line.
@@ -404,7 +404,7 @@ async fn debug_flag_wins_over_the_configured_level() {
     quiet.stop_with("TERM").await;
     assert!(!quiet.output().contains("INFO"), "{}", quiet.output());
 
-    opts.identity = "provisioner2".into();
+    let mut opts = opts.for_identity("provisioner2");
     opts.args = vec!["--debug".into(), "run".into()];
     let mut loud = env.start(&opts);
     loud.wait_ready().await;
@@ -417,8 +417,12 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
     let env = Env::new();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let opts = ProvOptions::new(example_helper("helper-plain.py"));
-    let (yaml, cfg, _) = env.write_config(&opts);
+    let opts = env.provisioner(example_helper("helper-plain.py"));
+    let Launch {
+        config: yaml,
+        choria_config: cfg,
+        ..
+    } = env.prepare(&opts);
     let text = std::fs::read_to_string(&yaml).unwrap();
     let text = text
         .lines()
@@ -449,7 +453,7 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
 async fn a_signal_as_soon_as_the_pid_file_exists_is_a_clean_stop() {
     let env = Env::new();
     let pid_file = env.path().join("early.pid");
-    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut opts = env.provisioner(example_helper("helper-plain.py"));
     opts.pid_file = Some(pid_file.clone());
     let mut prov = env.start(&opts);
     // Whoever reads the pid file may signal at once: the handlers are in place by then.

@@ -21,7 +21,7 @@ const WAIT: Duration = Duration::from_secs(60);
 async fn plain_mode_provisions_the_fleet_and_metrics_show_the_counts() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
 
     assert!(
@@ -97,7 +97,7 @@ async fn plain_mode_provisions_the_fleet_and_metrics_show_the_counts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pki_mode_signs_csrs_and_refuses_denied_names() {
     let env = Env::new();
-    let (ca, ca_key) = openssl_ca(env.path());
+    let ca = test_ca(env.path());
     let denied = "db1.privileged.example.net".to_string();
     let mut ids: Vec<String> = (1..=5).map(|i| format!("web{i}.example.net")).collect();
     ids.push(denied.clone());
@@ -105,11 +105,12 @@ async fn pki_mode_signs_csrs_and_refuses_denied_names() {
     cfg.identities = Some(ids.clone());
     let fleet = env.fleet(cfg).await;
 
-    let mut opts = ProvOptions::new(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.display().to_string())
-        .env("CHORIA_CA_KEY", ca_key.display().to_string())
-        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"");
-    opts.features = vec!["jwt", "pki"];
+    let opts = env
+        .provisioner(example_helper("helper-pki.py"))
+        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
+        .env("CHORIA_CA_KEY", ca.key.display().to_string())
+        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"")
+        .features(&["jwt", "pki"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
@@ -120,7 +121,7 @@ async fn pki_mode_signs_csrs_and_refuses_denied_names() {
         prov.output()
     );
     assert!(prov.wait_metric("provision_errors", 1.0, WAIT).await);
-    let ca_pem = std::fs::read_to_string(&ca).unwrap();
+    let ca_pem = std::fs::read_to_string(&ca.cert).unwrap();
     for id in &ids[..5] {
         let r = fleet.node_report(id).unwrap();
         assert!(r.provisioned, "{id}: {:?}", r.problems);
@@ -154,9 +155,10 @@ async fn ed25519_mode_issues_server_jwts_the_fleet_verifies() {
     let mut cfg = env.fleet_config(10, Mode::Ed25519);
     cfg.issuer_public = Some(env.signer.verifier());
     let fleet = env.fleet(cfg).await;
-    let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
-        .env("CHORIA_ISSUER", env.signer.public_hex.clone());
-    opts.features = vec!["ed25519"];
+    let opts = env
+        .provisioner(example_helper("helper-ed25519.py"))
+        .env("CHORIA_ISSUER", env.signer.public_hex.clone())
+        .features(&["ed25519"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
@@ -207,9 +209,10 @@ async fn ed25519_mode_server_jwts_from_another_issuer_are_refused() {
     let mut cfg = env.fleet_config(3, Mode::Ed25519);
     cfg.issuer_public = Some(other.verifier());
     let fleet = env.fleet(cfg).await;
-    let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
-        .env("CHORIA_ISSUER", env.signer.public_hex.clone());
-    opts.features = vec!["ed25519"];
+    let opts = env
+        .provisioner(example_helper("helper-ed25519.py"))
+        .env("CHORIA_ISSUER", env.signer.public_hex.clone())
+        .features(&["ed25519"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     assert!(prov.wait_metric("provision_errors", 3.0, WAIT).await);
@@ -224,12 +227,11 @@ async fn ed25519_mode_server_jwts_from_another_issuer_are_refused() {
     fleet.shutdown().await;
 }
 
-fn upgrade_options(version: &str, optional: bool) -> ProvOptions {
-    let mut o = ProvOptions::new(format!("{} upgrade {version}", test_helper("scenario.py")))
+fn upgrade_options(env: &Env, version: &str, optional: bool) -> Provisioner {
+    env.provisioner(format!("{} upgrade {version}", test_helper("scenario.py")))
         .yaml("upgrades_repository: https://repo.example.net/choria")
-        .yaml(&format!("upgrades_optional: {optional}"));
-    o.features = vec!["jwt", "upgrades"];
-    o
+        .yaml(&format!("upgrades_optional: {optional}"))
+        .features(&["jwt", "upgrades"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,7 +240,7 @@ async fn upgrades_to_a_newer_version_then_provisions() {
     let mut cfg = env.fleet_config(5, Mode::Plain);
     cfg.upgradable = true;
     let fleet = env.fleet(cfg).await;
-    let mut prov = env.start(&upgrade_options("0.31.0", false));
+    let mut prov = env.start(&upgrade_options(&env, "0.31.0", false));
     prov.wait_ready().await;
 
     assert!(
@@ -278,7 +280,7 @@ async fn an_equal_version_is_not_upgraded() {
     let mut cfg = env.fleet_config(4, Mode::Plain);
     cfg.upgradable = true;
     let fleet = env.fleet(cfg).await;
-    let mut prov = env.start(&upgrade_options("0.30.0", false));
+    let mut prov = env.start(&upgrade_options(&env, "0.30.0", false));
     prov.wait_ready().await;
     assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
     for id in fleet.identities() {
@@ -295,7 +297,7 @@ async fn an_equal_version_is_not_upgraded() {
 async fn optional_upgrades_let_a_non_upgradable_node_be_provisioned() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
-    let mut prov = env.start(&upgrade_options("0.31.0", true));
+    let mut prov = env.start(&upgrade_options(&env, "0.31.0", true));
     prov.wait_ready().await;
     assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
     for id in fleet.identities() {
@@ -312,7 +314,7 @@ async fn optional_upgrades_let_a_non_upgradable_node_be_provisioned() {
 async fn mandatory_upgrades_leave_a_non_upgradable_node_unconfigured() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
-    let mut prov = env.start(&upgrade_options("0.31.0", false));
+    let mut prov = env.start(&upgrade_options(&env, "0.31.0", false));
     prov.wait_ready().await;
     assert!(
         prov.wait_metric("provision_errors", 4.0, WAIT).await,
@@ -337,7 +339,8 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
     std::fs::create_dir(&once).unwrap();
     let log = env.path().join("helper.log");
     let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("{} defer", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} defer", test_helper("scenario.py")))
         .env("HELPER_ONCE_DIR", once.display().to_string())
         .env("HELPER_LOG", log.display().to_string());
     let mut prov = env.start(&opts);
@@ -376,7 +379,8 @@ async fn shutdown_replies_shut_the_node_down() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
     let victim = "node-2.example.net";
-    let opts = ProvOptions::new(format!("{} shutdown", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} shutdown", test_helper("scenario.py")))
         .env("HELPER_ONLY", "node-2.");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -405,7 +409,8 @@ async fn failing_helper_is_counted_and_retried(behaviour: &str) {
     let once = env.path().join("once");
     std::fs::create_dir(&once).unwrap();
     let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("{} {behaviour}", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} {behaviour}", test_helper("scenario.py")))
         .env("HELPER_ONCE_DIR", once.display().to_string());
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -444,7 +449,8 @@ async fn a_hanging_helper_is_killed_after_the_timeout() {
     let env = Env::new();
     let pids = env.path().join("pids");
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("{} hang", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} hang", test_helper("scenario.py")))
         .env("HELPER_PIDS", pids.display().to_string());
     let started = Instant::now();
     let mut prov = env.start(&opts);
@@ -479,7 +485,7 @@ async fn a_hanging_helper_is_killed_after_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_announced_by_startup_events_are_taken_without_discovery() {
     let env = Env::new();
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
     // The start-up discovery found nothing; every node now announces itself.
     assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
@@ -504,7 +510,7 @@ async fn nodes_announced_by_startup_events_are_taken_without_discovery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_broker_connection() {
     let mut env = Env::new();
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
     assert_eq!(prov.get("/readyz").unwrap().0, 200);
 
@@ -539,7 +545,8 @@ async fn shutdown_lets_nodes_in_flight_finish() {
     let env = Env::new();
     let log = env.path().join("helper.log");
     let fleet = env.fleet(env.fleet_config(2, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("{} slow 3", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} slow 3", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string());
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -560,8 +567,9 @@ async fn shutdown_lets_nodes_in_flight_finish() {
 async fn logs_go_to_the_logfile() {
     let env = Env::new();
     let logfile = env.path().join("provisioner.log");
-    let mut opts =
-        ProvOptions::new(example_helper("helper-plain.py")).yaml("feature:\n  pki: true");
+    let mut opts = env
+        .provisioner(example_helper("helper-plain.py"))
+        .yaml("feature:\n  pki: true");
     opts.logfile = Some(logfile.clone());
     let mut prov = env.start(&opts);
     assert!(
@@ -599,11 +607,12 @@ async fn keys_made_by_the_helper_reach_the_node_encrypted() {
     // encrypts the key with the key exchange of the `jwt` step. The simulated server decrypts
     // it and counts itself provisioned only when the key matches the certificate.
     let env = Env::new();
-    let (ca, ca_key) = openssl_ca(env.path());
+    let ca = test_ca(env.path());
     let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
-    let opts = ProvOptions::new(test_helper("keyed.py"))
-        .env("CHORIA_CA_CERT", ca.display().to_string())
-        .env("CHORIA_CA_KEY", ca_key.display().to_string());
+    let opts = env
+        .provisioner(test_helper("keyed.py"))
+        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
+        .env("CHORIA_CA_KEY", ca.key.display().to_string());
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     assert!(
@@ -627,7 +636,7 @@ async fn keys_made_by_the_helper_reach_the_node_encrypted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_events_in_the_legacy_choria_format_are_taken_too() {
     let env = Env::new();
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
     assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
     let mut cfg = env.fleet_config(5, Mode::Plain);
@@ -644,7 +653,8 @@ async fn a_second_signal_ends_the_drain_at_once() {
     let env = Env::new();
     let log = env.path().join("helper.log");
     let fleet = env.fleet(env.fleet_config(2, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("{} slow 8", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} slow 8", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string());
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -676,7 +686,8 @@ async fn the_provisioning_password_logs_in_as_the_provisioner_user() {
     cfg.nats_user = Some(("node".into(), "n0de-pw".into()));
     cfg.token_auth = false;
     let fleet = env.fleet(cfg).await;
-    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+    let opts = env
+        .provisioner(example_helper("helper-plain.py"))
         .yaml("broker_provisioning_password: pr0v-pw");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -697,7 +708,7 @@ async fn a_larger_fleet_found_by_discovery_and_events_at_once() {
     let mut first = env.fleet_config(100, Mode::Plain);
     first.identity_prefix = "early".into();
     let early = env.fleet(first).await;
-    let mut opts = ProvOptions::new(test_helper("fast.sh"));
+    let mut opts = env.provisioner(test_helper("fast.sh"));
     opts.workers = 8;
     opts.loglevel = "info".into();
     let mut prov = env.start(&opts);

@@ -79,7 +79,7 @@ async fn the_log_file_is_logrus_json_with_the_go_messages() {
     let broken_id = broken.identities()[0].clone();
     let good_ids = good.identities();
 
-    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut opts = env.provisioner(example_helper("helper-plain.py"));
     opts.logfile = Some(logfile.clone());
     opts.loglevel = "info".into();
     let mut prov = env.start(&opts);
@@ -223,7 +223,7 @@ async fn no_loglevel_logs_warnings_only_as_go_does() {
     let env = Env::new();
     let logfile = env.path().join("quiet.log");
     let fleet = env.fleet(env.fleet_config(2, Mode::Plain)).await;
-    let mut opts = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut opts = env.provisioner(example_helper("helper-plain.py"));
     opts.logfile = Some(logfile.clone());
     // `loglevel: ""` (what a file without `loglevel` gives): go-choria's default, warning.
     opts.loglevel = "\"\"".into();

@@ -37,8 +37,8 @@ async fn create_bucket_as(url: &str, user: Option<(&str, &str)>) {
     .unwrap();
 }
 
-fn ha_options(identity: &str, helper: String) -> ProvOptions {
-    let mut o = ProvOptions::new(helper);
+fn ha_options(env: &Env, identity: &str, helper: String) -> Provisioner {
+    let mut o = env.provisioner(helper);
     o.identity = identity.into();
     o.leader_election = true;
     o.workers = 2;
@@ -60,8 +60,8 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
     let env = Env::new();
     create_bucket(&env.url()).await;
     let helper = format!("{} slow 0.3", test_helper("scenario.py"));
-    let mut a = env.start(&ha_options("provisioner-a", helper.clone()));
-    let mut b = env.start(&ha_options("provisioner-b", helper));
+    let mut a = env.start(&ha_options(&env, "provisioner-a", helper.clone()));
+    let mut b = env.start(&ha_options(&env, "provisioner-b", helper));
     a.wait_ready().await;
     b.wait_ready().await;
 
@@ -153,6 +153,7 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
 async fn an_election_bucket_created_after_start_is_found() {
     let env = Env::new();
     let mut prov = env.start(&ha_options(
+        &env,
         "provisioner-a",
         example_helper("helper-plain.py"),
     ));
@@ -186,6 +187,7 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
     let env = Env::new();
     create_bucket(&env.url()).await;
     let mut opts = ha_options(
+        &env,
         "provisioner-a",
         format!("{} slow 0.3", test_helper("scenario.py")),
     );
@@ -269,7 +271,7 @@ accounts {
 async fn the_election_works_through_the_choria_streams_import() {
     let env = Env::with_broker_config(CHORIA_LIKE_ACCOUNTS);
     let admin = Some(("choria", "ch0ria-pw"));
-    let opts = ha_options("provisioner-a", example_helper("helper-plain.py"))
+    let opts = ha_options(&env, "provisioner-a", example_helper("helper-plain.py"))
         .yaml("broker_provisioning_password: pr0v-pw");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;

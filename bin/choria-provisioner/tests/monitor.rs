@@ -71,7 +71,7 @@ fn ipv6_loopback_available() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_monitor_address_ipv4_and_ipv6_clients_are_answered() {
     let env = Env::new();
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
     let port = prov.port;
     let out = prov.output();
@@ -105,7 +105,7 @@ async fn without_monitor_address_ipv4_and_ipv6_clients_are_answered() {
 async fn metrics_over_ipv4_and_ipv6_carry_the_process_and_connector_series() {
     let env = Env::new();
     let before = now();
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     let after = now();
     prov.wait_ready().await;
     let port = prov.port;
@@ -205,10 +205,11 @@ async fn process_series_under_proc_subset_pid() {
         return;
     }
     let env = Env::new();
-    let o = ProvOptions::new(example_helper("helper-plain.py"));
-    let (yaml, cfg, port) = env.write_config(&o);
-    let mut cmd = Command::new("unshare");
-    cmd.args([
+    let mut launch = env.prepare(&env.provisioner(example_helper("helper-plain.py")));
+    // The binary runs under a shell in a mount namespace of its own, which mounts /proc with
+    // subset=pid first; the generated arguments follow the binary.
+    launch.program = "unshare".into();
+    launch.args = [
         "--mount",
         "--propagation",
         "private",
@@ -216,23 +217,13 @@ async fn process_series_under_proc_subset_pid() {
         "-c",
         "mount -t proc -o subset=pid proc /proc && exec \"$0\" \"$@\"",
         BIN,
-        "--config",
-    ])
-    .arg(&yaml)
-    .arg("--choria-config")
-    .arg(&cfg)
-    .env("CHORIA_BROKERS", env.url());
+    ]
+    .map(String::from)
+    .to_vec();
+    launch.name = "subset-pid".into();
+    launch.out = env.path().join("subset-pid.out");
     let before = now();
-    let mut prov = Prov(
-        test_support::provisioner::ProvisionerProcess::spawn(
-            "subset-pid",
-            &mut cmd,
-            &env.path().join("subset-pid.out"),
-            port,
-            Duration::ZERO,
-        )
-        .unwrap(),
-    );
+    let mut prov = Prov::launch(&launch);
     let after = now();
     prov.wait_ready().await;
     // It really runs with the restricted /proc.
@@ -299,7 +290,7 @@ async fn connector_series_count_a_late_broker_and_a_reconnection() {
     let mut env = Env::new();
     env.nats.stop();
     let spawned = std::time::Instant::now();
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     let scrape = |prov: &Prov| parse(&prov.metrics());
     let sample = |samples: &[Sample], name: &str| {
         samples
@@ -381,7 +372,7 @@ async fn election_series_are_exported_as_go_choria_labels_them() {
         })
         .await
         .unwrap();
-    let mut o = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut o = env.provisioner(example_helper("helper-plain.py"));
     o.identity = "provisioner-a".into();
     o.leader_election = true;
     let mut prov = env.start(&o);
@@ -449,7 +440,7 @@ async fn election_series_are_exported_as_go_choria_labels_them() {
     );
 
     // A standby that never led: candidate campaigns only, and no leader gauge at all.
-    let mut o = ProvOptions::new(example_helper("helper-plain.py"));
+    let mut o = env.provisioner(example_helper("helper-plain.py"));
     o.identity = "provisioner-b".into();
     o.leader_election = true;
     let mut standby = env.start(&o);
@@ -501,8 +492,9 @@ fn is_ready_role(p: &Prov, role: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_address_binds_that_address_only() {
     let env = Env::new();
-    let opts =
-        ProvOptions::new(example_helper("helper-plain.py")).yaml("monitor_address: 127.0.0.1");
+    let opts = env
+        .provisioner(example_helper("helper-plain.py"))
+        .yaml("monitor_address: 127.0.0.1");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     let port = prov.port;

@@ -90,11 +90,12 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
     let cfg_fail = env.fleet(cfg_fail).await;
 
     let audit = env.path().join("audit.jsonl");
-    let mut opts = ProvOptions::new(format!("{} by-name 0.31.0", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} by-name 0.31.0", test_helper("scenario.py")))
         .yaml("upgrades_repository: https://repo.example.net/choria")
-        .yaml(&format!("audit_file: {}", audit.display()));
-    opts.features = vec!["jwt", "upgrades"];
-    let (yaml, _, _) = env.write_config(&opts);
+        .yaml(&format!("audit_file: {}", audit.display()))
+        .features(&["jwt", "upgrades"]);
+    let yaml = env.prepare(&opts).config;
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     let monitor = format!("http://127.0.0.1:{}", prov.port);
@@ -331,9 +332,10 @@ async fn the_api_wants_the_token_when_one_is_configured() {
     let env = Env::new();
     let token_file = env.path().join("monitor.token");
     std::fs::write(&token_file, "mon-7d1c2a-token\n").unwrap();
-    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+    let opts = env
+        .provisioner(example_helper("helper-plain.py"))
         .yaml(&format!("monitor_token_file: {}", token_file.display()));
-    let (yaml, _, _) = env.write_config(&opts);
+    let yaml = env.prepare(&opts).config;
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     for path in ["/", "/api/v1/status", "/api/v1/nodes", "/nodes/x"] {
@@ -374,18 +376,19 @@ fn provisioned_line<'a>(lines: &'a [Value], id: &str) -> &'a Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
     let env = Env::new();
-    let (ca, ca_key) = openssl_ca(env.path());
+    let ca = test_ca(env.path());
     let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
     let mut bad_csr = env.fleet_config(1, Mode::Pki);
     bad_csr.identities = Some(vec!["badcsr-1.example.net".into()]);
     bad_csr.faults.bad_csr = 1.0;
     let bad_csr = env.fleet(bad_csr).await;
     let audit = env.path().join("audit.jsonl");
-    let mut opts = ProvOptions::new(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.display().to_string())
-        .env("CHORIA_CA_KEY", ca_key.display().to_string())
-        .yaml(&format!("audit_file: {}", audit.display()));
-    opts.features = vec!["jwt", "pki"];
+    let opts = env
+        .provisioner(example_helper("helper-pki.py"))
+        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
+        .env("CHORIA_CA_KEY", ca.key.display().to_string())
+        .yaml(&format!("audit_file: {}", audit.display()))
+        .features(&["jwt", "pki"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     assert!(
@@ -479,10 +482,11 @@ async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
     bad_nonce.faults.bad_nonce = 1.0;
     let bad_nonce = env.fleet(bad_nonce).await;
     let audit = env.path().join("audit.jsonl");
-    let mut opts = ProvOptions::new(example_helper("helper-ed25519.py"))
+    let opts = env
+        .provisioner(example_helper("helper-ed25519.py"))
         .env("CHORIA_ISSUER", env.signer.public_hex.clone())
-        .yaml(&format!("audit_file: {}", audit.display()));
-    opts.features = vec!["ed25519"];
+        .yaml(&format!("audit_file: {}", audit.display()))
+        .features(&["ed25519"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     assert!(
@@ -566,7 +570,8 @@ async fn helper_policy_and_node_faults_show_their_step_and_cause() {
     )
     .unwrap();
     let audit = env.path().join("audit.jsonl");
-    let opts = ProvOptions::new(format!("{} by-name", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} by-name", test_helper("scenario.py")))
         .yaml(&format!("rego_policy: {}", policy.display()))
         .yaml(&format!("audit_file: {}", audit.display()));
     let mut prov = env.start(&opts);

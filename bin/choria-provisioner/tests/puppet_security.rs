@@ -1,5 +1,5 @@
-//! The puppet security provider end to end: a Puppet-style ssldir made by a test CA, a
-//! `choria.cfg` without any `plugin.security.provider` (so puppet, as in go-choria), a real
+//! The puppet security provider end to end: a Puppet-style ssldir made by a test CA, a Choria
+//! configuration without any `plugin.security.provider` (so puppet, as in go-choria), a real
 //! nats-server that requires TLS with a client certificate from that CA, the provisioner binary
 //! and a simulated fleet. The provisioner connects with the certificate, key and CA of its
 //! ssldir, signs its requests with that key (protocol v1, caller `choria=<USER>.mcollective`)
@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use choria_fleet_sim::Mode;
 use choria_rpc_client::protocol::{RequestSecurity, ServerRequest};
 use common::*;
 use futures::StreamExt as _;
-use test_support::provisioner::ProvisionerConfig;
+use test_support::ca::Issued;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -26,50 +25,12 @@ const WAIT: Duration = Duration::from_secs(60);
 const USER: &str = "puppetprov";
 const CERTNAME: &str = "puppetprov.mcollective";
 
-/// A version 3 certificate for `cn` signed by the CA, with `san` as its subjectAltName when
-/// given: (certificate, key).
-fn issue(dir: &Path, ca: &(PathBuf, PathBuf), cn: &str, san: Option<&str>) -> (PathBuf, PathBuf) {
-    let key = dir.join(format!("{cn}.key"));
-    let csr = dir.join(format!("{cn}.csr"));
-    let cert = dir.join(format!("{cn}.crt"));
-    run(Command::new("openssl")
-        .args(["genrsa", "-out"])
-        .arg(&key)
-        .arg("2048")
-        .stderr(Stdio::null()));
-    run(Command::new("openssl")
-        .args(["req", "-new", "-subj", &format!("/CN={cn}"), "-key"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&csr)
-        .stderr(Stdio::null()));
-    let mut sign = Command::new("openssl");
-    sign.args(["x509", "-req", "-days", "2", "-set_serial", "7", "-in"])
-        .arg(&csr)
-        .arg("-CA")
-        .arg(&ca.0)
-        .arg("-CAkey")
-        .arg(&ca.1)
-        .arg("-out")
-        .arg(&cert);
-    // Extensions make it a version 3 certificate, which TLS libraries insist on.
-    let ext = dir.join(format!("{cn}.ext"));
-    let mut lines = "basicConstraints=CA:FALSE\n".to_string();
-    if let Some(san) = san {
-        lines.push_str(&format!("subjectAltName={san}\n"));
-    }
-    std::fs::write(&ext, lines).unwrap();
-    sign.arg("-extfile").arg(&ext);
-    run(sign.stderr(Stdio::null()));
-    (cert, key)
-}
-
 /// A test CA, a broker certificate for 127.0.0.1 and a Puppet ssldir holding the CA as
 /// `certs/ca.pem` and the provisioner's certificate and key as `certs/<CERTNAME>.pem` and
 /// `private_keys/<CERTNAME>.pem`.
 struct Pki {
     ssldir: PathBuf,
-    broker: (PathBuf, PathBuf),
+    broker: Issued,
     ca: PathBuf,
 }
 
@@ -77,22 +38,22 @@ impl Pki {
     fn new(dir: &Path) -> Pki {
         let work = dir.join("pki");
         std::fs::create_dir_all(&work).unwrap();
-        let ca = openssl_ca(&work);
-        let broker = issue(&work, &ca, "localhost", Some("IP:127.0.0.1,DNS:localhost"));
-        let client = issue(&work, &ca, CERTNAME, None);
+        let ca = test_ca(&work);
+        let broker = ca.issue("localhost", &["127.0.0.1", "localhost"]).unwrap();
+        let client = ca.issue(CERTNAME, &[]).unwrap();
         let ssldir = dir.join("puppet/ssl");
         std::fs::create_dir_all(ssldir.join("certs")).unwrap();
         std::fs::create_dir_all(ssldir.join("private_keys")).unwrap();
-        std::fs::copy(&ca.0, ssldir.join("certs/ca.pem")).unwrap();
-        std::fs::copy(&client.0, ssldir.join(format!("certs/{CERTNAME}.pem"))).unwrap();
+        std::fs::copy(&ca.cert, ssldir.join("certs/ca.pem")).unwrap();
+        std::fs::copy(&client.cert, ssldir.join(format!("certs/{CERTNAME}.pem"))).unwrap();
         let key = ssldir.join(format!("private_keys/{CERTNAME}.pem"));
-        std::fs::copy(&client.1, &key).unwrap();
+        std::fs::copy(&client.key, &key).unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         Pki {
             ssldir,
             broker,
-            ca: ca.0,
+            ca: ca.cert,
         }
     }
 
@@ -110,67 +71,32 @@ impl Pki {
     fn broker_config(&self) -> String {
         format!(
             "allow_non_tls: true\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 5\n}}\n",
-            self.broker.0.display(),
-            self.broker.1.display(),
+            self.broker.cert.display(),
+            self.broker.key.display(),
             self.ca.display()
         )
     }
 }
 
-/// The environment the provisioner runs with: its certname comes from `USER`; the sample
-/// helper hands the nodes `CHORIA_BROKERS`.
-fn puppet_env(env: &Env) -> Vec<(String, String)> {
-    vec![
-        ("USER".into(), USER.into()),
-        ("MCOLLECTIVE_CERTNAME".into(), String::new()),
-        ("CHORIA_BROKERS".into(), env.url()),
-    ]
-}
-
 /// The provisioner's files: the usual YAML with TLS and signing on, and a Choria configuration
-/// with brokers, identity and ssldir only (no security provider: puppet).
-fn write_files(env: &Env, pki: &Pki) -> (PathBuf, PathBuf, u16) {
-    let mut c = ProvisionerConfig::new(
-        "puppet-prov",
-        &env.url(),
-        &example_helper("helper-plain.py"),
-        TOKEN,
-        &env.signer.public_hex,
-    );
-    c.loglevel = "debug".into();
-    let yaml_text = c.yaml();
-    assert!(yaml_text.contains("choria_insecure: true\n"));
-    let yaml = env.path().join("puppet-prov.yaml");
-    std::fs::write(
-        &yaml,
-        yaml_text.replace("choria_insecure: true\n", "choria_insecure: false\n"),
-    )
-    .unwrap();
-    let cfg = env.path().join("choria.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "identity = puppet-prov\nplugin.choria.middleware_hosts = 127.0.0.1:{}\n\
-             plugin.choria.ssldir = {}\n",
-            env.nats.port(),
-            pki.ssldir.display()
-        ),
-    )
-    .unwrap();
-    (yaml, cfg, c.monitor_port)
+/// with brokers, identity and ssldir only (no security provider: puppet). Its certname comes from
+/// `USER`; the sample helper hands the nodes `CHORIA_BROKERS`.
+fn prepare(env: &Env, pki: &Pki) -> Launch {
+    let mut p = env.provisioner(example_helper("helper-plain.py"));
+    p.identity = "puppet-prov".into();
+    p.jwt_signing_key = None;
+    p.choria_insecure = false;
+    p.choria_config = Some(format!(
+        "identity = puppet-prov\nplugin.choria.middleware_hosts = 127.0.0.1:{}\n\
+         plugin.choria.ssldir = {}\n",
+        env.nats.port(),
+        pki.ssldir.display()
+    ));
+    env.prepare(&p.env("USER", USER).env("MCOLLECTIVE_CERTNAME", ""))
 }
 
-fn check(env: &Env, yaml: &Path, cfg: &Path) -> (bool, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("check")
-        .arg("--config")
-        .arg(yaml)
-        .arg("--choria-config")
-        .arg(cfg);
-    for (k, v) in puppet_env(env) {
-        cmd.env(k, v);
-    }
-    let o = cmd.output().unwrap();
+fn check(launch: &Launch) -> (bool, String) {
+    let o = launch.command_for("check").output().unwrap();
     (
         o.status.success(),
         format!(
@@ -186,9 +112,9 @@ async fn the_puppet_provider_connects_with_its_ssldir_and_provisions_the_fleet()
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let env = Env::with_broker_config(&pki.broker_config());
-    let (yaml, cfg, port) = write_files(&env, &pki);
+    let launch = prepare(&env, &pki);
 
-    let (ok, out) = check(&env, &yaml, &cfg);
+    let (ok, out) = check(&launch);
     assert!(ok, "{out}");
     for want in [
         "security: puppet".to_string(),
@@ -216,15 +142,7 @@ async fn the_puppet_provider_connects_with_its_ssldir_and_provisions_the_fleet()
     });
 
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
-    let prov = Prov::spawn(
-        "puppet-prov",
-        env.path(),
-        &yaml,
-        &["--choria-config".to_string(), cfg.display().to_string()],
-        &puppet_env(&env),
-        port,
-    );
-    let mut prov = prov;
+    let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
     assert!(
         fleet.wait_provisioned(3, WAIT).await,
@@ -258,10 +176,10 @@ async fn a_missing_puppet_file_is_named_by_its_full_path_once_and_stops_the_daem
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let env = Env::with_broker_config(&pki.broker_config());
-    let (yaml, cfg, port) = write_files(&env, &pki);
+    let launch = prepare(&env, &pki);
     std::fs::remove_file(pki.key()).unwrap();
 
-    let (ok, out) = check(&env, &yaml, &cfg);
+    let (ok, out) = check(&launch);
     assert!(!ok, "{out}");
     let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
     assert_eq!(problems.len(), 1, "{out}");
@@ -280,14 +198,7 @@ async fn a_missing_puppet_file_is_named_by_its_full_path_once_and_stops_the_daem
     );
 
     // The daemon refuses to start on the same problem, before it connects.
-    let mut prov = Prov::spawn(
-        "puppet-prov",
-        env.path(),
-        &yaml,
-        &["--choria-config".to_string(), cfg.display().to_string()],
-        &puppet_env(&env),
-        port,
-    );
+    let mut prov = Prov::launch(&launch);
     let status = prov
         .wait_exit(Duration::from_secs(20))
         .await

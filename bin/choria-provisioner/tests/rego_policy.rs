@@ -49,7 +49,8 @@ async fn denied_nodes_never_reach_the_helper_and_allowed_ones_are_provisioned() 
     let policy = env.path().join("admit.rego");
     write_policy(&policy, &deny_listed(&denied));
 
-    let opts = ProvOptions::new(format!("{} configure", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} configure", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string())
         .yaml(&format!(
             "rego_policy: {}\nrecord_helper_inputs: {}",
@@ -103,7 +104,7 @@ async fn denied_nodes_never_reach_the_helper_and_allowed_ones_are_provisioned() 
     let recorded = record.join(format!("{}.json", denied[0]));
     let text = std::fs::read_to_string(&recorded).expect("input recorded");
     assert!(!text.contains(TOKEN), "the token was recorded");
-    let (yaml, _, _) = env.write_config(&opts);
+    let yaml = env.prepare(&opts).config;
     let o = Command::new(BIN)
         .args(["policy", "eval", "--config"])
         .arg(&yaml)
@@ -147,7 +148,8 @@ async fn an_edit_takes_effect_and_a_broken_edit_keeps_the_old_policy() {
         "package choria.provisioner\n\ndecision := {\"allow\": false, \"reason\": \"closed for now\"}\n",
     );
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("{} configure", test_helper("scenario.py")))
+    let opts = env
+        .provisioner(format!("{} configure", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string())
         .yaml(&format!("rego_policy: {}", dir.display()));
     let mut prov = env.start(&opts);
@@ -204,9 +206,14 @@ fn check_names_the_file_and_line_of_a_syntax_error() {
         "package choria.provisioner\n\ndefault decision := {\"allow\": false}\ndecision := {\"allow\": true if\n",
     )
     .unwrap();
-    let opts = ProvOptions::new(example_helper("helper-plain.py"))
+    let opts = env
+        .provisioner(example_helper("helper-plain.py"))
         .yaml(&format!("rego_policy: {}", policy.display()));
-    let (yaml, cfg, _) = env.write_config(&opts);
+    let Launch {
+        config: yaml,
+        choria_config: cfg,
+        ..
+    } = env.prepare(&opts);
     let o = Command::new(BIN)
         .arg("check")
         .arg("--config")

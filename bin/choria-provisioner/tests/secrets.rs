@@ -194,24 +194,18 @@ fn check_warns_about_a_yaml_readable_by_a_group_other_than_the_services() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_logs_the_same_warnings_at_start() {
     let env = Env::new();
-    let opts = ProvOptions::new(example_helper("helper-plain.py"));
-    let (yaml, cfg, port) = env.write_config(&opts);
-    let cfg_text = std::fs::read_to_string(&cfg).unwrap();
+    let opts = env.provisioner(example_helper("helper-plain.py"));
+    let launch = env.prepare(&opts);
+    let (yaml, cfg) = (&launch.config, &launch.choria_config);
+    let cfg_text = std::fs::read_to_string(cfg).unwrap();
     std::fs::write(
-        &cfg,
+        cfg,
         format!("{cfg_text}plugin.nats.pass = {NATS_PASSWORD}\n"),
     )
     .unwrap();
     chmod(&yaml.display().to_string(), 0o644);
     chmod(&cfg.display().to_string(), 0o644);
-    let mut prov = Prov::spawn(
-        "readable",
-        env.path(),
-        &yaml,
-        &["--choria-config".into(), cfg.display().to_string()],
-        &[("CHORIA_BROKERS".into(), env.url())],
-        port,
-    );
+    let mut prov = Prov::launch(&launch);
     assert!(
         prov.wait_log("starting using configuration file", Duration::from_secs(20))
             .await

@@ -68,7 +68,7 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
     ]);
     bad.provisioning_jwt = ProvisioningJwt::Sign(stranger.jwt_signer());
     let bad = env.fleet(bad).await;
-    let mut prov = env.start(&ProvOptions::new(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
     assert!(fleet.wait_provisioned(6, Duration::from_secs(60)).await);
     assert!(

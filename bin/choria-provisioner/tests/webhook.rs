@@ -53,7 +53,8 @@ async fn a_signed_webhook_provisions_the_fleet() {
     let secret = secret_file(env.path());
     let _webhook = python_webhook(port, &secret, &env.url());
     let fleet = env.fleet(env.fleet_config(12, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("http://127.0.0.1:{port}/provision"))
+    let opts = env
+        .provisioner(format!("http://127.0.0.1:{port}/provision"))
         .yaml(&format!("helper_secret_file: {}", secret.display()));
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -89,7 +90,8 @@ async fn a_webhook_refusing_the_signature_is_a_helper_error_and_nothing_is_confi
     std::fs::write(&wrong, "not-the-secret").unwrap();
     std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
-    let opts = ProvOptions::new(format!("http://127.0.0.1:{port}/provision"))
+    let opts = env
+        .provisioner(format!("http://127.0.0.1:{port}/provision"))
         .yaml(&format!("helper_secret_file: {}", wrong.display()));
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
@@ -137,9 +139,14 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
     let port = test_support::free_port();
     let secret = secret_file(env.path());
     let url = format!("http://127.0.0.1:{port}/provision");
-    let opts =
-        ProvOptions::new(url.clone()).yaml(&format!("helper_secret_file: {}", secret.display()));
-    let (yaml, cfg, _) = env.write_config(&opts);
+    let opts = env
+        .provisioner(url.clone())
+        .yaml(&format!("helper_secret_file: {}", secret.display()));
+    let Launch {
+        config: yaml,
+        choria_config: cfg,
+        ..
+    } = env.prepare(&opts);
 
     // Owner-only: usable; nothing is reached without --probe.
     let (ok, out) = check(&yaml, &cfg, false);
@@ -187,18 +194,27 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
     );
 
     // A URL the client cannot use, and TLS files over plain http.
-    let bad = ProvOptions::new("https://user:pw@127.0.0.1/x".to_string())
+    let bad = env
+        .provisioner("https://user:pw@127.0.0.1/x".to_string())
         .yaml("helper_tls_cert: /nonexistent/cert.pem");
-    let (yaml, cfg, _) = env.write_config(&bad);
+    let Launch {
+        config: yaml,
+        choria_config: cfg,
+        ..
+    } = env.prepare(&bad);
     let (ok, out) = check(&yaml, &cfg, false);
     assert!(!ok, "{out}");
     assert!(out.contains("carries credentials"), "{out}");
     assert!(!out.contains("pw@"), "{out}");
-    let plain = ProvOptions::new(url.clone()).yaml(&format!(
+    let plain = env.provisioner(url.clone()).yaml(&format!(
         "helper_secret_file: {}\nhelper_tls_ca: /etc/ssl/x.pem",
         secret.display()
     ));
-    let (yaml, cfg, _) = env.write_config(&plain);
+    let Launch {
+        config: yaml,
+        choria_config: cfg,
+        ..
+    } = env.prepare(&plain);
     let (_, out) = check(&yaml, &cfg, false);
     assert!(
         out.contains("warning: helper_tls_ca has no effect: the helper URL is plain http"),

@@ -15,6 +15,7 @@ with open("@KEY@") as f:
     reply["key"] = f.read()
 with open("@CERT@") as f:
     reply["certificate"] = f.read()
-    reply["ca"] = reply["certificate"]
+with open("@CA@") as f:
+    reply["ca"] = f.read()
 reply["ssldir"] = "/etc/choria/ssl"
 print(json.dumps(reply))

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use test_support::metrics::{metric_sum, scrape};
-use test_support::provisioner::{Output, ProvisionerProcess};
+use test_support::provisioner::{Output, Provisioner, ProvisionerProcess};
 use test_support::simulator::{Report, Simulator};
-use test_support::stack::{write_run_files, ProvisionerOptions, RunFiles};
-use test_support::{logs, Mode, NatsCluster};
+use test_support::stack::{write_run_files, RunFiles};
+use test_support::{Mode, NatsCluster};
 
 use crate::harness::{wait_for, Env, DOMAIN};
 
@@ -29,7 +29,8 @@ struct AaRun {
     files: RunFiles,
     /// The helper's record: one identity per helper run.
     record: PathBuf,
-    helper_delay_ms: u64,
+    /// The replicas' settings; each is a copy under its own identity.
+    provisioner: Provisioner,
     replicas: Vec<ProvisionerProcess>,
 }
 
@@ -44,27 +45,26 @@ impl AaRun {
         } else {
             format!("active_active: true\nclaim_lifetime: {LIFETIME_SECS}s\n")
         };
-        let files = write_run_files(
-            &dir,
-            &env.bins,
-            &ProvisionerOptions {
-                mode: Mode::Plain,
-                workers: 8,
-                helper: &helper,
-                broker: &cluster.url(),
-                identity: "provisioner",
-                leader_election: election,
-                extra_yaml: &extra,
-            },
-        )?;
-        test_support::owner_only(&files.provisioner_yaml)?;
+        let files = write_run_files(&dir, &env.bins)?;
+        let record = dir.join("helper-runs.txt");
+        let mut provisioner = files
+            .provisioner(&dir, &cluster.url(), &helper, Mode::Plain)
+            .yaml(&extra)
+            .env("CHORIA_HELPER_RECORD", record.display().to_string());
+        provisioner.workers = 8;
+        provisioner.leader_election = election;
+        // A replica started again keeps its output.
+        provisioner.output = Output::Append;
+        if helper_delay_ms > 0 {
+            provisioner = provisioner.env("CHORIA_HELPER_DELAY_MS", helper_delay_ms.to_string());
+        }
         Ok(AaRun {
-            record: dir.join("helper-runs.txt"),
+            record,
             dir,
             bins: env.bins.clone(),
             cluster,
             files,
-            helper_delay_ms,
+            provisioner,
             replicas: Vec::new(),
         })
     }
@@ -72,43 +72,12 @@ impl AaRun {
     /// Start replica `identity`, connected to `broker` (the whole cluster, or one server whose
     /// peers it learns from the server), and wait until it listens for startup events.
     fn start(&mut self, identity: &str, broker: &str) -> Result<usize> {
-        let files = self.files.for_identity(&self.dir, identity)?;
-        let cfg = std::fs::read_to_string(&files.choria_cfg)?.replace(
-            &format!("middleware_hosts = {}", self.cluster.url()),
-            &format!("middleware_hosts = {broker}"),
-        );
-        std::fs::write(&files.choria_cfg, cfg)?;
-        let log = self.dir.join(format!("{identity}.log"));
-        let start_len = logs::len(&log);
-        let mut cmd = ProvisionerProcess::command(
-            &self.bins.join("choria-provisioner"),
-            &[],
-            &files.provisioner_yaml,
-            &files.choria_cfg,
-        );
-        files.helper_env(&mut cmd, &self.cluster.url());
-        cmd.env("CHORIA_HELPER_RECORD", &self.record);
-        if self.helper_delay_ms > 0 {
-            cmd.env("CHORIA_HELPER_DELAY_MS", self.helper_delay_ms.to_string());
-        }
-        let proc = ProvisionerProcess::spawn_with(
-            identity,
-            &mut cmd,
-            &self.dir.join(format!("{identity}.out")),
-            Output::Append,
-            files.monitor_port,
-            Duration::from_secs(3),
-        )?
-        .with_log(&log);
+        let mut settings = self.provisioner.for_identity(identity);
+        settings.broker = broker.to_string();
+        let mut proc = settings.start(&self.bins.join("choria-provisioner"), &self.dir)?;
+        proc.wait_ready(Duration::from_secs(60))?;
         self.replicas.push(proc);
-        let idx = self.replicas.len() - 1;
-        self.replicas[idx].wait_log_from(
-            "listening for startup events",
-            start_len,
-            &format!("{identity} to listen for startup events"),
-            Duration::from_secs(60),
-        )?;
-        Ok(idx)
+        Ok(self.replicas.len() - 1)
     }
 
     fn metric(&self, idx: usize, name: &str) -> f64 {
@@ -123,7 +92,12 @@ impl AaRun {
             "--nodes",
             &nodes.to_string(),
         ])
-        .args(["--mode", Mode::Plain.name(), "--token", &self.files.token])
+        .args([
+            "--mode",
+            Mode::Plain.name(),
+            "--token",
+            &self.provisioner.token,
+        ])
         .args(["--identity-prefix", "n", "--domain", DOMAIN])
         .args(["--restart-delay", "0s", "--progress", "1s"])
         .arg("--provisioning-signer")

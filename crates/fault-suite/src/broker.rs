@@ -70,20 +70,17 @@ pub fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
         Duration::from_secs(60),
     )?;
     let before = run.metric(p, "choria_provisioner_provisioned");
-    let _ = run.provisioners[p].proc.child.kill();
-    let _ = run.provisioners[p].proc.child.wait();
-    // The pid file and metrics port are free again; start the same provisioner.
-    let old = run.provisioners.remove(p);
-    drop(old);
-    let q = run.start_provisioner("provisioner")?;
+    // SIGKILL, then the same provisioner again on its files and port, which are free once it
+    // is gone.
+    run.restart(p)?;
     let t = run.wait_fleet(
-        q,
+        p,
         &sim,
         "the fleet to finish after the restart",
         nodes,
         Duration::from_secs(120),
     )?;
-    let counted = run.metric(q, "choria_provisioner_provisioned");
+    let counted = run.metric(p, "choria_provisioner_provisioned");
     ensure!(
         counted > 0.0,
         "the restarted provisioner provisioned nothing"

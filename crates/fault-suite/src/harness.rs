@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use test_support::metrics::{metric_sum, scrape as scrape_all};
-use test_support::provisioner::{Output, ProvisionerProcess};
+use test_support::provisioner::{Output, Provisioner, ProvisionerProcess};
 use test_support::simulator::Simulator;
-use test_support::stack::{write_run_files, ProvisionerOptions, RunFiles};
-use test_support::{logs, Mode, NatsServer};
+use test_support::stack::{write_run_files, RunFiles};
+use test_support::{Mode, NatsServer};
 
 pub use test_support::simulator::NodeReport;
 
@@ -42,9 +42,10 @@ pub struct Run {
     pub nats_port: u16,
     pub url: String,
     pub files: RunFiles,
+    /// The settings of the provisioner called `provisioner`; any other is a copy under its own
+    /// identity. A scenario changes them before starting one.
+    pub provisioner: Provisioner,
     pub mode: Mode,
-    /// Start provisioners with `--debug`.
-    pub debug: bool,
     /// The provisioners started, in order: output in `<identity>.out` (appended to across
     /// restarts), log in `<identity>.log`.
     pub provisioners: Vec<ProvisionerProcess>,
@@ -92,34 +93,17 @@ pub fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
         .helper
         .map(str::to_string)
         .unwrap_or_else(|| env.bins.join("choria-demo-helper").display().to_string());
-    let files = write_run_files(
-        &dir,
-        &env.bins,
-        &ProvisionerOptions {
-            mode: s.mode,
-            workers: s.workers,
-            helper: &helper,
-            broker: &url,
-            identity: "provisioner",
-            leader_election: s.leader_election,
-            extra_yaml: s.extra_yaml,
-        },
-    )?;
-    if !s.features.is_empty() {
-        // The run files end with the `features:` map; continue it.
-        let mut yaml = std::fs::read_to_string(&files.provisioner_yaml)?;
-        let tail = yaml.rsplit_once("\nfeatures:\n").map(|(_, t)| t);
-        ensure!(
-            tail.is_some_and(|t| t.lines().all(|l| l.starts_with("  "))),
-            "the provisioner YAML does not end with its features map"
-        );
-        for f in s.features {
-            yaml.push_str(&format!("  {f}: true\n"));
-        }
-        std::fs::write(&files.provisioner_yaml, yaml)?;
-    }
-    // The YAML holds the token: owner only, as the provisioner asks of files holding secrets.
-    test_support::owner_only(&files.provisioner_yaml)?;
+    let files = write_run_files(&dir, &env.bins)?;
+    let mut provisioner = files
+        .provisioner(&dir, &url, &helper, s.mode)
+        .yaml(s.extra_yaml);
+    provisioner.workers = s.workers;
+    provisioner.leader_election = s.leader_election;
+    provisioner
+        .features
+        .extend(s.features.iter().map(|f| f.to_string()));
+    // Every run of a provisioner goes into one output file.
+    provisioner.output = Output::Append;
     Ok(Run {
         dir,
         bins: env.bins.clone(),
@@ -127,54 +111,35 @@ pub fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
         nats_port,
         url,
         files,
+        provisioner,
         mode: s.mode,
-        debug: false,
         provisioners: Vec::new(),
     })
 }
 
 impl Run {
-    /// Start a provisioner named `identity` (its own YAML and Choria config unless it is the
-    /// first one) and wait until it listens for startup events.
+    /// Write the files of a provisioner named `identity` (the run's settings, under its own
+    /// identity, port and log unless it is `provisioner`), start it and wait until it listens
+    /// for startup events.
     pub fn start_provisioner(&mut self, identity: &str) -> Result<usize> {
-        let files = if identity == "provisioner" {
-            self.files.clone()
+        let settings = if identity == self.provisioner.identity {
+            self.provisioner.clone()
         } else {
-            // A second provisioner: the same settings with its own identity, port and log.
-            self.files.for_identity(&self.dir, identity)?
+            self.provisioner.for_identity(identity)
         };
-        let log = self.dir.join(format!("{identity}.log"));
-        let start_len = logs::len(&log);
-        let args: Vec<String> = if self.debug {
-            vec!["--debug".into()]
-        } else {
-            Vec::new()
-        };
-        let mut cmd = ProvisionerProcess::command(
-            &self.bins.join("choria-provisioner"),
-            &args,
-            &files.provisioner_yaml,
-            &files.choria_cfg,
-        );
-        files.helper_env(&mut cmd, &self.url);
-        let proc = ProvisionerProcess::spawn_with(
-            identity,
-            &mut cmd,
-            &self.dir.join(format!("{identity}.out")),
-            Output::Append,
-            files.monitor_port,
-            Duration::from_secs(3),
-        )?
-        .with_log(&log);
+        let mut proc = settings.start(&self.bins.join("choria-provisioner"), &self.dir)?;
+        proc.wait_ready(Duration::from_secs(30))?;
         self.provisioners.push(proc);
-        let idx = self.provisioners.len() - 1;
-        self.provisioners[idx].wait_log_from(
-            "listening for startup events",
-            start_len,
-            &format!("{identity} to listen for startup events"),
-            Duration::from_secs(30),
-        )?;
-        Ok(idx)
+        Ok(self.provisioners.len() - 1)
+    }
+
+    /// Kill provisioner `idx` and start it again on the same files, port and output, and wait
+    /// until it listens for startup events.
+    pub fn restart(&mut self, idx: usize) -> Result<()> {
+        let p = &mut self.provisioners[idx];
+        p.restart()?;
+        p.wait_ready(Duration::from_secs(30))?;
+        Ok(())
     }
 
     /// Fail when provisioner `idx` exited.
@@ -215,7 +180,12 @@ impl Run {
         let log = self.dir.join(format!("fleet-sim-{tag}.log"));
         let mut cmd = Simulator::command(&self.bins);
         cmd.args(["--broker", &self.url, "--nodes", &nodes.to_string()])
-            .args(["--mode", self.mode.name(), "--token", &self.files.token])
+            .args([
+                "--mode",
+                self.mode.name(),
+                "--token",
+                &self.provisioner.token,
+            ])
             .args(["--identity-prefix", prefix])
             .args(["--restart-delay", "0s", "--progress", "1s"]);
         if !args

@@ -22,7 +22,7 @@ pub fn unix_now() -> i64 {
 /// The claims of a provisioning JWT for the run's fleet, valid from `nbf` to `exp`.
 pub fn prov_claims(run: &Run, nbf: i64, exp: i64) -> Value {
     serde_json::json!({
-        "cht": run.files.token, "chs": false, "chu": run.url, "chpd": true,
+        "cht": run.provisioner.token, "chs": false, "chu": run.url, "chpd": true,
         "extensions": null, "ou": "choria", "purpose": "choria_provisioning",
         "iss": "Choria Tokens Package", "sub": "choria_provisioning",
         "exp": exp, "nbf": nbf, "iat": nbf, "jti": "faults"

@@ -116,13 +116,7 @@ pub fn verify_cert_damaged(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::default())?;
     let file = run.dir.join("verify.pub");
     std::fs::write(&file, &run.files.signer_pub)?;
-    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?;
-    let line = format!("jwt_verify_cert: {}\n", run.files.signer_pub);
-    ensure!(yaml.contains(&line), "no {line:?} in the provisioner YAML");
-    std::fs::write(
-        &run.files.provisioner_yaml,
-        yaml.replace(&line, &format!("jwt_verify_cert: {}\n", file.display())),
-    )?;
+    run.provisioner.jwt_verify_cert = file.display().to_string();
     let p = run.start_provisioner("provisioner")?;
     std::fs::write(
         &file,
@@ -218,23 +212,11 @@ pub fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     std::fs::copy(&run.files.signer_seed, &org_seed)?;
     let chain = run.dir.join("chain");
     make_chain_issuer(&run, &org_seed, &chain, "chainone")?;
-    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?;
-    let key_line = format!("jwt_signing_key: {}\n", run.files.signer_seed.display());
-    ensure!(
-        yaml.contains(&key_line),
-        "no {key_line:?} in the provisioner YAML"
+    run.provisioner.jwt_signing_key = Some(chain.join("signer.seed"));
+    run.provisioner.extra_yaml += &format!(
+        "jwt_signing_token: {}\n",
+        chain.join("provisioner.jwt").display()
     );
-    std::fs::write(
-        &run.files.provisioner_yaml,
-        yaml.replace(
-            &key_line,
-            &format!(
-                "jwt_signing_key: {}\njwt_signing_token: {}\n",
-                chain.join("signer.seed").display(),
-                chain.join("provisioner.jwt").display()
-            ),
-        ),
-    )?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 10;
     let sim = run.start_sim("first", "a", nodes, &[])?;

@@ -1,10 +1,11 @@
 //! Secrets: a full provisioning at debug level with every secret set to a unique marker.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
+use test_support::ca::{KeyFormat, TestCa};
 use test_support::metrics::scrape as scrape_all;
 use test_support::Mode;
 
@@ -18,31 +19,15 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
     let dir = env.base.join(name);
     let inputs = dir.join("helper-inputs");
     std::fs::create_dir_all(&inputs)?;
-    // A key the helper supplies for every node (sent to the node encrypted).
-    let key = dir.join("helper-key.pem");
-    let st = Command::new("openssl")
-        .args([
-            // PKCS#1, as helpers built on openssl or cfssl print it.
-            "genrsa",
-            "-traditional",
-            "-out",
-        ])
-        .arg(&key)
-        .arg("2048")
-        .stderr(Stdio::null())
-        .status()
-        .context("openssl is needed for the helper-supplied key")?;
-    ensure!(st.success(), "openssl genrsa failed");
-    // go-choria only takes a key together with a certificate, CA and SSL directory.
-    let cert = dir.join("helper-cert.pem");
-    let st = Command::new("openssl")
-        .args(["req", "-x509", "-days", "1", "-subj", "/CN=secrets", "-key"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(Stdio::null())
-        .status()?;
-    ensure!(st.success(), "openssl req -x509 failed");
+    // A key the helper supplies for every node (sent to the node encrypted), PKCS#1 as helpers
+    // built on openssl or cfssl print it; go-choria only takes a key together with a
+    // certificate, CA and SSL directory.
+    // Its CA has a directory of its own, apart from the run's (made by the demo helper).
+    let ca_dir = dir.join("helper-ca");
+    std::fs::create_dir_all(&ca_dir)?;
+    let ca = TestCa::new(&ca_dir)?;
+    let issued = ca.issue_as("helper", "secrets", &[], KeyFormat::Pkcs1)?;
+    let (key, cert) = (issued.key, issued.cert);
     let key_pem = std::fs::read_to_string(&key)?;
     let key_marker = key_pem.lines().nth(2).context("short key PEM")?.to_string();
     let helper = dir.join("helper.py");
@@ -55,7 +40,8 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
             )
             .replace("@INPUTS@", &inputs.display().to_string())
             .replace("@KEY@", &key.display().to_string())
-            .replace("@CERT@", &cert.display().to_string()),
+            .replace("@CERT@", &cert.display().to_string())
+            .replace("@CA@", &ca.cert.display().to_string()),
     )?;
     #[cfg(unix)]
     {
@@ -81,13 +67,8 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
             ..Setup::default()
         },
     )?;
-    let yaml = std::fs::read_to_string(&run.files.provisioner_yaml)?.replace(
-        &format!("token: {}", run.files.token),
-        &format!("token: {token}"),
-    );
-    std::fs::write(&run.files.provisioner_yaml, yaml)?;
-    run.files.token = token.to_string();
-    run.debug = true;
+    run.provisioner.token = token.to_string();
+    run.provisioner.args.push("--debug".into());
     let seed = std::fs::read_to_string(&run.files.signer_seed)?
         .trim()
         .to_string();
@@ -159,18 +140,11 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         server_sigs.push(jwt.rsplit('.').next().unwrap_or_default().to_string());
     }
     run.stop_all()?;
-    let check = Command::new(run.bins.join("choria-provisioner"))
-        .arg("check")
-        .arg("--config")
-        .arg(&run.files.provisioner_yaml)
-        .arg("--choria-config")
-        .arg(&run.files.choria_cfg)
-        .output()?;
-    let check_out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
+    // `check` on the files the provisioner ran with.
+    let launch = run
+        .provisioner
+        .prepare(&run.bins.join("choria-provisioner"), &run.dir)?;
+    let check_out = check_output(launch.command_for("check"))?;
 
     let mut markers: Vec<(&str, String)> = vec![
         ("token", token.to_string()),
@@ -245,18 +219,7 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
             std::fs::Permissions::from_mode(0o644),
         )?;
     }
-    let check = Command::new(run.bins.join("choria-provisioner"))
-        .arg("check")
-        .arg("--config")
-        .arg(&run.files.provisioner_yaml)
-        .arg("--choria-config")
-        .arg(&run.files.choria_cfg)
-        .output()?;
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
+    let out = check_output(launch.command_for("check"))?;
     ensure!(
         out.contains("readable by group or others"),
         "check does not warn about a world-readable signing key: {out}"
@@ -275,5 +238,15 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
     Ok(format!(
         "{nodes} nodes provisioned at debug level; {} markers absent from log, output, /metrics, check, the node history, the audit file and {seen} helper inputs (token and node password only inside jwt claims); check and start-up warn on a 0644 key",
         markers.len()
+    ))
+}
+
+/// What `cmd` printed on standard output and error.
+fn check_output(mut cmd: Command) -> Result<String> {
+    let o = cmd.output()?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     ))
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::ca::{KeyFormat, TestCa};
 use crate::process::{alive, signal};
 use crate::{free_port, mkdir, write, Error, IoContext, Mode, ProcessGuard, Result};
 
@@ -65,6 +66,7 @@ pub struct GoEnv {
     /// The identities of the servers, in start order.
     pub identities: Vec<String>,
     dir: PathBuf,
+    ca: TestCa,
     facts: Vec<(&'static str, String)>,
     procs: Vec<ProcessGuard>,
 }
@@ -73,6 +75,8 @@ pub struct GoEnv {
 struct Layout {
     dir: PathBuf,
     pki: PathBuf,
+    /// The test CA in `pki`.
+    ca: TestCa,
     choria: PathBuf,
     mode: Mode,
     port: u16,
@@ -115,7 +119,6 @@ impl GoEnv {
     /// every server answers.
     pub fn start(choria: &Path, opts: &EnvOptions) -> Result<GoEnv> {
         let mut l = layout(choria, opts)?;
-        make_pki(&l)?;
         if l.ed25519() {
             l.issuer = ed25519_trust(&l)?;
         } else {
@@ -124,6 +127,7 @@ impl GoEnv {
         let mut env = GoEnv {
             identities: Vec::new(),
             dir: l.dir.clone(),
+            ca: l.ca.clone(),
             facts: Vec::new(),
             procs: vec![start_broker(&l)?],
         };
@@ -183,7 +187,7 @@ impl GoEnv {
         let pki = self.dir.join("pki");
         let ssl = self.dir.join("puppet-ssl");
         let name = format!("puppet-{certname}");
-        leaf_cert(&pki, &name, certname, &format!("DNS:{certname}"))?;
+        leaf_cert(&self.ca, &name, certname, &[certname])?;
         mkdir(&ssl.join("certs"))?;
         mkdir(&ssl.join("private_keys"))?;
         let key = ssl.join("private_keys").join(format!("{certname}.pem"));
@@ -233,11 +237,13 @@ fn layout(choria: &Path, opts: &EnvOptions) -> Result<Layout> {
     }
     let pki = dir.join("pki");
     mkdir(&pki)?;
+    let ca = make_pki(&pki)?;
     let port = free_port();
     Ok(Layout {
         jwt: dir.join("provisioning.jwt"),
         dir,
         pki,
+        ca,
         choria: choria.to_path_buf(),
         mode: opts.mode,
         port,
@@ -270,80 +276,22 @@ fn choria_cli(choria: &Path, args: &[&str]) -> Result<()> {
 }
 
 /// The CA, the broker's TLS certificate and the provisioner's client certificate.
-fn make_pki(l: &Layout) -> Result<()> {
-    openssl(
-        &l.pki,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "30",
-            "-sha256",
-            "-subj",
-            "/CN=choria-test-ca",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca.pem",
-        ],
+fn make_pki(pki: &Path) -> Result<TestCa> {
+    let ca = TestCa::named(pki, "choria-test-ca", 30)?;
+    leaf_cert(&ca, "broker", "localhost", &["localhost", "127.0.0.1"])?;
+    leaf_cert(
+        &ca,
+        "provisioner",
+        PROVISIONER_IDENTITY,
+        &[PROVISIONER_IDENTITY],
     )?;
-    leaf_cert(&l.pki, "broker", "localhost", "DNS:localhost,IP:127.0.0.1")?;
-    let san = format!("DNS:{PROVISIONER_IDENTITY}");
-    leaf_cert(&l.pki, "provisioner", PROVISIONER_IDENTITY, &san)
+    Ok(ca)
 }
 
-/// Make `<name>-key.pem` and `<name>-cert.pem` in `pki`, signed by the test CA, with the given
+/// Make `<name>-key.pem` and `<name>-cert.pem` beside the CA, signed by it, with the given
 /// common name and subject alternative names.
-fn leaf_cert(pki: &Path, name: &str, cn: &str, sans: &str) -> Result<()> {
-    write(
-        &pki.join(format!("{name}.ext")),
-        &format!(
-            "basicConstraints = critical,CA:FALSE\n\
-             keyUsage = critical,digitalSignature,keyEncipherment\n\
-             extendedKeyUsage = serverAuth,clientAuth\n\
-             subjectAltName = {sans}\n"
-        ),
-    )?;
-    let (key, csr) = (format!("{name}-key.pem"), format!("{name}.csr"));
-    let (cert, ext) = (format!("{name}-cert.pem"), format!("{name}.ext"));
-    let subject = format!("/CN={cn}");
-    openssl(
-        pki,
-        &[
-            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", &subject, "-keyout", &key,
-            "-out", &csr,
-        ],
-    )?;
-    openssl(
-        pki,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAserial",
-            "ca.srl",
-            "-CAcreateserial",
-            "-days",
-            "30",
-            "-sha256",
-            "-extfile",
-            &ext,
-            "-out",
-            &cert,
-        ],
-    )
+fn leaf_cert(ca: &TestCa, name: &str, cn: &str, sans: &[&str]) -> Result<()> {
+    ca.issue_as(name, cn, sans, KeyFormat::Pkcs8).map(drop)
 }
 
 /// Make an ed25519 key pair with the real CLI: `<name>.seed` and `<name>.pub` (hex) in `pki`;
@@ -439,7 +387,7 @@ fn ed25519_trust(l: &Layout) -> Result<String> {
 /// Insecure (chs false), not provisioning by default (chpd false): each server's own config file
 /// switches provisioning on and keeps its identity.
 fn x509_trust(l: &Layout) -> Result<()> {
-    openssl(&l.pki, &["genrsa", "-out", "prov-signer-key.pem", "2048"])?;
+    crate::ca::rsa_key(&l.pki.join("prov-signer-key.pem"), KeyFormat::Pkcs8)?;
     openssl(
         &l.pki,
         &[
@@ -531,7 +479,7 @@ fn start_server(l: &Layout, identity: &str) -> Result<ProcessGuard> {
     let sdir = l.dir.join("servers").join(identity);
     let boot = sdir.join("boot");
     mkdir(&boot)?;
-    leaf_cert(&l.pki, identity, identity, &format!("DNS:{identity}"))?;
+    leaf_cert(&l.ca, identity, identity, &[identity])?;
     for (made, to) in [("cert", "cert.pem"), ("key", "key.pem")] {
         let from = l.pki.join(format!("{identity}-{made}.pem"));
         std::fs::rename(&from, boot.join(to)).ctx(|| format!("moving {}", from.display()))?;

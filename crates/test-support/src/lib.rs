@@ -1,7 +1,8 @@
 //! The harness of every process-level test in the workspace, and of `cargo xtask`'s local runs.
 //!
 //! - [`ports`]: free loopback ports and waiting for a listener.
-//! - [`ca`]: the one test certificate authority (openssl): keys, CSRs and certificates.
+//! - [`ca`]: the one test certificate authority (openssl): keys, CSRs and certificates, for the
+//!   tests and for the go-choria environment alike.
 //! - [`process`]: [`ProcessGuard`], a child process stopped (optionally with its whole process
 //!   group) when dropped.
 //! - [`nats`]: a real `nats-server` ([`NatsServer`]) and a three-server JetStream cluster
@@ -10,11 +11,12 @@
 //! - [`dns`]: a real DNS server (dnsmasq) on loopback serving a test's SRV records.
 //! - [`metrics`]: the Prometheus text parser and a plain HTTP GET for `/metrics`.
 //! - [`logs`]: a process's log read from an offset, its length and its tail.
-//! - [`provisioner`]: the provisioner's configuration files and the provisioner as a process
+//! - [`provisioner`]: the provisioner as a process, for every caller: its settings and the
+//!   configuration files they make, the command started on them, and the running process
 //!   (several at once, each with its own name, port and output; output kept across restarts).
 //! - [`simulator`]: the fleet simulator as a process, its progress lines and its report.
 //! - [`stack`]: the binaries of a local run (built by cargo), the run's signer and CA made by the
-//!   demo helper, and the fleet simulator as a process.
+//!   demo helper, the run's provisioner settings, and the fleet simulator's command.
 //! - [`webhook`]: the demo helper as a webhook (`choria-demo-helper serve`) for a local run.
 //! - [`go_env`]: the real go-choria broker and `choria server` processes in provisioning mode
 //!   (the peer `cargo xtask peers` builds into `target/peers/bin`).

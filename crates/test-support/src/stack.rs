@@ -1,11 +1,12 @@
 //! A local provisioning run from the workspace's binaries: the binaries built by cargo, the
-//! run's signer and CA (made by `choria-demo-helper`), the provisioner's files, and the fleet
-//! simulator as a process. `cargo xtask demo` and `bench` and the fault suite run on it.
+//! run's signer and CA (made by `choria-demo-helper`), the run's provisioner settings, and the
+//! fleet simulator's command. `cargo xtask demo` and `bench` and the fault suite run on it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use crate::provisioner::{ProvisionerConfig, ProvisionerProcess};
+use crate::provisioner::Provisioner;
 use crate::{Error, IoContext, Mode, Result};
 
 /// Run `cmd`, failing with its name and standard error when it exits non-zero; its standard
@@ -106,25 +107,7 @@ pub fn init_signer(bins: &Path, dir: &Path) -> Result<String> {
     Ok(out.trim().to_string())
 }
 
-/// Options of a run's provisioner.
-pub struct ProvisionerOptions<'a> {
-    /// The enrollment mode (decides the features).
-    pub mode: Mode,
-    /// Workers.
-    pub workers: usize,
-    /// The helper command line.
-    pub helper: &'a str,
-    /// The broker URL.
-    pub broker: &'a str,
-    /// Identity; names the files.
-    pub identity: &'a str,
-    /// `leader_election`.
-    pub leader_election: bool,
-    /// More top-level YAML.
-    pub extra_yaml: &'a str,
-}
-
-/// The files of one run: signer, CA, configurations.
+/// The shared files of one run: the signer and the CA, and the provisioning token.
 #[derive(Clone, Debug)]
 pub struct RunFiles {
     /// The ed25519 seed signing provisioning JWTs (and server JWTs in ed25519 mode).
@@ -135,81 +118,47 @@ pub struct RunFiles {
     pub ca_cert: PathBuf,
     /// Its key.
     pub ca_key: PathBuf,
-    /// The provisioner's YAML.
-    pub provisioner_yaml: PathBuf,
-    /// The provisioner's Choria configuration.
-    pub choria_cfg: PathBuf,
-    /// The provisioner's monitoring port.
-    pub monitor_port: u16,
     /// The provisioning token.
     pub token: String,
 }
 
-/// Write the signer, CA and both configuration files for a run into `dir`.
-pub fn write_run_files(dir: &Path, bins: &Path, opts: &ProvisionerOptions<'_>) -> Result<RunFiles> {
+/// Write the signer and the CA of a run into `dir` (both made by the demo helper in `bins`).
+pub fn write_run_files(dir: &Path, bins: &Path) -> Result<RunFiles> {
     crate::mkdir(dir)?;
     let signer_pub = init_signer(bins, dir)?;
     run(Command::new(bins.join("choria-demo-helper"))
         .arg("init-ca")
         .arg(dir)
         .stdout(Stdio::null()))?;
-    let token = "s3cret-demo-token";
-    let mut cfg =
-        ProvisionerConfig::new(opts.identity, opts.broker, opts.helper, token, &signer_pub);
-    cfg.workers = opts.workers;
-    cfg.logfile = Some(dir.join(format!("{}.log", opts.identity)));
-    cfg.loglevel = "info".into();
-    cfg.site = "local".into();
-    cfg.leader_election = opts.leader_election;
-    cfg.features = opts.mode.features().iter().map(|f| f.to_string()).collect();
-    if opts.mode == Mode::Ed25519 {
-        cfg.jwt_signing_key = Some(dir.join("signer.seed"));
-    }
-    cfg.extra_yaml = format!(
-        "cert_deny_list:\n  - \"\\\\.privileged\\\\.choria$\"\n{}",
-        opts.extra_yaml
-    );
-    let (provisioner_yaml, choria_cfg) = cfg.write(dir)?;
     Ok(RunFiles {
         signer_seed: dir.join("signer.seed"),
         signer_pub,
         ca_cert: dir.join("ca.pem"),
         ca_key: dir.join("ca-key.pem"),
-        provisioner_yaml,
-        choria_cfg,
-        monitor_port: cfg.monitor_port,
-        token: token.into(),
+        token: "s3cret-demo-token".into(),
     })
 }
 
 impl RunFiles {
-    /// The files of another provisioner of the same run, written into `dir`: the same settings
-    /// under `identity`, with a free monitoring port and `<identity>.log` for `provisioner.log`
-    /// (`<identity>.yaml` owner-only, as it holds the token; `<identity>.cfg`).
-    pub fn for_identity(&self, dir: &Path, identity: &str) -> Result<RunFiles> {
-        let port = crate::free_port();
-        let read = |p: &Path| std::fs::read_to_string(p).ctx(|| format!("reading {}", p.display()));
-        let text = read(&self.provisioner_yaml)?
-            .replace(
-                &format!("monitor_port: {}", self.monitor_port),
-                &format!("monitor_port: {port}"),
-            )
-            .replace("provisioner.log", &format!("{identity}.log"));
-        let yaml = dir.join(format!("{identity}.yaml"));
-        crate::write(&yaml, &text)?;
-        crate::owner_only(&yaml)?;
-        let cfg = dir.join(format!("{identity}.cfg"));
-        crate::write(
-            &cfg,
-            &read(&self.choria_cfg)?
-                .replace("identity = provisioner", &format!("identity = {identity}")),
-        )?;
-        Ok(RunFiles {
-            provisioner_yaml: yaml,
-            choria_cfg: cfg,
-            monitor_port: port,
-            ..self.clone()
-        })
+    /// The run's provisioner, `provisioner`, on `broker` with `helper` in `mode`: the run's
+    /// token and signer (which also signs server JWTs in ed25519 mode), `info` logs in
+    /// `<dir>/provisioner.log`, site `local`, privileged certificate names denied, started with
+    /// `run` and the demo helper's environment, and given 3 s to drain on SIGTERM when dropped.
+    /// Another provisioner of the run is [`Provisioner::for_identity`] of this one.
+    pub fn provisioner(&self, dir: &Path, broker: &str, helper: &str, mode: Mode) -> Provisioner {
+        let mut p = Provisioner::new("provisioner", broker, helper, &self.token, &self.signer_pub)
+            .features(mode.features())
+            .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.choria$\"\n");
+        p.logfile = Some(dir.join("provisioner.log"));
+        p.loglevel = "info".into();
+        p.site = "local".into();
+        if mode == Mode::Ed25519 {
+            p.jwt_signing_key = Some(self.signer_seed.clone());
+        }
+        p.args = vec!["run".into()];
+        p.env = self.helper_env(broker);
+        p.grace = Duration::from_secs(3);
+        p
     }
 
     /// The fleet simulator's command for this run: broker, size, mode, token, identity prefix,
@@ -239,40 +188,18 @@ impl RunFiles {
         Ok(cmd)
     }
 
-    /// `program run --config <yaml> --choria-config <cfg>` for this run (the provisioner, or a
-    /// compatible one given by path).
-    pub fn provisioner_command(&self, program: &Path) -> Command {
-        ProvisionerProcess::command(
-            program,
-            &["run".into()],
-            &self.provisioner_yaml,
-            &self.choria_cfg,
-        )
-    }
-
-    /// Start `program` (the provisioner or a compatible one) for this run with `extra` arguments
-    /// after the generated ones, the demo helper's environment, and its output in `out`; a drop
-    /// gives it 3 s to drain on SIGTERM.
-    pub fn start_provisioner(
-        &self,
-        program: &Path,
-        url: &str,
-        extra: &[String],
-        out: &Path,
-    ) -> Result<ProvisionerProcess> {
-        let mut cmd = self.provisioner_command(program);
-        self.helper_env(cmd.args(extra), url);
-        let grace = std::time::Duration::from_secs(3);
-        ProvisionerProcess::spawn("provisioner", &mut cmd, out, self.monitor_port, grace)
-    }
-
     /// The environment the demo helper reads (brokers, CA, issuer), set on the provisioner so
     /// its helper inherits it.
-    pub fn helper_env<'c>(&self, cmd: &'c mut Command, url: &str) -> &'c mut Command {
-        cmd.env("CHORIA_BROKERS", url)
-            .env("CHORIA_CA_CERT", &self.ca_cert)
-            .env("CHORIA_CA_KEY", &self.ca_key)
-            .env("CHORIA_ISSUER", &self.signer_pub)
+    pub fn helper_env(&self, broker: &str) -> Vec<(String, String)> {
+        [
+            ("CHORIA_BROKERS", broker.to_string()),
+            ("CHORIA_CA_CERT", self.ca_cert.display().to_string()),
+            ("CHORIA_CA_KEY", self.ca_key.display().to_string()),
+            ("CHORIA_ISSUER", self.signer_pub.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 

@@ -50,8 +50,8 @@ impl WebhookPlan {
         cmd.arg("serve")
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
             .arg("--secret-file")
-            .arg(&self.secret_file);
-        files.helper_env(&mut cmd, broker);
+            .arg(&self.secret_file)
+            .envs(files.helper_env(broker));
         cmd
     }
 

@@ -11,9 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use test_support::provisioner::ProvisionerProcess;
-use test_support::stack::{write_run_files, ProvisionerOptions};
-use test_support::Mode;
+use test_support::stack::write_run_files;
+use test_support::{Mode, ProcessGuard};
 
 use super::sandbox::{account, Sandbox};
 use super::{capture, section, SERVICE_USER};
@@ -64,36 +63,18 @@ fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
     fs::create_dir_all(&site)?;
     let helper = site.join("helper");
     fs::copy(bins.join("choria-demo-helper"), &helper)?;
-    let files = write_run_files(
-        &site,
-        bins,
-        &ProvisionerOptions {
-            mode: Mode::Pki,
-            workers: 4,
-            helper: &helper.to_string_lossy(),
-            broker: &url,
-            identity: "provisioner",
-            leader_election: false,
-            extra_yaml: &format!("audit_file: {AUDIT}\n"),
-        },
-    )?;
+    let files = write_run_files(&site, bins)?;
+    let mut settings = files
+        .provisioner(work, &url, &helper.to_string_lossy(), Mode::Pki)
+        .yaml(&format!("audit_file: {AUDIT}\n"));
     // The packaged paths, as an operator edits them.
-    let yaml = fs::read_to_string(&files.provisioner_yaml)?;
-    let yaml = yaml
-        .lines()
-        .map(|l| {
-            if l.starts_with("logfile:") {
-                format!("logfile: {LOG}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    fs::write(YAML, yaml + "\n")?;
-    fs::copy(&files.choria_cfg, CFG)?;
-    fs::remove_file(&files.provisioner_yaml)?;
-    fs::remove_file(&files.choria_cfg)?;
+    settings.logfile = Some(LOG.into());
+    let monitor_port = settings.monitor_port;
+    let (yaml, cfg) = settings.write(work)?;
+    fs::copy(&yaml, YAML)?;
+    fs::copy(&cfg, CFG)?;
+    fs::remove_file(&yaml)?;
+    fs::remove_file(&cfg)?;
     // Readable by the account's group and no one else, the CA key included.
     let owner = format!("root:{SERVICE_USER}");
     run(Command::new("chown").args(["-R", &owner]).arg(&site))?;
@@ -166,16 +147,13 @@ fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
         for (k, v) in &helper_env {
             cmd.env(k, v);
         }
-        let p = ProvisionerProcess::spawn(
-            "provisioner",
-            &mut cmd,
-            &work.join("provisioner.out"),
-            files.monitor_port,
-            Duration::from_secs(5),
-        )?;
+        let out = fs::File::create(work.join("provisioner.out"))?;
+        let err = out.try_clone()?;
+        let p = ProcessGuard::spawn("provisioner", cmd.stdout(out).stderr(err))?
+            .drop_grace(Duration::from_secs(5));
         (p.pid(), Some(p))
     };
-    let result = watch(&mut sim, pid, files.monitor_port, started);
+    let result = watch(&mut sim, pid, monitor_port, started);
     if real_unit {
         let _ = Command::new("systemctl")
             .args(["stop", "choria-provisioner.service"])
@@ -183,7 +161,7 @@ fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
         let _ = fs::remove_file(DROPIN);
         let _ = Command::new("systemctl").arg("daemon-reload").status();
     } else if let Some(p) = guard.as_mut() {
-        p.proc.terminate(Duration::from_secs(10));
+        p.terminate(Duration::from_secs(10));
     }
     result?;
 

@@ -1,16 +1,17 @@
-//! Shared harness of the end-to-end tests: a broker, keys, configuration files, the provisioner
-//! as a subprocess (test-support's provisioner harness, with async waits), its `/metrics`, and a
-//! simulated fleet in this process.
+//! Shared harness of the end-to-end tests: a broker, a signer and a scratch directory, the
+//! provisioner binary started through test-support's provisioner harness (with waits that yield
+//! to the simulated fleet running in this process), its `/metrics`, and that fleet.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
 use choria_fleet_sim::{FleetConfig, Mode, ProvisioningJwt, SimFleet};
 pub use test_support::metrics::{http_get, metric};
-use test_support::provisioner::{ProvisionerConfig, ProvisionerProcess};
+pub use test_support::provisioner::{Launch, Provisioner};
+use test_support::provisioner::{ProvisionerProcess, READY};
 use test_support::NatsServer;
 
 /// The binary under test.
@@ -83,94 +84,26 @@ pub fn run(cmd: &mut Command) -> String {
     test_support::stack::run(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A test certificate authority made with openssl: (certificate, key).
-pub fn openssl_ca(dir: &Path) -> (PathBuf, PathBuf) {
-    let cert = dir.join("ca.pem");
-    let key = dir.join("ca-key.pem");
-    run(Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .args(["-subj", "/CN=provisioner test ca"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(Stdio::null()));
-    (cert, key)
+/// A test certificate authority in `dir`.
+pub fn test_ca(dir: &Path) -> test_support::ca::TestCa {
+    test_support::ca::TestCa::new(dir).unwrap()
 }
 
-/// RSA keys for the simulated servers' CSRs, made by openssl (fast, unlike an unoptimised
-/// build generating them).
-pub fn rsa_keys_pem(count: usize) -> String {
-    (0..count)
-        .map(|_| {
-            run(Command::new("openssl")
-                .args(["genrsa", "2048"])
-                .stderr(Stdio::null()))
-        })
-        .collect()
+/// A plain (jwt) provisioner with `helper`, called `provisioner1`, for a test without a broker
+/// of its own: it checks the test token and verifies provisioning JWTs with `signer`.
+pub fn provisioner(broker: &str, helper: impl Into<String>, signer: &Signer) -> Provisioner {
+    Provisioner::new(
+        "provisioner1",
+        broker,
+        &helper.into(),
+        TOKEN,
+        &signer.public_hex,
+    )
 }
 
-/// Options of one provisioner.
-#[derive(Clone)]
-pub struct ProvOptions {
-    /// Choria identity (also its election identity).
-    pub identity: String,
-    /// `features` entries switched on.
-    pub features: Vec<&'static str>,
-    /// The helper command line.
-    pub helper: String,
-    /// Workers.
-    pub workers: usize,
-    /// `leader_election`.
-    pub leader_election: bool,
-    /// More YAML appended at the top level.
-    pub extra_yaml: String,
-    /// Environment for the provisioner and so its helper.
-    pub env: Vec<(String, String)>,
-    /// `logfile`, when not standard output.
-    pub logfile: Option<PathBuf>,
-    /// `--pid FILE`.
-    pub pid_file: Option<PathBuf>,
-    /// `loglevel`.
-    pub loglevel: String,
-    /// Command line arguments before the generated ones (`--debug`, `run`...).
-    pub args: Vec<String>,
-}
-
-impl ProvOptions {
-    /// Plain (jwt) mode with `helper`.
-    pub fn new(helper: impl Into<String>) -> Self {
-        ProvOptions {
-            identity: "provisioner1".into(),
-            features: vec!["jwt"],
-            helper: helper.into(),
-            workers: 4,
-            leader_election: false,
-            extra_yaml: String::new(),
-            env: Vec::new(),
-            logfile: None,
-            pid_file: None,
-            loglevel: "debug".into(),
-            args: Vec::new(),
-        }
-    }
-
-    /// Builder: an environment variable for the provisioner and its helper.
-    pub fn env(mut self, k: &str, v: impl Into<String>) -> Self {
-        self.env.push((k.to_string(), v.into()));
-        self
-    }
-
-    /// Builder: top-level YAML lines.
-    pub fn yaml(mut self, extra: &str) -> Self {
-        self.extra_yaml.push_str(extra);
-        if !extra.ends_with('\n') {
-            self.extra_yaml.push('\n');
-        }
-        self
-    }
+/// Start a provisioner whose files are in `dir`.
+pub fn start_in(dir: &Path, p: &Provisioner) -> Prov {
+    Prov(p.start(Path::new(BIN), dir).unwrap())
 }
 
 /// A broker, a signer and a scratch directory for one test.
@@ -226,44 +159,31 @@ impl Env {
         // Without keys the fleet generates its own, which takes long in an unoptimised build
         // and holds up the end of the test.
         static KEYS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        c.rsa_keys_pem = Some(KEYS.get_or_init(|| rsa_keys_pem(2)).clone());
+        c.rsa_keys_pem = Some(
+            KEYS.get_or_init(|| test_support::ca::rsa_keys_pem(2).unwrap())
+                .clone(),
+        );
         c
     }
 
-    /// Write the YAML and Choria configuration of a provisioner; returns (yaml, cfg, port).
-    pub fn write_config(&self, o: &ProvOptions) -> (PathBuf, PathBuf, u16) {
-        let mut c = ProvisionerConfig::new(
-            &o.identity,
-            &self.url(),
-            &o.helper,
-            TOKEN,
-            &self.signer.public_hex,
-        );
-        c.workers = o.workers;
-        c.logfile = o.logfile.clone();
-        c.loglevel = o.loglevel.clone();
-        c.jwt_signing_key = Some(self.signer.seed_file.clone());
-        c.leader_election = o.leader_election;
-        c.extra_yaml = o.extra_yaml.clone();
-        c.features = o.features.iter().map(|f| f.to_string()).collect();
-        let (yaml, cfg) = c.write(self.path()).unwrap();
-        (yaml, cfg, c.monitor_port)
+    /// A plain (jwt) provisioner with `helper` on this test's broker, called `provisioner1`: it
+    /// checks the test token, verifies provisioning JWTs with the signer, signs server JWTs
+    /// with it, and hands the sample helpers the broker in `CHORIA_BROKERS`.
+    pub fn provisioner(&self, helper: impl Into<String>) -> Provisioner {
+        let mut p =
+            provisioner(&self.url(), helper, &self.signer).env("CHORIA_BROKERS", self.url());
+        p.jwt_signing_key = Some(self.signer.seed_file.clone());
+        p
+    }
+
+    /// Write the files of a provisioner into the scratch directory; how it is started on them.
+    pub fn prepare(&self, p: &Provisioner) -> Launch {
+        p.prepare(Path::new(BIN), self.path()).unwrap()
     }
 
     /// Write the files and start the provisioner.
-    pub fn start(&self, o: &ProvOptions) -> Prov {
-        let (yaml, cfg, port) = self.write_config(o);
-        let mut extra = o.args.clone();
-        extra.extend(["--choria-config".to_string(), cfg.display().to_string()]);
-        if let Some(p) = &o.pid_file {
-            extra.push("--pid".into());
-            extra.push(p.display().to_string());
-        }
-        let mut env = o.env.clone();
-        if !env.iter().any(|(k, _)| k == "CHORIA_BROKERS") {
-            env.push(("CHORIA_BROKERS".into(), self.url()));
-        }
-        Prov::spawn(&o.identity, self.path(), &yaml, &extra, &env, port)
+    pub fn start(&self, p: &Provisioner) -> Prov {
+        start_in(self.path(), p)
     }
 
     /// Start a simulated fleet in this process.
@@ -296,28 +216,14 @@ impl std::ops::Deref for Prov {
 }
 
 impl Prov {
-    /// Start the binary with `args` then `--config yaml`, output to `<dir>/<name>.out`.
-    pub fn spawn(
-        name: &str,
-        dir: &Path,
-        yaml: &Path,
-        args: &[String],
-        env: &[(String, String)],
-        port: u16,
-    ) -> Self {
-        let out = dir.join(format!("{name}.out"));
-        let mut cmd = Command::new(BIN);
-        cmd.args(args).arg("--config").arg(yaml);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Prov(ProvisionerProcess::spawn(name, &mut cmd, &out, port, Duration::ZERO).unwrap())
+    /// Start a provisioner on files written by hand.
+    pub fn launch(launch: &Launch) -> Self {
+        Prov(launch.spawn().unwrap())
     }
 
-    /// Wait until its output contains `needle`.
+    /// Wait until its output contains `needle`; panics as soon as it exits.
     pub async fn wait_log(&mut self, needle: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
+        poll(timeout, Duration::from_millis(50), || {
             if self.output().contains(needle) {
                 return true;
             }
@@ -328,16 +234,15 @@ impl Prov {
                     self.output()
                 );
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
+            false
+        })
+        .await
     }
 
     /// Wait until the provisioner listens for startup events (so it is connected).
     pub async fn wait_ready(&mut self) {
         assert!(
-            self.wait_log("listening for startup events", Duration::from_secs(30))
-                .await,
+            self.wait_log(READY, Duration::from_secs(30)).await,
             "{} did not start:\n{}",
             self.name,
             self.output()
@@ -358,16 +263,7 @@ impl Prov {
 
     /// Wait until `choria_provisioner_<name>` reaches at least `at_least`.
     pub async fn wait_metric(&self, name: &str, at_least: f64, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.m(name) >= at_least {
-                return true;
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_until(timeout, || self.m(name) >= at_least).await
     }
 
     /// Asserts the provisioner counted exactly `n` nodes provisioned. The simulated fleet counts
@@ -390,14 +286,13 @@ impl Prov {
 
     /// Wait for the process to exit.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(st) = self.0.exited() {
-                return Some(st);
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        None
+        let mut status = None;
+        poll(timeout, Duration::from_millis(25), || {
+            status = self.0.exited();
+            status.is_some()
+        })
+        .await;
+        status
     }
 
     /// Send `sig`, wait for the exit and insist it is a clean one.
@@ -421,8 +316,14 @@ impl Drop for Prov {
     }
 }
 
-/// Wait until `f` holds.
-pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+/// Wait until `f` holds, asking every 100 ms.
+pub async fn wait_until(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+    poll(timeout, Duration::from_millis(100), f).await
+}
+
+/// Ask `f` every `every` until it holds or `timeout` passes; whether it held. The wait yields
+/// to the runtime, where the simulated fleet runs, rather than blocking a worker thread.
+async fn poll(timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if f() {
@@ -431,7 +332,7 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
         if Instant::now() > deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
