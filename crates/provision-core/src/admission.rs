@@ -38,11 +38,16 @@ impl Decision {
     }
 }
 
-/// Decides whether a node may be provisioned, from the helper's input. Called once per cycle on
-/// a worker: an implementation must bound its own time.
+/// A decision on its way (boxed, so that [`Admission`] can be a trait object).
+pub type DecisionFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>>;
+
+/// Decides whether a node may be provisioned, from the helper's input. Awaited once per cycle
+/// on a worker: an implementation whose decision costs CPU (a policy language) runs it off the
+/// async workers and bounds its time.
 pub trait Admission: Send + Sync + 'static {
     /// The decision for the node described by `input`.
-    fn decide(&self, input: &HelperInput) -> Decision;
+    fn decide<'a>(&'a self, input: &'a HelperInput) -> DecisionFuture<'a>;
 }
 
 /// Admits every node: today's behaviour when no policy is configured.
@@ -50,13 +55,13 @@ pub trait Admission: Send + Sync + 'static {
 pub struct AllowAll;
 
 impl Admission for AllowAll {
-    fn decide(&self, _input: &HelperInput) -> Decision {
-        Decision::Allow
+    fn decide<'a>(&'a self, _input: &'a HelperInput) -> DecisionFuture<'a> {
+        Box::pin(std::future::ready(Decision::Allow))
     }
 }
 
 impl<T: Admission + ?Sized> Admission for std::sync::Arc<T> {
-    fn decide(&self, input: &HelperInput) -> Decision {
+    fn decide<'a>(&'a self, input: &'a HelperInput) -> DecisionFuture<'a> {
         (**self).decide(input)
     }
 }
@@ -65,8 +70,8 @@ impl<T: Admission + ?Sized> Admission for std::sync::Arc<T> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn allow_all_allows_and_labels_read_as_documented() {
+    #[tokio::test]
+    async fn allow_all_allows_and_labels_read_as_documented() {
         let input = HelperInput {
             identity: "n1".into(),
             csr: None,
@@ -74,7 +79,7 @@ mod tests {
             inventory: String::new(),
             jwt: None,
         };
-        assert_eq!(AllowAll.decide(&input), Decision::Allow);
+        assert_eq!(AllowAll.decide(&input).await, Decision::Allow);
         assert_eq!(Decision::Deny("x".into()).label(), "deny");
         assert_eq!(Decision::Defer("later".into()).reason(), "later");
         assert_eq!(Decision::Allow.reason(), "");

@@ -873,11 +873,12 @@ impl Provisioner {
         if let Some(admission) = &self.admission {
             let mut shown = input.clone();
             if let Some(claims) = shown.jwt.as_mut() {
-                // The policy never sees the provisioning token.
+                // The policy never sees the provisioning token or the broker password.
                 claims.token.clear();
+                claims.prov_nats_pass.clear();
             }
             let asked = Instant::now();
-            let decision = admission.decide(&shown);
+            let decision = admission.decide(&shown).await;
             self.observer.admission(id, &decision);
             let (ok, reason) = match &decision {
                 Decision::Allow => (true, String::new()),

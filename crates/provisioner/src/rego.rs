@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use provision_core::admission::DecisionFuture;
 use provision_core::helper_protocol::HelperInput;
 use provision_core::identity::escaped;
 use provision_core::{Admission, Decision};
@@ -376,8 +377,10 @@ pub fn input_json(input: &HelperInput, now_ns: i64) -> serde_json::Value {
             .unwrap_or(serde_json::Value::Null);
         obj.insert("inventory".into(), inv);
         if let Some(jwt) = obj.get_mut("jwt").and_then(|j| j.as_object_mut()) {
+            // The provisioning token and the broker password are secrets: never recorded, never
+            // a policy's to see.
             for (k, val) in jwt.iter_mut() {
-                if k == "cht" || k == "token" {
+                if matches!(k.as_str(), "cht" | "token" | "chpwd") {
                     *val = serde_json::Value::String(String::new());
                 }
             }
@@ -428,7 +431,19 @@ impl PolicyAdmission {
             return;
         }
         let text = serde_json::to_vec_pretty(json).unwrap_or_default();
-        if let Err(e) = std::fs::write(&file, text) {
+        let written = {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            // The service's alone: a recorded input names a node and what it presented.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&file)
+                .and_then(|mut f| f.write_all(&text))
+        };
+        if let Err(e) = written {
             warn!(
                 identity = %escaped(identity),
                 "Could not record the helper input in {}: {e}",
@@ -439,16 +454,28 @@ impl PolicyAdmission {
 }
 
 impl Admission for PolicyAdmission {
-    fn decide(&self, input: &HelperInput) -> Decision {
-        let json = input_json(input, now_ns());
-        self.record(&input.identity, &json);
-        let Some(policy) = &self.policy else {
-            return Decision::Allow;
-        };
-        match to_value(&json).and_then(|v| policy.evaluate(v)) {
-            Ok(d) => d,
-            Err(e) => Decision::Deny(e),
-        }
+    fn decide<'a>(&'a self, input: &'a HelperInput) -> DecisionFuture<'a> {
+        Box::pin(async move {
+            let json = input_json(input, now_ns());
+            self.record(&input.identity, &json);
+            let Some(policy) = self.policy.clone() else {
+                return Decision::Allow;
+            };
+            // Evaluated on the blocking pool, so a slow policy never holds an async worker;
+            // the engine stops itself at EVAL_TIME_LIMIT, and the wait is bounded besides.
+            let evaluation = tokio::task::spawn_blocking(move || {
+                to_value(&json).and_then(|v| policy.evaluate(v))
+            });
+            match tokio::time::timeout(EVAL_TIME_LIMIT * 4, evaluation).await {
+                Ok(Ok(Ok(d))) => d,
+                Ok(Ok(Err(e))) => Decision::Deny(e),
+                Ok(Err(e)) => Decision::Deny(format!("policy error: evaluation failed: {e}")),
+                Err(_) => Decision::Deny(format!(
+                    "policy error: no decision within {:?}",
+                    EVAL_TIME_LIMIT * 4
+                )),
+            }
+        })
     }
 }
 
@@ -536,8 +563,8 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
         assert!(!e.contains('\n'), "one line: {e}");
     }
 
-    #[test]
-    fn erroring_policy_denies_with_the_error() {
+    #[tokio::test]
+    async fn erroring_policy_denies_with_the_error() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = write(
             dir.path(),
@@ -550,14 +577,14 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
             ..Default::default()
         };
         let adm = PolicyAdmission::new(Some(Arc::new(pol)), None);
-        match adm.decide(&hi) {
+        match adm.decide(&hi).await {
             Decision::Deny(r) => assert!(r.contains("policy error"), "{r}"),
             d => panic!("expected a deny, got {d:?}"),
         }
     }
 
-    #[test]
-    fn a_policy_past_the_time_limit_denies() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_policy_past_the_time_limit_denies_without_holding_a_worker() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = write(
             dir.path(),
@@ -572,15 +599,35 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
             identity: "n1".into(),
             ..Default::default()
         };
-        // Stopped by the limit, not after the 25 million iterations.
-        match adm.decide(&hi) {
-            Decision::Deny(r) => assert!(r.contains("exceeded time limit"), "{r}"),
-            d => panic!("expected a deny, got {d:?}"),
+        // Stopped by the limit, not after the 25 million iterations; meanwhile the async
+        // workers keep running other tasks.
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = Arc::clone(&ticks);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let decisions = futures::future::join_all((0..4).map(|_| adm.decide(&hi))).await;
+        ticker.abort();
+        for d in decisions {
+            match d {
+                Decision::Deny(r) => assert!(r.contains("exceeded time limit"), "{r}"),
+                d => panic!("expected a deny, got {d:?}"),
+            }
         }
+        assert!(
+            ticks.load(Ordering::Relaxed) >= 10,
+            "the async workers were held: {} ticks",
+            ticks.load(Ordering::Relaxed)
+        );
     }
 
-    #[test]
-    fn no_network_or_environment_builtins() {
+    #[tokio::test]
+    async fn no_network_or_environment_builtins() {
         let dir = tempfile::tempdir().expect("tempdir");
         for (name, text) in [
             (
@@ -600,7 +647,7 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
                     identity: "n1".into(),
                     ..Default::default()
                 };
-                match adm.decide(&hi) {
+                match adm.decide(&hi).await {
                     Decision::Deny(r) => assert!(r.contains("policy error"), "{name}: {r}"),
                     d => panic!("{name}: expected a deny, got {d:?}"),
                 }
@@ -633,23 +680,35 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
         );
     }
 
-    #[test]
-    fn recorded_input_has_no_token_and_parsed_inventory() {
+    #[tokio::test]
+    async fn recorded_input_has_no_secret_is_the_services_alone_and_parses_the_inventory() {
         let dir = tempfile::tempdir().expect("tempdir");
         let hi = HelperInput {
             identity: "n1.example.net".into(),
             inventory: r#"{"facts":{"x":1}}"#.into(),
             jwt: Some(provision_core::helper_protocol::ProvisioningClaims {
                 token: "s3cret-token".into(),
+                prov_nats_pass: "broker-pa55".into(),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let adm = PolicyAdmission::new(None, Some(dir.path().to_path_buf()));
-        assert_eq!(adm.decide(&hi), Decision::Allow);
+        assert_eq!(adm.decide(&hi).await, Decision::Allow);
         let text =
             std::fs::read_to_string(dir.path().join("n1.example.net.json")).expect("recorded");
-        assert!(!text.contains("s3cret-token"));
+        assert!(
+            !text.contains("s3cret-token") && !text.contains("broker-pa55"),
+            "{text}"
+        );
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(dir.path().join("n1.example.net.json"))
+                .expect("recorded")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(v["inventory"]["facts"]["x"], 1);
     }
