@@ -1,18 +1,27 @@
 //! The claims bucket of active-active replicas is shared: whatever a value or a key there holds,
 //! reading it back never panics, a replica name read from it is bounded and free of control
-//! characters, the key made for any identity is one KV key of safe characters, and every
-//! replica agrees on one owner among the live set.
+//! characters, a sealed reader never accepts what the fuzzer made without the secret, the key
+//! made for any identity is one KV key of safe characters, and every replica agrees on one
+//! owner among the live set.
 #![no_main]
 
-use provisioner::claims::{node_key, owner, parse_claim_value};
+use std::time::Duration;
+
+use provisioner::claims::{node_key, owner, Seal};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Some((by, _done)) = parse_claim_value(data) {
+    let now = 1_700_000_000_000;
+    let life = Duration::from_secs(30);
+    if let Some(v) = Seal::none().read("node.n1", data, now, life) {
         assert!(data.len() <= 1024);
-        assert!(by.chars().count() <= 128, "{by:?}");
-        assert!(!by.chars().any(char::is_control), "{by:?}");
+        assert!(v.by.chars().count() <= 128, "{:?}", v.by);
+        assert!(!v.by.chars().any(char::is_control), "{:?}", v.by);
     }
+    // Without the secret no input verifies (a 128-bit tag is not guessed).
+    assert!(Seal::with_secret(b"replicas only")
+        .read("node.n1", data, now, life)
+        .is_none());
     let text = String::from_utf8_lossy(data);
     let key = node_key(&text);
     assert!(key.starts_with("node.") || key.starts_with("hex."), "{key:?}");

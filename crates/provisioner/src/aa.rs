@@ -34,6 +34,30 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+/// The seal of the claims bucket's values: `claims_secret_file` when set, else the provisioners'
+/// broker password (which every replica has and no node does), else none.
+pub fn seal(config: &Config) -> Result<crate::claims::Seal, crate::Error> {
+    if !config.claims_secret_file.is_empty() {
+        let secret = std::fs::read(&config.claims_secret_file).map_err(|e| {
+            crate::Error::file("read", "claims_secret_file", &config.claims_secret_file, e)
+        })?;
+        let secret = secret.trim_ascii();
+        if secret.is_empty() {
+            return Err(crate::Error::EmptyFile {
+                what: "claims_secret_file",
+                path: config.claims_secret_file.clone().into(),
+            });
+        }
+        return Ok(crate::claims::Seal::with_secret(secret));
+    }
+    if !config.broker_provisioning_password.is_empty() {
+        return Ok(crate::claims::Seal::with_secret(
+            config.broker_provisioning_password.as_bytes(),
+        ));
+    }
+    Ok(crate::claims::Seal::none())
+}
+
 /// How often the delayed nodes are looked at.
 const TICK: Duration = Duration::from_millis(250);
 

@@ -77,6 +77,9 @@ pub struct Config {
     pub active_active: bool,
     /// `claim_lifetime` (not a Go key): how long a claim lives unless kept (active-active).
     pub claim_lifetime: Duration,
+    /// `claims_secret_file` (not a Go key): a secret every active-active replica shares and no
+    /// node has, sealing the claims bucket's values; empty means the broker password, if any.
+    pub claims_secret_file: String,
     /// `monitor_address` (not a Go key): the address the monitor listener binds; empty means
     /// every interface, IPv4 and IPv6, as Go's `:port`.
     pub monitor_address: String,
@@ -167,6 +170,7 @@ impl std::fmt::Debug for Config {
             leader_election,
             active_active,
             claim_lifetime,
+            claims_secret_file,
             monitor_address,
             rego_policy,
             record_helper_inputs,
@@ -204,6 +208,7 @@ impl std::fmt::Debug for Config {
             .field("leader_election", leader_election)
             .field("active_active", active_active)
             .field("claim_lifetime", claim_lifetime)
+            .field("claims_secret_file", claims_secret_file)
             .field("monitor_address", monitor_address)
             .field("rego_policy", rego_policy)
             .field("record_helper_inputs", record_helper_inputs)
@@ -460,6 +465,7 @@ struct RawConfig {
     leader_election: bool,
     active_active: bool,
     claim_lifetime: String,
+    claims_secret_file: String,
     upgrades_repository: String,
     upgrades_optional: bool,
     features: RawFeatures,
@@ -494,7 +500,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 43] = [
+const FIELDS: [Field; 44] = [
     field(
         "workers",
         Kind::Int {
@@ -544,6 +550,7 @@ const FIELDS: [Field; 43] = [
     field("record_helper_inputs", Kind::Str),
     field("active_active", Kind::Bool),
     field("claim_lifetime", Kind::Str),
+    field("claims_secret_file", Kind::Str),
     // The webhook helper.
     field("helper_secret_file", Kind::Str),
     field("helper_tls_cert", Kind::Str),
@@ -629,6 +636,7 @@ impl RawConfig {
             record_helper_inputs: text("record_helper_inputs"),
             active_active: flag(s, "active_active"),
             claim_lifetime: text("claim_lifetime"),
+            claims_secret_file: text("claims_secret_file"),
             webhook: WebhookSettings {
                 secret_file: text("helper_secret_file").trim().to_string(),
                 tls_cert: text("helper_tls_cert").trim().to_string(),
@@ -962,6 +970,7 @@ impl Config {
             leader_election: raw.leader_election,
             active_active: raw.active_active,
             claim_lifetime,
+            claims_secret_file: raw.claims_secret_file.trim().to_string(),
             monitor_address,
             rego_policy: raw.rego_policy.trim().to_string(),
             record_helper_inputs: raw.record_helper_inputs.trim().to_string(),

@@ -312,6 +312,7 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
             client.nats().clone(),
             &choria.identity,
             config.claim_lifetime,
+            crate::aa::seal(&config)?,
             &election::backoff::FIVE_SEC,
             &shutdown,
             |e| error!("active-active: {e}; provisioning waits until this is fixed"),

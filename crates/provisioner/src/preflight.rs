@@ -349,6 +349,14 @@ fn readable_secrets(config: Option<&Config>, choria: Option<&ChoriaConfig>) -> V
                 &mut out,
             );
         }
+        if !cfg.claims_secret_file.is_empty() {
+            key_file_readable(
+                Path::new(&cfg.claims_secret_file),
+                "claims_secret_file",
+                &service_groups,
+                &mut out,
+            );
+        }
         if !cfg.monitor_tls_key.is_empty() {
             key_file_readable(
                 Path::new(&cfg.monitor_tls_key),
@@ -501,6 +509,22 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
     } else {
         check_helper(&cfg.helper, &mut f);
         f.0.extend(unused_webhook_settings(cfg));
+    }
+    if cfg.active_active
+        && cfg.claims_secret_file.is_empty()
+        && cfg.broker_provisioning_password.is_empty()
+    {
+        f.warn(
+            "active_active without claims_secret_file or broker_provisioning_password: the claims \
+             bucket's values are not sealed, so any client that may write the bucket can skew how \
+             the replicas split the fleet; seal them, or give only the provisioners write access \
+             (docs/security.md)",
+        );
+    }
+    if !cfg.claims_secret_file.is_empty() {
+        if let Err(e) = crate::aa::seal(cfg) {
+            f.fatal(crate::one_line(&e));
+        }
     }
     if cfg.provision.token().is_empty() {
         f.warn("no token is set: servers whose provisioning JWT carries a token will refuse every request");
@@ -931,9 +955,16 @@ fn active_active(cfg: &Config) -> String {
          bucket {CLAIMS_BUCKET} (claim lifetime {}), created at start when the account may, \
          otherwise create it with: {}\n  \
          active-active needs every provisioner of the site to be this one: a deployment with Go \
-         provisioners stays on leader_election\n",
+         provisioners stays on leader_election\n  claims sealed: {}\n",
         duration(cfg.claim_lifetime),
-        create_command(CLAIMS_BUCKET, cfg.claim_lifetime, MAX_BUCKET_REPLICAS)
+        create_command(CLAIMS_BUCKET, cfg.claim_lifetime, MAX_BUCKET_REPLICAS),
+        if !cfg.claims_secret_file.is_empty() {
+            format!("yes, with claims_secret_file {}", cfg.claims_secret_file)
+        } else if !cfg.broker_provisioning_password.is_empty() {
+            "yes, with the broker provisioning password".to_string()
+        } else {
+            "no (forged values are refused by form and age only)".to_string()
+        }
     )
 }
 

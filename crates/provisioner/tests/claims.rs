@@ -8,17 +8,29 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use choria_rpc_client::streams::StreamsApi;
-use provisioner::claims::{Claim, ClaimStore, CLAIMS_BUCKET};
+use provisioner::claims::{node_key, Claim, ClaimStore, Seal, CLAIMS_BUCKET};
 use test_support::NatsCluster;
 
 const LIFETIME: Duration = Duration::from_secs(6);
 
+/// The replicas' shared secret.
+fn seal() -> Seal {
+    Seal::with_secret(b"shared by the replicas and no node")
+}
+
 /// A replica's store on `url`, once the bucket exists (opened by [`cluster_with_bucket`]).
 async fn replica(url: &str, name: &str) -> ClaimStore {
     let client = async_nats::connect(url).await.unwrap();
-    ClaimStore::open(client, StreamsApi::Account, CLAIMS_BUCKET, name, LIFETIME)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    ClaimStore::open(
+        client,
+        StreamsApi::Account,
+        CLAIMS_BUCKET,
+        name,
+        LIFETIME,
+        seal(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A three-server cluster whose first replica has created the bucket. Right after a cluster
@@ -39,6 +51,7 @@ async fn cluster_with_bucket() -> (NatsCluster, ClaimStore) {
                 CLAIMS_BUCKET,
                 "r-a.example.net",
                 LIFETIME,
+                seal(),
             )
             .await
             {
@@ -221,4 +234,87 @@ async fn replicas_agree_on_first_choices_and_a_cut_off_replica_claims_nothing() 
         .unwrap_err();
     assert!(err.to_string().contains("taking no new node"), "{err}");
     assert!(lonely.stats().errors >= 1);
+}
+
+/// A client that can write the bucket but has no secret (as a node on a plain NATS server
+/// could) writes 64 heartbeats of replicas that do not exist, `done` marks for nodes, and claims
+/// of its own: the replicas' live set stays theirs, the forged claims are taken over, and the
+/// forged marks are ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_heartbeats_claims_and_done_marks_change_nothing() {
+    let nats = test_support::NatsServer::start_with_config("jetstream {}\n");
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let a = ClaimStore::open(
+        client.clone(),
+        StreamsApi::Account,
+        CLAIMS_BUCKET,
+        "r-a.example.net",
+        LIFETIME,
+        seal(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let b = replica(&nats.url(), "r-b.example.net").await;
+    a.heartbeat().await.unwrap();
+    b.heartbeat().await.unwrap();
+
+    let hostile = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap())
+        .get_key_value(CLAIMS_BUCKET)
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    for n in 0..64 {
+        hostile
+            .put(
+                format!("replica.fake-{n}"),
+                format!("alive fake-{n} {now} {}", "ab".repeat(16)).into(),
+            )
+            .await
+            .unwrap();
+    }
+    // A forged done mark under a real replica's name, and a forged claim.
+    hostile
+        .put(
+            node_key("done.example.net"),
+            format!("done r-b.example.net {now} {}", "cd".repeat(16)).into(),
+        )
+        .await
+        .unwrap();
+    hostile
+        .put(
+            node_key("claimed.example.net"),
+            "claimed r-b.example.net".into(),
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(
+        a.heartbeat().await.unwrap(),
+        2,
+        "only the two real replicas are live"
+    );
+    assert_eq!(b.refresh().await.unwrap(), 2);
+    assert!(a.forged() >= 64, "{} forged values seen", a.forged());
+    // Every node still has a real first choice, so none is left to a replica that is not there.
+    for n in 0..200 {
+        let id = format!("n{n}.example.net");
+        assert!(a.first_choice(&id) != b.first_choice(&id), "{id}");
+    }
+    // The forged mark and claim hold nothing: the node is claimed as if they were not there.
+    for id in ["done.example.net", "claimed.example.net"] {
+        let c = a.claim(id, false).await.unwrap();
+        assert!(won(&c).is_some(), "{id}: {c:?}");
+    }
+    // A real done mark is honoured.
+    let Claim::Won { key, revision } = b.claim("real.example.net", true).await.unwrap() else {
+        panic!("not won");
+    };
+    b.done("real.example.net", &key, revision).await.unwrap();
+    match a.claim("real.example.net", false).await.unwrap() {
+        Claim::Taken { by, done } => assert!(done && by == "r-b.example.net", "{by} {done}"),
+        c => panic!("{c:?}"),
+    }
 }
