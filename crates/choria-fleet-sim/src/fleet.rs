@@ -335,7 +335,20 @@ impl SimFleet {
         });
 
         let mut subs = Vec::new();
-        let mut subjects = vec![format!("{DIRECTED}>")];
+        // Only the fleet's own names: a name nobody simulates (an announcement for a node that
+        // does not exist) then gets the broker's "no responders", as on a real network.
+        let mut subjects = Vec::new();
+        if inner.cfg.nodes > 0 {
+            let generated = inner.cfg.identities.is_none()
+                && !inner.cfg.identity_prefix.contains(['.', '*', '>', ' '])
+                && !inner.cfg.domain.is_empty()
+                && !inner.cfg.domain.contains(['*', '>', ' ']);
+            subjects.push(if generated {
+                format!("{DIRECTED}*.{}", inner.cfg.domain)
+            } else {
+                format!("{DIRECTED}>")
+            });
+        }
         subjects.extend(
             ["discovery", "rpcutil", "choria_provision", "choria_util"]
                 .iter()

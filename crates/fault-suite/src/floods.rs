@@ -256,3 +256,87 @@ pub fn event_flood(env: &Env, name: &str) -> Result<String> {
         hwm_kib / 1024
     ))
 }
+
+/// An audit trail under a flood: 100,000 startup events for nodes that do not exist (anyone
+/// holding a provisioning JWT can send them), a real fleet of 100 behind them, and an
+/// `audit_file`. The real fleet must be provisioned and recorded one line each, and the nodes
+/// that never answered summed up in a few summary records, so the file stays under 1 MB.
+pub fn audit_flood(env: &Env, name: &str) -> Result<String> {
+    const BOGUS: usize = 100_000;
+    let nodes = 100;
+    let dir = env.base.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let audit = dir.join("audit.jsonl");
+    let yaml = format!("audit_file: {}\n", audit.display());
+    let mut run = setup(
+        env,
+        name,
+        Setup {
+            extra_yaml: &yaml,
+            ..Setup::default()
+        },
+    )?;
+    let p = run.start_provisioner("provisioner")?;
+
+    let sim = run.start_sim(
+        "flood",
+        "n",
+        nodes,
+        &["--bogus-events".into(), BOGUS.to_string()],
+    )?;
+    let took = wait_for(
+        "the real fleet behind the flood",
+        Duration::from_secs(180),
+        || {
+            run.alive(p)?;
+            Ok(sim.provisioned() >= nodes)
+        },
+    )?;
+    // Let the flood drain: every announced name gets its one try.
+    let drained = wait_for("the flood to be tried", Duration::from_secs(120), || {
+        Ok(run.metric(p, "choria_provisioner_provision_errors") >= (BOGUS as f64) * 0.8)
+    });
+    let report = sim.finish()?;
+    run.stop_all()?;
+    for (id, n) in &report {
+        ensure!(n.provisioned, "{id} not provisioned: {:?}", n.problems);
+    }
+    let size = std::fs::metadata(&audit)?.len();
+    let text = std::fs::read_to_string(&audit)?;
+    let mut provisioned = 0usize;
+    let mut summaries = 0usize;
+    let mut summed = 0u64;
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| anyhow::anyhow!("an audit line is not JSON ({e}): {line:.200}"))?;
+        match v["decision"].as_str() {
+            Some("provisioned") => provisioned += 1,
+            Some("undecided") => {
+                summaries += 1;
+                summed += v["count"].as_u64().unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    ensure!(
+        provisioned >= nodes,
+        "{provisioned} provisioned records for {nodes} nodes"
+    );
+    ensure!(
+        size < 1_000_000,
+        "the audit file grew to {size} bytes under a flood of {BOGUS}"
+    );
+    ensure!(
+        summaries > 0 && summed > 0,
+        "no summary of the nodes that never answered ({summaries} records)"
+    );
+    ensure!(
+        summed as f64 >= (BOGUS as f64) * 0.8,
+        "only {summed} of {BOGUS} forged cycles were tried before the stop ({drained:?})"
+    );
+    Ok(format!(
+        "{nodes} real nodes provisioned {:.1}s after a flood of {BOGUS} announcements began; the audit file holds {} lines in {size} bytes: {provisioned} decisions and {summaries} summary records counting {summed} cycles that never reached their node",
+        took.as_secs_f64(),
+        text.lines().count()
+    ))
+}

@@ -8,7 +8,7 @@ use crate::active_active::{
     ha_cluster_server_killed,
 };
 use crate::broker::{broker_restart, provisioner_sigkill};
-use crate::floods::{event_flood, load, queue_full};
+use crate::floods::{audit_flood, event_flood, load, queue_full};
 use crate::ha::{election_bucket_missing, ha_leader_killed, lock_held};
 use crate::harness::Env;
 use crate::helper_faults::{
@@ -281,6 +281,12 @@ pub fn scenarios() -> Vec<Scenario> {
             about: "20,000 startup events for bogus nodes (a tenth with hostile identities), then a real fleet of 200",
             run: event_flood,
             long: false,
+        },
+        Scenario {
+            name: "audit-flood",
+            about: "100,000 startup events for nodes that do not exist with an audit_file: the file stays under 1 MB, the real fleet is recorded",
+            run: audit_flood,
+            long: true,
         },
         // Active-active on a three-server cluster (active_active.rs).
         Scenario {
