@@ -115,7 +115,7 @@ fn faults(args: &[String]) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     let nats: PathBuf = tools::ensure_nats_server()?;
     eprintln!("xtask: using {}", nats.display());
-    tools::ensure_dnsmasq();
+    tools::ensure_test_programs();
     // The interop tests talk to a real go-choria broker and servers: build that peer (cached).
     peers::build_choria()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

@@ -89,12 +89,32 @@ pub fn ensure_nats_server() -> Result<PathBuf> {
     Ok(local)
 }
 
-/// Make sure dnsmasq (Debian's `dnsmasq-base`) is there for the SRV tests, which serve their
-/// records from it on loopback: found at `/usr/sbin/dnsmasq` or on PATH, else installed with
-/// apt-get when running as root. Elsewhere the tests that need it are skipped (and fail under
-/// `CI`); this says so rather than failing.
-pub fn ensure_dnsmasq() {
-    let found = || Path::new("/usr/sbin/dnsmasq").is_file() || which("dnsmasq").is_ok();
+/// Make sure the Debian programs some tests run are there: dnsmasq (`dnsmasq-base`), which
+/// serves the SRV tests' records on loopback, and Prometheus (`prometheus`), which evaluates the
+/// documented HA alert. Each is found at its Debian path or on PATH, else installed with apt-get
+/// when running as root. Elsewhere the tests that need it are skipped (and fail under `CI`);
+/// this says so rather than failing.
+pub fn ensure_test_programs() {
+    for (program, path, package, tests) in [
+        (
+            "dnsmasq",
+            "/usr/sbin/dnsmasq",
+            "dnsmasq-base",
+            "the SRV tests",
+        ),
+        (
+            "prometheus",
+            "/usr/bin/prometheus",
+            "prometheus",
+            "the alert test",
+        ),
+    ] {
+        ensure_debian_program(program, path, package, tests);
+    }
+}
+
+fn ensure_debian_program(program: &str, path: &str, package: &str, tests: &str) {
+    let found = || Path::new(path).is_file() || which(program).is_ok();
     if found() {
         return;
     }
@@ -103,22 +123,23 @@ pub fn ensure_dnsmasq() {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
     if root && which("apt-get").is_ok() {
-        eprintln!("xtask: installing dnsmasq-base for the SRV tests");
+        eprintln!("xtask: installing {package} for {tests}");
         let quiet = |args: &[&str]| {
             Command::new("apt-get")
                 .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
                 .stdout(std::process::Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success())
         };
-        if !quiet(&["install", "-y", "-qq", "dnsmasq-base"]) {
+        if !quiet(&["install", "-y", "-qq", "--no-install-recommends", package]) {
             quiet(&["update", "-qq"]);
-            quiet(&["install", "-y", "-qq", "dnsmasq-base"]);
+            quiet(&["install", "-y", "-qq", "--no-install-recommends", package]);
         }
     }
     if !found() {
         eprintln!(
-            "xtask: dnsmasq is not installed (apt-get install dnsmasq-base): the SRV tests are skipped"
+            "xtask: {program} is not installed (apt-get install {package}): {tests} are skipped"
         );
     }
 }

@@ -150,21 +150,53 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_election_bucket_created_after_start_is_found() {
+async fn without_a_bucket_the_provisioner_exits_as_the_go_one_does() {
     let env = Env::new();
     let mut prov = env.start(&ha_options(
         &env,
         "provisioner-a",
         example_helper("helper-plain.py"),
     ));
+    let status = prov
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("still running without a bucket:\n{}", prov.output()));
+    assert_eq!(status.code(), Some(1), "{}", prov.output());
+    let out = prov.output();
+    assert!(
+        out.contains("Leader election failed to start") && out.contains("CHORIA_LEADER_ELECTION"),
+        "{out}"
+    );
+    assert!(out.contains("set leader_election_wait: true"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_bucket_created_after_start_is_found() {
+    let env = Env::new();
+    let mut prov = env.start(
+        &ha_options(&env, "provisioner-a", example_helper("helper-plain.py"))
+            .yaml("leader_election_wait: true"),
+    );
     prov.wait_ready().await;
     assert!(
         prov.wait_log("provisioning stays paused", Duration::from_secs(20))
             .await,
         "a missing bucket is reported"
     );
-    assert!(role(&prov).ends_with("standby"));
+    // Not ready, and why: a standby that can never campaign is not half of a working pair.
+    let (status, body) = prov.get("/readyz").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with("not ready: connected, standby, leader election cannot campaign: ")
+            && body.contains("CHORIA_LEADER_ELECTION"),
+        "{body}"
+    );
     assert_eq!(prov.m("paused"), 1.0);
+    assert_eq!(
+        prov.metric("choria_election_leader", None),
+        Some(0.0),
+        "the election series is there from the start"
+    );
 
     create_bucket(&env.url()).await;
     assert!(
@@ -272,7 +304,7 @@ async fn the_election_works_through_the_choria_streams_import() {
     let env = Env::with_broker_config(CHORIA_LIKE_ACCOUNTS);
     let admin = Some(("choria", "ch0ria-pw"));
     let opts = ha_options(&env, "provisioner-a", example_helper("helper-plain.py"))
-        .yaml("broker_provisioning_password: pr0v-pw");
+        .yaml("broker_provisioning_password: pr0v-pw\nleader_election_wait: true");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     // The import answers that the bucket does not exist yet; once it is created the campaign

@@ -439,7 +439,7 @@ async fn election_series_are_exported_as_go_choria_labels_them() {
         .await
     );
 
-    // A standby that never led: candidate campaigns only, and no leader gauge at all.
+    // A standby that never led: candidate campaigns only, and the leader gauge at 0.
     let mut o = env.provisioner(example_helper("helper-plain.py"));
     o.identity = "provisioner-b".into();
     o.leader_election = true;
@@ -466,11 +466,18 @@ async fn election_series_are_exported_as_go_choria_labels_them() {
     let text = standby.metrics();
     let samples = parse(&text);
     assert!(
-        !samples
-            .iter()
-            .any(|s| s.name == "choria_election_leader" || s.label("state") == Some("leader")),
+        !samples.iter().any(|s| s.label("state") == Some("leader")),
         "{text}"
     );
+    // The leader gauge is there at 0 from the start (go-choria creates it on a first win), so
+    // a pair without a leader is visible.
+    let gauge: Vec<_> = samples
+        .iter()
+        .filter(|s| s.name == "choria_election_leader")
+        .collect();
+    assert_eq!(gauge.len(), 1, "{text}");
+    assert_eq!(gauge[0].value, 0.0, "{text}");
+    assert_eq!(gauge[0].label("identity"), Some("provisioner-b"));
     // A fourth campaign started, so at least three failed: the wait is TwentySec's fourth step
     // or a later one, 1.5 s ± 50 % at least.
     let interval = samples

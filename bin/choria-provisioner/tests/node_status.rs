@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use choria_fleet_sim::{Mode, ProvisioningJwt};
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -660,7 +660,21 @@ async fn helper_policy_and_node_faults_show_their_step_and_cause() {
         line("garbage-2.example.net")["step"],
         "choria_provision#jwt"
     );
-    assert_eq!(line("silent-2.example.net")["decision"], "failed");
+    // A node that never answered decided nothing: it is in the minute's summary by name.
+    let summary = lines
+        .iter()
+        .find(|l| l["decision"] == "undecided")
+        .unwrap_or_else(|| panic!("no summary: {lines:?}"));
+    assert_eq!(summary["count"], 1, "{summary}");
+    assert_eq!(summary["step"], "choria_provision#jwt", "{summary}");
+    assert_eq!(
+        summary["examples"],
+        json!(["silent-2.example.net"]),
+        "{summary}"
+    );
+    assert!(lines
+        .iter()
+        .all(|l| l["identity"] != "silent-2.example.net"));
     main.shutdown().await;
     garbage.shutdown().await;
     silent.shutdown().await;

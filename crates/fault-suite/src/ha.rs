@@ -144,6 +144,8 @@ pub fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
         name,
         Setup {
             leader_election: true,
+            // Without it the provisioner stops at once, as the Go one does (daemon tests).
+            extra_yaml: "leader_election_wait: true\n",
             ..Setup::default()
         },
     )?;

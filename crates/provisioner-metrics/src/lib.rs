@@ -172,6 +172,9 @@ pub struct Metrics {
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
     election: RwLock<Option<ElectionSource>>,
+    /// Why the election cannot campaign (Choria Streams unreachable, the bucket missing), when
+    /// it cannot.
+    election_blocked: RwLock<Option<String>>,
     process: ProcessCollector,
     connected: AtomicBool,
     role: AtomicU8,
@@ -398,6 +401,7 @@ impl Metrics {
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
+            election_blocked: RwLock::new(None),
             process: ProcessCollector::new(),
             connected: AtomicBool::new(false),
             role: AtomicU8::new(Role::Active as u8),
@@ -437,6 +441,23 @@ impl Metrics {
             read: Box::new(read),
         };
         *self.election.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    /// Record why the election cannot campaign (`None` once it can): `/readyz` is then not
+    /// ready, since this instance can never lead.
+    pub fn set_election_blocked(&self, why: Option<String>) {
+        *self
+            .election_blocked
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Why the election cannot campaign, when it cannot.
+    pub fn election_blocked(&self) -> Option<String> {
+        self.election_blocked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Record whether the broker connection is up (for `/readyz`).

@@ -575,7 +575,22 @@ async fn respond(
                 Role::Leader => "leader",
                 Role::Standby => "standby",
             };
-            if metrics.connected() {
+            if let Some(why) = metrics.election_blocked() {
+                // A standby that can never campaign is not one replica of a working pair.
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!(
+                        "not ready: {}, {role}, leader election cannot campaign: {}\n",
+                        if metrics.connected() {
+                            "connected"
+                        } else {
+                            "not connected"
+                        },
+                        why.replace(['\r', '\n'], " ")
+                    ),
+                )
+            } else if metrics.connected() {
                 reply(
                     StatusCode::OK,
                     "text/plain",

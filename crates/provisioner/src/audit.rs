@@ -53,8 +53,14 @@ const LOG_EVERY: Duration = Duration::from_secs(60);
 /// How often the cycles that reached no decision are written as one summary record per kind.
 pub const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
-/// Cycles that reached no decision, by (state, step, source), since the last summary.
-type Undecided = Mutex<std::collections::BTreeMap<(&'static str, &'static str, &'static str), u64>>;
+/// How many names of silent nodes each summary record carries as examples.
+pub const SUMMARY_EXAMPLES: usize = 10;
+
+/// Cycles that reached no decision, by (state, step, source), since the last summary: their
+/// count and the first few names.
+type Undecided = Mutex<
+    std::collections::BTreeMap<(&'static str, &'static str, &'static str), (u64, Vec<String>)>,
+>;
 
 /// One record waiting to be written: the node and its JSON line (with its newline).
 struct Line {
@@ -186,10 +192,13 @@ impl Observer for Audit {
         if !v.answered {
             // Summed up by the writer: a flood of announced names costs a few lines.
             let mut u = self.undecided.lock().unwrap_or_else(|e| e.into_inner());
-            let n = u
+            let (n, names) = u
                 .entry((v.state.label(), v.step, v.source.name()))
-                .or_insert(0);
+                .or_default();
             *n = n.saturating_add(1);
+            if names.len() < SUMMARY_EXAMPLES {
+                names.push(identity.to_string());
+            }
             return;
         }
         let mut json = record(
@@ -337,7 +346,7 @@ impl Writer {
     fn summarise(&mut self, batch: &mut Vec<Line>) {
         let counts = std::mem::take(&mut *self.undecided.lock().unwrap_or_else(|e| e.into_inner()));
         let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        for ((state, step, found_by), count) in counts {
+        for ((state, step, found_by), (count, examples)) in counts {
             let mut json = json!({
                 "time": time,
                 "provisioner": self.provisioner,
@@ -347,6 +356,7 @@ impl Writer {
                 "step": step,
                 "found_by": found_by,
                 "count": count,
+                "examples": examples,
                 "window_seconds": SUMMARY_EVERY.as_secs(),
                 "cause": "the node never answered: nothing was decided about it",
             })

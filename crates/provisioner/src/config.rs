@@ -72,6 +72,10 @@ pub struct Config {
     pub jwt_signing_token: String,
     /// Take part in leader election.
     pub leader_election: bool,
+    /// `leader_election_wait` (not a Go key): an election that cannot start is tried again
+    /// for ever (standing by meanwhile) instead of stopping the daemon, as the Go provisioner
+    /// stops.
+    pub leader_election_wait: bool,
     /// `active_active` (not a Go key): every replica provisions, each node claimed in the
     /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
     pub active_active: bool,
@@ -168,6 +172,7 @@ impl std::fmt::Debug for Config {
             jwt_signing_key,
             jwt_signing_token,
             leader_election,
+            leader_election_wait,
             active_active,
             claim_lifetime,
             claims_secret_file,
@@ -206,6 +211,7 @@ impl std::fmt::Debug for Config {
             .field("jwt_signing_key", jwt_signing_key)
             .field("jwt_signing_token", jwt_signing_token)
             .field("leader_election", leader_election)
+            .field("leader_election_wait", leader_election_wait)
             .field("active_active", active_active)
             .field("claim_lifetime", claim_lifetime)
             .field("claims_secret_file", claims_secret_file)
@@ -463,6 +469,7 @@ struct RawConfig {
     server_jwt_validity: String,
     rego_policy: String,
     leader_election: bool,
+    leader_election_wait: bool,
     active_active: bool,
     claim_lifetime: String,
     claims_secret_file: String,
@@ -500,7 +507,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 44] = [
+const FIELDS: [Field; 45] = [
     field(
         "workers",
         Kind::Int {
@@ -541,6 +548,7 @@ const FIELDS: [Field; 44] = [
     field("server_jwt_validity", Kind::Str),
     field("rego_policy", Kind::Str),
     field("leader_election", Kind::Bool),
+    field("leader_election_wait", Kind::Bool),
     field("upgrades_repository", Kind::Str),
     field("upgrades_optional", Kind::Bool),
     field("features", Kind::Map(&FEATURE_FIELDS)),
@@ -627,6 +635,7 @@ impl RawConfig {
             server_jwt_validity: text("server_jwt_validity"),
             rego_policy: text("rego_policy"),
             leader_election: flag(s, "leader_election"),
+            leader_election_wait: flag(s, "leader_election_wait"),
             upgrades_repository: text("upgrades_repository"),
             upgrades_optional: flag(s, "upgrades_optional"),
             features,
@@ -968,6 +977,7 @@ impl Config {
             jwt_signing_key: raw.jwt_signing_key,
             jwt_signing_token: raw.jwt_signing_token,
             leader_election: raw.leader_election,
+            leader_election_wait: raw.leader_election_wait,
             active_active: raw.active_active,
             claim_lifetime,
             claims_secret_file: raw.claims_secret_file.trim().to_string(),

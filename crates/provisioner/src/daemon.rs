@@ -180,13 +180,17 @@ fn monitor_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfig>>, Err
     .map_err(Error::MonitorTls)
 }
 
-async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
+async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     let Daemon {
         settings,
         observer: extra_observer,
         drain_grace,
         force,
     } = daemon;
+    // Cancelled by the caller, or by a task that found the daemon cannot work (an election
+    // that cannot start); the error it left is returned once everything has drained.
+    let shutdown = outer.child_token();
+    let fatal: Arc<std::sync::Mutex<Option<Error>>> = Arc::default();
     info!(
         version = VERSION,
         "Choria Provisioner starting using configuration file {}. Discovery interval {} using {} workers",
@@ -438,15 +442,27 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
         tasks.spawn(policy.watch(POLICY_POLL, shutdown.clone()));
     }
     if config.leader_election {
-        tasks.spawn(elect(
+        let fatal = Arc::clone(&fatal);
+        let stop = shutdown.clone();
+        let election = elect(
             client.clone(),
             choria.identity.clone(),
+            config.leader_election_wait,
             Arc::clone(&fleet),
             pause.clone(),
             Arc::clone(&metrics),
             Arc::clone(&discover_now),
             shutdown.clone(),
-        ));
+        );
+        tasks.spawn(async move {
+            if let Err(e) = election.await {
+                fatal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                stop.cancel();
+            }
+        });
     }
     info!(
         "provisioning with {workers} workers, discovery every {:?}",
@@ -476,7 +492,11 @@ async fn run(daemon: Daemon, shutdown: CancellationToken) -> Result<(), Error> {
         serving.stopped().await;
     }
     info!("stopped");
-    Ok(())
+    let fatal = fatal.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match fatal {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Keep `/readyz` in step with the broker connection, until `stopped`.
@@ -699,34 +719,65 @@ async fn discover(
 }
 
 /// Campaign for leadership: resume and discover on winning, pause and forget every queued node
-/// on losing. A missing bucket is an error logged on every attempt, never a silent pause.
+/// on losing. An election that cannot start (Choria Streams unreachable, the bucket missing or
+/// unusable) stops the daemon with an error, as the Go provisioner exits, unless
+/// `leader_election_wait` keeps it trying; meanwhile `/readyz` says why it cannot campaign and
+/// the election series say it does not lead. Failures after a start are logged and tried again.
+#[allow(clippy::too_many_arguments)]
 async fn elect(
     client: RpcClient,
     identity: String,
+    wait: bool,
     fleet: Arc<Fleet>,
     pause: PauseState,
     metrics: Arc<Metrics>,
     discover_now: Arc<Notify>,
     shutdown: CancellationToken,
-) {
+) -> Result<(), Error> {
     let name = election::PROVISIONER_ELECTION;
     info!(election = name, "Starting leader election against '{name}'");
-    let chosen = Election::choose(
-        client.nats().clone(),
-        election::PROVISIONER_ELECTION,
-        &identity,
-        &election::backoff::FIVE_SEC,
-        &shutdown,
-    )
-    .await;
-    let election = match chosen {
+    // The series exist from the start: a standby that never got to campaign is visibly not
+    // the leader, so `sum(choria_election_leader) != 1` fires for a pair with no leader.
+    metrics.set_election_source(name, identity.clone(), || {
+        provisioner_metrics::ElectionSample {
+            leader: Some(false),
+            ..Default::default()
+        }
+    });
+    metrics.set_election_blocked(Some("not started yet".into()));
+    let started = if wait {
+        Election::choose(
+            client.nats().clone(),
+            election::PROVISIONER_ELECTION,
+            &identity,
+            &election::backoff::FIVE_SEC,
+            &shutdown,
+        )
+        .await
+    } else {
+        Election::choose_once(client.nats().clone(), name, &identity)
+            .await
+            .map(Some)
+    };
+    let election = match started {
         Ok(Some(e)) => e,
-        Ok(None) => return,
+        Ok(None) => return Ok(()),
         Err(e) => {
             error!(election = name, "Leader election failed to start: {e}");
-            return;
+            metrics.set_election_blocked(Some(e.to_string()));
+            return Err(Error::Election(e));
         }
     };
+    if !wait {
+        // The bucket must be there and usable now: a campaign that could never win is an
+        // error at start, not a standby for ever.
+        if let Err(e) = election.open().await {
+            error!(election = name, "Leader election failed to start: {e}");
+            metrics.set_election_blocked(Some(e.to_string()));
+            return Err(Error::Election(e));
+        }
+    }
+    metrics.set_election_blocked(None);
     {
         // go-choria's choria_election_* series, read from the election at scrape time.
         let e = election.clone();
@@ -735,7 +786,9 @@ async fn elect(
             provisioner_metrics::ElectionSample {
                 campaigns_as_candidate: s.campaigns_as_candidate,
                 campaigns_as_leader: s.campaigns_as_leader,
-                leader: s.leader_gauge,
+                // 0 until first won (go-choria creates it then), so a pair that never elected
+                // a leader is visible as one.
+                leader: s.leader_gauge.or(Some(false)),
                 interval: s.interval_gauge,
             }
         });
@@ -744,6 +797,8 @@ async fn elect(
     // `leading`: whether this provisioner provisions as the leader, as the follower last set it.
     let lead = |leader: bool, leading: &mut bool| {
         *leading = leader;
+        // It campaigns: whatever blocked it has cleared.
+        metrics.set_election_blocked(None);
         if leader {
             warn!(election = name, "Became leader after winning election");
             metrics.set_role(Role::Leader);
@@ -793,7 +848,11 @@ async fn elect(
     let campaign = async {
         let res = election
             .run_retrying(shutdown.clone(), &election::backoff::FIVE_SEC, |e| {
-                error!("leader election: {e}; provisioning stays paused until this is fixed");
+                metrics.set_election_blocked(Some(e.to_string()));
+                error!(
+                    election = name,
+                    "leader election: {e}; provisioning stays paused until this is fixed"
+                );
             })
             .await;
         if let Err(e) = res {
@@ -801,4 +860,5 @@ async fn elect(
         }
     };
     tokio::join!(campaign, follow);
+    Ok(())
 }

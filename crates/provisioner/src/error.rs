@@ -69,6 +69,10 @@ pub enum Error {
     /// The RPC client could not start on the connection.
     #[error(transparent)]
     Rpc(#[from] choria_rpc_client::rpc::RequestError),
+    /// Leader election cannot start (Choria Streams unreachable, the bucket missing or
+    /// unusable) and `leader_election_wait` is off.
+    #[error("leader election cannot start (set leader_election_wait: true to keep trying)")]
+    Election(#[source] choria_rpc_client::election::ElectionError),
     /// The active-active claims bucket cannot be used.
     #[error(transparent)]
     Claims(#[from] crate::claims::ClaimsError),

@@ -135,3 +135,112 @@ fn a_refused_setup_never_starts() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A daemon with leader election on, against a broker with JetStream but no election bucket.
+fn election_settings(dir: &std::path::Path, nats: &NatsServer, port: u16, wait: bool) -> Settings {
+    let helper = dir.join("helper.sh");
+    std::fs::write(&helper, "#!/bin/sh\ncat >/dev/null\necho '{}'\n").unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let yaml = dir.join("provisioner.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "helper: {}\ntoken: s3cret\nchoria_insecure: true\nlogfile: discard\n\
+             leader_election: true\nleader_election_wait: {wait}\nmonitor_port: {port}\n",
+            helper.display()
+        ),
+    )
+    .unwrap();
+    let cfg = dir.join("choria.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "identity = standby.example.net\nplugin.choria.middleware_hosts = {}\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    Settings::load(&Paths::new(&yaml, &cfg)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_that_cannot_start_stops_the_daemon_with_its_cause() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = test_support::free_port();
+    let daemon = Daemon::builder(election_settings(dir.path(), &nats, port, false))
+        .drain_grace(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(30),
+        daemon.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the daemon stops by itself when its election cannot start");
+    match stopped {
+        Err(provisioner::Error::Election(e)) => {
+            let text = e.to_string();
+            assert!(text.contains("CHORIA_LEADER_ELECTION"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_leader_election_wait_a_standby_says_why_it_cannot_campaign() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = test_support::free_port();
+    let daemon = Daemon::builder(election_settings(dir.path(), &nats, port, true))
+        .drain_grace(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(daemon.run(shutdown.clone()));
+
+    // Not ready, and why; the election series say it does not lead.
+    let mut seen = None;
+    for _ in 0..200 {
+        let got =
+            tokio::task::spawn_blocking(move || test_support::metrics::http_get(port, "/readyz"))
+                .await
+                .unwrap();
+        if let Some((503, body)) = &got {
+            if body.contains("leader election cannot campaign") {
+                seen = got;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, body) = seen.expect("/readyz says the election cannot campaign");
+    assert!(body.contains("CHORIA_LEADER_ELECTION"), "{body}");
+    let metrics = tokio::task::spawn_blocking(move || test_support::metrics::scrape(port))
+        .await
+        .unwrap();
+    let leader: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("choria_election_leader{"))
+        .collect();
+    assert_eq!(
+        leader.len(),
+        1,
+        "{}\n{}",
+        &metrics[..600.min(metrics.len())],
+        metrics
+            .lines()
+            .filter(|l| l.contains("election"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(leader[0].ends_with(" 0"), "{metrics}");
+    assert!(!running.is_finished(), "it waits instead of stopping");
+
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(stopped.is_ok(), "{stopped:?}");
+}

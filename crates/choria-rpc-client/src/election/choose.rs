@@ -8,6 +8,38 @@ use super::{Election, ElectionError};
 use crate::streams::{first_answering, Probe, StreamsApi};
 
 impl Election {
+    /// [`Election::choose`] without retrying: the election over the first route that answers,
+    /// or the error of the last route when neither does (Choria Streams is not reachable from
+    /// this connection).
+    pub async fn choose_once(
+        client: async_nats::Client,
+        key: &str,
+        identity: &str,
+    ) -> Result<Election, ElectionError> {
+        let election = |api: StreamsApi| {
+            let b = Election::builder(client.clone(), key, identity);
+            match api.prefix() {
+                Some(p) => b.api_prefix(p).build(),
+                None => b.build(),
+            }
+        };
+        let routes = [
+            election(StreamsApi::ChoriaStreams)?,
+            election(StreamsApi::Account)?,
+        ];
+        let route = |api: StreamsApi| match api {
+            StreamsApi::Account => &routes[1],
+            _ => &routes[0],
+        };
+        match first_answering(|api| route(api).open(), unreachable).await {
+            Probe::Opened(api, _) | Probe::Answered(api, _) => Ok(route(api).clone()),
+            Probe::Unreachable(mut errors) => match errors.pop() {
+                Some((_, e)) => Err(e),
+                None => Ok(routes[0].clone()),
+            },
+        }
+    }
+
     /// The election `key` for `identity` over whichever JetStream API answers on `client`.
     ///
     /// The routes are asked as [`crate::streams::first_answering`] asks them: the
@@ -36,12 +68,6 @@ impl Election {
             election(StreamsApi::ChoriaStreams)?,
             election(StreamsApi::Account)?,
         ];
-        let unreachable = |e: &ElectionError| {
-            matches!(
-                e,
-                ElectionError::StreamsUnavailable { .. } | ElectionError::Request { .. }
-            )
-        };
         let route = |api: StreamsApi| match api {
             StreamsApi::Account => &routes[1],
             _ => &routes[0],
@@ -78,4 +104,12 @@ impl Election {
             }
         }
     }
+}
+
+/// Whether an opening error means the route did not answer at all.
+fn unreachable(e: &ElectionError) -> bool {
+    matches!(
+        e,
+        ElectionError::StreamsUnavailable { .. } | ElectionError::Request { .. }
+    )
 }
