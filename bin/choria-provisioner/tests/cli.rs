@@ -171,6 +171,45 @@ fn good_setup(dir: &Path) -> (String, String) {
     (yaml, cfg)
 }
 
+/// `plugin.d/choria.cfg` beside the Choria configuration is merged as go-choria merges it, and
+/// keys go-choria would act on but the provisioner ignores are named.
+#[test]
+fn check_reads_plugin_d_and_names_the_go_choria_keys_it_ignores() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let d = dir.path().join("plugin.d");
+    std::fs::create_dir(&d).unwrap();
+    write(
+        &d,
+        "choria.cfg",
+        "middleware_hosts = nats://from-plugin-d.example.net:4222\n",
+    );
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(
+        "plugin.security.cipher_suites = TLS_AES_128_GCM_SHA256\n\
+         plugin.choria.security.request_signer.url = https://aaa.example.net/sign\n",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("from-plugin-d.example.net:4222"), "{out}");
+    assert!(!out.contains("broker.example.net:4222"), "{out}");
+    assert!(
+        out.contains(&format!("(with {})", d.join("choria.cfg").display())),
+        "{out}"
+    );
+    let warning = out
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("go-choria reads"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        warning
+            .contains("plugin.choria.security.request_signer.url, plugin.security.cipher_suites"),
+        "{warning}"
+    );
+}
+
 #[test]
 fn check_on_a_good_setup_prints_the_plan() {
     let dir = tempfile::tempdir().unwrap();

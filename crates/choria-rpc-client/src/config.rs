@@ -7,6 +7,12 @@ use std::time::Duration;
 
 use crate::protocol::{Security, SecurityError};
 
+mod go_keys;
+pub use go_keys::{GO_CHORIA_KEYS, READ_KEYS};
+
+/// The most a configuration file may hold; a larger one is refused rather than read.
+const MAX_FILE: u64 = 1 << 20;
+
 /// Why a configuration could not be loaded or used.
 #[derive(Debug, thiserror::Error)]
 pub enum ChoriaConfigError {
@@ -415,6 +421,9 @@ pub struct ChoriaConfig {
     pub insecure: bool,
     /// Every key as read, including ones not interpreted here.
     pub raw: BTreeMap<String, String>,
+    /// The files `plugin.d/` beside the file added, in the order they were read (go-choria
+    /// reads `*.cfg` and `*.conf` there; `choria.cfg`'s keys are `plugin.choria.<key>`).
+    pub plugin_files: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for ProvisionerOverrides {
@@ -503,6 +512,7 @@ impl std::fmt::Debug for ChoriaConfig {
             disable_tls,
             insecure,
             raw,
+            plugin_files,
         } = self;
         f.debug_struct("ChoriaConfig")
             .field("path", path)
@@ -531,6 +541,7 @@ impl std::fmt::Debug for ChoriaConfig {
             .field("disable_tls", disable_tls)
             .field("insecure", insecure)
             .field("raw", &RedactedRaw(raw))
+            .field("plugin_files", plugin_files)
             .finish()
     }
 }
@@ -677,16 +688,118 @@ fn list(v: &str) -> Vec<String> {
         .collect()
 }
 
+/// `key = value` lines into `raw`, each key prefixed with `prefix`: blank lines and `#`
+/// comments skipped, a line without `=` or without a value ignored (go-choria's
+/// `(.+?)\s*=\s*(.+)`), a later key winning.
+fn parse_lines(text: &str, prefix: &str, raw: &mut BTreeMap<String, String>) {
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() {
+            continue;
+        }
+        raw.insert(format!("{prefix}{k}"), v.to_string());
+    }
+}
+
+/// A configuration file's text, refused beyond [`MAX_FILE`] bytes.
+fn read_bounded(path: &Path) -> Result<String, ChoriaConfigError> {
+    use std::io::Read as _;
+    let io = |source| ChoriaConfigError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE + 1).read_to_string(&mut text))
+        .map_err(io)?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_FILE} bytes"),
+        )));
+    }
+    Ok(text)
+}
+
+/// The `plugin.d` directory go-choria reads beside `config`: none for a file under `home`.
+fn plugin_dir(config: &Path, home: Option<PathBuf>) -> Option<PathBuf> {
+    let config = std::path::absolute(config).unwrap_or_else(|_| config.to_path_buf());
+    // go-choria compares the strings: /home/a covers /home/ab/x too. A service account whose
+    // home is `/` would cover every file, so `/` counts as no home.
+    if let Some(home) = home.filter(|h| !h.as_os_str().is_empty() && h != Path::new("/")) {
+        if config
+            .as_os_str()
+            .as_encoded_bytes()
+            .starts_with(home.as_os_str().as_encoded_bytes())
+        {
+            return None;
+        }
+    }
+    Some(config.parent()?.join("plugin.d"))
+}
+
+/// The `*.cfg` and `*.conf` files of `dir` in name order (none when it is not a directory).
+fn plugin_dir_files(dir: &Path) -> Result<Vec<PathBuf>, ChoriaConfigError> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let io = |source| ChoriaConfigError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        let ext = path.extension().and_then(|e| e.to_str());
+        if matches!(ext, Some("cfg" | "conf")) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
 impl ChoriaConfig {
-    /// Read and parse a configuration file.
+    /// Read and parse a configuration file, with the `plugin.d/` directory beside it as
+    /// go-choria reads it: every `*.cfg` and `*.conf` file there in name order, a line
+    /// `key = value` of `<plugin>.cfg` standing for `plugin.<plugin>.key = value`. go-choria
+    /// applies only `choria.cfg`'s to its settings (the others are options of agents a
+    /// provisioner does not run), and so does this; they win over the main file. No
+    /// `plugin.d/` is read for a file under the user's home directory, as in go-choria.
     pub fn load(path: &Path) -> Result<Self, ChoriaConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ChoriaConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut cfg = Self::parse_str(&text)?;
+        let mut raw = BTreeMap::new();
+        parse_lines(&read_bounded(path)?, "", &mut raw);
+        let mut plugin_files = Vec::new();
+        if let Some(dir) = plugin_dir(path, std::env::var_os("HOME").map(PathBuf::from)) {
+            for file in plugin_dir_files(&dir)? {
+                let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if name == "choria.cfg" {
+                    parse_lines(&read_bounded(&file)?, "plugin.choria.", &mut raw);
+                }
+                plugin_files.push(file);
+            }
+        }
+        let mut cfg = Self::from_map(raw)?;
         cfg.path = Some(path.to_path_buf());
+        cfg.plugin_files = plugin_files;
         Ok(cfg)
+    }
+
+    /// The go-choria keys set in this configuration that this client does not read, so
+    /// setting them changes nothing here (go-choria would act on them).
+    pub fn unread_go_keys(&self) -> Vec<&str> {
+        self.raw
+            .keys()
+            .map(String::as_str)
+            .filter(|k| GO_CHORIA_KEYS.contains(k) && !READ_KEYS.contains(k))
+            .collect()
     }
 
     /// Parse configuration text. The `MCOLLECTIVE_NATS_USERNAME` and
@@ -694,16 +807,7 @@ impl ChoriaConfig {
     /// does not set.
     pub fn parse_str(text: &str) -> Result<Self, ChoriaConfigError> {
         let mut raw = BTreeMap::new();
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let Some((k, v)) = line.split_once('=') else {
-                continue;
-            };
-            raw.insert(k.trim().to_string(), v.trim().to_string());
-        }
+        parse_lines(text, "", &mut raw);
         Self::from_map(raw)
     }
 
@@ -794,6 +898,7 @@ impl ChoriaConfig {
             collectives,
             main_collective,
             raw,
+            plugin_files: Vec::new(),
         })
     }
 
@@ -971,6 +1076,77 @@ fn running_as_root() -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    #[test]
+    fn plugin_d_choria_cfg_is_merged_as_go_choria_merges_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("client.cfg");
+        std::fs::write(
+            &main,
+            "identity = prov1.example.net\n\
+             plugin.choria.middleware_hosts = nats://main.example.net:4222\n\
+             plugin.security.provider = file\n",
+        )
+        .unwrap();
+        let d = dir.path().join("plugin.d");
+        std::fs::create_dir(&d).unwrap();
+        // choria.cfg's keys are plugin.choria.<key>, and win over the main file.
+        std::fs::write(
+            d.join("choria.cfg"),
+            "# brokers from the deployment tool\n\
+             middleware_hosts = nats://a.example.net:4222, nats://b.example.net:4222\n\
+             use_srv = false\n",
+        )
+        .unwrap();
+        // Another plugin's file is read but, as in go-choria, not applied to the settings.
+        std::fs::write(d.join("security.cfg"), "provider = choria\n").unwrap();
+        std::fs::write(d.join("README"), "middleware_hosts = nats://no:1\n").unwrap();
+        let c = ChoriaConfig::load(&main).unwrap();
+        assert_eq!(
+            c.middleware_hosts,
+            ["nats://a.example.net:4222", "nats://b.example.net:4222"]
+        );
+        assert_eq!(c.raw["plugin.choria.use_srv"], "false");
+        assert_eq!(c.security_provider, SecurityProvider::File);
+        assert_eq!(c.identity, "prov1.example.net");
+        assert_eq!(
+            c.plugin_files,
+            [d.join("choria.cfg"), d.join("security.cfg")]
+        );
+
+        // No plugin.d for a file under the home directory (go-choria's rule).
+        assert_eq!(plugin_dir(&main, Some(dir.path().to_path_buf())), None);
+        assert_eq!(plugin_dir(&main, None), Some(d.clone()));
+        assert_eq!(plugin_dir(&main, Some("/".into())), Some(d.clone()));
+    }
+
+    #[test]
+    fn keys_go_choria_reads_and_this_client_does_not_are_named() {
+        let c = ChoriaConfig::parse_str(
+            "identity = p1\n\
+             plugin.security.cipher_suites = TLS_AES_128_GCM_SHA256\n\
+             plugin.choria.security.request_signer.url = https://aaa.example.net/sign\n\
+             plugin.choria.middleware_hosts = nats://b:4222\n\
+             plugin.myagent.setting = 1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.unread_go_keys(),
+            [
+                "plugin.choria.security.request_signer.url",
+                "plugin.security.cipher_suites"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_oversized_configuration_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("client.cfg");
+        std::fs::write(&main, "#".repeat(MAX_FILE as usize + 1)).unwrap();
+        let e = ChoriaConfig::load(&main).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
+    }
 
     #[test]
     fn the_fqdn_is_the_hosts_file_name_of_the_short_name() {

@@ -595,6 +595,22 @@ fn preflight_choria(c: &ChoriaConfig) -> Vec<Problem> {
             quoted(&c.identity)
         ));
     }
+    let unread = c.unread_go_keys();
+    if !unread.is_empty() {
+        const SHOWN: usize = 12;
+        let more = unread.len().saturating_sub(SHOWN);
+        f.warn(format!(
+            "the Choria configuration sets {} that go-choria reads and this provisioner does not \
+             (they change nothing here): {}{}",
+            if unread.len() == 1 { "a key" } else { "keys" },
+            unread[..unread.len().min(SHOWN)].join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
+    }
     // What the connection refuses before trying the network: bad middleware hosts, a bad SRV
     // domain or CHORIA_PROVISIONER_DNS_SERVER, an unreadable or malformed credentials file.
     if let Err(e) = ConnectionSettings::from_config(c).and_then(|s| s.validate()) {
@@ -995,12 +1011,24 @@ fn choria_plan(c: &ChoriaConfig) -> String {
         None => "unknown (see the problems below)".to_string(),
     };
     let mut out = format!(
-        "Choria configuration {}\n  identity: {}\n  caller: {caller}\n  brokers: {}\n  tls: {}\n  \
+        "Choria configuration {}{}\n  identity: {}\n  caller: {caller}\n  brokers: {}\n  tls: {}\n  \
          security: {}{}\n",
         c.path
             .as_deref()
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
+        if c.plugin_files.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (with {})",
+                c.plugin_files
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
         c.identity,
         urls,
         if c.disable_tls {
