@@ -41,6 +41,9 @@ pub fn main(build: bool) -> Result<()> {
     for page in &pages {
         commands += check_commands(&docs, page, &clis, &mut problems)?;
     }
+    if let Some(Some(cli)) = clis.get("choria-provisioner") {
+        check_synopsis(&docs.join("configuration.md"), cli, &mut problems)?;
+    }
 
     if !problems.is_empty() {
         for p in &problems {
@@ -81,6 +84,58 @@ pub fn main(build: bool) -> Result<()> {
                     "docs_policies",
                 ]),
         )?;
+    }
+    Ok(())
+}
+
+/// The command synopsis at the top of configuration.md's "Command line" (its first `text`
+/// block) names every subcommand of the binary and every flag each accepts.
+fn check_synopsis(page: &Path, cli: &Cli, problems: &mut Vec<String>) -> Result<()> {
+    let text = std::fs::read_to_string(page)?;
+    let Some(section) = text.split("## Command line").nth(1) else {
+        problems.push(format!("{}: no Command line section", name(page)));
+        return Ok(());
+    };
+    let block = section
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap_or("");
+    // The top-level flags (`run`'s, since it is the default command) count for every command
+    // in clap's help; each command's synopsis shows its own.
+    let top = cli.commands.get("").cloned().unwrap_or_default();
+    for (sub, flags) in &cli.commands {
+        if sub.is_empty() {
+            continue;
+        }
+        let sub_help_flags: Vec<&String> = if sub == "run" {
+            flags.iter().collect()
+        } else {
+            flags.iter().filter(|f| !top.contains(*f)).collect()
+        };
+        let lines: Vec<&str> = block
+            .lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .any(|w| w.trim_matches(|c| c == '[' || c == ']') == sub)
+            })
+            .collect();
+        if lines.is_empty() {
+            problems.push(format!(
+                "{}: the command synopsis does not list `{sub}`",
+                name(page)
+            ));
+            continue;
+        }
+        let shown: BTreeSet<String> = lines.iter().flat_map(|l| flags_in(l)).collect();
+        for f in sub_help_flags {
+            if !shown.contains(f) && !["--help", "--version", "--debug"].contains(&f.as_str()) {
+                problems.push(format!(
+                    "{}: the command synopsis does not show `{sub} {f}`",
+                    name(page)
+                ));
+            }
+        }
     }
     Ok(())
 }

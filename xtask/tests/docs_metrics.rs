@@ -157,3 +157,111 @@ fn the_dashboards_read_only_exported_metrics_and_labels() {
         }
     }
 }
+
+/// The numbers the pages give for the series: monitoring.md's sentence says how many families
+/// `/metrics` serves, by group, and every page that counts series ("fifteen provisioner
+/// series", "the ten metrics ...") gives one of the real counts.
+#[test]
+fn the_counts_the_pages_give_are_the_exported_counts() {
+    let m = Metrics::new("docs");
+    m.set_election_source("provisioner", "p1", || {
+        provisioner_metrics::ElectionSample {
+            campaigns_as_candidate: 1,
+            campaigns_as_leader: 1,
+            leader: Some(true),
+            interval: Some(Duration::from_secs(1)),
+        }
+    });
+    let text = m.encode();
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let count = |prefix: &str| families.iter().filter(|f| f.starts_with(prefix)).count();
+    let (prov, conn, elect, proc_) = (
+        count("choria_provisioner_"),
+        count("choria_connector_"),
+        count("choria_election_"),
+        count("process_"),
+    );
+    assert_eq!(prov + conn + elect + proc_, families.len(), "{families:?}");
+    let page = std::fs::read_to_string(root().join("docs/monitoring.md")).unwrap();
+    // The Go provisioner's: the table rows not marked as this provisioner's own.
+    let go = page
+        .lines()
+        .filter(|l| l.starts_with("| `choria_provisioner_"))
+        .filter(|l| !l.to_lowercase().contains("not in the go provisioner"))
+        .count();
+    assert_eq!(go, 15, "the Go provisioner exports fifteen series");
+    let sentence = format!(
+        "`/metrics` serves {} metric families: {prov} provisioner series ({go} of them the Go \
+         provisioner's, {} this provisioner's own), {conn} connector series, {elect} election \
+         series with `leader_election`, and {proc_} process series.",
+        families.len(),
+        prov - go
+    );
+    let flat = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains(&sentence),
+        "docs/monitoring.md should say, in its Metrics section:\n{sentence}"
+    );
+
+    let words = [
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+        "twenty",
+    ];
+    let allowed = [go, prov - go];
+    for file in [
+        "ARCHITECTURE.md",
+        "README.md",
+        "CHANGELOG.md",
+        "docs/migrating.md",
+    ] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let flat: Vec<String> = text
+            .split_whitespace()
+            .map(|w| {
+                w.trim_matches(|c: char| !c.is_alphanumeric())
+                    .to_lowercase()
+            })
+            .collect();
+        for pair in flat.windows(3) {
+            let n = words
+                .iter()
+                .position(|w| *w == pair[0])
+                .map(|i| i + 1)
+                .or_else(|| pair[0].parse().ok());
+            let counts_series = ["series", "metrics"].contains(&pair[1].as_str())
+                || (pair[1] == "provisioner" && ["series", "metrics"].contains(&pair[2].as_str()));
+            if let (Some(n), true) = (n, counts_series) {
+                assert!(
+                    allowed.contains(&n),
+                    "{file} counts {} {} {}: the counts are {go} (the Go provisioner's) and {} (this provisioner's own)",
+                    pair[0],
+                    pair[1],
+                    pair[2],
+                    prov - go
+                );
+            }
+        }
+    }
+}

@@ -7,15 +7,21 @@ use anyhow::{bail, Result};
 use provisioner::preflight::Report;
 use provisioner::VERSION;
 
-use crate::cli::{paths, CheckArgs};
+use crate::cli::{check_paths, CheckArgs};
 
 /// Run the checks, print the plan and the findings, fail when there is any problem.
 pub fn main(debug: bool, args: CheckArgs) -> Result<()> {
-    let mut report = Report::examine(&paths(&args.run, debug));
+    let mut report = Report::examine(&check_paths(&args.files, debug));
     if args.probe {
         report.probe();
     }
-    print!("choria-provisioner {VERSION}\n{}", report.plan());
+    match crate::cli::COMMIT {
+        Some(c) => print!(
+            "choria-provisioner {VERSION} (commit {c})\n{}",
+            report.plan()
+        ),
+        None => print!("choria-provisioner {VERSION}\n{}", report.plan()),
+    }
     for w in report.warnings() {
         println!("warning: {w}");
     }

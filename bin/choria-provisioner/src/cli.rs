@@ -9,20 +9,13 @@ pub use provisioner::VERSION;
 /// The git commit the release was built from, when the build recorded it.
 pub const COMMIT: Option<&str> = option_env!("CHORIA_PROVISIONER_COMMIT");
 
-fn long_version() -> &'static str {
-    match COMMIT {
-        Some(c) => Box::leak(format!("{VERSION} (commit {c})").into_boxed_str()),
-        None => VERSION,
-    }
-}
-
 /// Choria Provisioner: finds Choria Servers in provisioning mode and enrolls them.
 #[derive(Debug, Parser)]
 #[command(
     name = "choria-provisioner",
-    version = VERSION,
-    long_version = long_version(),
     about = "Choria Provisioner: enrolls and configures Choria Servers waiting in provisioning mode",
+    // `--version` prints the bare version, as the Go provisioner's does.
+    disable_version_flag = true,
     // `run` flags may come without the command (it is the default), and `--debug` goes
     // anywhere, as in the Go tool: `--debug run --config FILE` is valid.
     subcommand_negates_reqs = true
@@ -32,6 +25,10 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub debug: bool,
 
+    /// Show application version.
+    #[arg(long)]
+    pub version: bool,
+
     #[command(subcommand)]
     command: Option<Command>,
 
@@ -40,22 +37,63 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The command to run; `run` when none was named. Flags of `run` given before a named
-    /// command would be silently ignored, so they are refused instead.
-    pub fn command(&self) -> Result<Command, String> {
-        match &self.command {
-            None => Ok(Command::Run(self.run.clone())),
-            Some(c) => {
-                let r = &self.run;
-                if r.config.is_some() || r.choria_config.is_some() || r.pid.is_some() {
-                    return Err(
-                        "--config, --choria-config and --pid go after the command name".into(),
-                    );
-                }
-                Ok(c.clone())
+    /// The command to run; `run` when none was named. `run`'s flags given before the command
+    /// name apply to `run` and `check` (`--config a.yaml check`); before another command,
+    /// which would ignore them, they are refused.
+    pub fn command(&self) -> Result<Command, clap::Error> {
+        let top = &self.run;
+        let before = top.config.is_some() || top.choria_config.is_some() || top.pid.is_some();
+        let merged = |own: &RunArgs| -> Result<RunArgs, clap::Error> {
+            let args = RunArgs {
+                config: own.config.clone().or_else(|| top.config.clone()),
+                choria_config: own
+                    .choria_config
+                    .clone()
+                    .or_else(|| top.choria_config.clone()),
+                pid: own.pid.clone().or_else(|| top.pid.clone()),
+            };
+            if args.config.is_none() {
+                return Err(usage_error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "the following required arguments were not provided:\n  --config <FILE>",
+                ));
             }
+            Ok(args)
+        };
+        match &self.command {
+            None => Ok(Command::Run(merged(top)?)),
+            Some(Command::Run(r)) => Ok(Command::Run(merged(r)?)),
+            Some(Command::Check(c)) if top.pid.is_some() => Err(usage_error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--pid is a flag of run, not of check",
+            )),
+            Some(Command::Check(c)) => {
+                let own = RunArgs {
+                    config: c.files.config.clone(),
+                    choria_config: c.files.choria_config.clone(),
+                    pid: None,
+                };
+                let files = merged(&own)?;
+                Ok(Command::Check(CheckArgs {
+                    files: FileArgs {
+                        config: files.config,
+                        choria_config: files.choria_config,
+                    },
+                    probe: c.probe,
+                }))
+            }
+            Some(_) if before => Err(usage_error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--config, --choria-config and --pid before a command apply to run and check only; \
+                 give this command's own flags after its name",
+            )),
+            Some(c) => Ok(c.clone()),
         }
     }
+}
+
+fn usage_error(kind: clap::error::ErrorKind, message: &str) -> clap::Error {
+    <Cli as clap::CommandFactory>::command().error(kind, message)
 }
 
 /// The sub commands.
@@ -158,11 +196,11 @@ pub struct PolicyEvalArgs {
     pub explain: bool,
 }
 
-/// Flags of `check`: those of `run`, and `--probe`.
+/// Flags of `check`: `run`'s files, and `--probe`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     #[command(flatten)]
-    pub run: RunArgs,
+    pub files: FileArgs,
 
     /// Also reach the helper when it is a webhook: one signed GET, over TLS with the client
     /// certificate when configured (nothing is provisioned)
@@ -170,11 +208,23 @@ pub struct CheckArgs {
     pub probe: bool,
 }
 
-/// Flags of `run` and `check`.
+/// The files `check` reads, as `run` names them.
+#[derive(Debug, Clone, Args)]
+pub struct FileArgs {
+    /// The provisioner configuration file (YAML); required
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub config: Option<PathBuf>,
+
+    /// The Choria client configuration file (default: the Choria user configuration)
+    #[arg(long = "choria-config", value_name = "FILE", value_parser = existing_file)]
+    pub choria_config: Option<PathBuf>,
+}
+
+/// Flags of `run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// The provisioner configuration file (YAML)
-    #[arg(long, value_name = "FILE", required = true, value_parser = existing_file)]
+    /// The provisioner configuration file (YAML); required
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
     pub config: Option<PathBuf>,
 
     /// The Choria client configuration file (default: the Choria user configuration)
@@ -195,8 +245,17 @@ fn existing_file(s: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// The library's view of `run`'s and `check`'s file flags.
+/// The library's view of `run`'s file flags.
 pub fn paths(args: &RunArgs, debug: bool) -> provisioner::settings::Paths {
+    provisioner::settings::Paths {
+        config: args.config.clone(),
+        choria_config: args.choria_config.clone(),
+        debug,
+    }
+}
+
+/// The library's view of `check`'s file flags.
+pub fn check_paths(args: &FileArgs, debug: bool) -> provisioner::settings::Paths {
     provisioner::settings::Paths {
         config: args.config.clone(),
         choria_config: args.choria_config.clone(),

@@ -12,7 +12,7 @@ mod status_cli;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::Parser;
 
 /// mimalloc rather than the C library's allocator: a node's cycle allocates and frees many
 /// short-lived buffers (envelopes, log lines, JSON) across the runtime's threads, where glibc's
@@ -29,11 +29,13 @@ fn main() -> ExitCode {
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
     let cli = cli::Cli::parse();
+    if cli.version {
+        println!("{}", cli::VERSION);
+        return ExitCode::SUCCESS;
+    }
     let command = match cli.command() {
         Ok(c) => c,
-        Err(e) => <cli::Cli as CommandFactory>::command()
-            .error(clap::error::ErrorKind::ArgumentConflict, e)
-            .exit(),
+        Err(e) => e.exit(),
     };
     let result = match command {
         cli::Command::Run(args) => run::main(cli.debug, args),
@@ -47,7 +49,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One readable line: the chain of causes joined, no backtrace, no Debug dump.
-            eprintln!("choria-provisioner: {}", provisioner::one_line(e.as_ref()));
+            // Go's (fisk's) prefix, so a wrapper that matches it keeps working.
+            eprintln!(
+                "choria-provisioner: error: {}",
+                provisioner::one_line(e.as_ref())
+            );
             ExitCode::FAILURE
         }
     }

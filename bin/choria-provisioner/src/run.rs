@@ -13,7 +13,7 @@ use crate::cli::{paths, RunArgs};
 
 /// Run the daemon until SIGINT or SIGTERM.
 pub fn main(debug: bool, args: RunArgs) -> Result<()> {
-    let settings = Settings::load(&paths(&args, debug))?;
+    let settings = Settings::load(&paths(&args, debug)).map_err(staged)?;
     // As in Go, the provisioner configuration's own `loglevel` and `logfile`, whatever the
     // Choria configuration says. Held to the end: a log file's last lines are written when it
     // drops.
@@ -23,7 +23,8 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     let force = CancellationToken::new();
     let daemon = provisioner::Daemon::builder(settings)
         .force(force.clone())
-        .build()?;
+        .build()
+        .map_err(staged)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("provisioner")
@@ -47,10 +48,17 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
         result
     });
     runtime.shutdown_timeout(Duration::from_secs(2));
+    let result = result.map_err(staged);
     if let Err(e) = &result {
-        error!("{}", provisioner::one_line(e));
+        error!("{}", provisioner::one_line(e.as_ref()));
     }
-    Ok(result?)
+    result
+}
+
+/// The error with the Go provisioner's words for the stage that failed before it.
+fn staged(e: provisioner::Error) -> anyhow::Error {
+    let stage = e.stage();
+    anyhow::Error::new(e).context(stage)
 }
 
 /// The PID file, removed when dropped.

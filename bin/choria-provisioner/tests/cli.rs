@@ -50,10 +50,8 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 fn version_prints_the_crate_version() {
     let o = provisioner(&["--version"]);
     assert!(o.status.success());
-    assert_eq!(
-        stdout(&o).trim(),
-        format!("choria-provisioner {}", env!("CARGO_PKG_VERSION"))
-    );
+    // The bare version, as the Go provisioner prints it.
+    assert_eq!(stdout(&o), format!("{}\n", env!("CARGO_PKG_VERSION")));
 }
 
 #[test]
@@ -506,16 +504,29 @@ async fn a_signal_as_soon_as_the_pid_file_exists_is_a_clean_stop() {
 }
 
 #[test]
-fn run_flags_before_a_command_name_are_refused_not_ignored() {
+fn run_flags_before_a_command_name_apply_to_run_and_check_and_are_refused_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
     let (yaml, cfg) = good_setup(dir.path());
-    let o = provisioner(&["--config", &yaml, "check", "--config", &yaml]);
+    // `--config a.yaml check` checks a.yaml.
+    let o = provisioner(&["--config", &yaml, "--choria-config", &cfg, "check"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("provisioner configuration {yaml}")),
+        "{}",
+        stdout(&o)
+    );
+    // Before a command that would ignore them, they are refused.
+    let o = provisioner(&["--config", &yaml, "status"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("go after the command name"),
+        stderr(&o).contains("apply to run and check only"),
         "{}",
         stderr(&o)
     );
+    // Without --config anywhere, the flag is named as missing.
+    let o = provisioner(&["check"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--config <FILE>"), "{}", stderr(&o));
     // Global --debug may come first, as with the Go tool.
     let o = provisioner(&[
         "--debug",

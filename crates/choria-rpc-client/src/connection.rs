@@ -531,40 +531,69 @@ async fn connect_to(
     let events = stats.clone();
     // The first Connected event is the initial connection; every later one a reconnection.
     let seen_connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The client, once connected, so that an event can name the server (async-nats does not
+    // say which URL it connected to).
+    let this: Arc<std::sync::OnceLock<async_nats::Client>> = Arc::default();
+    let configured: Arc<[String]> = brokers.urls.iter().map(|u| redact_url(u)).collect();
+    let (client_slot, urls) = (Arc::clone(&this), Arc::clone(&configured));
     opts = opts
         .name(&settings.name)
         .custom_inbox_prefix(&settings.inbox_prefix)
         .connection_timeout(settings.connect_timeout)
         .max_reconnects(None)
-        .reconnect_delay_callback(reconnect_delay)
+        .reconnect_delay_callback(|attempt| {
+            let d = reconnect_delay(attempt);
+            if attempt > 0 {
+                tracing::info!("Sleeping {d:.3?} till the next reconnection attempt");
+            }
+            d
+        })
         .ping_interval(Duration::from_secs(30))
         .event_callback(move |event| {
             let name = name.clone();
             let stats = events.clone();
             let seen_connected = Arc::clone(&seen_connected);
+            let server = client_slot
+                .get()
+                .map(|c| connected_url(&c.server_info(), &urls));
             async move {
+                // go-choria's wording (choria/connection.go), so alerts written for the Go
+                // provisioner's log still match.
                 match event {
                     Event::Connected => {
                         if seen_connected.swap(true, Ordering::Relaxed) {
                             stats.bump(|s| &s.reconnections);
-                            tracing::warn!(connection = %name, "nats connection re-established after a disconnection");
-                        } else {
-                            tracing::info!(connection = %name, "nats connection established");
+                            tracing::warn!(
+                                connection = %name,
+                                "NATS client reconnected after a previous disconnection, connected to {}",
+                                server.as_deref().unwrap_or("the broker")
+                            );
                         }
                     }
-                    Event::Disconnected => {
-                        tracing::warn!(connection = %name, "nats connection lost, reconnecting")
-                    }
+                    Event::Disconnected => tracing::warn!(
+                        connection = %name,
+                        "NATS client connection got disconnected: the connection to {} was lost",
+                        server.as_deref().unwrap_or("the broker")
+                    ),
                     Event::Closed => {
                         stats.bump(|s| &s.connection_closed);
-                        tracing::info!(connection = %name, "nats connection closed")
+                        tracing::info!(connection = %name, "NATS client connection closed")
                     }
                     e @ (Event::SlowConsumer(_) | Event::ServerError(_) | Event::ClientError(_)) => {
                         stats.bump(|s| &s.errors);
-                        tracing::error!(connection = %name, event = %e, "nats connection error")
+                        match &server {
+                            Some(url) => tracing::error!(
+                                connection = %name,
+                                "NATS client on {url} encountered an error: {e}"
+                            ),
+                            None => tracing::error!(
+                                connection = %name,
+                                "NATS client encountered an error: {e}"
+                            ),
+                        }
                     }
                     other => {
-                        tracing::warn!(connection = %name, event = %other, "nats connection event")
+                        tracing::warn!(connection = %name, "NATS client event: {other}")
                     }
                 }
             }
@@ -596,7 +625,7 @@ async fn connect_to(
             opts = opts.add_client_certificate(cert.clone(), key.clone());
         }
     }
-    opts.connect(addrs).await.map_err(|source| {
+    let client = opts.connect(addrs).await.map_err(|source| {
         let urls = brokers
             .urls
             .iter()
@@ -608,7 +637,30 @@ async fn connect_to(
             reason: settings.scrub(&source.to_string()),
             source,
         }
-    })
+    })?;
+    tracing::info!(
+        "Connected to {}",
+        connected_url(&client.server_info(), &configured)
+    );
+    let _ = this.set(client.clone());
+    Ok(client)
+}
+
+/// The broker a client is connected to, as go-choria names it (`nats://host:port`, no
+/// password): the configured URL when only one has the port the server announced, else the
+/// host and port of the server's INFO.
+fn connected_url(info: &async_nats::ServerInfo, configured: &[String]) -> String {
+    let port = format!(":{}", info.port);
+    let mut same_port = configured
+        .iter()
+        .filter(|u| u.trim_end_matches('/').ends_with(&port));
+    match (same_port.next(), same_port.next()) {
+        (Some(u), None) => u.clone(),
+        _ => {
+            let scheme = if info.tls_required { "tls" } else { "nats" };
+            format!("{scheme}://{}:{}", info.host, info.port)
+        }
+    }
 }
 
 /// Like [`connect`], but retries a failing initial connection for ever, as go-choria does,

@@ -94,6 +94,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// What the Go provisioner says before such an error when it exits (`Provisioning could
+    /// not be configured`, `Provisioning could not configure Choria`, `Provisioning could not
+    /// start`), so the binary's last line reads as Go's.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            Error::NoConfig | Error::Config(_) | Error::Refused { .. } => {
+                "Provisioning could not be configured"
+            }
+            Error::ChoriaConfig { .. } | Error::Security(_) => {
+                "Provisioning could not configure Choria"
+            }
+            _ => "Provisioning could not start",
+        }
+    }
+
     /// A file error.
     pub(crate) fn file(
         action: &'static str,

@@ -435,7 +435,13 @@ fn component(target: &str, fields: &BTreeMap<Cow<'static, str>, Value>) -> Optio
             return Some(id.clone());
         }
     }
-    let hosts = ["provision_core::fleet", "provisioner::daemon"];
+    // The work queue, discovery, events and the election, and the summaries of their
+    // repeated lines (`provision_core::identity::LogSummary`).
+    let hosts = [
+        "provision_core::fleet",
+        "provision_core::identity",
+        "provisioner::daemon",
+    ];
     if hosts.iter().any(|h| target.starts_with(h)) {
         return Some(Value::Str("hosts".into()));
     }
