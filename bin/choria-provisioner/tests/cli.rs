@@ -208,6 +208,55 @@ fn check_reads_plugin_d_and_names_the_go_choria_keys_it_ignores() {
     );
 }
 
+/// The packaged placeholder token and a `jwt_verify_cert` file that does not exist are each
+/// refused with what is wrong, not passed or misread.
+#[test]
+fn check_refuses_the_placeholder_token_and_names_a_missing_verify_cert_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml, cfg) = good_setup(dir.path());
+    let base = std::fs::read_to_string(&yaml).unwrap();
+    let placeholder = write(
+        dir.path(),
+        "placeholder.yaml",
+        &base.replace("token: x\n", "token: \"change me\"\n"),
+    );
+    let o = provisioner(&["check", "--config", &placeholder, "--choria-config", &cfg]);
+    assert!(!o.status.success());
+    assert!(
+        stdout(&o)
+            .lines()
+            .any(|l| l.starts_with("problem: token is the packaged placeholder")),
+        "{}",
+        stdout(&o)
+    );
+    let missing = dir.path().join("no-such-signer.pem");
+    let lines: Vec<&str> = base
+        .lines()
+        .filter(|l| !l.starts_with("jwt_verify_cert"))
+        .collect();
+    let no_file = write(
+        dir.path(),
+        "nofile.yaml",
+        &format!(
+            "{}\njwt_verify_cert: {}\n",
+            lines.join("\n"),
+            missing.display()
+        ),
+    );
+    let o = provisioner(&["check", "--config", &no_file, "--choria-config", &cfg]);
+    assert!(!o.status.success());
+    let problem = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("problem: jwt_verify_cert"))
+        .unwrap_or_else(|| panic!("{}", stdout(&o)))
+        .to_string();
+    assert!(
+        problem.contains(&missing.display().to_string()) && problem.contains("No such file"),
+        "{problem}"
+    );
+    assert!(!problem.contains("hex"), "{problem}");
+}
+
 #[test]
 fn check_on_a_good_setup_prints_the_plan() {
     let dir = tempfile::tempdir().unwrap();

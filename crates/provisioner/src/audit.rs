@@ -240,15 +240,29 @@ pub struct AuditFile {
 }
 
 impl AuditFile {
-    /// Opens (creating, mode 0640) `path` for appending.
+    /// Opens `path` for appending, creating it mode 0640 whatever the umask (the packaged
+    /// unit's is 0077), so the service's group can read it; an existing file keeps its mode.
     pub fn open(path: &Path) -> Result<AuditFile, Error> {
-        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-        let file = std::fs::OpenOptions::new()
+        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+        let fail = |e| Error::file("open", "audit_file", path, e);
+        let file = match std::fs::OpenOptions::new()
             .append(true)
-            .create(true)
+            .create_new(true)
             .mode(0o640)
             .open(path)
-            .map_err(|e| Error::file("open", "audit_file", path, e))?;
+        {
+            Ok(created) => {
+                created
+                    .set_permissions(std::fs::Permissions::from_mode(0o640))
+                    .map_err(fail)?;
+                created
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(fail)?,
+            Err(e) => return Err(fail(e)),
+        };
         let inode = file
             .metadata()
             .map_err(|e| Error::file("read", "audit_file", path, e))?

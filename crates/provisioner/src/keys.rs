@@ -77,7 +77,14 @@ fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyError> {
     }
     match std::fs::read(verify_cert) {
         Ok(d) => Ok(Some(d)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        // No such file: the value is the key itself, when it can be one (hex); a path that
+        // does not exist is named as missing, not parsed as a malformed key.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && verify_cert.trim().chars().all(|c| c.is_ascii_hexdigit()) =>
+        {
+            Ok(None)
+        }
         Err(source) => Err(PolicyError::File {
             path: verify_cert.to_string(),
             source,
@@ -165,6 +172,17 @@ mod tests {
         assert_eq!(hex::encode(ed25519(keys.verify_key().unwrap())), hex_key(7));
         let none = FileKeys::new(config(""));
         assert!(matches!(none.verify_key(), Err(PolicyError::NoVerifyCert)));
+    }
+
+    #[test]
+    fn a_missing_verify_cert_file_is_named_as_missing() {
+        let keys = FileKeys::new(config("jwt_verify_cert: /etc/choria/prov-signer.pem\n"));
+        let e = keys.verify_key().unwrap_err().to_string();
+        assert!(
+            e.contains("/etc/choria/prov-signer.pem") && e.contains("No such file"),
+            "{e}"
+        );
+        assert!(!e.contains("hex"), "{e}");
     }
 
     #[test]

@@ -528,6 +528,14 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
     }
     if cfg.provision.token().is_empty() {
         f.warn("no token is set: servers whose provisioning JWT carries a token will refuse every request");
+    } else if PLACEHOLDER_TOKENS
+        .contains(&cfg.provision.token().trim().to_ascii_lowercase().as_str())
+    {
+        f.fatal(
+            "token is the packaged placeholder \"change me\": set it to the token given to \
+             `choria jwt prov --token` (a guessable token lets anyone who can reach a server in \
+             provisioning mode reconfigure it)",
+        );
     }
     if !cfg.loglevel.is_empty()
         && !["debug", "info", "warn", "error", "fatal"].contains(&cfg.loglevel.as_str())
@@ -585,6 +593,9 @@ fn preflight_config(cfg: &Config) -> Vec<Problem> {
     }
     f.0
 }
+
+/// Tokens that are the packaged configuration's placeholder, refused as a token.
+const PLACEHOLDER_TOKENS: [&str; 3] = ["change me", "changeme", "change-me"];
 
 fn preflight_choria(c: &ChoriaConfig) -> Vec<Problem> {
     let mut f = Findings::default();

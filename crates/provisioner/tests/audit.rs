@@ -57,6 +57,8 @@ fn lines(path: &Path) -> Vec<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_nodes_that_never_answered_costs_a_few_summary_lines() {
+    // The packaged unit's umask: the file is still created 0640.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     let metrics = Metrics::new("lab");
@@ -87,8 +89,13 @@ async fn a_flood_of_nodes_that_never_answered_costs_a_few_summary_lines() {
     stop.cancel();
     run.await.unwrap();
 
-    let size = std::fs::metadata(&path).unwrap().len();
+    let meta = std::fs::metadata(&path).unwrap();
+    let size = meta.len();
     assert!(size < 1_000_000, "{size} bytes");
+    // Readable by the service's group, not by everyone (docs/configuration.md, audit_file).
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!(meta.mode() & 0o777, 0o640);
+    assert_eq!(meta.gid(), rustix::process::getegid().as_raw());
     let records = lines(&path);
     let real: Vec<_> = records
         .iter()
