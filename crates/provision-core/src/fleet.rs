@@ -78,6 +78,10 @@ struct Entry {
     lane: Source,
 }
 
+/// The host table and the two lanes of the queue. A lane may hold stale entries (a node
+/// queued again, promoted to the discovery lane, or forgotten); they are counted as they
+/// appear, skipped when taken, and compacted away only once they outnumber the live ones, so
+/// every operation is O(1) amortised however full the queue is.
 #[derive(Default)]
 struct Table {
     hosts: HashMap<Arc<str>, Entry>,
@@ -85,6 +89,9 @@ struct Table {
     discovered: VecDeque<(Arc<str>, u64)>,
     /// Nodes only known from a startup event.
     announced: VecDeque<(Arc<str>, u64)>,
+    /// Stale entries in `discovered` and `announced`.
+    stale_discovered: usize,
+    stale_announced: usize,
     next_generation: u64,
     /// Workers busy with a node from the event lane.
     event_busy: usize,
@@ -102,8 +109,35 @@ impl Table {
         }
     }
 
+    fn stale(&mut self, source: Source) -> &mut usize {
+        match source {
+            Source::Discovery => &mut self.stale_discovered,
+            Source::Event => &mut self.stale_announced,
+        }
+    }
+
+    /// Nodes waiting in `source`'s lane.
+    fn live(&self, source: Source) -> usize {
+        match source {
+            Source::Discovery => self.discovered.len() - self.stale_discovered,
+            Source::Event => self.announced.len() - self.stale_announced,
+        }
+    }
+
+    /// Nodes waiting in both lanes.
     fn queued(&self) -> usize {
-        self.discovered.len() + self.announced.len()
+        self.live(Source::Discovery) + self.live(Source::Event)
+    }
+
+    /// The queue entry of a node still waiting becomes stale (the node is queued again, moves
+    /// lane or is forgotten): counted, and the lanes compacted once stale entries are the
+    /// majority, which bounds the lanes to twice the waiting nodes at O(1) amortised cost.
+    fn retire(&mut self, lane: Source) {
+        *self.stale(lane) += 1;
+        let stale = self.stale_discovered + self.stale_announced;
+        if stale > 1024 && stale > self.discovered.len() + self.announced.len() - stale {
+            self.compact();
+        }
     }
 
     /// Drops queue entries left behind by replaced or removed nodes.
@@ -121,6 +155,8 @@ impl Table {
                     .is_some_and(|e| e.generation == *g && e.state == State::Queued)
             });
         }
+        self.stale_discovered = 0;
+        self.stale_announced = 0;
     }
 }
 
@@ -278,29 +314,30 @@ impl Fleet {
             Source::Discovery => self.capacity,
             Source::Event => (self.capacity / 2).max(1),
         };
-        if !promote && (t.queued() >= self.capacity || t.lane(source).len() >= lane_cap) {
-            t.compact();
-            if t.queued() >= self.capacity || t.lane(source).len() >= lane_cap {
-                let (queued, capacity) = (t.queued(), self.capacity);
-                self.report(&t);
-                drop(t);
-                self.full.record(|| {
-                    format!(
-                        "Adding host to work queue failed with {queued} / {capacity} entries: \
-                         {identity} dropped, found again by a later discovery"
-                    )
-                });
-                return AddResult::QueueFull;
-            }
+        if !promote && (t.queued() >= self.capacity || t.live(source) >= lane_cap) {
+            let (queued, capacity) = (t.queued(), self.capacity);
+            self.report(&t);
+            drop(t);
+            self.full.record(|| {
+                format!(
+                    "Adding host to work queue failed with {queued} / {capacity} entries: \
+                     {identity} dropped, found again by a later discovery"
+                )
+            });
+            return AddResult::QueueFull;
         }
         t.next_generation += 1;
         let generation = t.next_generation;
         let key: Arc<str> = Arc::from(identity);
         // A promoted node keeps the time it was first announced (staleness counts from then).
-        let added = match t.hosts.get(identity) {
-            Some(e) if promote => e.added,
-            _ => now,
+        let (added, replaced) = match t.hosts.get(identity) {
+            Some(e) if promote => (e.added, Some(e.lane)),
+            Some(e) if e.state == State::Queued => (now, Some(e.lane)),
+            _ => (now, None),
         };
+        if let Some(lane) = replaced {
+            t.retire(lane);
+        }
         t.hosts.insert(
             key.clone(),
             Entry {
@@ -344,7 +381,11 @@ impl Fleet {
     /// Forgets `identity`.
     pub fn remove(&self, identity: &str) {
         let mut t = self.lock();
-        t.hosts.remove(identity);
+        if let Some(e) = t.hosts.remove(identity) {
+            if e.state == State::Queued {
+                t.retire(e.lane);
+            }
+        }
         self.report(&t);
     }
 
@@ -362,6 +403,8 @@ impl Fleet {
         t.hosts.shrink_to(1024);
         t.discovered.shrink_to(1024);
         t.announced.shrink_to(1024);
+        t.stale_discovered = 0;
+        t.stale_announced = 0;
     }
 
     /// Nodes being provisioned right now.
@@ -420,7 +463,7 @@ impl Fleet {
 
     /// Entries waiting in the event lane (nodes only known from startup events).
     pub fn announced_backlog(&self) -> usize {
-        self.lock().announced.len()
+        self.lock().live(Source::Event)
     }
 
     /// Whether `identity` is in the host table.
@@ -472,12 +515,18 @@ impl Fleet {
                 continue;
             }
             while let Some((id, generation)) = t.lane(lane).pop_front() {
+                let current = t
+                    .hosts
+                    .get(&id)
+                    .is_some_and(|e| e.generation == generation && e.state == State::Queued);
+                if !current {
+                    let n = t.stale(lane);
+                    *n = n.saturating_sub(1);
+                    continue;
+                }
                 let Some(e) = t.hosts.get_mut(&id) else {
                     continue;
                 };
-                if e.generation != generation || e.state != State::Queued {
-                    continue;
-                }
                 let added = e.added;
                 let waited = now.duration_since(added);
                 if waited > max_wait {
@@ -520,7 +569,7 @@ impl Fleet {
                 }
             }
         }
-        let more_events = source == Source::Event && !t.announced.is_empty();
+        let more_events = source == Source::Event && t.live(Source::Event) > 0;
         self.report(&t);
         drop(t);
         if more_events {

@@ -832,8 +832,8 @@ mod tests {
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
-        // policy-denied counters, the audit trail's two and the four active-active series.
-        assert_eq!(HELP.len(), 24);
+        // policy-denied counters, the audit trail's three and the four active-active series.
+        assert_eq!(HELP.len(), 25);
         m.audit_dropped.inc_by(2);
         m.audit_stream_errors.inc();
         let text = m.encode();
