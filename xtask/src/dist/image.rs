@@ -282,9 +282,12 @@ fn podman_cmd(podman: &Path) -> Command {
     c
 }
 
-/// podman gives a container 1048576 open files, which a process may only set up to its own hard
-/// limit: the container gets this process's hard limit, capped at podman's default.
-fn nofile_limit() -> u64 {
+/// The test container's limits. podman gives a container 1048576 open files and more processes
+/// than it keeps for itself, which the runtime can only set with CAP_SYS_RESOURCE; a sandboxed
+/// root (as on these machines) lacks it, and the container would not start. So the container
+/// gets this process's hard limit of open files (at most podman's default) and 4096 processes,
+/// far more than the daemon's threads and helpers.
+fn ulimits() -> [String; 2] {
     let hard = fs::read_to_string("/proc/self/limits")
         .ok()
         .and_then(|t| {
@@ -293,7 +296,11 @@ fn nofile_limit() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))
         })
         .and_then(|h| h.parse::<u64>().ok());
-    hard.unwrap_or(1024).min(1_048_576)
+    let nofile = hard.unwrap_or(1024).min(1_048_576);
+    [
+        format!("--ulimit=nofile={nofile}:{nofile}"),
+        "--ulimit=nproc=4096:4096".to_string(),
+    ]
 }
 
 /// The files of the image and their owners: the binary root's, the configuration directory
@@ -360,10 +367,9 @@ fn fleet(container: &Container, image: &Image, bins: &Path, dir: &Path) -> Resul
     fs::set_permissions(&conf, fs::Permissions::from_mode(0o750))?;
 
     let started = Instant::now();
-    let nofile = nofile_limit();
     run(podman_cmd(podman)
         .args(["run", "-d", "--name", &container.name, "--network", "host"])
-        .arg(format!("--ulimit=nofile={nofile}:{nofile}"))
+        .args(ulimits())
         .arg("-v")
         .arg(format!("{}:{ETC}:ro", conf.display()))
         .arg(&image.name)
