@@ -1,10 +1,11 @@
-//! `cargo xtask dist`: the release build and its packages (tarball, Debian package, RPM), and
-//! their verification.
+//! `cargo xtask dist`: the release build of each target and its packages (tarball, Debian
+//! package, RPM), the container image, and their verification.
 //!
-//! Everything is built from one staged file tree under `target/dist/stage`, so the three packages
-//! hold the same files with the same modes. The Debian package is made with `dpkg-deb`, the RPM
-//! with `rpmbuild` (Debian's `rpm` package), the tarball with `tar`; no packaging tool outside
-//! Debian is needed.
+//! Each architecture's packages are built from one staged file tree under
+//! `target/dist/<arch>/stage`, so its three packages hold the same files with the same modes.
+//! The Debian package is made with `dpkg-deb`, the RPM with `rpmbuild` (Debian's `rpm` package),
+//! the tarball with `tar`; no packaging tool outside Debian is needed. How each target is
+//! compiled is in [`targets`], the image in [`image`].
 
 use std::fmt::Write as _;
 use std::fs;
