@@ -183,7 +183,9 @@ pub fn apt_install(packages: &[&str]) -> bool {
             .status()
             .is_ok_and(|s| s.success())
     };
-    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    // With recommendations: podman's bring the network and init helpers the image test was
+    // run with.
+    let mut install = vec!["install", "-y", "-qq"];
     install.extend_from_slice(packages);
     quiet(&install) || (quiet(&["update", "-qq"]) && quiet(&install))
 }
