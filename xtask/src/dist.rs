@@ -1,10 +1,11 @@
-//! `cargo xtask dist`: the release build and its packages (tarball, Debian package, RPM), and
-//! their verification.
+//! `cargo xtask dist`: the release build of each target and its packages (tarball, Debian
+//! package, RPM), the container image, and their verification.
 //!
-//! Everything is built from one staged file tree under `target/dist/stage`, so the three packages
-//! hold the same files with the same modes. The Debian package is made with `dpkg-deb`, the RPM
-//! with `rpmbuild` (Debian's `rpm` package), the tarball with `tar`; no packaging tool outside
-//! Debian is needed.
+//! Each architecture's packages are built from one staged file tree under
+//! `target/dist/<arch>/stage`, so its three packages hold the same files with the same modes.
+//! The Debian package is made with `dpkg-deb`, the RPM with `rpmbuild` (Debian's `rpm` package),
+//! the tarball with `tar`; no packaging tool outside Debian is needed. How each target is
+//! compiled is in [`targets`], the image in [`image`].
 
 use std::fmt::Write as _;
 use std::fs;
@@ -16,11 +17,17 @@ use anyhow::{bail, Context, Result};
 
 use crate::tools::{root, run, which};
 
+mod elf;
 mod fleet;
 mod go_deploy;
+mod image;
 mod maint;
+mod qemu;
 mod sandbox;
+mod targets;
 mod unit_security;
+
+use targets::{Arch, Target};
 
 const NAME: &str = "choria-provisioner";
 const HOMEPAGE: &str = "https://github.com/choria-io/provisioner-rs";
@@ -109,9 +116,18 @@ pub struct Args {
     /// Package release number.
     #[arg(long, value_name = "N", default_value = "1")]
     release: String,
-    /// Package the existing target/release/choria-provisioner.
+    /// Targets to build and package, comma-separated: x86_64 and aarch64 Linux triples, musl
+    /// (static) or gnu with a glibc suffix (`x86_64-unknown-linux-gnu.2.17`) [default: the
+    /// host's musl target, x86_64-unknown-linux-musl here].
+    #[arg(long, value_name = "TRIPLE,...", value_delimiter = ',')]
+    target: Vec<String>,
+    /// Package the existing target/TRIPLE/release/choria-provisioner of each target.
     #[arg(long)]
     no_build: bool,
+    /// Also build the container image from the host architecture's static binary (buildah or
+    /// podman); with --verify, run it under podman and provision a simulated fleet.
+    #[arg(long)]
+    image: bool,
     /// List and check every package's contents and metadata, systemd-analyze the unit.
     #[arg(long)]
     verify: bool,
@@ -125,8 +141,10 @@ pub struct Args {
 struct Options {
     version: String,
     release: String,
+    targets: Vec<Target>,
     build: bool,
     verify: bool,
+    image: bool,
     install_test: bool,
 }
 
@@ -137,8 +155,10 @@ fn parse(args: Args) -> Result<Options> {
             None => workspace_version()?,
         },
         release: args.release,
+        targets: targets::parse_list(&args.target)?,
         build: !args.no_build,
         verify: args.verify,
+        image: args.image,
         install_test: args.install_test,
     };
     // RPM forbids '-' in versions and Debian wants a digit first: keep to what both accept.
@@ -168,99 +188,178 @@ pub fn main(args: Args) -> Result<()> {
     let o = parse(args)?;
     let root = root();
     let commit = git_commit(&root)?;
-    let binary = target_dir(&root).join("release").join(NAME);
-    if o.build {
-        println!(
-            "dist: release build of {NAME} {} (commit {commit})",
-            o.version
-        );
-        run(Command::new(cargo())
-            .current_dir(&root)
-            .args(["build", "--release", "-p", NAME])
-            .env("CHORIA_PROVISIONER_VERSION", &o.version)
-            .env("CHORIA_PROVISIONER_COMMIT", &commit))?;
-    }
-    if !binary.is_file() {
-        bail!(
-            "{} does not exist: build it or drop --no-build",
-            binary.display()
-        );
-    }
     let out = target_dir(&root).join("dist");
-    let stage = out.join("stage");
+    let host = Arch::host()?;
+    let mut sets = Vec::new();
+    for target in &o.targets {
+        let binary = if o.build {
+            targets::build(target, &o.version, &commit)?
+        } else {
+            target.binary(&root)
+        };
+        if !binary.is_file() {
+            bail!(
+                "{} does not exist: build it or drop --no-build",
+                binary.display()
+            );
+        }
+        sets.push(package(&root, target, &binary, &o, &out)?);
+    }
+    // The tests that run a binary, and the image, use the host architecture's package set.
+    let native = sets.iter().find(|s| s.target.arch == host);
+    let emulated: Vec<&PackageSet> = sets.iter().filter(|s| s.target.arch != host).collect();
+    let image = if o.image {
+        let set = native.with_context(|| {
+            format!(
+                "--image needs a {} target, whose binary the image holds",
+                host.name()
+            )
+        })?;
+        Some(image::build(&root, set, &o.version, &out)?)
+    } else {
+        None
+    };
+    let mut made: Vec<&Path> = sets
+        .iter()
+        .flat_map(PackageSet::files)
+        .map(PathBuf::as_path)
+        .collect();
+    made.extend(image.as_ref().map(|i| i.archive.as_path()));
+    write_checksums(&out, &made)?;
+    println!("dist: packages in {}", out.display());
+    for p in &made {
+        println!("  {}", p.display());
+    }
+    if o.verify {
+        for set in &sets {
+            verify(set)?;
+        }
+    }
+    // The fleet simulator and the demo helper, for every test that provisions a fleet.
+    let fleet_needed = o.install_test || (o.verify && (image.is_some() || !emulated.is_empty()));
+    // They run here, so they are built for this architecture: with the native packages' target,
+    // else the host's default release target.
+    let bins = if fleet_needed {
+        let target = match native {
+            Some(set) => set.target.clone(),
+            None => Target::default_for_host()?,
+        };
+        fleet_binaries(&root, &target, o.build)?
+    } else {
+        None
+    };
+    if o.verify {
+        for set in &emulated {
+            match &bins {
+                Some(bins) => qemu::provision_fleet(&set.binary(), set.target.arch, bins)?,
+                None => println!(
+                    "skipped: no fleet simulator and demo helper built (--no-build): the {} \
+                     binary is not run under qemu-user",
+                    set.target.arch.name()
+                ),
+            }
+        }
+        if let Some(image) = &image {
+            match &bins {
+                Some(bins) => image::provision_fleet(image, bins)?,
+                None => println!(
+                    "skipped: no fleet simulator and demo helper built (--no-build): the image \
+                     is not run"
+                ),
+            }
+        }
+    }
+    if o.install_test {
+        let set = native.with_context(|| {
+            format!(
+                "--install-test installs the {} packages: add a {} target",
+                host.name(),
+                host.name()
+            )
+        })?;
+        // A binary built earlier (`--no-build`) carries whatever version and commit it was built
+        // with; only a build from this run is held to them.
+        let expect = o.build.then_some((o.version.as_str(), commit.as_str()));
+        install_test(&set.deb, &set.rpm, &out, expect, bins.as_deref())?;
+    }
+    Ok(())
+}
+
+/// Stages `binary` for `target` under `out/<arch>/stage` and makes its tarball, .deb and RPM in
+/// `out`.
+fn package(
+    root: &Path,
+    target: &Target,
+    binary: &Path,
+    o: &Options,
+    out: &Path,
+) -> Result<PackageSet> {
+    let arch = target.arch;
+    let work = out.join(arch.name());
+    let stage = work.join("stage");
     if stage.exists() {
         fs::remove_dir_all(&stage).with_context(|| format!("cannot clear {}", stage.display()))?;
     }
-    stage_tree(&root, &binary, &stage)?;
-    let files = Packages {
-        tarball: out.join(format!(
-            "{NAME}-{}-linux-{}.tar.gz",
-            o.version,
-            std::env::consts::ARCH
-        )),
+    stage_tree(root, binary, arch, &stage)?;
+    let set = PackageSet {
+        target: target.clone(),
+        tarball: out.join(format!("{NAME}-{}-linux-{}.tar.gz", o.version, arch.name())),
         deb: out.join(format!(
             "{NAME}_{}-{}_{}.deb",
             o.version,
             o.release,
-            deb_arch()?
+            arch.deb()
         )),
         rpm: out.join(format!(
             "{NAME}-{}-{}.{}.rpm",
             o.version,
             o.release,
-            rpm_arch()?
+            arch.rpm()
         )),
+        stage,
     };
-    build_tarball(&stage, &o, &files.tarball)?;
-    build_deb(&root, &stage, &o, &out, &files.deb)?;
-    build_rpm(&root, &stage, &o, &out, &files.rpm)?;
-    write_checksums(&out, &files)?;
-    println!("dist: packages in {}", out.display());
-    for p in [&files.tarball, &files.deb, &files.rpm] {
-        println!("  {}", p.display());
-    }
-    if o.verify {
-        verify(&stage, &files)?;
-    }
-    if o.install_test {
-        // A binary built earlier (`--no-build`) carries whatever version and commit it was built
-        // with; only a build from this run is held to them.
-        let expect = o.build.then_some((o.version.as_str(), commit.as_str()));
-        let bins = fleet_binaries(&root, o.build)?;
-        install_test(&files.deb, &files.rpm, &out, expect, bins.as_deref())?;
-    }
-    Ok(())
+    build_tarball(&set.stage, o, &set.tarball)?;
+    build_deb(root, &set.stage, arch, o, &work, &set.deb)?;
+    build_rpm(root, &set.stage, arch, o, &work, &set.rpm)?;
+    Ok(set)
 }
 
-/// The fleet simulator and the demo helper the install test provisions a fleet with: built in
-/// release after the packages (a separate build, so the packaged binary is never rebuilt with
-/// their features), or with `--no-build` whatever release build is there.
-fn fleet_binaries(root: &Path, build: bool) -> Result<Option<PathBuf>> {
-    let dir = target_dir(root).join("release");
+/// The fleet simulator and the demo helper the tests provision fleets with, built in release
+/// for `target` (the host architecture's release target, so they reuse its build of the
+/// dependencies) after the packaged binary, in a separate build so that it is never rebuilt with
+/// their features; with `--no-build` whatever release build is there.
+fn fleet_binaries(root: &Path, target: &Target, build: bool) -> Result<Option<PathBuf>> {
+    let dir = target_dir(root).join(target.triple()).join("release");
+    let bins = ["choria-fleet-sim", "choria-demo-helper"];
     if build {
-        println!("dist: release build of the fleet simulator and the demo helper");
-        run(Command::new(cargo())
-            .current_dir(root)
-            .env_remove("CARGO_MANIFEST_DIR")
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "choria-fleet-sim",
-                "-p",
-                "choria-demo-helper",
-            ]))?;
+        println!(
+            "dist: release build of the fleet simulator and the demo helper for {}",
+            target.spec
+        );
+        targets::cargo_build(target, &bins, &[])?;
     }
-    let ok = ["choria-fleet-sim", "choria-demo-helper"]
-        .iter()
-        .all(|b| dir.join(b).is_file());
+    let ok = bins.iter().all(|b| dir.join(b).is_file());
     Ok(ok.then_some(dir))
 }
 
-struct Packages {
+/// The packages of one target, and the staged tree they were made from.
+struct PackageSet {
+    target: Target,
     tarball: PathBuf,
     deb: PathBuf,
     rpm: PathBuf,
+    stage: PathBuf,
+}
+
+impl PackageSet {
+    fn files(&self) -> [&PathBuf; 3] {
+        [&self.tarball, &self.deb, &self.rpm]
+    }
+
+    /// The packaged (stripped) binary.
+    fn binary(&self) -> PathBuf {
+        self.stage.join("usr/sbin").join(NAME)
+    }
 }
 
 fn cargo() -> String {
@@ -309,19 +408,15 @@ fn git_commit(root: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn deb_arch() -> Result<&'static str> {
-    Ok(match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => bail!("no Debian architecture name known for {other}"),
-    })
-}
-
-/// `rpmbuild -bb SPEC` building under `top` into `top/RPMS`, the package named by `name_fmt`;
-/// no post-install analysis (EL-only helpers that would inspect /bin/sh scripts).
-fn rpmbuild(top: &Path, spec: &Path, name_fmt: &str) -> Command {
+/// `rpmbuild -bb SPEC` building under `top` into `top/RPMS` for `arch`, the package named by
+/// `name_fmt`; no post-install analysis (EL-only helpers that would inspect /bin/sh scripts).
+/// Nothing is compiled, so `--target` only names the architecture, which lets an x86_64 host
+/// make the aarch64 package.
+fn rpmbuild(top: &Path, spec: &Path, arch: &str, name_fmt: &str) -> Command {
     let mut cmd = Command::new("rpmbuild");
     cmd.arg("-bb")
+        .arg("--target")
+        .arg(arch)
         .arg("--define")
         .arg(format!("_topdir {}", top.display()))
         .arg("--define")
@@ -332,14 +427,6 @@ fn rpmbuild(top: &Path, spec: &Path, name_fmt: &str) -> Command {
         .arg("__os_install_post %{nil}")
         .arg(spec);
     cmd
-}
-
-fn rpm_arch() -> Result<&'static str> {
-    Ok(match std::env::consts::ARCH {
-        "x86_64" => "x86_64",
-        "aarch64" => "aarch64",
-        other => bail!("no RPM architecture name known for {other}"),
-    })
 }
 
 /// Where each installed file comes from in the source tree.
@@ -369,17 +456,35 @@ fn source_of(root: &Path, binary: &Path, dest: &str) -> PathBuf {
     }
 }
 
-fn stage_tree(root: &Path, binary: &Path, stage: &Path) -> Result<()> {
+fn stage_tree(root: &Path, binary: &Path, arch: Arch, stage: &Path) -> Result<()> {
     for (dest, mode, _) in LAYOUT {
         let src = source_of(root, binary, dest);
         install_file(&src, &stage.join(dest), *mode)?;
     }
     // The release profile keeps line tables for the developers' backtraces; the packages ship
-    // the binary without them (function names stay, so backtraces still name the frames).
+    // the binary without them (function names stay, so backtraces still name the frames). The
+    // host's strip reads only its own architecture: another one's binary is stripped by the
+    // strip of Debian's binutils for that architecture (binutils-aarch64-linux-gnu).
     let staged = stage.join("usr/sbin/choria-provisioner");
-    match which("strip") {
+    let (strip, package) = if arch == Arch::host()? {
+        ("strip".to_string(), "binutils".to_string())
+    } else {
+        let gnu = format!("{}-linux-gnu", arch.name());
+        (
+            format!("{gnu}-strip"),
+            format!("binutils-{}", gnu.replace('_', "-")),
+        )
+    };
+    if which(&strip).is_err() {
+        println!("dist: {strip} not found, installing Debian's {package}");
+        targets::apt_install(&[&package]);
+    }
+    match which(&strip) {
         Ok(strip) => run(Command::new(strip).arg("--strip-debug").arg(&staged))?,
-        Err(_) => println!("dist: strip not found, the packaged binary keeps its debug info"),
+        Err(_) => println!(
+            "dist: {strip} not found and could not be installed (apt-get install {package}): the \
+             packaged binary keeps its debug info"
+        ),
     }
     // The documentation as Markdown, with the files its pages link to (the dashboard and the
     // sample helpers) so every link works in the installed copy too.
@@ -426,7 +531,14 @@ fn build_tarball(stage: &Path, o: &Options, out: &Path) -> Result<()> {
         .arg("."))
 }
 
-fn build_deb(root: &Path, stage: &Path, o: &Options, out: &Path, deb: &Path) -> Result<()> {
+fn build_deb(
+    root: &Path,
+    stage: &Path,
+    arch: Arch,
+    o: &Options,
+    out: &Path,
+    deb: &Path,
+) -> Result<()> {
     which("dpkg-deb")?;
     let tree = out.join("deb-root");
     if tree.exists() {
@@ -457,15 +569,15 @@ fn build_deb(root: &Path, stage: &Path, o: &Options, out: &Path, deb: &Path) -> 
         0o644,
     )?;
     let binary = stage.join("usr/sbin/choria-provisioner");
-    let glibc = min_glibc(&binary)?;
-    let depends = match glibc {
+    // A static binary needs no C library; a glibc one names the oldest it runs on.
+    let depends = match linkage(&binary)?.glibc_text() {
         Some(v) => format!("libc6 (>= {v}), passwd"),
         None => "passwd".to_string(),
     };
     let installed_kib = tree_size(stage)?.div_ceil(1024);
     let control = fs::read_to_string(root.join("packaging/debian/control.in"))?
         .replace("@DEB_VERSION@", &format!("{}-{}", o.version, o.release))
-        .replace("@DEB_ARCH@", deb_arch()?)
+        .replace("@DEB_ARCH@", arch.deb())
         .replace("@MAINTAINER_EMAIL@", MAINTAINER_EMAIL)
         .replace("@INSTALLED_SIZE@", &installed_kib.to_string())
         .replace("@DEPENDS@", &depends)
@@ -496,7 +608,14 @@ fn build_deb(root: &Path, stage: &Path, o: &Options, out: &Path, deb: &Path) -> 
         .arg(deb))
 }
 
-fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> Result<()> {
+fn build_rpm(
+    root: &Path,
+    stage: &Path,
+    arch: Arch,
+    o: &Options,
+    out: &Path,
+    rpm: &Path,
+) -> Result<()> {
     if which("rpmbuild").is_err() {
         // Debian's `rpm` package provides rpmbuild; only installed when missing.
         println!("dist: rpmbuild not found, installing Debian's rpm package");
@@ -515,7 +634,6 @@ fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> 
     .replace("@RPM_EPOCH@", RPM_EPOCH)
     .replace("@RPM_VERSION@", &o.version)
     .replace("@RPM_RELEASE@", &o.release)
-    .replace("@RPM_ARCH@", rpm_arch()?)
     .replace("@HOMEPAGE@", HOMEPAGE)
     .replace("@STAGE@", &stage.to_string_lossy());
     let spec_file = top.join("SPECS").join(format!("{NAME}.spec"));
@@ -523,6 +641,7 @@ fn build_rpm(root: &Path, stage: &Path, o: &Options, out: &Path, rpm: &Path) -> 
     run(&mut rpmbuild(
         &top,
         &spec_file,
+        arch.rpm(),
         "%%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
     ))?;
     let built = top
@@ -588,10 +707,10 @@ fn sysusers_line(root: &Path) -> Result<String> {
     }
 }
 
-fn write_checksums(out: &Path, files: &Packages) -> Result<()> {
+fn write_checksums(out: &Path, files: &[&Path]) -> Result<()> {
     let mut cmd = Command::new("sha256sum");
     cmd.current_dir(out);
-    for p in [&files.tarball, &files.deb, &files.rpm] {
+    for p in files {
         cmd.arg(p.file_name().context("package without a name")?);
     }
     let o = cmd.output().context("cannot run sha256sum")?;
@@ -602,32 +721,43 @@ fn write_checksums(out: &Path, files: &Packages) -> Result<()> {
     Ok(())
 }
 
-/// The highest `GLIBC_x.y` symbol version the binary names, which is the lowest glibc it runs on.
-fn min_glibc(binary: &Path) -> Result<Option<String>> {
-    let bytes = fs::read(binary)?;
-    let needle = b"GLIBC_";
-    let mut best: Option<(u32, u32)> = None;
-    let mut i = 0;
-    while let Some(pos) = bytes
-        .get(i..)
-        .and_then(|rest| rest.windows(needle.len()).position(|w| w == needle))
-    {
-        let start = i + pos + needle.len();
-        let tail = bytes.get(start..).unwrap_or_default();
-        let len = tail
-            .iter()
-            .take_while(|b| b.is_ascii_digit() || **b == b'.')
-            .count();
-        let text = String::from_utf8_lossy(tail.get(..len).unwrap_or_default()).to_string();
-        let mut parts = text.split('.').map(|p| p.parse::<u32>());
-        if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
-            if best.is_none_or(|b| (major, minor) > b) {
-                best = Some((major, minor));
-            }
-        }
-        i = start;
+/// The newest glibc a release binary may need: Enterprise Linux 7's. Static binaries need none.
+const MAX_GLIBC: (u32, u32) = (2, 17);
+
+/// How `binary` is linked ([`elf::linkage`]).
+fn linkage(binary: &Path) -> Result<elf::Linkage> {
+    let bytes = fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    elf::linkage(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", binary.display()))
+}
+
+/// The packaged binary is for the target's architecture and runs on every supported system:
+/// static, or needing glibc [`MAX_GLIBC`] at most.
+fn verify_linkage(set: &PackageSet) -> Result<elf::Linkage> {
+    let binary = set.binary();
+    let l = linkage(&binary)?;
+    let machine = match set.target.arch {
+        Arch::X86_64 => elf::Machine::X86_64,
+        Arch::Aarch64 => elf::Machine::Aarch64,
+    };
+    if l.machine != machine {
+        bail!(
+            "{} is {l}, not {}",
+            binary.display(),
+            set.target.arch.name()
+        );
     }
-    Ok(best.map(|(a, b)| format!("{a}.{b}")))
+    if let Some(v) = l.glibc.filter(|v| *v > MAX_GLIBC) {
+        bail!(
+            "{} needs glibc {}.{}, newer than {}.{} (Enterprise Linux 7): build a musl target",
+            binary.display(),
+            v.0,
+            v.1,
+            MAX_GLIBC.0,
+            MAX_GLIBC.1
+        );
+    }
+    println!("ok: the {} binary is {l}", set.target.spec);
+    Ok(l)
 }
 
 fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -689,8 +819,12 @@ fn section(title: &str, body: &str) {
     println!("\n== {title}\n{}", body.trim_end());
 }
 
-/// Lists each package's contents and metadata and checks them against [`LAYOUT`].
-fn verify(stage: &Path, files: &Packages) -> Result<()> {
+/// Lists each package's contents and metadata and checks them against [`LAYOUT`], and the
+/// binary's linkage.
+fn verify(files: &PackageSet) -> Result<()> {
+    let stage = files.stage.as_path();
+    println!("\n== {} packages", files.target.spec);
+    let linked = verify_linkage(files)?;
     // Tarball.
     let tar = capture(Command::new("tar").arg("-tvzf").arg(&files.tarball))?;
     section("tarball contents", &tar);
@@ -715,8 +849,23 @@ fn verify(stage: &Path, files: &Packages) -> Result<()> {
             bail!("deb conffiles: /{dest} should be listed: {config}, is listed: {listed}");
         }
     }
-    if !info.contains("Package: choria-provisioner") || !info.contains("Depends: libc6") {
-        bail!("deb metadata lacks the package name or the libc6 dependency");
+    if !info.contains("Package: choria-provisioner")
+        || !info.contains(&format!("Architecture: {}", files.target.arch.deb()))
+    {
+        bail!("deb metadata lacks the package name or the architecture");
+    }
+    let libc = match linked.glibc_text() {
+        Some(v) => format!("libc6 (>= {v})"),
+        None => "libc6".into(),
+    };
+    let depends = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Depends:"))
+        .unwrap_or_default();
+    if depends.contains("libc6") != linked.glibc.is_some()
+        || (linked.glibc.is_some() && !depends.contains(&libc))
+    {
+        bail!("deb Depends: {depends:?} does not match the binary ({linked})");
     }
     println!("ok: deb metadata and conffiles");
 
@@ -759,6 +908,17 @@ fn verify(stage: &Path, files: &Packages) -> Result<()> {
     )?;
     section("rpm scripts", &scripts);
     println!("ok: rpm metadata and %config(noreplace) files");
+    let rpm_arch = capture(
+        Command::new("rpm")
+            .args(["-qp", "--queryformat", "%{ARCH}"])
+            .arg(&files.rpm),
+    )?;
+    if rpm_arch.trim() != files.target.arch.rpm() {
+        bail!(
+            "rpm: architecture {rpm_arch:?}, expected {}",
+            files.target.arch.rpm()
+        );
+    }
     let evr = capture(
         Command::new("rpm")
             .args(["-qp", "--queryformat", "%{EPOCH}"])
@@ -871,7 +1031,7 @@ fn logrotate_accepts(file: &Path) -> Result<()> {
 
 /// Every maintainer script parses (`sh -n`), and those that make the account and restart the
 /// service hold the shared functions exactly as written (rpm expands macros in scriptlets).
-fn verify_scripts(files: &Packages) -> Result<()> {
+fn verify_scripts(files: &PackageSet) -> Result<()> {
     let functions = maintainer_functions(&crate::tools::root())?;
     let parses = |what: &str, script: &str| -> Result<()> {
         let dir = std::env::temp_dir().join(format!("dist-scripts-{}", std::process::id()));

@@ -532,8 +532,9 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     }
     fs::create_dir_all(top.join("SPECS"))?;
     let spec = top.join("SPECS/go.spec");
-    fs::write(&spec, GO_SPEC.replace("@ARCH@", super::rpm_arch()?))?;
-    run(super::rpmbuild(&top, &spec, "go.rpm").stdout(Stdio::null()))?;
+    let arch = super::Arch::host()?.rpm();
+    fs::write(&spec, GO_SPEC.replace("@ARCH@", arch))?;
+    run(super::rpmbuild(&top, &spec, arch, "go.rpm").stdout(Stdio::null()))?;
     let go_rpm = top.join("RPMS/go.rpm");
     let sysroot = top.join("root");
     fs::create_dir_all(&sysroot)?;
