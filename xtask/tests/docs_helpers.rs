@@ -4,8 +4,9 @@
 //! The examples are every fenced block of `docs/helper.md` and `docs/upgrades.md` that starts
 //! with `#!`, and every sample helper in `docs/examples/`; a sample named `webhook-*` is a webhook
 //! helper: it is started as a server and every input is POSTed to it by the provisioner's own
-//! webhook client, signed with a shared secret (and refused when unsigned or signed with another
-//! secret). Each is run with the documented input
+//! webhook client, signed with a shared secret, its replies required to be signed (and refused
+//! when unsigned, signed with another secret, sent again or stale). Each is run with the
+//! documented input
 //! (decoded first as the provisioner's own `HelperInput`), and its output must decode as the
 //! provisioner's `HelperReply` with a configuration that leaves provisioning mode. The shipped
 //! helpers (`docs/examples/` and `docs/helper.md`) are then run with hostile input: identities
@@ -24,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::SystemTime;
 
+use helper_protocol::signature::{self, REPLY_SIGNATURE_HEADER, REQUEST_SIGNATURE_HEADER};
+use helper_protocol::webhook::{ReplySignature, REQUEST_ID_HEADER, TIMESTAMP_HEADER};
 use helper_protocol::{WebhookClient, WebhookOptions};
 use provision_core::helper_protocol::{HelperInput, HelperReply};
 use provision_core::identity::IdentityRule;
@@ -128,8 +131,10 @@ impl Webhook {
         .drop_grace(std::time::Duration::ZERO);
         test_support::ports::wait_port(port, std::time::Duration::from_secs(20)).unwrap();
         let url = format!("http://127.0.0.1:{port}/provision");
+        // Every reply must come signed: the samples sign what they answer.
         let client = WebhookClient::new(&WebhookOptions {
             secret_file: Some(secret),
+            reply_signature: ReplySignature::Required,
             ..WebhookOptions::new(&url)
         })
         .unwrap();
@@ -855,6 +860,75 @@ fn the_x509_helpers_sign_only_a_csr_of_the_identity() {
     );
 }
 
+/// The headers of a request signed (version 2) with `secret` at `timestamp` with `id`.
+fn signed_headers(
+    secret: &[u8],
+    timestamp: u64,
+    id: &str,
+    body: &[u8],
+) -> Vec<(&'static str, String)> {
+    let ts = timestamp.to_string();
+    let sig = signature::sign_request(secret, ts.as_bytes(), id.as_bytes(), body);
+    vec![
+        (TIMESTAMP_HEADER, ts),
+        (REQUEST_ID_HEADER, id.to_string()),
+        (REQUEST_SIGNATURE_HEADER, sig),
+    ]
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// POSTs `body` to `url` with exactly these extra headers, on a connection of its own, and
+/// reads the answer to its end: (status, headers, body).
+fn raw_post(
+    url: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, String) {
+    use std::io::Read as _;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_once('/').unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut head = format!(
+        "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    (
+        status,
+        headers,
+        String::from_utf8_lossy(&answer[end + 4..]).into_owned(),
+    )
+}
+
 #[test]
 fn the_webhook_examples_refuse_requests_that_are_not_signed_with_the_secret() {
     let dir = TempDir::new("webhook-signature");
@@ -887,9 +961,64 @@ fn the_webhook_examples_refuse_requests_that_are_not_signed_with_the_secret() {
             assert!(!ok, "{} answered an unsigned request: {stdout}", ex.name);
             assert!(stderr.contains("HTTP 401"), "{}: {stderr}", ex.name);
         }
-        // The probe (a signed GET) is answered.
+        // The probe (a signed GET) is answered, and its answer signed.
         let probe = w.runtime.block_on(w.client.probe()).unwrap();
         assert_eq!(probe.status, 200, "{}", ex.name);
+        assert_eq!(
+            probe.reply_signature,
+            Ok(signature::ReplyCheck::Signed),
+            "{}",
+            ex.name
+        );
+        // A request sent twice is answered once; one signed more than five minutes ago or
+        // ahead is refused; the version 1 signature alone is refused.
+        let secret = b"docs-webhook-secret";
+        let body = node.to_string().into_bytes();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let first = signed_headers(secret, now, "0123456789abcdef0123456789abcdef", &body);
+        let (status, headers, reply) = raw_post(&w.url, &first, &body);
+        assert_eq!(status, 200, "{}: {reply}", ex.name);
+        let reply_signature = header(&headers, REPLY_SIGNATURE_HEADER).unwrap();
+        assert_eq!(
+            signature::verify_reply(
+                secret,
+                b"0123456789abcdef0123456789abcdef",
+                reply.as_bytes(),
+                reply_signature.as_bytes()
+            ),
+            Ok(()),
+            "{}",
+            ex.name
+        );
+        let (status, _, reply) = raw_post(&w.url, &first, &body);
+        assert_eq!(
+            status, 401,
+            "{} answered a replayed request: {reply}",
+            ex.name
+        );
+        for (n, ts) in [now - 301, now + 301].into_iter().enumerate() {
+            let id = format!("{n:032x}");
+            let (status, _, reply) =
+                raw_post(&w.url, &signed_headers(secret, ts, &id, &body), &body);
+            assert_eq!(status, 401, "{} answered a stale request: {reply}", ex.name);
+        }
+        let ts = now.to_string();
+        let id = "fedcba9876543210fedcba9876543210";
+        let v1 = helper_protocol::webhook::signature(secret, &ts, id, &body);
+        let v1_only = [
+            (TIMESTAMP_HEADER, ts.clone()),
+            (REQUEST_ID_HEADER, id.to_string()),
+            (helper_protocol::webhook::SIGNATURE_HEADER, v1),
+        ];
+        let (status, _, reply) = raw_post(&w.url, &v1_only, &body);
+        assert_eq!(
+            status, 401,
+            "{} answered a version 1 signature: {reply}",
+            ex.name
+        );
         checked += 1;
     }
     assert!(checked >= 1, "no webhook example ran");

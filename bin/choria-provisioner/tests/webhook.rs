@@ -1,7 +1,7 @@
 //! The webhook helper end to end: the built provisioner asks the documented Python webhook
 //! (`docs/examples/webhook-plain.py`, a real HTTP server) for a simulated fleet's configuration,
-//! signed with a shared secret; `check` validates the URL and the secret file's permissions and
-//! `check --probe` reaches the webhook.
+//! signed with a shared secret both ways (its replies required to be signed); `check` validates
+//! the URL and the secret file's permissions and `check --probe` reaches the webhook.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -55,7 +55,10 @@ async fn a_signed_webhook_provisions_the_fleet() {
     let fleet = env.fleet(env.fleet_config(12, Mode::Plain)).await;
     let opts = env
         .provisioner(format!("http://127.0.0.1:{port}/provision"))
-        .yaml(&format!("helper_secret_file: {}", secret.display()));
+        .yaml(&format!(
+            "helper_secret_file: {}\nhelper_reply_signature: required",
+            secret.display()
+        ));
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     assert!(
@@ -183,6 +186,7 @@ fn check_validates_the_secret_file_and_probes_the_webhook() {
         out.contains(&format!("probe: {url} answered HTTP 200 over HTTP/1.1")),
         "{out}"
     );
+    assert!(out.contains("its answer signed with the secret"), "{out}");
 
     // A wrong secret is a warning from the probe (the webhook answers 401).
     std::fs::write(&secret, "another-secret").unwrap();

@@ -113,6 +113,16 @@ pub enum HelperError {
         /// characters escaped); empty otherwise.
         msg: String,
     },
+    /// The webhook's 2xx reply is not signed as `helper_reply_signature` asks: signed with
+    /// another secret, altered in transit, or unsigned where a signature is required. It is
+    /// not used.
+    #[error("refused the reply of webhook {helper}: {reason}")]
+    ReplySignature {
+        /// The webhook URL (without credentials or query).
+        helper: String,
+        /// What is wrong with the signature.
+        reason: String,
+    },
     /// The webhook did not answer in full within the time limit; the request was abandoned.
     #[error("webhook {helper} did not answer within {timeout:?}")]
     NoAnswer {
@@ -160,6 +170,8 @@ pub enum HelperErrorKind {
     Request,
     /// The webhook answered with a status other than 2xx.
     Status,
+    /// The webhook's reply is not signed as required, or wrongly signed.
+    ReplySignature,
 }
 
 impl HelperError {
@@ -179,6 +191,7 @@ impl HelperError {
             HelperError::Connect { .. } => HelperErrorKind::Connect,
             HelperError::Request { .. } => HelperErrorKind::Request,
             HelperError::Status { .. } => HelperErrorKind::Status,
+            HelperError::ReplySignature { .. } => HelperErrorKind::ReplySignature,
             HelperError::NoAnswer { .. } => HelperErrorKind::Timeout,
             HelperError::ReplyTooLarge { .. } => HelperErrorKind::OutputTooLarge,
         }

@@ -20,7 +20,8 @@
 //! The subprocess runner is the default feature `runner`; without it the crate holds only the
 //! documents and the error type (no tokio), for embedders with their own way of asking. The
 //! feature `webhook` adds [`WebhookClient`], which asks a helper over HTTP(S) with the same
-//! bytes ([`input_bytes`]) and decodes its reply the same way ([`decode_reply`]).
+//! bytes ([`input_bytes`]) and decodes its reply the same way ([`decode_reply`]); the feature
+//! `signature` (part of `webhook`) is its request and reply signatures alone ([`signature`]).
 
 #![deny(missing_docs)]
 #[cfg(feature = "changed-file")]
@@ -30,6 +31,8 @@ mod exchange;
 mod gojson;
 #[cfg(feature = "runner")]
 mod runner;
+#[cfg(feature = "signature")]
+pub mod signature;
 mod types;
 #[cfg(feature = "webhook")]
 pub mod webhook;

@@ -2,12 +2,15 @@
 //! the body, byte for byte, and the reply is decoded as the process helper's stdout is.
 //!
 //! Every request carries `Content-Type: application/json`, a request id, the Unix time it was
-//! signed at and, with a secret, an HMAC-SHA256 signature of `timestamp.request_id.body` (see
-//! [`signature`]). One [`WebhookClient`] keeps its connections alive and pooled (HTTP/1.1, and
-//! h2 when the server offers it over TLS); how many requests are in flight is up to the caller
-//! (the provisioner's workers, one request each). A request is never retried here: a failure to
-//! connect ([`HelperError::Connect`]) is the only one after which nothing was sent, and the
-//! caller decides whether to try again.
+//! signed at and, with a secret, two HMAC-SHA256 signatures: version 2 over the length-framed
+//! timestamp, request id and body ([`crate::signature`]), and version 1 over
+//! `timestamp.request_id.body` ([`signature`]) for receivers not yet moved to version 2. A
+//! helper may sign its reply with the same secret; a signed reply is always checked, and with
+//! [`ReplySignature::Required`] an unsigned one is refused. One [`WebhookClient`] keeps its
+//! connections alive and pooled (HTTP/1.1, and h2 when the server offers it over TLS); how many
+//! requests are in flight is up to the caller (the provisioner's workers, one request each). A
+//! request is never retried here: a failure to connect ([`HelperError::Connect`]) is the only
+//! one after which nothing was sent, and the caller decides whether to try again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,10 +22,17 @@ use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use crate::changed_file::ChangedFile;
 use crate::error::HelperError;
 use crate::exchange;
+use crate::signature::{check_reply, ReplyCheck, SignatureError};
 use crate::types::{HelperInput, HelperReply};
 use crate::{DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT};
 
-/// The header carrying the signature: `sha256=` and the lower-case hex HMAC-SHA256.
+pub use crate::signature::{
+    ReplySignature, ReplySignatureParseError, REPLY_SIGNATURE_HEADER, REQUEST_SIGNATURE_HEADER,
+};
+
+/// The header carrying the version 1 signature: `sha256=` and the lower-case hex HMAC-SHA256 of
+/// `timestamp.request_id.body` ([`signature`]). Sent beside [`REQUEST_SIGNATURE_HEADER`] so that
+/// receivers written for version 1 keep working; a receiver should check version 2 instead.
 pub const SIGNATURE_HEADER: &str = "X-Choria-Provisioner-Signature";
 /// The header carrying the Unix time (seconds, decimal) the request was signed at.
 pub const TIMESTAMP_HEADER: &str = "X-Choria-Provisioner-Timestamp";
@@ -58,6 +68,9 @@ pub struct WebhookOptions {
     pub max_reply: usize,
     /// How many idle connections are kept for reuse (the number of workers is a good value).
     pub max_idle: usize,
+    /// Whether replies must be signed with the secret; [`ReplySignature::Required`] needs
+    /// `secret_file`.
+    pub reply_signature: ReplySignature,
 }
 
 impl WebhookOptions {
@@ -73,6 +86,7 @@ impl WebhookOptions {
             timeout: DEFAULT_TIMEOUT,
             max_reply: DEFAULT_MAX_OUTPUT,
             max_idle: 64,
+            reply_signature: ReplySignature::Optional,
         }
     }
 }
@@ -84,9 +98,10 @@ pub fn is_webhook(helper: &str) -> bool {
     lower(7).as_deref() == Some("http://") || lower(8).as_deref() == Some("https://")
 }
 
-/// The signature of one request: `sha256=` followed by the lower-case hex HMAC-SHA256, keyed
-/// with `secret`, of the timestamp header's value, `.`, the request id header's value, `.` and
-/// the body, exactly as sent.
+/// The version 1 signature of one request: `sha256=` followed by the lower-case hex
+/// HMAC-SHA256, keyed with `secret`, of the timestamp header's value, `.`, the request id
+/// header's value, `.` and the body, exactly as sent. Ambiguous (the dots can move between
+/// fields, see [`crate::signature`]); kept for receivers written before version 2.
 pub fn signature(secret: &[u8], timestamp: &str, request_id: &str, body: &[u8]) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
     let mut ctx = ring::hmac::Context::with_key(&key);
@@ -122,6 +137,81 @@ fn secret_of(path: &Path, mut secret: Vec<u8>) -> Result<Vec<u8>, String> {
     Ok(secret)
 }
 
+/// What one request expects of its answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    /// The webhook as errors name it (no credentials, no query).
+    pub helper: &'a str,
+    /// The id the request was sent with.
+    pub request_id: &'a [u8],
+    /// The secret the request was signed with, if any.
+    pub secret: Option<&'a [u8]>,
+    /// Whether the reply must be signed.
+    pub reply_signature: ReplySignature,
+}
+
+/// A webhook's answer as read off the wire.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The HTTP status.
+    pub status: u16,
+    /// Every value of [`REPLY_SIGNATURE_HEADER`], in order.
+    pub signatures: &'a [&'a [u8]],
+    /// The body, at most the reply limit.
+    pub body: &'a [u8],
+}
+
+/// Whether an answer, read in full, may be decoded as the reply: a 2xx status
+/// ([`HelperError::Status`] with the body's `msg` otherwise), a body ([`HelperError::EmptyOutput`])
+/// and a signature as `expected.reply_signature` asks ([`HelperError::ReplySignature`]).
+pub fn judge_answer(expected: &Expected<'_>, answer: &Answer<'_>) -> Result<(), HelperError> {
+    if !(200..300).contains(&answer.status) {
+        return Err(HelperError::Status {
+            helper: expected.helper.to_string(),
+            status: answer.status,
+            msg: status_msg(answer.body),
+        });
+    }
+    if answer.body.is_empty() {
+        return Err(HelperError::EmptyOutput {
+            helper: expected.helper.to_string(),
+        });
+    }
+    check_reply(
+        expected.reply_signature,
+        expected.secret,
+        expected.request_id,
+        answer.signatures,
+        answer.body,
+    )
+    .map(drop)
+    .map_err(|e| HelperError::ReplySignature {
+        helper: expected.helper.to_string(),
+        reason: match e {
+            SignatureError::Missing => {
+                "it is not signed and helper_reply_signature is required".to_string()
+            }
+            other => other.to_string(),
+        },
+    })
+}
+
+/// Every value of a response's [`REPLY_SIGNATURE_HEADER`], kept before the body is read.
+fn reply_signatures(resp: &reqwest::Response) -> Vec<HeaderValue> {
+    resp.headers()
+        .get_all(REPLY_SIGNATURE_HEADER)
+        .iter()
+        .cloned()
+        .collect()
+}
+
+/// One request ready to send: the id it carries and the secret it was signed with.
+struct Prepared {
+    req: reqwest::RequestBuilder,
+    request_id: String,
+    secret: Option<Arc<[u8]>>,
+}
+
 /// A configured webhook helper; cheap to clone (the connection pool is shared).
 #[derive(Clone)]
 pub struct WebhookClient {
@@ -131,6 +221,7 @@ pub struct WebhookClient {
     secret_file: Option<Arc<ChangedFile<Arc<[u8]>>>>,
     timeout: Duration,
     max_reply: usize,
+    reply_signature: ReplySignature,
 }
 
 impl std::fmt::Debug for WebhookClient {
@@ -141,6 +232,7 @@ impl std::fmt::Debug for WebhookClient {
             .field("secret_file", &self.secret_file.as_ref().map(|f| f.path()))
             .field("timeout", &self.timeout)
             .field("max_reply", &self.max_reply)
+            .field("reply_signature", &self.reply_signature)
             .finish_non_exhaustive()
     }
 }
@@ -154,6 +246,9 @@ pub struct Probe {
     pub version: String,
     /// How long the answer took.
     pub elapsed: Duration,
+    /// What the answer's signature showed, judged as a reply would be: `Err` for a signature
+    /// that does not match, or none where one is required.
+    pub reply_signature: Result<ReplyCheck, SignatureError>,
 }
 
 /// The URL as it may be shown: scheme, host, port and path, without credentials or query.
@@ -320,6 +415,13 @@ impl WebhookClient {
                 ))
             }
         }
+        if opts.reply_signature == ReplySignature::Required && opts.secret_file.is_none() {
+            return Err(setup(
+                "helper_reply_signature is required but there is no helper_secret_file to check \
+                 replies with"
+                    .into(),
+            ));
+        }
         let client = builder
             .build()
             .map_err(|e| setup(format!("cannot build the HTTP client: {}", reason(e))))?;
@@ -333,6 +435,7 @@ impl WebhookClient {
                 .map(|p| Arc::new(ChangedFile::new(p, MAX_SECRET_LEN))),
             timeout: opts.timeout,
             max_reply: opts.max_reply,
+            reply_signature: opts.reply_signature,
         })
     }
 
@@ -349,12 +452,8 @@ impl WebhookClient {
     }
 
     /// The headers of one request over `body`: content type, request id, timestamp and, with a
-    /// secret, the signature.
-    fn request(
-        &self,
-        method: reqwest::Method,
-        body: &[u8],
-    ) -> Result<reqwest::RequestBuilder, HelperError> {
+    /// secret, both signatures; with the id and the secret its reply is checked against.
+    fn request(&self, method: reqwest::Method, body: &[u8]) -> Result<Prepared, HelperError> {
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -368,44 +467,91 @@ impl WebhookClient {
             .header(ACCEPT, HeaderValue::from_static("application/json"))
             .header(REQUEST_ID_HEADER, &request_id)
             .header(TIMESTAMP_HEADER, &timestamp);
+        let mut secret = None;
         if let Some(file) = &self.secret_file {
             // Read again only when the file changed: a rotated secret needs no restart.
             let path = file.path();
-            let secret = file
+            let key = file
                 .get(|b| secret_of(path, b).map(Arc::from), |e| io_error(path, e))
                 .map_err(|e| HelperError::Setup {
                     helper: self.shown.clone(),
                     reason: format!("helper_secret_file {e}"),
                 })?;
-            req = req.header(
-                SIGNATURE_HEADER,
-                signature(&secret, &timestamp, &request_id, body),
-            );
+            req = req
+                .header(
+                    REQUEST_SIGNATURE_HEADER,
+                    crate::signature::sign_request(
+                        &key,
+                        timestamp.as_bytes(),
+                        request_id.as_bytes(),
+                        body,
+                    ),
+                )
+                .header(
+                    SIGNATURE_HEADER,
+                    signature(&key, &timestamp, &request_id, body),
+                );
+            // The reply is checked with the secret this request was signed with, so a rotation
+            // between the two cannot fail a reply the helper signed correctly.
+            secret = Some(key);
         }
-        Ok(req)
+        Ok(Prepared {
+            req,
+            request_id,
+            secret,
+        })
+    }
+
+    /// Judges a reply's signatures (every value of [`REPLY_SIGNATURE_HEADER`]) as the
+    /// configured [`ReplySignature`] asks, see [`check_reply`].
+    fn reply_check(
+        &self,
+        request_id: &str,
+        secret: Option<&[u8]>,
+        signatures: &[HeaderValue],
+        body: &[u8],
+    ) -> Result<ReplyCheck, SignatureError> {
+        let signatures: Vec<&[u8]> = signatures.iter().map(HeaderValue::as_bytes).collect();
+        check_reply(
+            self.reply_signature,
+            secret,
+            request_id.as_bytes(),
+            &signatures,
+            body,
+        )
     }
 
     /// POSTs `body` once and returns the reply's body. Within the time limit, from connecting
     /// to the last byte; the reply is read incrementally and dropped as soon as it passes the
-    /// size limit. A non-2xx answer is [`HelperError::Status`] with the body's `msg`.
+    /// size limit. A non-2xx answer is [`HelperError::Status`] with the body's `msg`; a reply
+    /// whose signature is wrong, or missing where it is required, is
+    /// [`HelperError::ReplySignature`] (see [`judge_answer`]).
     pub async fn send(&self, body: Bytes) -> Result<Vec<u8>, HelperError> {
-        let req = self.request(reqwest::Method::POST, &body)?.body(body);
+        let Prepared {
+            req,
+            request_id,
+            secret,
+        } = self.request(reqwest::Method::POST, &body)?;
+        let req = req.body(body);
         let work = async {
             let resp = req.send().await.map_err(|e| self.error(e))?;
-            let status = resp.status();
+            let status = resp.status().as_u16();
+            let signatures = reply_signatures(&resp);
             let out = self.read_limited(resp).await?;
-            if !status.is_success() {
-                return Err(HelperError::Status {
-                    helper: self.shown.clone(),
-                    status: status.as_u16(),
-                    msg: status_msg(&out),
-                });
-            }
-            if out.is_empty() {
-                return Err(HelperError::EmptyOutput {
-                    helper: self.shown.clone(),
-                });
-            }
+            let signatures: Vec<&[u8]> = signatures.iter().map(HeaderValue::as_bytes).collect();
+            judge_answer(
+                &Expected {
+                    helper: &self.shown,
+                    request_id: request_id.as_bytes(),
+                    secret: secret.as_deref(),
+                    reply_signature: self.reply_signature,
+                },
+                &Answer {
+                    status,
+                    signatures: &signatures,
+                    body: &out,
+                },
+            )?;
             Ok(out)
         };
         match tokio::time::timeout(self.timeout, work).await {
@@ -422,17 +568,28 @@ impl WebhookClient {
     /// certificate. Nothing is provisioned.
     pub async fn probe(&self) -> Result<Probe, HelperError> {
         let started = std::time::Instant::now();
-        let req = self.request(reqwest::Method::GET, b"")?;
+        let Prepared {
+            req,
+            request_id,
+            secret,
+        } = self.request(reqwest::Method::GET, b"")?;
         let work = async {
             let resp = req.send().await.map_err(|e| self.error(e))?;
             let status = resp.status().as_u16();
             let version = format!("{:?}", resp.version());
-            // Read (bounded) so the connection is left clean; the content does not matter.
-            let _ = self.read_limited(resp).await;
+            let signatures = reply_signatures(&resp);
+            // Read (bounded) so the connection is left clean; only its signature matters.
+            let out = self.read_limited(resp).await.unwrap_or_default();
             Ok(Probe {
                 status,
                 version,
                 elapsed: started.elapsed(),
+                reply_signature: self.reply_check(
+                    &request_id,
+                    secret.as_deref(),
+                    &signatures,
+                    &out,
+                ),
             })
         };
         match tokio::time::timeout(self.timeout, work).await {

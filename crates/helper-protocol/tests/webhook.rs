@@ -1,7 +1,8 @@
 //! The webhook client against real HTTP servers on loopback: a small HTTP/1.1 server written
 //! here (plain or TLS with rustls) whose every answer a test chooses, so that signatures,
 //! mutual TLS, timeouts, oversized and slow-drip replies, non-2xx answers, refused connections
-//! and pooling are each checked on the wire.
+//! and pooling are each checked on the wire, and signed replies, altered ones and unsigned ones
+//! are judged as `helper_reply_signature` asks.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -10,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use helper_protocol::webhook::{
-    read_secret, REQUEST_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+    read_secret, ReplySignature, REPLY_SIGNATURE_HEADER, REQUEST_ID_HEADER,
+    REQUEST_SIGNATURE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use helper_protocol::{
     input_bytes, HelperError, HelperErrorKind, HelperInput, WebhookClient, WebhookOptions,
@@ -48,6 +50,26 @@ enum Answer {
     Hang,
     /// Read the request, then close the connection without answering.
     Close,
+    /// A 200 with this body, its reply signature made with `secret` for the request's id and
+    /// then spoilt as `spoil` says.
+    Signed {
+        secret: &'static [u8],
+        body: Vec<u8>,
+        spoil: Spoil,
+    },
+}
+
+/// How a signed reply is spoilt on its way.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Spoil {
+    /// Not at all.
+    Nothing,
+    /// The body is changed after signing, as a proxy in the middle would.
+    Body,
+    /// Signed for another request id: a reply recorded earlier and sent again.
+    OtherRequest,
+    /// The signature header twice.
+    Twice,
 }
 
 #[derive(Default)]
@@ -95,7 +117,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, answer: Answer,
         let Some(req) = read_request(&mut s, &mut buf).await else {
             return;
         };
-        seen.requests.lock().unwrap().push(req);
+        seen.requests.lock().unwrap().push(req.clone());
         match &answer {
             Answer::Full(status, reason, body) => {
                 let head = format!(
@@ -134,6 +156,41 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, answer: Answer,
                 return;
             }
             Answer::Close => return,
+            Answer::Signed {
+                secret,
+                body,
+                spoil,
+            } => {
+                let id = req
+                    .header(REQUEST_ID_HEADER)
+                    .unwrap_or_default()
+                    .to_string();
+                let signed_id = if *spoil == Spoil::OtherRequest {
+                    "0123456789abcdef0123456789abcdef".to_string()
+                } else {
+                    id
+                };
+                let signature = reply_signature_by_hand(secret, &signed_id, body);
+                let mut sent = body.clone();
+                if *spoil == Spoil::Body {
+                    // The same length, so the framing of HTTP is untouched.
+                    sent = String::from_utf8_lossy(&sent)
+                        .replace("n1.example.net", "n6.example.net")
+                        .into_bytes();
+                }
+                let mut head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{REPLY_SIGNATURE_HEADER}: {signature}\r\n",
+                    sent.len()
+                );
+                if *spoil == Spoil::Twice {
+                    head.push_str(&format!("{REPLY_SIGNATURE_HEADER}: {signature}\r\n"));
+                }
+                head.push_str("\r\n");
+                if s.write_all(head.as_bytes()).await.is_err() || s.write_all(&sent).await.is_err()
+                {
+                    return;
+                }
+            }
         }
         let _ = s.flush().await;
     }
@@ -240,6 +297,26 @@ fn hmac_hex(secret: &[u8], message: &[u8]) -> String {
     hex::encode(ring::hmac::sign(&key, message).as_ref())
 }
 
+/// The documented version 2 message, written out here rather than taken from the crate, so a
+/// change of the framing on one side fails these tests: the first line, then each field as its
+/// length in decimal, `:`, the bytes and a newline.
+fn framed(first_line: &str, fields: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("{first_line}\n").into_bytes();
+    for f in fields {
+        out.extend_from_slice(format!("{}:", f.len()).as_bytes());
+        out.extend_from_slice(f);
+        out.push(b'\n');
+    }
+    out
+}
+
+fn reply_signature_by_hand(secret: &[u8], request_id: &str, body: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        hmac_hex(secret, &framed("v2 reply", &[request_id.as_bytes(), body]))
+    )
+}
+
 #[tokio::test]
 async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
     let (url, seen) = server(Answer::Full(200, "OK", reply("signed")), None).await;
@@ -280,6 +357,21 @@ async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
     assert_eq!(
         got.header(SIGNATURE_HEADER).unwrap(),
         format!("sha256={}", hmac_hex(b"0123456789abcdef-shared", &message))
+    );
+    // Version 2: the same secret over the framed timestamp, request id and body.
+    let ts_text = got.header(TIMESTAMP_HEADER).unwrap();
+    assert_eq!(
+        got.header(REQUEST_SIGNATURE_HEADER).unwrap(),
+        format!(
+            "sha256={}",
+            hmac_hex(
+                b"0123456789abcdef-shared",
+                &framed(
+                    "v2 request",
+                    &[ts_text.as_bytes(), id.as_bytes(), &got.body]
+                )
+            )
+        )
     );
     // A second request has its own id, and a tampered body would not verify.
     client.run(&input()).await.unwrap();
@@ -625,5 +717,138 @@ async fn the_probe_sends_a_signed_get_and_reports_the_status() {
     assert_eq!(
         got.header(SIGNATURE_HEADER).unwrap(),
         format!("sha256={}", hmac_hex(b"probe-secret", message.as_bytes()))
+    );
+}
+
+fn secret_in(dir: &std::path::Path, text: &str) -> PathBuf {
+    let p = dir.join("secret");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn a_signed_reply_is_checked_and_a_required_one_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = secret_in(dir.path(), "reply-secret\n");
+    let client = |url: &str, mode| {
+        WebhookClient::new(&WebhookOptions {
+            secret_file: Some(secret.clone()),
+            reply_signature: mode,
+            ..options(url)
+        })
+        .unwrap()
+    };
+    let signed = |spoil| Answer::Signed {
+        secret: b"reply-secret",
+        body: reply("signed reply"),
+        spoil,
+    };
+    use ReplySignature::{Optional, Required};
+
+    // Signed with the secret, for this request: used, in either mode.
+    let (url, _) = server(signed(Spoil::Nothing), None).await;
+    for mode in [Optional, Required] {
+        let reply = client(&url, mode).run(&input()).await.unwrap();
+        assert_eq!(reply.msg, "signed reply");
+    }
+
+    // Altered on the way, signed for another request, or signed twice: refused in either mode,
+    // and nothing of the reply is used.
+    for spoil in [Spoil::Body, Spoil::OtherRequest, Spoil::Twice] {
+        let (url, seen) = server(signed(spoil), None).await;
+        for mode in [Optional, Required] {
+            let e = client(&url, mode).run(&input()).await.unwrap_err();
+            assert_eq!(e.kind(), HelperErrorKind::ReplySignature, "{spoil:?}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("refused the reply of webhook {url}: ")),
+                "{e}"
+            );
+        }
+        assert_eq!(seen.requests.lock().unwrap().len(), 2, "never retried");
+    }
+
+    // Signed with another secret: refused.
+    let (url, _) = server(
+        Answer::Signed {
+            secret: b"another-secret",
+            body: reply("forged"),
+            spoil: Spoil::Nothing,
+        },
+        None,
+    )
+    .await;
+    let e = client(&url, Optional).run(&input()).await.unwrap_err();
+    assert!(e.to_string().contains("does not match"), "{e}");
+
+    // Unsigned: accepted when optional, refused when required.
+    let (url, _) = server(Answer::Full(200, "OK", reply("unsigned")), None).await;
+    assert_eq!(
+        client(&url, Optional).run(&input()).await.unwrap().msg,
+        "unsigned"
+    );
+    let e = client(&url, Required).run(&input()).await.unwrap_err();
+    assert_eq!(e.kind(), HelperErrorKind::ReplySignature, "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("it is not signed and helper_reply_signature is required"),
+        "{e}"
+    );
+
+    // A non-2xx answer stays a status error: its body is not used anyway.
+    let (url, _) = server(
+        Answer::Full(503, "Unavailable", br#"{"msg":"busy"}"#.to_vec()),
+        None,
+    )
+    .await;
+    let e = client(&url, Required).run(&input()).await.unwrap_err();
+    assert_eq!(e.kind(), HelperErrorKind::Status, "{e}");
+
+    // Required without a secret to check with: refused when the client is built.
+    let e = WebhookClient::new(&WebhookOptions {
+        reply_signature: Required,
+        ..options(&url)
+    })
+    .unwrap_err();
+    assert_eq!(e.kind(), HelperErrorKind::Setup, "{e}");
+    assert!(e.to_string().contains("helper_secret_file"), "{e}");
+}
+
+#[tokio::test]
+async fn the_probe_reports_how_its_answer_was_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = secret_in(dir.path(), "probe-secret");
+    let opts = |url: &str, mode| WebhookOptions {
+        secret_file: Some(secret.clone()),
+        reply_signature: mode,
+        ..options(url)
+    };
+    let (url, _) = server(
+        Answer::Signed {
+            secret: b"probe-secret",
+            body: b"{}".to_vec(),
+            spoil: Spoil::Nothing,
+        },
+        None,
+    )
+    .await;
+    let p = WebhookClient::new(&opts(&url, ReplySignature::Required))
+        .unwrap()
+        .probe()
+        .await
+        .unwrap();
+    assert_eq!(
+        p.reply_signature,
+        Ok(helper_protocol::signature::ReplyCheck::Signed)
+    );
+    let (url, _) = server(Answer::Full(200, "OK", b"{}".to_vec()), None).await;
+    let p = WebhookClient::new(&opts(&url, ReplySignature::Required))
+        .unwrap()
+        .probe()
+        .await
+        .unwrap();
+    assert_eq!(
+        p.reply_signature,
+        Err(helper_protocol::signature::SignatureError::Missing)
     );
 }

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use helper_protocol::webhook::{is_webhook, ReplySignature, ReplySignatureParseError};
 use provision_core::config::{DEFAULT_CERT_DENY_LIST, DEFAULT_SERVER_JWT_VALIDITY};
 use provision_core::identity::IdentityRule;
 use provision_core::policy::{DenyList, ExtraDnsNames};
@@ -141,6 +142,9 @@ pub struct WebhookSettings {
     pub tls_key: String,
     /// `helper_tls_ca`: PEM CA certificates trusted, alone, for an `https` helper.
     pub tls_ca: String,
+    /// `helper_reply_signature`: whether the helper's replies must be signed with the secret
+    /// (`required`) or are checked only when signed (`optional`, the default).
+    pub reply_signature: ReplySignature,
 }
 
 /// Shows a secret as `<redacted>` when set and `""` when empty, so a dump says whether it is set.
@@ -393,6 +397,15 @@ pub enum ConfigError {
     /// `audit_stream` is not a JetStream stream name.
     #[error("invalid audit_stream {0:?}: a stream name has no spaces, '.', '*', '>', '/' or '\\'")]
     AuditStream(String),
+    /// `helper_reply_signature` is neither `optional` nor `required`.
+    #[error("invalid helper_reply_signature {0:?}: it is optional (the default) or required")]
+    HelperReplySignature(String),
+    /// `helper_reply_signature: required` with a webhook but no secret to check replies with.
+    #[error(
+        "helper_reply_signature is required but helper_secret_file is not set: replies are \
+         signed with that secret"
+    )]
+    ReplySignatureWithoutSecret,
     /// A `cert_deny_list` entry is not a valid regular expression.
     #[error("invalid cert_deny_list pattern {pattern:?}: {reason}")]
     DenyPattern {
@@ -481,6 +494,7 @@ struct RawConfig {
     monitor_address: String,
     record_helper_inputs: String,
     webhook: WebhookSettings,
+    helper_reply_signature: String,
     node_history_size: u32,
     node_history_max_age: String,
     monitor_token_file: String,
@@ -507,7 +521,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 45] = [
+const FIELDS: [Field; 46] = [
     field(
         "workers",
         Kind::Int {
@@ -564,6 +578,7 @@ const FIELDS: [Field; 45] = [
     field("helper_tls_cert", Kind::Str),
     field("helper_tls_key", Kind::Str),
     field("helper_tls_ca", Kind::Str),
+    field("helper_reply_signature", Kind::Str),
     // Node status, history and audit trail.
     field(
         "node_history_size",
@@ -651,7 +666,9 @@ impl RawConfig {
                 tls_cert: text("helper_tls_cert").trim().to_string(),
                 tls_key: text("helper_tls_key").trim().to_string(),
                 tls_ca: text("helper_tls_ca").trim().to_string(),
+                reply_signature: Default::default(),
             },
+            helper_reply_signature: text("helper_reply_signature"),
             node_history_size: u32::try_from(int("node_history_size")).unwrap_or(u32::MAX),
             node_history_max_age: text("node_history_max_age"),
             monitor_token_file: text("monitor_token_file"),
@@ -949,6 +966,23 @@ impl Config {
         {
             errors.push(ConfigError::AuditStream(audit_stream.clone()));
         }
+        let mut webhook = raw.webhook;
+        webhook.reply_signature =
+            raw.helper_reply_signature
+                .parse()
+                .unwrap_or_else(|e: ReplySignatureParseError| {
+                    errors.push(ConfigError::HelperReplySignature(e.0));
+                    Default::default()
+                });
+        // Only a webhook is asked for replies over the network; with a command the setting
+        // has no effect, which `check` warns about.
+        if webhook.reply_signature == ReplySignature::Required
+            && webhook.secret_file.is_empty()
+            && is_webhook(&raw.helper)
+        {
+            errors.push(ConfigError::ReplySignatureWithoutSecret);
+            webhook.reply_signature = Default::default();
+        }
         let provision = ProvisionConfig::builder()
             .token(raw.token)
             .features(features)
@@ -984,7 +1018,7 @@ impl Config {
             monitor_address,
             rego_policy: raw.rego_policy.trim().to_string(),
             record_helper_inputs: raw.record_helper_inputs.trim().to_string(),
-            webhook: raw.webhook,
+            webhook,
             node_history_size,
             node_history_max_age,
             monitor_token_file: raw.monitor_token_file.trim().to_string(),
@@ -1442,5 +1476,40 @@ features:
             .unwrap_err();
             assert!(e.to_string().contains(what), "{lifetime}: {e}");
         }
+    }
+
+    #[test]
+    fn helper_reply_signature_is_read_and_needs_a_secret_with_a_webhook() {
+        let hook = "helper: https://h.example.net/p\n";
+        let c = load(hook).unwrap().config;
+        assert_eq!(c.webhook.reply_signature, ReplySignature::Optional);
+        let c = load(&format!(
+            "{hook}helper_secret_file: /etc/s\nhelper_reply_signature: Required\n"
+        ))
+        .unwrap()
+        .config;
+        assert_eq!(c.webhook.reply_signature, ReplySignature::Required);
+        let c = load(&format!("{hook}helper_reply_signature: optional\n"))
+            .unwrap()
+            .config;
+        assert_eq!(c.webhook.reply_signature, ReplySignature::Optional);
+
+        let e = load(&format!("{hook}helper_reply_signature: always\n")).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::HelperReplySignature(v) if v == "always"),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("optional (the default) or required"),
+            "{e}"
+        );
+        // Required with nothing to check replies with is refused; with a command helper the
+        // key has no effect (check warns) and is no error.
+        let e = load(&format!("{hook}helper_reply_signature: required\n")).unwrap_err();
+        assert!(matches!(e, ConfigError::ReplySignatureWithoutSecret), "{e}");
+        let c = load("helper: /usr/bin/h\nhelper_reply_signature: required\n")
+            .unwrap()
+            .config;
+        assert_eq!(c.webhook.reply_signature, ReplySignature::Required);
     }
 }

@@ -57,6 +57,7 @@ pub fn webhook_options(config: &Config) -> WebhookOptions {
         client_key: file(&w.tls_key),
         ca: file(&w.tls_ca),
         max_idle: config.workers.max(1),
+        reply_signature: w.reply_signature,
         ..WebhookOptions::new(config.helper.trim())
     }
 }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use choria_rpc_client::config::{ChoriaConfig, PuppetError, SecurityProvider};
 use choria_rpc_client::connection::{ConnectionError, ConnectionSettings};
-use helper_protocol::webhook::is_webhook;
+use helper_protocol::signature::ReplyCheck;
+use helper_protocol::webhook::{is_webhook, ReplySignature};
 use helper_protocol::WebhookClient;
 use provision_core::KeyMaterial as _;
 
@@ -828,7 +829,9 @@ pub fn unused_webhook_settings(config: &Config) -> Vec<Problem> {
     ]
     .into_iter()
     .filter(|(_, v)| !v.is_empty())
-    .map(|(key, _)| {
+    .map(|(key, _)| key)
+    .chain((w.reply_signature == ReplySignature::Required).then_some("helper_reply_signature"))
+    .map(|key| {
         Problem::Warning(format!(
             "{key} has no effect: the helper is a command, not an http:// or https:// URL"
         ))
@@ -858,14 +861,22 @@ pub fn probe(config: &Config) -> (Option<String>, Vec<Problem>) {
     };
     match runtime.block_on(client.probe()) {
         Ok(p) => {
+            let success = (200..300).contains(&p.status);
+            let signed = match &p.reply_signature {
+                _ if !success => "",
+                Ok(ReplyCheck::Signed) => ", its answer signed with the secret",
+                Ok(ReplyCheck::Unsigned) => ", its answer not signed",
+                Ok(ReplyCheck::NoSecret) => "",
+                Err(_) => ", its answer's signature refused",
+            };
             let line = format!(
-                "probe: {} answered HTTP {} over {} in {} ms",
+                "probe: {} answered HTTP {} over {} in {} ms{signed}",
                 client.helper(),
                 p.status,
                 p.version,
                 p.elapsed.as_millis()
             );
-            let problems = match p.status {
+            let mut problems = match p.status {
                 401 | 403 => vec![Problem::Warning(format!(
                     "the webhook refused the signed probe with HTTP {}: check helper_secret_file \
                      and the client certificate against what the helper expects",
@@ -877,6 +888,18 @@ pub fn probe(config: &Config) -> (Option<String>, Vec<Problem>) {
                 ))],
                 _ => Vec::new(),
             };
+            // The daemon would judge every reply as the probe's answer was judged: say so
+            // before it refuses them all.
+            if success {
+                if let Err(e) = &p.reply_signature {
+                    problems.push(Problem::Warning(format!(
+                        "the webhook's answer to the probe would be refused as a reply: {e}; \
+                         the helper must sign its replies with helper_secret_file's secret \
+                         (helper_reply_signature is {})",
+                        config.webhook.reply_signature
+                    )));
+                }
+            }
             (Some(line), problems)
         }
         Err(e) => (None, vec![Problem::Fatal(format!("probe: {e}"))]),
@@ -902,8 +925,7 @@ fn plan(cfg: &Config) -> String {
         cfg.workers,
         cfg.work_queue_size,
         duration(cfg.provision.interval()),
-        // A webhook URL without credentials or query.
-        helper_protocol::webhook::shown_text(&cfg.helper),
+        helper_plan(cfg),
         cfg.lifecycle_component,
         on(cfg.leader_election),
         active_active(cfg),
@@ -924,6 +946,30 @@ fn plan(cfg: &Config) -> String {
             Some(e) => format!("csr_extra_dns_names {}", quoted(e.pattern())),
         },
     ) + &status_plan(cfg)
+}
+
+/// The helper line: a command as it is; a webhook URL without credentials or query, with how
+/// its requests and replies are signed.
+fn helper_plan(cfg: &Config) -> String {
+    let shown = helper_protocol::webhook::shown_text(&cfg.helper);
+    if !is_webhook(&cfg.helper) {
+        return shown;
+    }
+    let how = if cfg.webhook.secret_file.is_empty() {
+        "requests not signed and replies not checked: helper_secret_file is unset"
+    } else {
+        match cfg.webhook.reply_signature {
+            ReplySignature::Required => {
+                "requests signed (signature versions 2 and 1), replies must be signed \
+                 (helper_reply_signature required)"
+            }
+            ReplySignature::Optional => {
+                "requests signed (signature versions 2 and 1), signed replies checked and unsigned \
+                 ones accepted (helper_reply_signature optional)"
+            }
+        }
+    };
+    format!("{shown} (webhook; {how})")
 }
 
 /// The node history, the monitor token (set or not, never its contents), who the status API

@@ -301,6 +301,16 @@ fn every_fatal_configuration_error_is_refused_by_both() {
             "monitor_address",
         ),
         ("audit stream", "audit_stream: a.b\n", "audit_stream"),
+        (
+            "reply signature mode",
+            "helper: http://127.0.0.1:9/\nhelper_reply_signature: always\n",
+            "helper_reply_signature",
+        ),
+        (
+            "reply signature without a secret",
+            "helper: http://127.0.0.1:9/\nhelper_reply_signature: required\n",
+            "helper_secret_file is not set",
+        ),
         ("syntax", "features: [\n", "could not be parsed"),
         ("wrong type", "workers: many\n", "workers"),
     ] {
@@ -364,4 +374,38 @@ fn missing_files_and_choria_security_are_refused_by_both() {
     refused(&name, case, "plugin.security.file.key");
     let (name, case) = secure("missing CA", &|_, f| f[2] = "/nonexistent/ca.pem".into());
     refused(&name, case, "plugin.security.file.ca");
+}
+
+#[test]
+fn check_prints_the_reply_signature_mode_and_warns_when_it_has_no_effect() {
+    let case = Case::new();
+    let secret = case.file("secret", "s3cret\n", 0o600);
+    let hook = format!("helper: http://127.0.0.1:9/p\nhelper_secret_file: {secret}\n");
+    let case = case.yaml(&hook);
+    let plan = Report::examine(&case.paths()).plan();
+    assert!(
+        plan.contains(
+            "helper: http://127.0.0.1:9/p (webhook; requests signed (signature versions 2 and 1), \
+             signed replies checked and unsigned ones accepted (helper_reply_signature optional))"
+        ),
+        "{plan}"
+    );
+    let case = case.yaml("helper_reply_signature: required\n");
+    assert_eq!(verdicts("required", &case), Ok(()));
+    let plan = Report::examine(&case.paths()).plan();
+    assert!(
+        plan.contains("replies must be signed (helper_reply_signature required)"),
+        "{plan}"
+    );
+    // With a command the key does nothing: a warning, not a refusal.
+    let case = Case::new().yaml("helper_reply_signature: required\n");
+    assert_eq!(verdicts("command", &case), Ok(()));
+    let report = Report::examine(&case.paths());
+    assert!(
+        report
+            .warnings()
+            .any(|w| w.contains("helper_reply_signature has no effect")),
+        "{:?}",
+        report.warnings().collect::<Vec<_>>()
+    );
 }

@@ -39,9 +39,13 @@ impl WebhookPlan {
         })
     }
 
-    /// The provisioner's YAML lines for it besides `helper` (the secret file).
+    /// The provisioner's YAML lines for it besides `helper`: the secret file, and replies
+    /// required to be signed (the demo helper signs every answer).
     pub fn extra_yaml(&self) -> String {
-        format!("helper_secret_file: {}\n", self.secret_file.display())
+        format!(
+            "helper_secret_file: {}\nhelper_reply_signature: required\n",
+            self.secret_file.display()
+        )
     }
 
     /// The demo helper's command serving this plan with the run's CA, issuer and `broker`.
