@@ -8,6 +8,12 @@
 //! lanes in turn, so a flood of bogus startup events can slow other announced nodes but never
 //! starve the nodes discovery found. An announced node that discovery also finds moves to the
 //! discovery lane. Every identity is checked ([`crate::identity`]) before it is queued.
+//!
+//! An announced node that answered but whose cycle failed for a reason that may pass (an RPC
+//! failure, a helper error or deferral) is kept and tried again after a backoff, until
+//! discovery finds it again or it has had [`ANNOUNCED_TRIES`] tries: a node that no discovery
+//! reaches is not left to a single try. A node that never answered is not kept (anyone can
+//! announce names by the thousand).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +40,12 @@ pub const DEFAULT_QUEUE_CAPACITY: usize = 250_000;
 pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
 /// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
 pub const LOCK_HOLD: Duration = Duration::from_secs(120);
+/// How many tries an announced node that discovery does not find again gets before it is
+/// forgotten.
+pub const ANNOUNCED_TRIES: u8 = 5;
+/// The wait before an announced node's second try; it doubles for every further try, at most
+/// one discovery interval.
+pub const ANNOUNCED_RETRY: Duration = Duration::from_secs(30);
 
 /// Where a node came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +80,8 @@ enum State {
     Queued,
     Working,
     Held(Instant),
+    /// An announced node waiting for its next try.
+    Retry(Instant),
 }
 
 #[derive(Debug)]
@@ -76,6 +90,19 @@ struct Entry {
     generation: u64,
     state: State,
     lane: Source,
+    /// Tries an announced node has had (0 for a discovered one).
+    tries: u8,
+}
+
+/// What becomes of a node's entry when its cycle ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Forgotten: found again by a later discovery.
+    Forget,
+    /// Kept (not queued again) for this long.
+    Hold(Duration),
+    /// An announced node: kept and tried again after a backoff, if it has tries left.
+    Retry,
 }
 
 /// The host table and the two lanes of the queue. A lane may hold stale entries (a node
@@ -303,6 +330,9 @@ impl Fleet {
                 State::Working => true,
                 State::Held(until) => until > now,
                 State::Queued => now.duration_since(e.added) < interval,
+                // Discovery finding a node waiting for its next try queues it at once; another
+                // announcement does not cut its backoff short.
+                State::Retry(at) => source == Source::Event && at > now,
             };
             promote =
                 e.state == State::Queued && e.lane == Source::Event && source == Source::Discovery;
@@ -345,6 +375,7 @@ impl Fleet {
                 generation,
                 state: State::Queued,
                 lane: source,
+                tries: 0,
             },
         );
         t.lane(source).push_back((key, generation));
@@ -547,27 +578,37 @@ impl Fleet {
         None
     }
 
-    fn finish(&self, identity: &str, source: Source, hold: Option<Duration>) {
+    fn finish(&self, identity: &str, source: Source, after: After) {
         let mut t = self.lock();
         if source == Source::Event {
             t.event_busy = t.event_busy.saturating_sub(1);
         }
-        match hold {
-            Some(d) => {
-                if let Some(e) = t.hosts.get_mut(identity) {
-                    if e.state == State::Working {
-                        e.state = State::Held(Instant::now() + d);
+        let interval = self.provisioner.config().interval();
+        let mut retry = None;
+        if let Some(e) = t.hosts.get_mut(identity) {
+            if e.state == State::Working {
+                match after {
+                    After::Hold(d) => e.state = State::Held(Instant::now() + d),
+                    After::Retry if e.tries + 1 < ANNOUNCED_TRIES => {
+                        e.tries += 1;
+                        let wait = ANNOUNCED_RETRY
+                            .saturating_mul(1 << (e.tries - 1))
+                            .min(interval.max(ANNOUNCED_RETRY));
+                        e.state = State::Retry(Instant::now() + wait);
+                        retry = Some((e.tries, wait));
+                    }
+                    After::Retry | After::Forget => {
+                        t.hosts.remove(identity);
                     }
                 }
             }
-            None => {
-                if t.hosts
-                    .get(identity)
-                    .is_some_and(|e| e.state == State::Working)
-                {
-                    t.hosts.remove(identity);
-                }
-            }
+        }
+        if let Some((tries, wait)) = retry {
+            debug!(
+                identity = %identity,
+                "{identity} was announced by a startup event and not found by discovery: trying it again in {wait:?} (try {} of {ANNOUNCED_TRIES})",
+                tries + 1
+            );
         }
         let more_events = source == Source::Event && t.live(Source::Event) > 0;
         self.report(&t);
@@ -582,10 +623,49 @@ impl Fleet {
     fn sweep(&self) {
         let now = Instant::now();
         let mut t = self.lock();
-        t.hosts
-            .retain(|_, e| !matches!(e.state, State::Held(until) if until <= now));
+        let mut due = Vec::new();
+        t.hosts.retain(|id, e| match e.state {
+            State::Held(until) => until > now,
+            State::Retry(at) if at <= now => {
+                due.push(id.clone());
+                true
+            }
+            _ => true,
+        });
+        // Announced nodes whose next try is due go back to the event lane while it has room;
+        // the rest are forgotten (discovery finds a real node again).
+        let lane_cap = (self.capacity / 2).max(1);
+        let mut requeued = Vec::new();
+        for id in due {
+            let room =
+                !t.draining && t.queued() < self.capacity && t.live(Source::Event) < lane_cap;
+            if !room {
+                t.hosts.remove(&id);
+                continue;
+            }
+            t.next_generation += 1;
+            let generation = t.next_generation;
+            if let Some(e) = t.hosts.get_mut(&id) {
+                e.state = State::Queued;
+                e.added = now;
+                e.generation = generation;
+                e.lane = Source::Event;
+            }
+            t.announced.push_back((id.clone(), generation));
+            requeued.push(id);
+        }
         self.report(&t);
         drop(t);
+        let o = self.provisioner.observer();
+        for id in &requeued {
+            o.node_event(
+                id,
+                &NodeEvent::Queued {
+                    source: Source::Event,
+                },
+            );
+            self.wake.notify_one();
+        }
         self.refusals.flush();
         self.full.flush();
         self.unanswered.flush();
@@ -621,11 +701,11 @@ impl Fleet {
         let verdict = Verdict::of(&res, &host, began.elapsed());
         let id = host.identity();
         let source = host.source();
-        let hold = match res {
+        let after = match res {
             Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
                 o.provisioned();
                 info!(identity = %id, "Provisioned {id}");
-                Some(SUCCESS_HOLD)
+                After::Hold(SUCCESS_HOLD)
             }
             Ok(Outcome::Upgraded { from, to }) => {
                 o.provisioned();
@@ -635,19 +715,23 @@ impl Fleet {
                     escaped(&from),
                     escaped(&to)
                 );
-                None
+                After::Forget
             }
             Ok(Outcome::LockHeld { action }) => {
                 o.lock_held();
                 info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving {id} to it");
-                Some(LOCK_HOLD)
+                After::Hold(LOCK_HOLD)
             }
             // Active-active: nothing was sent to the node. A finished one restarts; an
             // unfinished one is forgotten (the claims store decides when it is tried again).
             Ok(Outcome::ClaimedElsewhere { by, done }) => {
                 o.claim_taken();
                 debug!(identity = %id, "{id} is claimed by {}{}, leaving it", escaped(&by), if done { " (done)" } else { "" });
-                done.then_some(SUCCESS_HOLD)
+                if done {
+                    After::Hold(SUCCESS_HOLD)
+                } else {
+                    After::Forget
+                }
             }
             Err(e)
                 if matches!(
@@ -659,7 +743,7 @@ impl Fleet {
                 o.claim_error();
                 self.unclaimed
                     .record(|| format!("Could not provision {id}: {}", e.kind));
-                None
+                After::Forget
             }
             // Nothing at all serves an announced node's subject: no server of that name is
             // connected. Anyone can announce such nodes by the thousand, so these are
@@ -668,17 +752,21 @@ impl Fleet {
                 o.provision_error();
                 self.unanswered
                     .record(|| format!("Could not provision {id}: {}", e.kind));
-                None
+                After::Forget
             }
             Err(e) => {
                 o.provision_error();
                 error!(identity = %id, "Could not provision {id}: {}", e.kind);
-                None
+                if source == Source::Event && e.kind.may_pass() {
+                    After::Retry
+                } else {
+                    After::Forget
+                }
             }
         };
         // Recorded before the node may be queued again.
         o.node_event(id, &NodeEvent::Finished(&verdict));
-        self.finish(id, source, hold);
+        self.finish(id, source, after);
     }
 
     /// Runs `workers` workers, the hold sweeper and the paused-gauge follower until `shutdown`

@@ -208,6 +208,23 @@ fn rpc_failure(e: &RpcError) -> String {
 }
 
 impl ProvisionErrorKind {
+    /// Whether the node answered and its cycle failed for a reason that may pass on another
+    /// try: an RPC that failed after the first contact, the helper failing or deferring, a
+    /// server JWT or key that could not be made, an upgrade that did not happen. A refusal
+    /// (identity, JWT, CSR, key proof, policy) or a node that never answered is not.
+    pub fn may_pass(&self) -> bool {
+        matches!(
+            self,
+            ProvisionErrorKind::Rpc(_)
+                | ProvisionErrorKind::Helper(_)
+                | ProvisionErrorKind::Deferred(_)
+                | ProvisionErrorKind::ServerJwt(_)
+                | ProvisionErrorKind::KeyEncryption(_)
+                | ProvisionErrorKind::Upgrade { .. }
+                | ProvisionErrorKind::EmptyConfiguration
+        )
+    }
+
     /// Whether the node never answered at all (its first request timed out or nobody serves
     /// its subject): typical of a bogus announcement.
     pub fn is_unanswered_first_contact(&self) -> bool {

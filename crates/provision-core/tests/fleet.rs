@@ -540,3 +540,120 @@ async fn drain_gives_up_after_the_grace_or_when_forced() {
         assert_eq!(fleet.busy(), 0);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_announced_node_that_fails_is_tried_again_after_a_backoff() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let helper = FakeHelper::failing();
+    let fleet = Fleet::new(provisioner(
+        token().interval(Duration::from_secs(300)),
+        &node,
+        &helper,
+        &obs,
+    ));
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("the first try", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // Kept, not queued, and another announcement does not cut the backoff short.
+    assert!(fleet.is_known("a"));
+    assert_eq!(fleet.queued(), 0);
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Known);
+    *helper.reply.lock().unwrap() = Some(good_reply());
+    tokio::time::sleep(provision_core::fleet::ANNOUNCED_RETRY / 2).await;
+    assert_eq!(helper.runs(), 1, "not before its backoff");
+    wait_for("the second try", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(helper.runs(), 2);
+    assert!(node.configured().is_some());
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_announced_node_is_forgotten_after_its_tries() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let helper = FakeHelper::failing();
+    let fleet = Fleet::new(provisioner(
+        token().interval(Duration::from_secs(60)),
+        &node,
+        &helper,
+        &obs,
+    ));
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    let tries = usize::from(provision_core::fleet::ANNOUNCED_TRIES);
+    // Backoffs of 30 s, then 60 s (the interval) each, found by a sweep every 5 s.
+    tokio::time::sleep(Duration::from_secs(30 + 60 * 3 + 4 * 5 + 10)).await;
+    assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), tries);
+    assert!(!fleet.is_known("a"));
+    // Nothing more after the last try.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(helper.runs(), tries);
+    assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 1);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn discovery_finding_a_node_waiting_for_its_next_try_queues_it_at_once() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let helper = FakeHelper::failing();
+    let fleet = Fleet::new(provisioner(
+        token().interval(Duration::from_secs(300)),
+        &node,
+        &helper,
+        &obs,
+    ));
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("the first try", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    *helper.reply.lock().unwrap() = Some(good_reply());
+    let found = tokio::time::Instant::now();
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    wait_for("provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(found.elapsed() < provision_core::fleet::ANNOUNCED_RETRY);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_announced_node_that_never_answers_is_not_kept() {
+    let node = FakeNode::new();
+    node.state.lock().unwrap().silent_prefix = Some("bogus".into());
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        token(),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    assert_eq!(fleet.add("bogus-1", Source::Event), AddResult::Queued);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("the try", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(!fleet.is_known("bogus-1"));
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), 1);
+    stop.cancel();
+    run.await.unwrap();
+}
