@@ -113,6 +113,91 @@ pub enum Command {
     Nodes(NodesArgs),
     /// Show one node's state, cause and history on a running provisioner
     Node(NodeArgs),
+    /// Pause provisioning on every replica with fleet_control: nothing new is queued or
+    /// started, nodes in flight finish
+    Pause(PauseArgs),
+    /// Lift the pause on every replica with fleet_control
+    Resume(ControlArgs),
+    /// Deny nodes on every replica with fleet_control: by identity, /REGEX/ or key fingerprint
+    #[command(subcommand)]
+    Deny(DenyCommand),
+}
+
+/// How `pause`, `resume` and `deny` reach the fleet control bucket: with the provisioner's
+/// broker settings.
+#[derive(Debug, Clone, Args)]
+pub struct ControlArgs {
+    /// The provisioner configuration file (YAML) [default:
+    /// /etc/choria-provisioner/choria-provisioner.yaml]
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub config: Option<PathBuf>,
+
+    /// The Choria client configuration file (default: the Choria user configuration)
+    #[arg(long = "choria-config", value_name = "FILE", value_parser = existing_file)]
+    pub choria_config: Option<PathBuf>,
+}
+
+/// Flags of `pause`.
+#[derive(Debug, Clone, Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Why, shown by every replica's log and by `resume`
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+}
+
+/// `deny` commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum DenyCommand {
+    /// Deny an identity, a /REGEX/ of identities or a key fingerprint (sha256:HEX)
+    Add(DenyAddArgs),
+    /// Remove a deny entry
+    Rm(DenyEntryArgs),
+    /// List the deny entries
+    Ls(DenyLsArgs),
+}
+
+/// Flags of `deny add`.
+#[derive(Debug, Clone, Args)]
+pub struct DenyAddArgs {
+    /// The identity, /REGEX/ or sha256:HEX key fingerprint
+    #[arg(value_name = "ENTRY")]
+    pub entry: String,
+
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Why, shown in every refusal
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+
+    /// How long the entry applies, as 30d, 12h or 90m (default: until removed)
+    #[arg(long, value_name = "DURATION")]
+    pub expires: Option<String>,
+}
+
+/// Flags of `deny rm`.
+#[derive(Debug, Clone, Args)]
+pub struct DenyEntryArgs {
+    /// The entry as it was added
+    #[arg(value_name = "ENTRY")]
+    pub entry: String,
+
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+/// Flags of `deny ls`.
+#[derive(Debug, Clone, Args)]
+pub struct DenyLsArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The packaged configuration file, read by `status`, `nodes` and `node` when neither

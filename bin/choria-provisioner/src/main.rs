@@ -6,6 +6,7 @@
 
 mod check;
 mod cli;
+mod control_cli;
 mod policy_cli;
 mod run;
 mod status_cli;
@@ -44,6 +45,9 @@ fn main() -> ExitCode {
         cli::Command::Status(args) => status_cli::status(&args),
         cli::Command::Nodes(args) => status_cli::nodes(&args),
         cli::Command::Node(args) => status_cli::node(&args),
+        cli::Command::Pause(args) => control_cli::pause(cli.debug, &args),
+        cli::Command::Resume(args) => control_cli::resume(cli.debug, &args),
+        cli::Command::Deny(cmd) => control_cli::deny(cli.debug, &cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

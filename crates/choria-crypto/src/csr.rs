@@ -54,6 +54,30 @@ pub fn from_pem(text: &str) -> Result<CertReq, CsrError> {
     CertReq::from_der(&der).map_err(|e| CsrError::Parse(e.to_string()))
 }
 
+/// The fingerprint of the CSR's public key: `sha256:` and the lower-case hex SHA-256 of its DER
+/// `SubjectPublicKeyInfo` (what `openssl req -pubkey -noout | openssl pkey -pubin -outform DER |
+/// sha256sum` prints), the same whatever name the CSR carries.
+pub fn key_fingerprint(req: &CertReq) -> Result<String, CsrError> {
+    use der::Encode;
+    use sha2::Digest;
+    let der = req
+        .info
+        .public_key
+        .to_der()
+        .map_err(|e| CsrError::Parse(e.to_string()))?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(&der))
+    ))
+}
+
+/// The fingerprint of a raw key (an ed25519 public key's 32 bytes): `sha256:` and the lower-case
+/// hex SHA-256 of the bytes.
+pub fn raw_key_fingerprint(key: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(key)))
+}
+
 /// Verifies the CSR's self-signature with its own RSA key: PKCS#1 v1.5 with SHA-256, SHA-384 or
 /// SHA-512. SHA-1 and every other algorithm are refused.
 pub fn verify_signature(req: &CertReq) -> Result<(), CsrError> {

@@ -303,6 +303,10 @@ pub struct HelperInput {
     pub inventory: String,
     /// The verified provisioning token claims, `null` unless the `jwt` feature is on.
     pub jwt: Option<ProvisioningClaims>,
+    /// `true` under the provisioner's `dry_run`: the answer is recorded, nothing is done with
+    /// it. The key is left out otherwise, so the input is the Go provisioner's byte for byte.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// What the helper writes on stdout (the Go `host.ConfigResponse`).
@@ -497,6 +501,7 @@ mod tests {
                 token: "t".into(),
                 ..Default::default()
             }),
+            dry_run: false,
         };
         assert_eq!(
             crate::to_go_json_string(&input).unwrap(),

@@ -78,6 +78,7 @@ mod tests {
             ed25519_pubkey: None,
             inventory: String::new(),
             jwt: None,
+            dry_run: false,
         };
         assert_eq!(AllowAll.decide(&input).await, Decision::Allow);
         assert_eq!(Decision::Deny("x".into()).label(), "deny");

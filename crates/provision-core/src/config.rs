@@ -97,6 +97,7 @@ pub struct ProvisionConfig {
     server_jwt_validity: Duration,
     upgrades_repository: String,
     upgrades_optional: bool,
+    dry_run: bool,
 }
 
 impl Default for ProvisionConfig {
@@ -111,6 +112,7 @@ impl Default for ProvisionConfig {
             server_jwt_validity: DEFAULT_SERVER_JWT_VALIDITY,
             upgrades_repository: String::new(),
             upgrades_optional: false,
+            dry_run: false,
         }
     }
 }
@@ -134,6 +136,7 @@ impl std::fmt::Debug for ProvisionConfig {
             .field("server_jwt_validity", &self.server_jwt_validity)
             .field("upgrades_repository", &self.upgrades_repository)
             .field("upgrades_optional", &self.upgrades_optional)
+            .field("dry_run", &self.dry_run)
             .finish()
     }
 }
@@ -197,6 +200,12 @@ impl ProvisionConfig {
     pub fn upgrades_optional(&self) -> bool {
         self.upgrades_optional
     }
+
+    /// `dry_run`: nodes are checked and judged by the policy and the helper (told by
+    /// `"dry_run": true` in its input), and nothing is signed, configured or restarted.
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
 }
 
 /// Builds a [`ProvisionConfig`]; [`ProvisionConfigBuilder::build`] checks the combination.
@@ -251,6 +260,12 @@ impl ProvisionConfigBuilder {
     pub fn upgrades(mut self, repository: impl Into<String>, optional: bool) -> Self {
         self.0.upgrades_repository = repository.into();
         self.0.upgrades_optional = optional;
+        self
+    }
+
+    /// Dry run: judge every node, change none ([`ProvisionConfig::dry_run`]).
+    pub fn dry_run(mut self, dry_run: bool) -> Self {
+        self.0.dry_run = dry_run;
         self
     }
 

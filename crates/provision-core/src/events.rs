@@ -33,11 +33,13 @@ pub enum NodeState {
     Refused,
     /// Something failed on the way (an RPC, the helper, enrolment, waiting too long).
     Failed,
+    /// `dry_run`: judged by the policy and the helper, and left as it was.
+    DryRun,
 }
 
 impl NodeState {
     /// Every state, in the order above.
-    pub const ALL: [NodeState; 9] = [
+    pub const ALL: [NodeState; 10] = [
         NodeState::Queued,
         NodeState::Working,
         NodeState::Provisioned,
@@ -47,6 +49,7 @@ impl NodeState {
         NodeState::Deferred,
         NodeState::Refused,
         NodeState::Failed,
+        NodeState::DryRun,
     ];
 
     /// The state's name in the API, the CLI and the audit trail.
@@ -61,6 +64,7 @@ impl NodeState {
             NodeState::Deferred => "deferred",
             NodeState::Refused => "refused",
             NodeState::Failed => "failed",
+            NodeState::DryRun => "dry_run",
         }
     }
 
@@ -180,6 +184,11 @@ impl Verdict {
                 v.step = action.label();
                 v.cause = format!("provisioning lock held by another provisioner during {action}");
             }
+            Ok(Outcome::DryRun { would }) => {
+                v.state = NodeState::DryRun;
+                v.step = "helper";
+                v.cause = format!("dry run: would {would}");
+            }
             // Active-active: another replica holds the node's claim; it is left to it, as to
             // the holder of its provisioning lock.
             Ok(Outcome::ClaimedElsewhere { by, done }) => {
@@ -267,6 +276,7 @@ impl ProvisionErrorKind {
             K::Helper(_) | K::EmptyConfiguration => (NodeState::Failed, "helper"),
             K::Deferred(_) => (NodeState::Deferred, "helper"),
             K::Denied(_) => (NodeState::Refused, "policy"),
+            K::Revoked(_) => (NodeState::Refused, "deny_list"),
             K::ServerJwt(_) | K::KeyEncryption(_) => (NodeState::Failed, "enroll"),
             K::Upgrade { .. } => (NodeState::Failed, "upgrade"),
             K::LockHeld(a) => (NodeState::LockHeld, a.label()),

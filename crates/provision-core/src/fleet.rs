@@ -717,6 +717,8 @@ impl Fleet {
                 );
                 After::Forget
             }
+            // Judged and left alone: not judged again until the hold is over.
+            Ok(Outcome::DryRun { .. }) => After::Hold(SUCCESS_HOLD),
             Ok(Outcome::LockHeld { action }) => {
                 o.lock_held();
                 info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving {id} to it");

@@ -96,6 +96,7 @@ pub mod observer;
 pub mod pause;
 pub mod policy;
 pub mod provision;
+pub mod revocation;
 pub mod rpc;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -119,6 +120,7 @@ pub use pause::PauseState;
 pub use provision::{
     Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner, ProvisionerBuilder,
 };
+pub use revocation::{DenyNone, Revocation};
 pub use rpc::{Helper, NodeRpc};
 /// The shutdown signal [`Fleet::run`] and [`Fleet::drain`] take, from `tokio-util`.
 pub use tokio_util::sync::CancellationToken;

@@ -1,8 +1,11 @@
-//! Whether provisioning is paused ([`PauseState`]): one switch shared by every task, flipped by
-//! the leader election or an operator, checked by the work queue before it queues a node and by
-//! the cycle before every step.
+//! Whether provisioning is paused ([`PauseState`]): one switch shared by every task, checked by
+//! the work queue before it queues or starts a node. Two things pause it: the leader election
+//! (a standby; the cycles in flight stop at their next step, since another instance now leads)
+//! and an operator's hold ([`PauseState::hold`], the kill switch: nothing new starts, the cycles
+//! in flight finish).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
@@ -12,6 +15,10 @@ use tokio::sync::watch;
 #[derive(Debug, Clone)]
 pub struct PauseState {
     tx: Arc<watch::Sender<bool>>,
+    /// The election's part (and [`PauseState::pause`]'s), and the operator's hold.
+    parts: Arc<Mutex<(bool, bool)>>,
+    /// The election's part alone, read by every step of a cycle.
+    standby: Arc<AtomicBool>,
 }
 
 impl Default for PauseState {
@@ -25,22 +32,50 @@ impl PauseState {
     pub fn new(paused: bool) -> Self {
         PauseState {
             tx: Arc::new(watch::Sender::new(paused)),
+            parts: Arc::new(Mutex::new((paused, false))),
+            standby: Arc::new(AtomicBool::new(paused)),
         }
     }
 
-    /// Stops provisioning: every step checks this before it starts.
+    fn set(&self, change: impl FnOnce(&mut (bool, bool))) {
+        let mut parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut parts);
+        self.standby.store(parts.0, Ordering::SeqCst);
+        let paused = parts.0 || parts.1;
+        self.tx
+            .send_if_modified(|p| std::mem::replace(p, paused) != paused);
+    }
+
+    /// Stops provisioning (the leader election's switch): nothing is queued or started, and
+    /// every step of a cycle in flight checks this before it starts.
     pub fn pause(&self) {
-        self.tx.send_replace(true);
+        self.set(|p| p.0 = true);
     }
 
-    /// Allows provisioning again.
+    /// Allows provisioning again, unless an operator's hold is on.
     pub fn resume(&self) {
-        self.tx.send_replace(false);
+        self.set(|p| p.0 = false);
     }
 
-    /// Inverts the state.
+    /// Inverts the election's switch.
     pub fn flip(&self) {
-        self.tx.send_modify(|p| *p = !*p);
+        self.set(|p| p.0 = !p.0);
+    }
+
+    /// The operator's hold (the kill switch): while it is on nothing is queued or started, but
+    /// the cycles in flight finish.
+    pub fn hold(&self, on: bool) {
+        self.set(|p| p.1 = on);
+    }
+
+    /// Whether the operator's hold is on.
+    pub fn held(&self) -> bool {
+        self.parts.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+
+    /// Whether the election's switch is on: the cycles in flight stop at their next step.
+    pub fn stops_cycles(&self) -> bool {
+        self.standby.load(Ordering::SeqCst)
     }
 
     /// Whether provisioning is paused now.
@@ -74,5 +109,21 @@ mod tests {
         assert!(p.paused());
         p.resume();
         assert!(!q.paused());
+    }
+
+    #[test]
+    fn a_hold_pauses_new_work_but_not_the_cycles_in_flight_and_outlasts_a_resume() {
+        let p = PauseState::new(true);
+        p.hold(true);
+        p.resume();
+        assert!(p.paused(), "the hold keeps it paused");
+        assert!(!p.stops_cycles());
+        assert!(p.held());
+        let rx = p.subscribe();
+        p.hold(false);
+        assert!(!p.paused());
+        assert!(rx.has_changed().unwrap());
+        p.pause();
+        assert!(p.paused() && p.stops_cycles() && !p.held());
     }
 }

@@ -25,6 +25,7 @@ use crate::keys::{KeyMaterial, StaticKeys};
 use crate::observer::{NoopObserver, Observer};
 use crate::pause::PauseState;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
+use crate::revocation::{key_fingerprints, Revocation};
 use crate::rpc::{Action, ConfigureRequest, Helper, Inventory, NodeRpc, RpcError, RpcErrorKind};
 
 /// Delays between tries of an RPC: a table of steps, the last repeated, each jittered to between
@@ -108,6 +109,12 @@ pub enum Outcome {
         /// The action that found the lock.
         action: Action,
     },
+    /// `dry_run`: checked, judged by the policy and the helper, and left as it was: nothing was
+    /// signed, configured or restarted.
+    DryRun {
+        /// What the helper's answer would have done: `configure`, `shut down` or `upgrade to V`.
+        would: String,
+    },
     /// Active-active: another replica holds the node's claim; nothing was sent to the node.
     ClaimedElsewhere {
         /// The replica named in the claim.
@@ -157,6 +164,10 @@ pub enum ProvisionErrorKind {
     /// The admission policy refused the node: it never reached the helper.
     #[error("refused by policy: {0}")]
     Denied(String),
+    /// The node's identity or key is on the operator's deny list ([`crate::Revocation`]): it
+    /// never reached the policy or the helper, or was not configured.
+    #[error("on the deny list: {0}")]
+    Revoked(String),
     /// The server JWT could not be issued.
     #[error("could not issue server JWT: {0}")]
     ServerJwt(#[source] PolicyError),
@@ -387,6 +398,7 @@ pub struct Provisioner {
     backoff: Backoff,
     admission: Option<Box<dyn Admission>>,
     claims: Option<Box<dyn Claims>>,
+    revocation: Option<Box<dyn Revocation>>,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -416,6 +428,7 @@ pub struct ProvisionerBuilder {
     backoff: Backoff,
     admission: Option<Box<dyn Admission>>,
     claims: Option<Box<dyn Claims>>,
+    revocation: Option<Box<dyn Revocation>>,
 }
 
 impl ProvisionerBuilder {
@@ -468,6 +481,13 @@ impl ProvisionerBuilder {
         self
     }
 
+    /// Checks every node against an operator's deny list before the admission policy and the
+    /// helper, and again before it is configured (default: nothing is denied).
+    pub fn revocation(mut self, revocation: impl Revocation) -> Self {
+        self.revocation = Some(Box::new(revocation));
+        self
+    }
+
     /// Active-active: claims each node in `claims` before anything is sent to it, keeps the
     /// claim while the cycle runs, marks it done after success and releases it after failure
     /// (default: no claims).
@@ -490,6 +510,7 @@ impl ProvisionerBuilder {
             backoff: self.backoff,
             admission: self.admission,
             claims: self.claims,
+            revocation: self.revocation,
         }
     }
 }
@@ -510,6 +531,7 @@ impl Provisioner {
             backoff: Backoff::default(),
             admission: None,
             claims: None,
+            revocation: None,
         }
     }
 
@@ -549,8 +571,35 @@ impl Provisioner {
         }
     }
 
+    /// Refuses a node on the operator's deny list: its identity, or the fingerprint of a key it
+    /// presented.
+    fn check_revoked(&self, host: &Host) -> Result<(), ProvisionErrorKind> {
+        let Some(revocation) = &self.revocation else {
+            return Ok(());
+        };
+        let keys = key_fingerprints(host.csr.as_ref(), host.ed25519.as_ref());
+        match revocation.denied(&host.identity, &keys) {
+            None => Ok(()),
+            Some(why) => {
+                let why = escaped(&why).to_string();
+                self.observer.node_event(
+                    &host.identity,
+                    &NodeEvent::Step {
+                        step: "deny_list",
+                        ok: false,
+                        tries: 1,
+                        elapsed: Duration::ZERO,
+                        detail: &why,
+                    },
+                );
+                Err(ProvisionErrorKind::Revoked(why))
+            }
+        }
+    }
+
+    /// A standby stops the cycle before its next step; an operator's hold lets it finish.
     fn check_paused(&self, what: &'static str) -> Result<(), ProvisionErrorKind> {
-        if self.pause.paused() {
+        if self.pause.stops_cycles() {
             Err(ProvisionErrorKind::Paused(what))
         } else {
             Ok(())
@@ -766,11 +815,28 @@ impl Provisioner {
             .check(&host.identity)
             .map_err(ProvisionErrorKind::Identity)?;
         self.identify(host).await?;
+        self.check_revoked(host)?;
         claim_held("the helper")?;
         let reply = match self.consult_helper(host).await? {
             ControlFlow::Continue(reply) => reply,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
+        if self.config.dry_run() {
+            let would = if !reply.upgrade.is_empty() && self.config.features().upgrades {
+                format!("upgrade to {}", escaped(&reply.upgrade))
+            } else {
+                "configure".to_string()
+            };
+            info!(
+                identity = %host.identity,
+                "Dry run: {} would be {}, leaving it as it is",
+                host.identity,
+                if would == "configure" { "configured and restarted" } else { &would }
+            );
+            return Ok(Outcome::DryRun { would });
+        }
+        // Denied while the helper ran: not configured.
+        self.check_revoked(host)?;
         let mut enrolment = self.enroll(host, &reply)?;
         host.issued = std::mem::take(&mut enrolment.issued);
         claim_held("configuration")?;
@@ -886,6 +952,7 @@ impl Provisioner {
                 .map(|i| i.json.clone())
                 .unwrap_or_default(),
             jwt: host.claims.clone(),
+            dry_run: self.config.dry_run(),
         };
         if let Some(admission) = &self.admission {
             let mut shown = input.clone();

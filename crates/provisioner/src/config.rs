@@ -77,6 +77,9 @@ pub struct Config {
     /// for ever (standing by meanwhile) instead of stopping the daemon, as the Go provisioner
     /// stops.
     pub leader_election_wait: bool,
+    /// `fleet_control` (not a Go key): follow the `CHORIA_PROVISIONER_CONTROL` bucket, so that
+    /// `choria-provisioner pause|resume|deny` reach this replica.
+    pub fleet_control: bool,
     /// `active_active` (not a Go key): every replica provisions, each node claimed in the
     /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
     pub active_active: bool,
@@ -177,6 +180,7 @@ impl std::fmt::Debug for Config {
             jwt_signing_token,
             leader_election,
             leader_election_wait,
+            fleet_control,
             active_active,
             claim_lifetime,
             claims_secret_file,
@@ -216,6 +220,7 @@ impl std::fmt::Debug for Config {
             .field("jwt_signing_token", jwt_signing_token)
             .field("leader_election", leader_election)
             .field("leader_election_wait", leader_election_wait)
+            .field("fleet_control", fleet_control)
             .field("active_active", active_active)
             .field("claim_lifetime", claim_lifetime)
             .field("claims_secret_file", claims_secret_file)
@@ -483,6 +488,8 @@ struct RawConfig {
     rego_policy: String,
     leader_election: bool,
     leader_election_wait: bool,
+    dry_run: bool,
+    fleet_control: bool,
     active_active: bool,
     claim_lifetime: String,
     claims_secret_file: String,
@@ -521,7 +528,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 46] = [
+const FIELDS: [Field; 48] = [
     field(
         "workers",
         Kind::Int {
@@ -563,6 +570,8 @@ const FIELDS: [Field; 46] = [
     field("rego_policy", Kind::Str),
     field("leader_election", Kind::Bool),
     field("leader_election_wait", Kind::Bool),
+    field("dry_run", Kind::Bool),
+    field("fleet_control", Kind::Bool),
     field("upgrades_repository", Kind::Str),
     field("upgrades_optional", Kind::Bool),
     field("features", Kind::Map(&FEATURE_FIELDS)),
@@ -651,6 +660,8 @@ impl RawConfig {
             rego_policy: text("rego_policy"),
             leader_election: flag(s, "leader_election"),
             leader_election_wait: flag(s, "leader_election_wait"),
+            dry_run: flag(s, "dry_run"),
+            fleet_control: flag(s, "fleet_control"),
             upgrades_repository: text("upgrades_repository"),
             upgrades_optional: flag(s, "upgrades_optional"),
             features,
@@ -992,6 +1003,7 @@ impl Config {
             .extra_dns_names(extra_dns)
             .server_jwt_validity(server_jwt_validity)
             .upgrades(raw.upgrades_repository, raw.upgrades_optional)
+            .dry_run(raw.dry_run)
             .build()
             // The combinations the builder refuses were refused above, their values replaced.
             .unwrap_or_default();
@@ -1012,6 +1024,7 @@ impl Config {
             jwt_signing_token: raw.jwt_signing_token,
             leader_election: raw.leader_election,
             leader_election_wait: raw.leader_election_wait,
+            fleet_control: raw.fleet_control,
             active_active: raw.active_active,
             claim_lifetime,
             claims_secret_file: raw.claims_secret_file.trim().to_string(),

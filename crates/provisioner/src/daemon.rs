@@ -53,6 +53,8 @@ const CONGESTION_CHECK_EVERY: Duration = Duration::from_secs(2);
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// How often the rego_policy's files are checked for changes.
 const POLICY_POLL: Duration = Duration::from_secs(1);
+/// How long fleet control waits before opening its bucket again after a failure.
+const CONTROL_RETRY: Duration = Duration::from_secs(10);
 
 /// The daemon, ready to run: its settings passed the preflight. Built with
 /// [`Daemon::builder`]; [`Daemon::run`] runs it until a shutdown token is cancelled.
@@ -401,6 +403,11 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
         provisioner =
             provisioner.claims(aa::ReplicaClaims::new(store.clone(), Arc::clone(spreader)));
     }
+    // Fleet control: the operator's pause and deny list, followed from the bucket.
+    let control_view = config.fleet_control.then(crate::control::ControlView::new);
+    if let Some(view) = &control_view {
+        provisioner = provisioner.revocation(Arc::clone(view));
+    }
     let (admission, policy) = crate::rego::admission(&config)?;
     if let Some(admission) = admission {
         provisioner = provisioner.admission(admission);
@@ -440,6 +447,17 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     ));
     if let Some(policy) = policy {
         tasks.spawn(policy.watch(POLICY_POLL, shutdown.clone()));
+    }
+    if let Some(view) = control_view {
+        tasks.spawn(crate::control::run(
+            client.nats().clone(),
+            choria.identity.clone(),
+            crate::aa::seal(&config)?,
+            view,
+            pause.clone(),
+            CONTROL_RETRY,
+            shutdown.clone(),
+        ));
     }
     if config.leader_election {
         let fatal = Arc::clone(&fatal);

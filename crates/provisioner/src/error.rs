@@ -76,6 +76,12 @@ pub enum Error {
     /// The active-active claims bucket cannot be used.
     #[error(transparent)]
     Claims(#[from] crate::claims::ClaimsError),
+    /// Fleet control (pause, deny list) cannot be used.
+    #[error(transparent)]
+    Control(#[from] crate::control::ControlError),
+    /// The broker could not be reached in time by a one-off command.
+    #[error("could not connect to the broker within {0:?}")]
+    ConnectTimeout(std::time::Duration),
     /// The site helper cannot be run as configured.
     #[error(transparent)]
     Helper(#[from] helper_protocol::HelperError),

@@ -16,6 +16,7 @@ pub mod audit;
 pub mod audit_stream;
 pub mod claims;
 pub mod config;
+pub mod control;
 pub mod daemon;
 mod error;
 mod goyaml;

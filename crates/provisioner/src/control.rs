@@ -1,0 +1,890 @@
+//! Fleet control on Choria Streams: the `CHORIA_PROVISIONER_CONTROL` key-value bucket through
+//! which an operator pauses every replica (the kill switch) and denies nodes, by identity, by a
+//! pattern of identities or by the fingerprint of a key, on every replica at once.
+//!
+//! - `pause` holds who paused provisioning, when and why; while it is there no replica queues or
+//!   starts a node (cycles in flight finish). Deleting it resumes.
+//! - `deny.<hex of the entry>` holds one deny entry: an identity (`n1.example.net`), a regular
+//!   expression between slashes (`/^lab-/`) or a key fingerprint (`sha256:` and 64 hex digits,
+//!   of a CSR's public key or an ed25519 key), with a reason, who added it, when, and when it
+//!   expires. A denied node never reaches the admission policy or the helper
+//!   ([`provision_core::Revocation`]).
+//!
+//! Every replica follows the bucket with a watch, so a change takes effect within the time the
+//! broker takes to deliver it (milliseconds). Records are JSON; with a shared secret (the
+//! claims' [`Seal`]: `claims_secret_file`, else the provisioners' broker password) each carries
+//! an HMAC-SHA256 tag, and a record that does not verify is ignored and logged: a client that
+//! can write the bucket without the secret can neither pause the fleet nor deny a node. Without
+//! a secret records are taken as they are, and the bucket's NATS permissions are the control.
+//!
+//! The bucket is reached as the claims and the election reach theirs (the `choria.streams`
+//! import first, else the account's own JetStream), and created by the daemon when the account
+//! may (history 1, no expiry, replicas 3 when the cluster has them).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::kv::{self, Operation};
+use async_nats::jetstream::ErrorCode;
+use futures::StreamExt;
+use provision_core::identity::escaped;
+use provision_core::{PauseState, Revocation};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use choria_rpc_client::streams::{first_answering, Probe, StreamsApi};
+
+use crate::claims::Seal;
+
+/// The bucket fleet control lives in.
+pub const CONTROL_BUCKET: &str = "CHORIA_PROVISIONER_CONTROL";
+/// The key of the operator's pause.
+pub const PAUSE_KEY: &str = "pause";
+const DENY_PREFIX: &str = "deny.";
+/// Bound on every JetStream request of fleet control.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest record kept or read back.
+const MAX_RECORD: usize = 4096;
+/// The longest deny entry or reason.
+pub const MAX_ENTRY: usize = 512;
+/// The most deny entries followed; more are ignored and logged.
+pub const MAX_DENY_ENTRIES: usize = 100_000;
+
+/// Why fleet control could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// Neither route to Choria Streams answered.
+    #[error("fleet control needs Choria Streams (JetStream), and neither the choria.streams import nor the account's own JetStream answered: {detail}")]
+    Unreachable {
+        /// What each route said.
+        detail: String,
+    },
+    /// The bucket is missing and could not be created.
+    #[error("the fleet control bucket {bucket} is missing and could not be created ({detail}); create it with: nats kv add {bucket} --history 1 --replicas 3 --storage file")]
+    BucketMissing {
+        /// The bucket.
+        bucket: String,
+        /// The server's answer.
+        detail: String,
+    },
+    /// A read or write of the bucket failed.
+    #[error("could not {action} in fleet control bucket {CONTROL_BUCKET}: {detail}")]
+    Request {
+        /// What was being done.
+        action: &'static str,
+        /// The server's answer.
+        detail: String,
+    },
+    /// A deny entry or reason that cannot be used.
+    #[error("invalid deny entry {entry:?}: {reason}")]
+    InvalidEntry {
+        /// The entry as given.
+        entry: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The operator's pause, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseRecord {
+    /// Who paused (the operator's identity in the Choria configuration).
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When (Unix seconds).
+    pub at: i64,
+    /// The HMAC tag (empty without a secret).
+    #[serde(default)]
+    pub tag: String,
+}
+
+/// One deny entry, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenyRecord {
+    /// The entry as given: an identity, `/REGEX/` or `sha256:HEX`.
+    pub entry: String,
+    /// Why.
+    pub reason: String,
+    /// Who added it.
+    pub by: String,
+    /// When (Unix seconds).
+    pub at: i64,
+    /// When it stops applying (Unix seconds), if ever.
+    #[serde(default)]
+    pub expires: Option<i64>,
+    /// The HMAC tag (empty without a secret).
+    #[serde(default)]
+    pub tag: String,
+}
+
+impl DenyRecord {
+    /// Whether the entry applies at `now` (Unix seconds).
+    pub fn active(&self, now: i64) -> bool {
+        self.expires.is_none_or(|e| now < e)
+    }
+}
+
+/// What a deny entry matches.
+#[derive(Debug, Clone)]
+enum Matcher {
+    Identity(String),
+    Pattern(regex::Regex),
+    Key(String),
+}
+
+/// Parses a deny entry: `sha256:` and 64 hex digits, `/REGEX/`, or an identity.
+fn matcher(entry: &str) -> Result<Matcher, ControlError> {
+    let invalid = |reason: String| ControlError::InvalidEntry {
+        entry: escaped(entry).to_string(),
+        reason,
+    };
+    if entry.is_empty() || entry.len() > MAX_ENTRY {
+        return Err(invalid(format!("it must be 1 to {MAX_ENTRY} bytes")));
+    }
+    if entry.chars().any(char::is_control) {
+        return Err(invalid("it has control characters".into()));
+    }
+    if let Some(hex) = entry.strip_prefix("sha256:") {
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(invalid(
+                "a key fingerprint is sha256: and 64 hexadecimal digits".into(),
+            ));
+        }
+        return Ok(Matcher::Key(format!("sha256:{}", hex.to_ascii_lowercase())));
+    }
+    if entry.len() >= 2 && entry.starts_with('/') && entry.ends_with('/') {
+        let re = regex::RegexBuilder::new(&entry[1..entry.len() - 1])
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| invalid(format!("not a regular expression: {e}")))?;
+        return Ok(Matcher::Pattern(re));
+    }
+    Ok(Matcher::Identity(entry.to_string()))
+}
+
+/// Checks a deny entry as `deny add` takes it.
+pub fn check_entry(entry: &str) -> Result<(), ControlError> {
+    matcher(entry).map(|_| ())
+}
+
+fn deny_key(entry: &str) -> String {
+    format!("{DENY_PREFIX}{}", hex::encode(entry.as_bytes()))
+}
+
+/// Now, in Unix seconds.
+pub fn now_unix() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// `unix` (seconds) as RFC 3339 in UTC, as records are shown.
+pub fn rfc3339(unix: i64) -> String {
+    chrono::DateTime::from_timestamp(unix, 0)
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_else(|| unix.to_string())
+}
+
+/// What every replica knows of fleet control: the operator's pause and the deny list. It is the
+/// provisioner's [`Revocation`].
+#[derive(Debug, Default)]
+pub struct ControlView {
+    inner: RwLock<View>,
+}
+
+#[derive(Debug, Default)]
+struct View {
+    pause: Option<PauseRecord>,
+    /// By bucket key.
+    deny: HashMap<String, (DenyRecord, Matcher)>,
+    identities: HashMap<String, String>,
+    keys: HashMap<String, String>,
+    patterns: Vec<(String, regex::Regex)>,
+}
+
+impl View {
+    fn reindex(&mut self) {
+        self.identities.clear();
+        self.keys.clear();
+        self.patterns.clear();
+        for (key, (_, m)) in &self.deny {
+            match m {
+                Matcher::Identity(i) => {
+                    self.identities.insert(i.clone(), key.clone());
+                }
+                Matcher::Key(k) => {
+                    self.keys.insert(k.clone(), key.clone());
+                }
+                Matcher::Pattern(re) => self.patterns.push((key.clone(), re.clone())),
+            }
+        }
+    }
+}
+
+impl ControlView {
+    /// An empty view: nothing paused, nothing denied.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// The operator's pause, if on.
+    pub fn pause(&self) -> Option<PauseRecord> {
+        self.read().pause.clone()
+    }
+
+    /// The deny entries followed.
+    pub fn deny_entries(&self) -> Vec<DenyRecord> {
+        let mut v: Vec<_> = self.read().deny.values().map(|(r, _)| r.clone()).collect();
+        v.sort_by(|a, b| a.entry.cmp(&b.entry));
+        v
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, View> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Revocation for ControlView {
+    fn denied(&self, identity: &str, keys: &[String]) -> Option<String> {
+        let v = self.read();
+        if v.deny.is_empty() {
+            return None;
+        }
+        let now = now_unix();
+        let why = |key: &String| {
+            v.deny
+                .get(key)
+                .filter(|(r, _)| r.active(now))
+                .map(|(r, _)| format!("{} ({}, by {})", r.entry, r.reason, r.by))
+        };
+        if let Some(w) = v.identities.get(identity).and_then(why) {
+            return Some(w);
+        }
+        for k in keys {
+            if let Some(w) = v.keys.get(k).and_then(why) {
+                return Some(w);
+            }
+        }
+        v.patterns
+            .iter()
+            .filter(|(_, re)| re.is_match(identity))
+            .find_map(|(key, _)| why(key))
+    }
+}
+
+/// Fleet control over one route to the bucket.
+#[derive(Debug, Clone)]
+pub struct Control {
+    store: kv::Store,
+    api: StreamsApi,
+    seal: Seal,
+    by: String,
+}
+
+impl Control {
+    /// Opens the bucket over whichever route answers, creating it when `create` and the
+    /// account may. `by` names whoever writes (the operator's or the replica's identity).
+    pub async fn open(
+        client: async_nats::Client,
+        by: &str,
+        seal: Seal,
+        create: bool,
+    ) -> Result<Control, ControlError> {
+        let probe = first_answering(
+            |api| Self::open_via(client.clone(), api, create),
+            |e| matches!(e, ControlError::Unreachable { .. }),
+        )
+        .await;
+        let (api, store) = match probe {
+            Probe::Opened(api, store) => (api, store),
+            Probe::Answered(_, e) => return Err(e),
+            Probe::Unreachable(errors) => {
+                return Err(ControlError::Unreachable {
+                    detail: errors
+                        .iter()
+                        .map(|(api, e)| match e {
+                            ControlError::Unreachable { detail } => format!("{api}: {detail}"),
+                            other => format!("{api}: {other}"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                })
+            }
+        };
+        Ok(Control {
+            store,
+            api,
+            seal,
+            by: by.to_string(),
+        })
+    }
+
+    async fn open_via(
+        client: async_nats::Client,
+        api: StreamsApi,
+        create: bool,
+    ) -> Result<kv::Store, ControlError> {
+        let js = api.context(client, REQUEST_TIMEOUT);
+        let unreachable = |detail: String| ControlError::Unreachable { detail };
+        match js.get_stream(format!("KV_{CONTROL_BUCKET}")).await {
+            Ok(_) => {}
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j)
+                    if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    if !create {
+                        return Err(ControlError::BucketMissing {
+                            bucket: CONTROL_BUCKET.to_string(),
+                            detail: "no provisioner with fleet_control has created it yet"
+                                .to_string(),
+                        });
+                    }
+                    Self::create(&js).await?;
+                }
+                GetStreamErrorKind::JetStream(j) => {
+                    return Err(ControlError::Request {
+                        action: "open the bucket",
+                        detail: j.to_string(),
+                    })
+                }
+                _ => return Err(unreachable(e.to_string())),
+            },
+        }
+        js.get_key_value(CONTROL_BUCKET)
+            .await
+            .map_err(|e| unreachable(e.to_string()))
+    }
+
+    async fn create(js: &jetstream::Context) -> Result<(), ControlError> {
+        let mut detail = String::new();
+        for replicas in (1..=crate::claims::MAX_BUCKET_REPLICAS).rev() {
+            let created = js
+                .create_key_value(kv::Config {
+                    bucket: CONTROL_BUCKET.to_string(),
+                    description: "Choria provisioner fleet control: pause and deny list"
+                        .to_string(),
+                    history: 1,
+                    max_value_size: MAX_RECORD as i32,
+                    num_replicas: replicas,
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await;
+            match created {
+                Ok(_) => {
+                    info!("created fleet control bucket {CONTROL_BUCKET} with {replicas} replicas");
+                    return Ok(());
+                }
+                Err(e) => {
+                    detail = e.to_string();
+                    let lower = detail.to_lowercase();
+                    if !(lower.contains("non-clustered")
+                        || lower.contains("insufficient resources"))
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(ControlError::BucketMissing {
+            bucket: CONTROL_BUCKET.to_string(),
+            detail,
+        })
+    }
+
+    /// The route the bucket was reached through.
+    pub fn api(&self) -> StreamsApi {
+        self.api
+    }
+
+    fn encode<T: Serialize>(record: &T) -> Result<Vec<u8>, ControlError> {
+        serde_json::to_vec(record).map_err(|e| ControlError::Request {
+            action: "encode a record",
+            detail: e.to_string(),
+        })
+    }
+
+    async fn put(
+        &self,
+        action: &'static str,
+        key: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(), ControlError> {
+        self.store
+            .put(key, bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| ControlError::Request {
+                action,
+                detail: e.to_string(),
+            })
+    }
+
+    /// Pauses every replica: nothing new is queued or started until [`Control::resume`].
+    pub async fn pause(&self, reason: &str) -> Result<PauseRecord, ControlError> {
+        let mut rec = PauseRecord {
+            by: self.by.clone(),
+            reason: bounded(reason),
+            at: now_unix(),
+            tag: String::new(),
+        };
+        let unsigned = Self::encode(&rec)?;
+        rec.tag = self
+            .seal
+            .tag_record(PAUSE_KEY, &unsigned)
+            .unwrap_or_default();
+        let bytes = Self::encode(&rec)?;
+        self.put("pause", PAUSE_KEY, bytes).await?;
+        Ok(rec)
+    }
+
+    /// Lifts the operator's pause; returns the pause it lifted, if any.
+    pub async fn resume(&self) -> Result<Option<PauseRecord>, ControlError> {
+        let was = self.read_pause().await?;
+        self.store
+            .delete(PAUSE_KEY)
+            .await
+            .map_err(|e| ControlError::Request {
+                action: "resume",
+                detail: e.to_string(),
+            })?;
+        Ok(was)
+    }
+
+    /// The operator's pause as stored (verified), if any.
+    pub async fn read_pause(&self) -> Result<Option<PauseRecord>, ControlError> {
+        let got = self
+            .store
+            .get(PAUSE_KEY)
+            .await
+            .map_err(|e| ControlError::Request {
+                action: "read the pause",
+                detail: e.to_string(),
+            })?;
+        Ok(got.and_then(|b| decode_pause(&self.seal, &b)))
+    }
+
+    /// Denies `entry` on every replica, for `expires` if given.
+    pub async fn deny(
+        &self,
+        entry: &str,
+        reason: &str,
+        expires: Option<Duration>,
+    ) -> Result<DenyRecord, ControlError> {
+        let m = matcher(entry)?;
+        let entry = match m {
+            Matcher::Key(k) => k,
+            _ => entry.to_string(),
+        };
+        let at = now_unix();
+        let key = deny_key(&entry);
+        let mut rec = DenyRecord {
+            entry,
+            reason: bounded(reason),
+            by: self.by.clone(),
+            at,
+            expires: expires
+                .map(|d| at.saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))),
+            tag: String::new(),
+        };
+        let unsigned = Self::encode(&rec)?;
+        rec.tag = self.seal.tag_record(&key, &unsigned).unwrap_or_default();
+        let bytes = Self::encode(&rec)?;
+        self.put("add a deny entry", &key, bytes).await?;
+        Ok(rec)
+    }
+
+    /// Removes a deny entry; whether it was there.
+    pub async fn undeny(&self, entry: &str) -> Result<bool, ControlError> {
+        let entry = match matcher(entry)? {
+            Matcher::Key(k) => k,
+            _ => entry.to_string(),
+        };
+        let key = deny_key(&entry);
+        let there = self
+            .store
+            .get(&key)
+            .await
+            .map_err(|e| ControlError::Request {
+                action: "read a deny entry",
+                detail: e.to_string(),
+            })?
+            .is_some();
+        if there {
+            self.store
+                .delete(&key)
+                .await
+                .map_err(|e| ControlError::Request {
+                    action: "remove a deny entry",
+                    detail: e.to_string(),
+                })?;
+        }
+        Ok(there)
+    }
+
+    /// Every deny entry stored, verified ones only, sorted by entry; and how many did not
+    /// verify.
+    pub async fn deny_list(&self) -> Result<(Vec<DenyRecord>, usize), ControlError> {
+        let fail = |e: String| ControlError::Request {
+            action: "list the deny entries",
+            detail: e,
+        };
+        let mut keys = self.store.keys().await.map_err(|e| fail(e.to_string()))?;
+        let mut out = Vec::new();
+        let mut forged = 0;
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| fail(e.to_string()))?;
+            if !k.starts_with(DENY_PREFIX) {
+                continue;
+            }
+            let got = self.store.get(&k).await.map_err(|e| fail(e.to_string()))?;
+            if let Some(b) = got {
+                match decode_deny(&self.seal, &k, &b) {
+                    Some((r, _)) => out.push(r),
+                    None => forged += 1,
+                }
+            }
+        }
+        out.sort_by(|a, b| a.entry.cmp(&b.entry));
+        Ok((out, forged))
+    }
+
+    /// Follows the bucket into `view` and the operator's hold of `pause` until `stop`: every
+    /// current record first, then every change as it is written.
+    pub async fn follow(
+        &self,
+        view: &ControlView,
+        pause: &PauseState,
+        stop: &CancellationToken,
+    ) -> Result<(), ControlError> {
+        let mut watch =
+            self.store
+                .watch_all_from_revision(0)
+                .await
+                .map_err(|e| ControlError::Request {
+                    action: "watch",
+                    detail: e.to_string(),
+                })?;
+        loop {
+            let entry = tokio::select! {
+                e = watch.next() => e,
+                _ = stop.cancelled() => return Ok(()),
+            };
+            let Some(entry) = entry else {
+                return Err(ControlError::Request {
+                    action: "watch",
+                    detail: "the watch ended".into(),
+                });
+            };
+            let entry = entry.map_err(|e| ControlError::Request {
+                action: "watch",
+                detail: e.to_string(),
+            })?;
+            apply(
+                &self.seal,
+                view,
+                pause,
+                &entry.key,
+                entry.operation,
+                &entry.value,
+            );
+        }
+    }
+}
+
+/// At most [`MAX_ENTRY`] bytes of `text`, control characters removed.
+fn bounded(text: &str) -> String {
+    let mut s: String = text.chars().filter(|c| !c.is_control()).collect();
+    if s.len() > MAX_ENTRY {
+        let mut cut = MAX_ENTRY;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+fn verified<T: Serialize + Clone>(
+    seal: &Seal,
+    key: &str,
+    rec: &T,
+    tag: &str,
+    untagged: impl FnOnce(&mut T),
+) -> bool {
+    let mut bare = rec.clone();
+    untagged(&mut bare);
+    match serde_json::to_vec(&bare) {
+        Ok(b) => seal.verify_record(key, &b, tag),
+        Err(_) => false,
+    }
+}
+
+fn decode_pause(seal: &Seal, bytes: &[u8]) -> Option<PauseRecord> {
+    if bytes.len() > MAX_RECORD {
+        return None;
+    }
+    let rec: PauseRecord = serde_json::from_slice(bytes).ok()?;
+    verified(seal, PAUSE_KEY, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
+}
+
+fn decode_deny(seal: &Seal, key: &str, bytes: &[u8]) -> Option<(DenyRecord, Matcher)> {
+    if bytes.len() > MAX_RECORD {
+        return None;
+    }
+    let rec: DenyRecord = serde_json::from_slice(bytes).ok()?;
+    if deny_key(&rec.entry) != key || rec.reason.len() > MAX_ENTRY {
+        return None;
+    }
+    if !verified(seal, key, &rec, &rec.tag, |r| r.tag.clear()) {
+        return None;
+    }
+    let m = matcher(&rec.entry).ok()?;
+    Some((rec, m))
+}
+
+/// Applies one change of the bucket to `view` and `pause`.
+fn apply(
+    seal: &Seal,
+    view: &ControlView,
+    pause: &PauseState,
+    key: &str,
+    op: Operation,
+    value: &[u8],
+) {
+    let removed = !matches!(op, Operation::Put);
+    if key == PAUSE_KEY {
+        let rec = if removed {
+            None
+        } else {
+            match decode_pause(seal, value) {
+                Some(r) => Some(r),
+                None => {
+                    warn!("fleet control: ignoring a pause record that is malformed or not signed with the provisioners' secret");
+                    return;
+                }
+            }
+        };
+        match &rec {
+            Some(r) => warn!(
+                "Provisioning paused by {} at {}: {}; nodes in flight finish, nothing new starts until choria-provisioner resume",
+                escaped(&r.by),
+                rfc3339(r.at),
+                escaped(&r.reason)
+            ),
+            None if view.pause().is_some() => info!("Provisioning resumed: the operator's pause was lifted"),
+            None => {}
+        }
+        pause.hold(rec.is_some());
+        view.write().pause = rec;
+        return;
+    }
+    if !key.starts_with(DENY_PREFIX) {
+        return;
+    }
+    let mut v = view.write();
+    if removed {
+        if let Some((r, _)) = v.deny.remove(key) {
+            info!("deny list: {} removed", escaped(&r.entry));
+        }
+    } else {
+        match decode_deny(seal, key, value) {
+            Some((r, m)) => {
+                if v.deny.len() >= MAX_DENY_ENTRIES && !v.deny.contains_key(key) {
+                    error!(
+                        "deny list: more than {MAX_DENY_ENTRIES} entries, ignoring {}",
+                        escaped(&r.entry)
+                    );
+                    return;
+                }
+                info!(
+                    "deny list: {} denied by {}: {}",
+                    escaped(&r.entry),
+                    escaped(&r.by),
+                    escaped(&r.reason)
+                );
+                v.deny.insert(key.to_string(), (r, m));
+            }
+            None => {
+                warn!("fleet control: ignoring deny entry {key}: malformed or not signed with the provisioners' secret");
+                return;
+            }
+        }
+    }
+    v.reindex();
+}
+
+/// Opens fleet control for a one-off command (`pause`, `resume`, `deny`): connects with the
+/// provisioner's broker settings (its provisioning credentials, as the daemon does), bounded by
+/// `timeout`, and opens the bucket, creating it when missing. `by` names the operator in the
+/// records written.
+pub async fn connect(
+    settings: &crate::settings::Settings,
+    by: &str,
+    timeout: Duration,
+) -> Result<Control, crate::Error> {
+    let connection =
+        choria_rpc_client::connection::ConnectionSettings::from_config(&settings.choria)?;
+    connection.validate()?;
+    let seal = crate::aa::seal(&settings.config)?;
+    let open = async {
+        let nats = choria_rpc_client::connection::connect(&connection).await?;
+        Ok::<_, crate::Error>(Control::open(nats, by, seal, true).await?)
+    };
+    tokio::time::timeout(timeout, open)
+        .await
+        .map_err(|_| crate::Error::ConnectTimeout(timeout))?
+}
+
+/// The daemon's side: opens (creating) the bucket and follows it for as long as `stop` allows,
+/// opening it again after `retry` whenever it cannot be reached. Errors are logged once per
+/// kind of failure in a row.
+pub async fn run(
+    client: async_nats::Client,
+    by: String,
+    seal: Seal,
+    view: Arc<ControlView>,
+    pause: PauseState,
+    retry: Duration,
+    stop: CancellationToken,
+) {
+    let mut last_error = String::new();
+    loop {
+        let res = match Control::open(client.clone(), &by, seal.clone(), true).await {
+            Ok(c) => {
+                info!(
+                    "fleet control: following bucket {CONTROL_BUCKET} through {}",
+                    c.api()
+                );
+                last_error.clear();
+                c.follow(&view, &pause, &stop).await
+            }
+            Err(e) => Err(e),
+        };
+        if stop.is_cancelled() {
+            return;
+        }
+        if let Err(e) = res {
+            let text = e.to_string();
+            if text != last_error {
+                error!("fleet control: {text}; pause and deny list changes are not seen until this is fixed (the last ones seen still apply)");
+                last_error = text;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn put(view: &ControlView, pause: &PauseState, seal: &Seal, key: &str, rec: &DenyRecord) {
+        let mut r = rec.clone();
+        r.tag.clear();
+        r.tag = seal
+            .tag_record(key, &serde_json::to_vec(&r).unwrap())
+            .unwrap_or_default();
+        apply(
+            seal,
+            view,
+            pause,
+            key,
+            Operation::Put,
+            &serde_json::to_vec(&r).unwrap(),
+        );
+    }
+
+    fn record(entry: &str) -> DenyRecord {
+        DenyRecord {
+            entry: entry.into(),
+            reason: "stolen".into(),
+            by: "ops".into(),
+            at: 1,
+            expires: None,
+            tag: String::new(),
+        }
+    }
+
+    #[test]
+    fn identities_patterns_and_key_fingerprints_are_denied() {
+        let view = ControlView::new();
+        let pause = PauseState::default();
+        let seal = Seal::with_secret(b"s");
+        let fp = format!("sha256:{}", "ab".repeat(32));
+        for e in ["n1.example.net", "/^lab-/", fp.as_str()] {
+            put(&view, &pause, &seal, &deny_key(e), &record(e));
+        }
+        assert!(view
+            .denied("n1.example.net", &[])
+            .unwrap()
+            .contains("stolen"));
+        assert!(view.denied("lab-7", &[]).is_some());
+        assert!(view.denied("n2.example.net", std::slice::from_ref(&fp)).is_some());
+        assert!(view.denied("n2.example.net", &[]).is_none());
+        // Removed: no longer denied.
+        apply(
+            &seal,
+            &view,
+            &pause,
+            &deny_key("n1.example.net"),
+            Operation::Delete,
+            b"",
+        );
+        assert!(view.denied("n1.example.net", &[]).is_none());
+    }
+
+    #[test]
+    fn expired_and_forged_entries_deny_nothing() {
+        let view = ControlView::new();
+        let pause = PauseState::default();
+        let seal = Seal::with_secret(b"s");
+        let mut old = record("old");
+        old.expires = Some(2);
+        put(&view, &pause, &seal, &deny_key("old"), &old);
+        assert!(view.denied("old", &[]).is_none());
+        // Signed with another secret, or under another key: ignored.
+        put(
+            &view,
+            &pause,
+            &Seal::with_secret(b"other"),
+            &deny_key("n1"),
+            &record("n1"),
+        );
+        assert!(view.denied("n1", &[]).is_none());
+        put(&view, &pause, &seal, &deny_key("n2"), &record("n1"));
+        assert!(view.denied("n1", &[]).is_none());
+        // A forged pause does not hold the fleet.
+        let forged = serde_json::to_vec(&PauseRecord {
+            by: "x".into(),
+            reason: "y".into(),
+            at: 1,
+            tag: "00".into(),
+        })
+        .unwrap();
+        apply(&seal, &view, &pause, PAUSE_KEY, Operation::Put, &forged);
+        assert!(!pause.paused());
+    }
+
+    #[test]
+    fn entries_are_checked() {
+        assert!(check_entry("sha256:12").is_err());
+        assert!(check_entry("/(/").is_err());
+        assert!(check_entry("").is_err());
+        assert!(check_entry("a\nb").is_err());
+        assert!(check_entry(&"x".repeat(MAX_ENTRY + 1)).is_err());
+        assert!(check_entry("n1.example.net").is_ok());
+    }
+}
