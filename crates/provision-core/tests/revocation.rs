@@ -107,7 +107,7 @@ async fn an_identity_denied_while_the_helper_runs_is_not_configured() {
     let list = denied.0.clone();
     let p = builder(token(), &node, &helper, &obs)
         .revocation(denied)
-        .observer(OnHelper(list, obs.clone()))
+        .observer(OnHelper(list))
         .build();
     let err = p.provision(&mut host()).await.unwrap_err();
     assert!(matches!(err.kind, ProvisionErrorKind::Revoked(_)), "{err}");
@@ -117,7 +117,7 @@ async fn an_identity_denied_while_the_helper_runs_is_not_configured() {
 
 /// Adds the node to the deny list when its helper step is reported.
 #[derive(Clone)]
-struct OnHelper(Arc<Mutex<Vec<String>>>, CountingObserver);
+struct OnHelper(Arc<Mutex<Vec<String>>>);
 
 impl provision_core::Observer for OnHelper {
     fn node_event(&self, identity: &str, event: &provision_core::NodeEvent<'_>) {

@@ -563,16 +563,21 @@ impl Control {
         &self,
         view: &ControlView,
         pause: &PauseState,
+        resumed: &tokio::sync::Notify,
         stop: &CancellationToken,
     ) -> Result<(), ControlError> {
         let mut watch =
             self.store
-                .watch_all_from_revision(0)
+                .watch_with_history(">")
                 .await
                 .map_err(|e| ControlError::Request {
                     action: "watch",
                     detail: e.to_string(),
                 })?;
+        info!(
+            "fleet control: following bucket {CONTROL_BUCKET} through {}",
+            self.api
+        );
         loop {
             let entry = tokio::select! {
                 e = watch.next() => e,
@@ -588,6 +593,7 @@ impl Control {
                 action: "watch",
                 detail: e.to_string(),
             })?;
+            let was_held = pause.held();
             apply(
                 &self.seal,
                 view,
@@ -596,6 +602,10 @@ impl Control {
                 entry.operation,
                 &entry.value,
             );
+            if was_held && !pause.held() {
+                // Announcements were ignored while paused: look for the nodes now.
+                resumed.notify_one();
+            }
         }
     }
 }
@@ -745,7 +755,8 @@ pub async fn connect(
 }
 
 /// The daemon's side: opens (creating) the bucket and follows it for as long as `stop` allows,
-/// opening it again after `retry` whenever it cannot be reached. Errors are logged once per
+/// opening it again after `retry` whenever it cannot be reached; `resumed` is notified when the
+/// operator's pause is lifted. Errors are logged once per
 /// kind of failure in a row.
 pub async fn run(
     client: async_nats::Client,
@@ -753,6 +764,7 @@ pub async fn run(
     seal: Seal,
     view: Arc<ControlView>,
     pause: PauseState,
+    resumed: Arc<tokio::sync::Notify>,
     retry: Duration,
     stop: CancellationToken,
 ) {
@@ -760,12 +772,8 @@ pub async fn run(
     loop {
         let res = match Control::open(client.clone(), &by, seal.clone(), true).await {
             Ok(c) => {
-                info!(
-                    "fleet control: following bucket {CONTROL_BUCKET} through {}",
-                    c.api()
-                );
                 last_error.clear();
-                c.follow(&view, &pause, &stop).await
+                c.follow(&view, &pause, &resumed, &stop).await
             }
             Err(e) => Err(e),
         };
@@ -792,9 +800,21 @@ mod tests {
     use super::*;
 
     fn put(view: &ControlView, pause: &PauseState, seal: &Seal, key: &str, rec: &DenyRecord) {
+        put_signed(view, pause, seal, seal, key, rec)
+    }
+
+    /// Signed with `signer`, read by a replica whose secret gives `seal`.
+    fn put_signed(
+        view: &ControlView,
+        pause: &PauseState,
+        seal: &Seal,
+        signer: &Seal,
+        key: &str,
+        rec: &DenyRecord,
+    ) {
         let mut r = rec.clone();
         r.tag.clear();
-        r.tag = seal
+        r.tag = signer
             .tag_record(key, &serde_json::to_vec(&r).unwrap())
             .unwrap_or_default();
         apply(
@@ -832,7 +852,9 @@ mod tests {
             .unwrap()
             .contains("stolen"));
         assert!(view.denied("lab-7", &[]).is_some());
-        assert!(view.denied("n2.example.net", std::slice::from_ref(&fp)).is_some());
+        assert!(view
+            .denied("n2.example.net", std::slice::from_ref(&fp))
+            .is_some());
         assert!(view.denied("n2.example.net", &[]).is_none());
         // Removed: no longer denied.
         apply(
@@ -856,9 +878,10 @@ mod tests {
         put(&view, &pause, &seal, &deny_key("old"), &old);
         assert!(view.denied("old", &[]).is_none());
         // Signed with another secret, or under another key: ignored.
-        put(
+        put_signed(
             &view,
             &pause,
+            &seal,
             &Seal::with_secret(b"other"),
             &deny_key("n1"),
             &record("n1"),

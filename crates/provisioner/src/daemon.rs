@@ -455,6 +455,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
             crate::aa::seal(&config)?,
             view,
             pause.clone(),
+            Arc::clone(&discover_now),
             CONTROL_RETRY,
             shutdown.clone(),
         ));

@@ -1,0 +1,257 @@
+//! Fleet control against a real broker: `deny` reaches two active-active replicas within a
+//! second and the denied nodes are never provisioned while the rest of the fleet is; `pause`
+//! stops a provisioner until `resume`; `dry_run` asks the helper for every node and provisions
+//! none.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use choria_fleet_sim::Mode;
+use common::*;
+use test_support::provisioner::Launch;
+
+/// Runs `choria-provisioner ARGS --config ... --choria-config ...` with `launch`'s files;
+/// its stdout, or a panic with its output.
+fn control(launch: &Launch, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--config")
+        .arg(&launch.config)
+        .arg("--choria-config")
+        .arg(&launch.choria_config)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{args:?} failed: {text}");
+    text
+}
+
+fn replica(env: &Env, identity: &str) -> (Launch, Prov) {
+    let mut p = env
+        .provisioner(test_helper("scenario.py") + " configure")
+        .yaml("fleet_control: true\nactive_active: true\nclaim_lifetime: 30s\n");
+    p.identity = identity.into();
+    p.workers = 4;
+    let launch = env.prepare(&p);
+    let prov = Prov::launch(&launch);
+    (launch, prov)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_identities_are_never_provisioned_by_either_replica() {
+    let env = Env::new();
+    let (launch, mut a) = replica(&env, "provisioner-a");
+    let (_, mut b) = replica(&env, "provisioner-b");
+    for p in [&mut a, &mut b] {
+        p.wait_ready().await;
+        assert!(
+            p.wait_log("fleet control: following bucket", Duration::from_secs(30))
+                .await,
+            "{}",
+            p.output()
+        );
+    }
+    let said = control(
+        &launch,
+        &[
+            "deny",
+            "add",
+            "node-03.example.net",
+            "--reason",
+            "stolen laptop",
+        ],
+    );
+    assert!(said.contains("Denied node-03.example.net"), "{said}");
+    // From the moment `deny add` has returned, each replica has the entry within a second.
+    let added = Instant::now();
+    for p in [&mut a, &mut b] {
+        assert!(
+            p.wait_log(
+                "deny list: node-03.example.net denied",
+                Duration::from_secs(5)
+            )
+            .await,
+            "{}",
+            p.output()
+        );
+    }
+    let seen = added.elapsed();
+    println!("fleet control: both replicas had the deny entry {seen:?} after deny add returned");
+    assert!(
+        seen < Duration::from_secs(1),
+        "the entry reached both replicas only after {seen:?}"
+    );
+    control(
+        &launch,
+        &[
+            "deny",
+            "add",
+            "/^node-1[0-2][.]/",
+            "--reason",
+            "lab",
+            "--expires",
+            "1h",
+        ],
+    );
+    for p in [&mut a, &mut b] {
+        assert!(
+            p.wait_log(
+                "deny list: /^node-1[0-2][.]/ denied",
+                Duration::from_secs(5)
+            )
+            .await,
+            "{}",
+            p.output()
+        );
+    }
+    let listed = control(&launch, &["deny", "ls"]);
+    assert!(
+        listed.contains("node-03.example.net") && listed.contains("stolen laptop"),
+        "{listed}"
+    );
+
+    let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
+    assert!(
+        fleet.wait_provisioned(16, Duration::from_secs(90)).await,
+        "{} provisioned\n{}\n{}",
+        fleet.provisioned(),
+        a.output(),
+        b.output()
+    );
+    // Give the denied nodes time to be found, refused and found again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let done: Vec<String> = fleet
+        .identities()
+        .into_iter()
+        .filter(|id| actions(&fleet, id).iter().any(|a| a.contains("configure")))
+        .collect();
+    assert_eq!(fleet.provisioned(), 16, "configured: {done:?}");
+    let both = format!("{}{}", a.output(), b.output());
+    for id in [
+        "node-03.example.net",
+        "node-10.example.net",
+        "node-11.example.net",
+        "node-12.example.net",
+    ] {
+        let configured = fleet
+            .node_report(id)
+            .map(|r| format!("{r:?}"))
+            .unwrap_or_default();
+        assert!(
+            !actions(&fleet, id).iter().any(|a| a.contains("configure")),
+            "{id} was configured: {configured}"
+        );
+        assert!(
+            both.contains(&format!("Could not provision {id}: on the deny list")),
+            "{id} not refused:\n{both}"
+        );
+    }
+
+    // Lifted: the node is provisioned when it is found again (its next startup event).
+    control(&launch, &["deny", "rm", "node-03.example.net"]);
+    for p in [&mut a, &mut b] {
+        assert!(
+            p.wait_log(
+                "deny list: node-03.example.net removed",
+                Duration::from_secs(5)
+            )
+            .await
+        );
+    }
+    env.announce(&["node-03.example.net".to_string()]).await;
+    assert!(
+        fleet.wait_provisioned(17, Duration::from_secs(30)).await,
+        "{}",
+        a.output()
+    );
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_stops_new_work_until_resume() {
+    let env = Env::new();
+    let p = env
+        .provisioner(test_helper("scenario.py") + " configure")
+        .yaml("fleet_control: true\n");
+    let launch = env.prepare(&p);
+    let mut prov = Prov::launch(&launch);
+    prov.wait_ready().await;
+    assert!(
+        prov.wait_log("fleet control: following bucket", Duration::from_secs(30))
+            .await
+    );
+    let said = control(&launch, &["pause", "--reason", "bad helper release"]);
+    assert!(said.contains("Provisioning paused"), "{said}");
+    assert!(
+        prov.wait_log("Provisioning paused by", Duration::from_secs(5))
+            .await,
+        "{}",
+        prov.output()
+    );
+    assert!(prov.output().contains("bad helper release"));
+    let fleet = env.fleet(env.fleet_config(10, Mode::Plain)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(fleet.provisioned(), 0, "provisioned while paused");
+    assert_eq!(prov.m("provisioned"), 0.0);
+    assert_eq!(prov.m("paused"), 1.0);
+
+    let said = control(&launch, &["resume"]);
+    assert!(said.contains("it was paused by"), "{said}");
+    // Discovery runs as soon as the pause is lifted: the whole fleet, well before the next
+    // interval.
+    assert!(
+        fleet.wait_provisioned(10, Duration::from_secs(30)).await,
+        "{} provisioned after resume\n{}",
+        fleet.provisioned(),
+        prov.output()
+    );
+    assert_eq!(prov.m("paused"), 0.0);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_judges_every_node_and_changes_none() {
+    let env = Env::new();
+    let log = env.path().join("helper.log");
+    let p = env
+        .provisioner(test_helper("scenario.py") + " configure")
+        .env("HELPER_LOG", log.display().to_string())
+        .yaml("dry_run: true\n");
+    let mut prov = env.start(&p);
+    prov.wait_ready().await;
+    let fleet = env.fleet(env.fleet_config(6, Mode::Plain)).await;
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            prov.output()
+                .matches("would be configured and restarted")
+                .count()
+                >= 6
+        })
+        .await,
+        "{}",
+        prov.output()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(fleet.provisioned(), 0);
+    for id in fleet.identities() {
+        assert!(
+            !actions(&fleet, &id).iter().any(|a| a.contains("configure")),
+            "{id} was configured"
+        );
+    }
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 6, "{calls}");
+    // Judged once: held like a provisioned node, not asked again at every announcement.
+    env.announce(&fleet.identities()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 6, "{calls}");
+    fleet.shutdown().await;
+}
