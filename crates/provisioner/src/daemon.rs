@@ -449,16 +449,16 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
         tasks.spawn(policy.watch(POLICY_POLL, shutdown.clone()));
     }
     if let Some(view) = control_view {
-        tasks.spawn(crate::control::run(
-            client.nats().clone(),
-            choria.identity.clone(),
-            crate::aa::seal(&config)?,
+        let follower = crate::control::Follower {
+            client: client.nats().clone(),
+            by: choria.identity.clone(),
+            seal: crate::aa::seal(&config)?,
             view,
-            pause.clone(),
-            Arc::clone(&discover_now),
-            CONTROL_RETRY,
-            shutdown.clone(),
-        ));
+            pause: pause.clone(),
+            resumed: Arc::clone(&discover_now),
+            retry: CONTROL_RETRY,
+        };
+        tasks.spawn(follower.run(shutdown.clone()));
     }
     if config.leader_election {
         let fatal = Arc::clone(&fatal);
