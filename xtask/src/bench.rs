@@ -546,10 +546,17 @@ fn last_line(args: &Args, ours: &Figures, go: Option<&Figures>, helper: HelperKi
         ),
         None => (dash.clone(), dash.clone(), dash.clone(), dash.clone(), dash),
     };
+    // CPU microseconds per node of each process of the run: the daemon's is the headline, since
+    // nodes a minute also measures the simulator, the broker and the box.
+    let us = |cpu_s: f64| cpu_s * 1e6 / (args.nodes.max(1) as f64);
     format!(
-        "bench: mode={} nodes={} rust_per_min={:.0} rust_cpu_s={:.2} rust_rss_mib={:.1} go_per_min={gp} go_cpu_s={gc} go_rss_mib={gr} throughput_ratio={tr} rss_ratio={rr} helper={}",
+        "bench: mode={} nodes={} daemon_us_per_node={:.0} sim_us_per_node={:.0} broker_us_per_node={:.0} helper_us_per_node={:.0} rust_per_min={:.0} rust_cpu_s={:.2} rust_rss_mib={:.1} go_per_min={gp} go_cpu_s={gc} go_rss_mib={gr} throughput_ratio={tr} rss_ratio={rr} helper={}",
         args.mode.name(),
         args.nodes,
+        us(ours.cpu_s),
+        us(ours.sim_cpu_s),
+        us(ours.broker_cpu_s),
+        us(ours.helper_cpu_s),
         ours.per_min,
         ours.cpu_s,
         ours.rss_mib,
