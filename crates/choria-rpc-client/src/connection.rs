@@ -396,6 +396,7 @@ struct StatsInner {
     reconnections: AtomicU64,
     connection_closed: AtomicU64,
     errors: AtomicU64,
+    slow_consumers: AtomicU64,
     initial_connect_time: Mutex<Option<Duration>>,
     watch: watch::Sender<ConnectorSnapshot>,
 }
@@ -412,6 +413,9 @@ pub struct ConnectorSnapshot {
     pub connection_closed: u64,
     /// `choria_connector_errors`: asynchronous errors (slow consumer, server or client errors).
     pub errors: u64,
+    /// Slow consumer events: messages dropped because a subscription was not read in time
+    /// (counted in `errors` too).
+    pub slow_consumers: u64,
     /// `choria_connector_initial_connect_time`: how long the initial connection took, retries
     /// included, once it ended (connected or given up).
     pub initial_connect_time: Option<Duration>,
@@ -439,6 +443,7 @@ impl ConnectorStats {
                 reconnections: AtomicU64::new(0),
                 connection_closed: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
+                slow_consumers: AtomicU64::new(0),
                 initial_connect_time: Mutex::new(None),
                 watch,
             }),
@@ -454,6 +459,7 @@ impl ConnectorStats {
             reconnections: g(&i.reconnections),
             connection_closed: g(&i.connection_closed),
             errors: g(&i.errors),
+            slow_consumers: g(&i.slow_consumers),
             initial_connect_time: *i
                 .initial_connect_time
                 .lock()
@@ -510,6 +516,10 @@ pub async fn connect_observed(
     connect_to(settings, &brokers, stats).await
 }
 
+/// How many messages a subscription holds while they wait to be read; past that the client
+/// drops them (a slow consumer, counted in [`ConnectorSnapshot::slow_consumers`]).
+pub const SUBSCRIPTION_CAPACITY: usize = 1 << 20;
+
 async fn connect_to(
     settings: &ConnectionSettings,
     brokers: &Brokers,
@@ -527,6 +537,10 @@ async fn connect_to(
         }
         None => ConnectOptions::new(),
     };
+    // Every reply to a discovery arrives on one subscription: room for a fleet of a million
+    // answering at once. The queue holds messages only while they wait to be read, and takes
+    // memory only for those.
+    opts = opts.subscription_capacity(SUBSCRIPTION_CAPACITY);
     let name = settings.name.clone();
     let events = stats.clone();
     // The first Connected event is the initial connection; every later one a reconnection.
@@ -581,6 +595,9 @@ async fn connect_to(
                     }
                     e @ (Event::SlowConsumer(_) | Event::ServerError(_) | Event::ClientError(_)) => {
                         stats.bump(|s| &s.errors);
+                        if matches!(e, Event::SlowConsumer(_)) {
+                            stats.bump(|s| &s.slow_consumers);
+                        }
                         match &server {
                             Some(url) => tracing::error!(
                                 connection = %name,

@@ -293,7 +293,7 @@ pub fn audit_flood(env: &Env, name: &str) -> Result<String> {
         },
     )?;
     // Let the flood drain: every announced name gets its one try.
-    let drained = wait_for("the flood to be tried", Duration::from_secs(120), || {
+    let drained = wait_for("the flood to be tried", Duration::from_secs(360), || {
         Ok(run.metric(p, "choria_provisioner_provision_errors") >= (BOGUS as f64) * 0.8)
     });
     let report = sim.finish()?;

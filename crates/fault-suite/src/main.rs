@@ -118,11 +118,37 @@ fn run(args: &[String]) -> Result<()> {
             .filter(|s| s.long)
             .map(|s| scope.spawn(|| run_one(s)))
             .collect();
-        let mut out: Vec<_> = chosen
-            .iter()
-            .filter(|s| !s.long)
-            .map(|s| run_one(s))
+        // The other scenarios mostly wait (for a discovery interval, a restart, a timeout):
+        // they run in FAULT_JOBS lanes side by side (default 4), each lane in turn.
+        let lanes = std::env::var("FAULT_JOBS")
+            .ok()
+            .and_then(|j| j.parse::<usize>().ok())
+            .filter(|&j| j > 0)
+            .unwrap_or(4);
+        let short: Vec<&&Scenario> = chosen.iter().filter(|s| !s.long).collect();
+        let lane_handles: Vec<_> = (0..lanes)
+            .map(|lane| {
+                let mine: Vec<&Scenario> = short
+                    .iter()
+                    .skip(lane)
+                    .step_by(lanes)
+                    .map(|s| **s)
+                    .collect();
+                let run_one = &run_one;
+                scope.spawn(move || mine.into_iter().map(run_one).collect::<Vec<_>>())
+            })
             .collect();
+        let mut out = Vec::new();
+        for h in lane_handles {
+            match h.join() {
+                Ok(r) => out.extend(r),
+                Err(_) => out.push((
+                    "?",
+                    Duration::ZERO,
+                    Err(anyhow::anyhow!("scenario lane panicked")),
+                )),
+            }
+        }
         for h in long {
             match h.join() {
                 Ok(r) => out.push(r),

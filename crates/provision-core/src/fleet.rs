@@ -330,9 +330,9 @@ impl Fleet {
                 State::Working => true,
                 State::Held(until) => until > now,
                 State::Queued => now.duration_since(e.added) < interval,
-                // Discovery finding a node waiting for its next try queues it at once; another
-                // announcement does not cut its backoff short.
-                State::Retry(at) => source == Source::Event && at > now,
+                // A node waiting for its next try is queued at once when discovery finds it or
+                // it announces itself again (a restarted server).
+                State::Retry(_) => false,
             };
             promote =
                 e.state == State::Queued && e.lane == Source::Event && source == Source::Discovery;

@@ -559,10 +559,9 @@ async fn an_announced_node_that_fails_is_tried_again_after_a_backoff() {
         obs.0.provision_errors.load(Ordering::SeqCst) == 1
     })
     .await;
-    // Kept, not queued, and another announcement does not cut the backoff short.
+    // Kept, not queued.
     assert!(fleet.is_known("a"));
     assert_eq!(fleet.queued(), 0);
-    assert_eq!(fleet.add("a", Source::Event), AddResult::Known);
     *helper.reply.lock().unwrap() = Some(good_reply());
     tokio::time::sleep(provision_core::fleet::ANNOUNCED_RETRY / 2).await;
     assert_eq!(helper.runs(), 1, "not before its backoff");
@@ -599,6 +598,36 @@ async fn an_announced_node_is_forgotten_after_its_tries() {
     tokio::time::sleep(Duration::from_secs(600)).await;
     assert_eq!(helper.runs(), tries);
     assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 1);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_waiting_for_its_next_try_is_queued_at_once_when_it_announces_itself_again() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let helper = FakeHelper::failing();
+    let fleet = Fleet::new(provisioner(
+        token().interval(Duration::from_secs(300)),
+        &node,
+        &helper,
+        &obs,
+    ));
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("the first try", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    *helper.reply.lock().unwrap() = Some(good_reply());
+    let restarted = tokio::time::Instant::now();
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
+    wait_for("provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(restarted.elapsed() < provision_core::fleet::ANNOUNCED_RETRY);
     stop.cancel();
     run.await.unwrap();
 }

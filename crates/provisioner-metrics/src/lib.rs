@@ -168,6 +168,10 @@ pub struct Metrics {
     /// `choria_provisioner_audit_write_errors`: batches of audit records the audit file could
     /// not take (a full disk, say), each cut back to its last whole line (not in the Go set).
     pub audit_write_errors: Counter,
+    /// `choria_provisioner_dropped_messages`: messages the connection dropped because they were
+    /// not read in time (slow consumer events; not in the Go set). Zero means every discovery
+    /// reply was read.
+    pub dropped_messages: Counter,
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -299,6 +303,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "How many discovery related errors were encountered",
     ),
     (
+        "choria_provisioner_dropped_messages",
+        "counter",
+        "How many messages the broker connection dropped because the provisioner did not read them in time (slow consumer), discovery replies among them",
+    ),
+    (
         "choria_provisioner_event_discovered",
         "counter",
         "How many nodes were found through receiving an event about them",
@@ -398,6 +407,7 @@ impl Metrics {
             audit_dropped: Counter::default(),
             audit_stream_errors: Counter::default(),
             audit_write_errors: Counter::default(),
+            dropped_messages: Counter::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -560,6 +570,9 @@ impl Metrics {
                 }
                 "choria_provisioner_audit_write_errors" => {
                     plain(self.audit_write_errors.get().to_string(), &mut out)
+                }
+                "choria_provisioner_dropped_messages" => {
+                    plain(self.dropped_messages.get().to_string(), &mut out)
                 }
                 "choria_provisioner_policy_denied" => {
                     plain(self.policy_denied.get().to_string(), &mut out)
@@ -832,8 +845,9 @@ mod tests {
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
-        // policy-denied counters, the audit trail's three and the four active-active series.
-        assert_eq!(HELP.len(), 25);
+        // policy-denied counters, the audit trail's three, the four active-active series and
+        // the dropped messages.
+        assert_eq!(HELP.len(), 26);
         m.audit_dropped.inc_by(2);
         m.audit_stream_errors.inc();
         let text = m.encode();

@@ -554,6 +554,9 @@ async fn follow_connector(
         c.connection_closed
             .inc_by(now.connection_closed.saturating_sub(seen.connection_closed));
         c.errors.inc_by(now.errors.saturating_sub(seen.errors));
+        metrics
+            .dropped_messages
+            .inc_by(now.slow_consumers.saturating_sub(seen.slow_consumers));
         if let (Some(took), None) = (now.initial_connect_time, seen.initial_connect_time) {
             c.initial_connect_time.observe(took);
         }
