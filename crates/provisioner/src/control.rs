@@ -754,6 +754,60 @@ pub async fn connect(
         .map_err(|_| crate::Error::ConnectTimeout(timeout))?
 }
 
+/// Opens fleet control for an operator's command from the provisioner's files: the bucket, and
+/// whether that configuration sets `fleet_control` (a daemon started from it follows the bucket
+/// only then). Records name the operator as `USER@IDENTITY` (`SUDO_USER` first).
+pub async fn connect_operator(
+    paths: &crate::settings::Paths,
+    timeout: Duration,
+) -> Result<(Control, bool), crate::Error> {
+    let settings = crate::settings::Settings::load(paths)?;
+    let user = std::env::var("SUDO_USER")
+        .or_else(|_| std::env::var("USER"))
+        .unwrap_or_else(|_| "unknown".into());
+    let by = format!("{user}@{}", settings.choria.identity);
+    let control = connect(&settings, &by, timeout).await?;
+    Ok((control, settings.config.fleet_control))
+}
+
+/// Parses `deny add --expires` (`30d`, `12h`, `90m`): a duration longer than zero.
+pub fn parse_expiry(text: &str) -> Result<Duration, ControlError> {
+    let invalid = |reason: String| ControlError::InvalidEntry {
+        entry: format!("--expires {}", escaped(text)),
+        reason,
+    };
+    match crate::config::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err(invalid("it must be longer than zero".into())),
+        Ok(d) => Ok(d),
+        Err(e) => Err(invalid(e.to_string())),
+    }
+}
+
+/// The deny entries as a table for people, expired ones marked.
+pub fn deny_table(entries: &[DenyRecord], now: i64) -> String {
+    if entries.is_empty() {
+        return "No deny entries\n".to_string();
+    }
+    let mut rows = vec![["ENTRY", "BY", "ADDED", "EXPIRES", "REASON"]
+        .map(String::from)
+        .to_vec()];
+    for e in entries {
+        let expires = match e.expires {
+            None => "never".into(),
+            Some(x) if x <= now => format!("{} (expired)", rfc3339(x)),
+            Some(x) => rfc3339(x),
+        };
+        rows.push(vec![
+            e.entry.clone(),
+            e.by.clone(),
+            rfc3339(e.at),
+            expires,
+            e.reason.clone(),
+        ]);
+    }
+    crate::text::table(&rows)
+}
+
 /// The daemon's side: opens (creating) the bucket and follows it for as long as `stop` allows,
 /// opening it again after `retry` whenever it cannot be reached; `resumed` is notified when the
 /// operator's pause is lifted. Errors are logged once per
