@@ -572,13 +572,12 @@ impl Provisioner {
     }
 
     /// Refuses a node on the operator's deny list: its identity, or the fingerprint of a key it
-    /// presented.
-    fn check_revoked(&self, host: &Host) -> Result<(), ProvisionErrorKind> {
+    /// presented (`keys`, from [`key_fingerprints`]).
+    fn check_revoked(&self, host: &Host, keys: &[String]) -> Result<(), ProvisionErrorKind> {
         let Some(revocation) = &self.revocation else {
             return Ok(());
         };
-        let keys = key_fingerprints(host.csr.as_ref(), host.ed25519.as_ref());
-        match revocation.denied(&host.identity, &keys) {
+        match revocation.denied(&host.identity, keys) {
             None => Ok(()),
             Some(why) => {
                 let why = escaped(&why).to_string();
@@ -815,7 +814,12 @@ impl Provisioner {
             .check(&host.identity)
             .map_err(ProvisionErrorKind::Identity)?;
         self.identify(host).await?;
-        self.check_revoked(host)?;
+        // The keys it presented this round, checked now and again before it is configured.
+        let keys = match &self.revocation {
+            Some(_) => key_fingerprints(host.csr.as_ref(), host.ed25519.as_ref()),
+            None => Vec::new(),
+        };
+        self.check_revoked(host, &keys)?;
         claim_held("the helper")?;
         let reply = match self.consult_helper(host).await? {
             ControlFlow::Continue(reply) => reply,
@@ -836,7 +840,7 @@ impl Provisioner {
             return Ok(Outcome::DryRun { would });
         }
         // Denied while the helper ran: not configured.
-        self.check_revoked(host)?;
+        self.check_revoked(host, &keys)?;
         let mut enrolment = self.enroll(host, &reply)?;
         host.issued = std::mem::take(&mut enrolment.issued);
         claim_held("configuration")?;

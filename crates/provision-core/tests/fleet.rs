@@ -602,38 +602,9 @@ async fn an_announced_node_is_forgotten_after_its_tries() {
     run.await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_node_waiting_for_its_next_try_is_queued_at_once_when_it_announces_itself_again() {
-    let node = FakeNode::new();
-    let obs = CountingObserver::default();
-    let helper = FakeHelper::failing();
-    let fleet = Fleet::new(provisioner(
-        token().interval(Duration::from_secs(300)),
-        &node,
-        &helper,
-        &obs,
-    ));
-    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
-    let stop = CancellationToken::new();
-    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
-    wait_for("the first try", || {
-        obs.0.provision_errors.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    *helper.reply.lock().unwrap() = Some(good_reply());
-    let restarted = tokio::time::Instant::now();
-    assert_eq!(fleet.add("a", Source::Event), AddResult::Queued);
-    wait_for("provisioned", || {
-        obs.0.provisioned.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    assert!(restarted.elapsed() < provision_core::fleet::ANNOUNCED_RETRY);
-    stop.cancel();
-    run.await.unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn discovery_finding_a_node_waiting_for_its_next_try_queues_it_at_once() {
+/// An announced node fails once and waits for its next try; found again by `again`, it is
+/// queued and provisioned at once, well before its backoff is over.
+async fn waiting_node_found_again_is_queued_at_once(again: Source) {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
     let helper = FakeHelper::failing();
@@ -652,7 +623,7 @@ async fn discovery_finding_a_node_waiting_for_its_next_try_queues_it_at_once() {
     .await;
     *helper.reply.lock().unwrap() = Some(good_reply());
     let found = tokio::time::Instant::now();
-    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("a", again), AddResult::Queued);
     wait_for("provisioned", || {
         obs.0.provisioned.load(Ordering::SeqCst) == 1
     })
@@ -660,6 +631,16 @@ async fn discovery_finding_a_node_waiting_for_its_next_try_queues_it_at_once() {
     assert!(found.elapsed() < provision_core::fleet::ANNOUNCED_RETRY);
     stop.cancel();
     run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_waiting_for_its_next_try_is_queued_at_once_when_it_announces_itself_again() {
+    waiting_node_found_again_is_queued_at_once(Source::Event).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn discovery_finding_a_node_waiting_for_its_next_try_queues_it_at_once() {
+    waiting_node_found_again_is_queued_at_once(Source::Discovery).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -44,6 +44,36 @@ use tokio_util::sync::CancellationToken;
 use choria_rpc_client::election::backoff::Policy;
 use choria_rpc_client::streams::{first_answering, Probe, StreamsApi};
 
+/// Creates the key-value bucket `config` with as many replicas as the cluster has, up to
+/// [`MAX_BUCKET_REPLICAS`]: fewer only when the servers say the cluster is too small (a
+/// transient failure is not settled with one copy on a cluster of three). The replicas it got,
+/// or the servers' last answer.
+pub(crate) async fn create_bucket(
+    js: &jetstream::Context,
+    config: kv::Config,
+) -> Result<usize, String> {
+    let mut detail = String::new();
+    for replicas in (1..=MAX_BUCKET_REPLICAS).rev() {
+        let created = js
+            .create_key_value(kv::Config {
+                num_replicas: replicas,
+                ..config.clone()
+            })
+            .await;
+        match created {
+            Ok(_) => return Ok(replicas),
+            Err(e) => {
+                detail = e.to_string();
+                let lower = detail.to_lowercase();
+                if !(lower.contains("non-clustered") || lower.contains("insufficient resources")) {
+                    break;
+                }
+            }
+        }
+    }
+    Err(detail)
+}
+
 /// The bucket active-active replicas share.
 pub const CLAIMS_BUCKET: &str = "CHORIA_PROVISIONER_CLAIMS";
 
@@ -546,45 +576,27 @@ impl ClaimStore {
         replica: &str,
         lifetime: Duration,
     ) -> Result<(), ClaimsError> {
-        let mut detail = String::new();
-        // As many replicas as the cluster has, up to three: fewer only when the servers say the
-        // cluster is too small (a transient failure is retried later, never settled with one
-        // copy on a cluster of three).
-        for replicas in (1..=MAX_BUCKET_REPLICAS).rev() {
-            let created = js
-                .create_key_value(kv::Config {
-                    bucket: bucket.to_string(),
-                    description: "Choria provisioner active-active claims".to_string(),
-                    history: 1,
-                    max_age: lifetime,
-                    max_value_size: MAX_VALUE as i32,
-                    num_replicas: replicas,
-                    storage: jetstream::stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await;
-            match created {
-                Ok(_) => {
-                    tracing::info!("created claims bucket {bucket} with {replicas} replicas and a claim lifetime of {lifetime:?}");
-                    return Ok(());
-                }
-                Err(e) => {
-                    detail = e.to_string();
-                    let lower = detail.to_lowercase();
-                    if !(lower.contains("non-clustered")
-                        || lower.contains("insufficient resources"))
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        Err(ClaimsError::BucketMissing {
-            replica: replica.to_string(),
+        let config = kv::Config {
             bucket: bucket.to_string(),
-            detail,
-            command: create_command(bucket, lifetime, MAX_BUCKET_REPLICAS),
-        })
+            description: "Choria provisioner active-active claims".to_string(),
+            history: 1,
+            max_age: lifetime,
+            max_value_size: MAX_VALUE as i32,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        match create_bucket(js, config).await {
+            Ok(replicas) => {
+                tracing::info!("created claims bucket {bucket} with {replicas} replicas and a claim lifetime of {lifetime:?}");
+                Ok(())
+            }
+            Err(detail) => Err(ClaimsError::BucketMissing {
+                replica: replica.to_string(),
+                bucket: bucket.to_string(),
+                detail,
+                command: create_command(bucket, lifetime, MAX_BUCKET_REPLICAS),
+            }),
+        }
     }
 
     /// Our replica identity.

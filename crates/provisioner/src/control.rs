@@ -364,40 +364,22 @@ impl Control {
     }
 
     async fn create(js: &jetstream::Context) -> Result<(), ControlError> {
-        let mut detail = String::new();
-        for replicas in (1..=crate::claims::MAX_BUCKET_REPLICAS).rev() {
-            let created = js
-                .create_key_value(kv::Config {
-                    bucket: CONTROL_BUCKET.to_string(),
-                    description: "Choria provisioner fleet control: pause and deny list"
-                        .to_string(),
-                    history: 1,
-                    max_value_size: MAX_RECORD as i32,
-                    num_replicas: replicas,
-                    storage: jetstream::stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await;
-            match created {
-                Ok(_) => {
-                    info!("created fleet control bucket {CONTROL_BUCKET} with {replicas} replicas");
-                    return Ok(());
-                }
-                Err(e) => {
-                    detail = e.to_string();
-                    let lower = detail.to_lowercase();
-                    if !(lower.contains("non-clustered")
-                        || lower.contains("insufficient resources"))
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        Err(ControlError::BucketMissing {
+        let config = kv::Config {
             bucket: CONTROL_BUCKET.to_string(),
-            detail,
-        })
+            description: "Choria provisioner fleet control: pause and deny list".to_string(),
+            history: 1,
+            max_value_size: MAX_RECORD as i32,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        let replicas = crate::claims::create_bucket(js, config)
+            .await
+            .map_err(|detail| ControlError::BucketMissing {
+                bucket: CONTROL_BUCKET.to_string(),
+                detail,
+            })?;
+        info!("created fleet control bucket {CONTROL_BUCKET} with {replicas} replicas");
+        Ok(())
     }
 
     /// The route the bucket was reached through.
@@ -724,7 +706,7 @@ fn apply(
                 v.deny.insert(key.to_string(), (r, m));
             }
             None => {
-                warn!("fleet control: ignoring deny entry {key}: malformed or not signed with the provisioners' secret");
+                warn!("fleet control: ignoring deny entry {}: malformed or not signed with the provisioners' secret", escaped(key));
                 return;
             }
         }
