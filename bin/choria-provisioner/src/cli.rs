@@ -121,6 +121,116 @@ pub enum Command {
     /// Deny nodes on every replica with fleet_control: by identity, /REGEX/ or key fingerprint
     #[command(subcommand)]
     Deny(DenyCommand),
+    /// Rotate provisioned servers: send choria_provision#reprovision in waves on the main
+    /// collective and follow each node until it is provisioned again
+    Rotate(RotateArgs),
+}
+
+/// How `rotate` reaches the campaign bucket: with the provisioner's broker settings.
+#[derive(Debug, Clone, Args)]
+pub struct CampaignArgs {
+    /// The provisioner configuration file (YAML) [default:
+    /// /etc/choria-provisioner/choria-provisioner.yaml]
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub config: Option<PathBuf>,
+
+    /// The provisioner's Choria client configuration file, for the campaign bucket (default:
+    /// the Choria user configuration)
+    #[arg(long = "provisioner-choria-config", value_name = "FILE", value_parser = existing_file)]
+    pub provisioner_choria_config: Option<PathBuf>,
+}
+
+/// Flags of `rotate`: start a campaign and drive it.
+#[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["identities", "filter", "expiring_within"])))]
+pub struct RotateArgs {
+    #[command(subcommand)]
+    pub command: Option<RotateCommand>,
+
+    #[command(flatten)]
+    pub campaign: CampaignArgs,
+
+    /// The Choria client configuration of the main collective, where provisioned servers
+    /// answer (required to start or resume a campaign)
+    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
+    pub choria_config: Option<PathBuf>,
+
+    /// A file of identities to rotate, one a line
+    #[arg(long, value_name = "FILE", value_parser = existing_file)]
+    pub identities: Option<PathBuf>,
+
+    /// Discover the servers to rotate: identity=NAME|/RE/, class=NAME, agent=NAME or FACT OP
+    /// VALUE terms, separated by spaces
+    #[arg(long, value_name = "EXPR")]
+    pub filter: Option<String>,
+
+    /// Rotate the nodes whose certificate or server JWT, as the audit stream recorded it,
+    /// expires within this long (7d, 12h)
+    #[arg(long = "expiring-within", value_name = "DURATION")]
+    pub expiring_within: Option<String>,
+
+    /// Reprovision requests a minute at most (N/min, N/s, N/h)
+    #[arg(long, value_name = "RATE", default_value = "500/min")]
+    pub rate: String,
+
+    /// Nodes between their reprovision request and their new provisioning at most
+    #[arg(long = "max-in-flight", value_name = "N", default_value_t = 100)]
+    pub max_in_flight: u32,
+
+    /// Stop the campaign when more than this share of the finished nodes failed
+    #[arg(long = "stop-if-failing", value_name = "PERCENT", default_value = "5%")]
+    pub stop_if_failing: String,
+
+    /// Fail a node not provisioned again this long after it acknowledged (15m, 1h)
+    #[arg(long = "node-timeout", value_name = "DURATION", default_value = "15m")]
+    pub node_timeout: String,
+}
+
+/// `rotate` commands on the campaign under way.
+#[derive(Debug, Clone, Subcommand)]
+pub enum RotateCommand {
+    /// Show the campaign: state, progress, ETA, latest failures
+    Status(RotateStatusArgs),
+    /// Pause the campaign: no more requests are sent; nodes in flight finish
+    Pause(RotateReasonArgs),
+    /// Resume a paused or stopped campaign, or one whose driver died, and drive it
+    Resume(RotateResumeArgs),
+    /// End the campaign; nodes already sent finish on their own
+    Abort(RotateReasonArgs),
+}
+
+/// Flags of `rotate status`.
+#[derive(Debug, Clone, Args)]
+pub struct RotateStatusArgs {
+    #[command(flatten)]
+    pub campaign: CampaignArgs,
+
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `rotate pause` and `rotate abort`.
+#[derive(Debug, Clone, Args)]
+pub struct RotateReasonArgs {
+    #[command(flatten)]
+    pub campaign: CampaignArgs,
+
+    /// Why, kept in the campaign
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+}
+
+/// Flags of `rotate resume`.
+#[derive(Debug, Clone, Args)]
+pub struct RotateResumeArgs {
+    #[command(flatten)]
+    pub campaign: CampaignArgs,
+
+    /// The Choria client configuration of the main collective
+    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
+    pub choria_config: PathBuf,
 }
 
 /// How `pause`, `resume` and `deny` reach the fleet control bucket: with the provisioner's

@@ -8,6 +8,7 @@ mod check;
 mod cli;
 mod control_cli;
 mod policy_cli;
+mod rotate_cli;
 mod run;
 mod status_cli;
 
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
         cli::Command::Pause(args) => control_cli::pause(cli.debug, &args),
         cli::Command::Resume(args) => control_cli::resume(cli.debug, &args),
         cli::Command::Deny(cmd) => control_cli::deny(cli.debug, &cmd),
+        cli::Command::Rotate(args) => rotate_cli::main(cli.debug, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -79,6 +79,18 @@ pub enum Error {
     /// Fleet control (pause, deny list) cannot be used.
     #[error(transparent)]
     Control(#[from] crate::control::ControlError),
+    /// A rotation campaign cannot be started, read or driven.
+    #[error(transparent)]
+    Campaign(#[from] crate::campaign::CampaignError),
+    /// A client of the main collective could not be started.
+    #[error("cannot connect to the main collective with {}", path.display())]
+    MainCollective {
+        /// The Choria configuration used.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<choria_rpc_client::rpc::SetupError>,
+    },
     /// The broker could not be reached in time by a one-off command.
     #[error("could not connect to the broker within {0:?}")]
     ConnectTimeout(std::time::Duration),

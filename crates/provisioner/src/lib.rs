@@ -14,6 +14,7 @@
 pub mod aa;
 pub mod audit;
 pub mod audit_stream;
+pub mod campaign;
 pub mod claims;
 pub mod config;
 pub mod control;

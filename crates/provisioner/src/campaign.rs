@@ -1,0 +1,1896 @@
+//! Rotation campaigns: send go-choria's `choria_provision#reprovision` to provisioned servers on
+//! their main collective, in waves, and follow each back through provisioning until the
+//! provisioner has provisioned it again.
+//!
+//! A campaign lives in the `CHORIA_PROVISIONER_CAMPAIGN` key-value bucket of the provisioning
+//! account, next to the fleet control bucket:
+//!
+//! - `campaign` holds the one campaign: who started it, what it selected, its limits (nodes a
+//!   minute, nodes in flight, the share of failures that stops it, how long a node may take),
+//!   its state (`running`, `paused`, `stopped`, `aborted`, `completed`) and its progress, which
+//!   the process driving it rewrites every two seconds with a heartbeat.
+//! - `n.<hex of the identity>` holds one node: `pending`, `sent` (the node acknowledged the
+//!   reprovision request and is on its way back), `done` or `failed` with why.
+//!
+//! Whoever drives a campaign holds a lease: the heartbeat. Another process can take over a
+//! campaign whose heartbeat is older than [`LEASE`] (its driver was killed or lost the
+//! broker), so `rotate resume` continues a campaign from any host, with every node where it
+//! was. Writes of the campaign record are compare-and-set on the key's revision, so a pause or
+//! an abort from another shell is never overwritten by a heartbeat.
+//!
+//! A node counts as done when the provisioner records it `provisioned` after it acknowledged
+//! the reprovision: read from the audit stream (`audit_stream`), which is durable, so a driver
+//! that resumes after a crash reads what it missed; and from the node's `startup` lifecycle
+//! event of component `server` on the main collective, which a server publishes when it starts
+//! with its new configuration. Records are sealed as fleet control's are (the claims secret):
+//! a record that does not verify is ignored.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::kv;
+use async_nats::jetstream::ErrorCode;
+use choria_rpc_client::protocol::{FactFilter, Filter};
+use choria_rpc_client::rpc::RpcClient;
+use choria_rpc_client::streams::{first_answering, Probe, StreamsApi};
+use futures::StreamExt;
+use provision_core::identity::{escaped, IdentityRule};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::claims::Seal;
+use crate::control::{now_unix, REQUEST_TIMEOUT};
+
+/// The bucket campaigns live in.
+pub const CAMPAIGN_BUCKET: &str = "CHORIA_PROVISIONER_CAMPAIGN";
+/// The key of the campaign record.
+pub const CAMPAIGN_KEY: &str = "campaign";
+/// The prefix of node keys.
+pub const NODE_PREFIX: &str = "n.";
+/// A driver whose heartbeat is older than this may be replaced.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// How often the driver writes its progress and heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long a reprovision request waits for its reply (go-choria's agent timeout).
+pub const REPROVISION_TIMEOUT: Duration = Duration::from_secs(20);
+/// Tries of a reprovision request that gets no reply before the node is failed.
+pub const SEND_TRIES: u32 = 3;
+/// Failures kept in the campaign record for `rotate status`.
+pub const RECENT_FAILURES: usize = 20;
+/// The most nodes one campaign holds.
+pub const MAX_TARGETS: usize = 2_000_000;
+/// The failure share is judged only once this many nodes have finished.
+pub const FAILING_MIN_FINISHED: u64 = 20;
+/// The largest identities file read.
+const MAX_IDENTITIES_FILE: u64 = 256 * 1024 * 1024;
+/// The largest record kept (bytes).
+const MAX_RECORD: usize = 64 * 1024;
+/// The longest error text kept for a node.
+const MAX_ERROR: usize = 512;
+/// How many bucket writes run at once when a campaign is created or loaded.
+const BULK: usize = 64;
+
+/// Why a campaign could not be started, read or driven.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CampaignError {
+    /// Neither route to Choria Streams answered.
+    #[error("rotation campaigns need Choria Streams (JetStream), and neither the choria.streams import nor the account's own JetStream answered: {detail}")]
+    Unreachable {
+        /// What each route said.
+        detail: String,
+    },
+    /// A read or write of the bucket failed.
+    #[error("could not {action} in campaign bucket {CAMPAIGN_BUCKET}: {detail}")]
+    Request {
+        /// What was being done.
+        action: String,
+        /// The server's answer.
+        detail: String,
+    },
+    /// There is no campaign.
+    #[error("there is no rotation campaign; start one with choria-provisioner rotate")]
+    NoCampaign,
+    /// A campaign is already under way.
+    #[error("rotation campaign {id} is {state} ({progress}); abort it before starting another")]
+    Exists {
+        /// Its id.
+        id: String,
+        /// Its state.
+        state: CampaignState,
+        /// Its progress.
+        progress: String,
+    },
+    /// Another process drives the campaign.
+    #[error("rotation campaign {id} is driven by {driver} (heartbeat {age}s ago); it can be taken over once its heartbeat is {}s old", LEASE.as_secs())]
+    Busy {
+        /// Its id.
+        id: String,
+        /// The driver.
+        driver: String,
+        /// Seconds since its heartbeat.
+        age: i64,
+    },
+    /// The campaign is not in a state the command applies to.
+    #[error("rotation campaign {id} is {state}: {what}")]
+    State {
+        /// Its id.
+        id: String,
+        /// Its state.
+        state: CampaignState,
+        /// What cannot be done.
+        what: String,
+    },
+    /// The selection or the limits are not usable.
+    #[error("rotate: {0}")]
+    Invalid(String),
+    /// The nodes could not be selected.
+    #[error("rotate: could not select nodes: {0}")]
+    Select(String),
+    /// The audit stream could not be read.
+    #[error("rotate: could not read audit stream {stream}: {detail}")]
+    Audit {
+        /// The stream.
+        stream: String,
+        /// What failed.
+        detail: String,
+    },
+}
+
+fn request(action: impl Into<String>, e: impl std::fmt::Display) -> CampaignError {
+    CampaignError::Request {
+        action: action.into(),
+        detail: e.to_string(),
+    }
+}
+
+/// Where a campaign is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CampaignState {
+    /// Nodes are being sent reprovision requests.
+    Running,
+    /// An operator paused it; `rotate resume` continues.
+    Paused,
+    /// It stopped itself: more than `--stop-if-failing` of the finished nodes failed.
+    Stopped,
+    /// An operator ended it.
+    Aborted,
+    /// Every node is done or failed.
+    Completed,
+}
+
+impl CampaignState {
+    /// The state's name.
+    pub fn label(self) -> &'static str {
+        match self {
+            CampaignState::Running => "running",
+            CampaignState::Paused => "paused",
+            CampaignState::Stopped => "stopped",
+            CampaignState::Aborted => "aborted",
+            CampaignState::Completed => "completed",
+        }
+    }
+
+    /// Whether the campaign is over.
+    pub fn finished(self) -> bool {
+        matches!(self, CampaignState::Aborted | CampaignState::Completed)
+    }
+}
+
+impl std::fmt::Display for CampaignState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// One failed node, as the campaign record keeps the latest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFailure {
+    /// The node.
+    pub identity: String,
+    /// Why.
+    pub error: String,
+    /// When (Unix seconds).
+    pub at: i64,
+}
+
+/// The limits of a campaign.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Reprovision requests sent a minute at most.
+    pub rate_per_minute: u32,
+    /// Nodes between the reprovision request and their new provisioning at most.
+    pub max_in_flight: u32,
+    /// The campaign stops itself when more than this share (percent) of finished nodes failed.
+    pub stop_if_failing: f64,
+    /// A node not provisioned again this long after it acknowledged is failed (seconds).
+    pub node_timeout_secs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            rate_per_minute: 500,
+            max_in_flight: 100,
+            stop_if_failing: 5.0,
+            node_timeout_secs: 900,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks the limits are usable.
+    pub fn validate(&self) -> Result<(), CampaignError> {
+        if self.rate_per_minute == 0 {
+            return Err(CampaignError::Invalid(
+                "--rate must be at least 1/min".into(),
+            ));
+        }
+        if self.max_in_flight == 0 {
+            return Err(CampaignError::Invalid(
+                "--max-in-flight must be at least 1".into(),
+            ));
+        }
+        if !(0.0..=100.0).contains(&self.stop_if_failing) {
+            return Err(CampaignError::Invalid(
+                "--stop-if-failing must be a share from 0% to 100%".into(),
+            ));
+        }
+        if self.node_timeout_secs == 0 {
+            return Err(CampaignError::Invalid(
+                "--node-timeout must be longer than zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The campaign, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CampaignRecord {
+    /// Its id (time and a random part).
+    pub id: String,
+    /// Who started it.
+    pub by: String,
+    /// What selected its nodes, as given.
+    pub selector: String,
+    /// When it was started (Unix seconds).
+    pub created: i64,
+    /// Its limits.
+    pub limits: Limits,
+    /// Its state.
+    pub state: CampaignState,
+    /// Why it is paused, stopped or aborted, and by whom.
+    #[serde(default)]
+    pub reason: String,
+    /// Nodes in it.
+    pub total: u64,
+    /// Nodes not yet sent a request.
+    pub pending: u64,
+    /// Nodes sent a request and not yet provisioned again.
+    pub in_flight: u64,
+    /// Nodes provisioned again.
+    pub done: u64,
+    /// Nodes failed.
+    pub failed: u64,
+    /// Who drives it (empty when nobody does).
+    #[serde(default)]
+    pub driver: String,
+    /// The driver's last heartbeat (Unix seconds).
+    #[serde(default)]
+    pub heartbeat: i64,
+    /// When it is expected to finish at the current pace (Unix seconds).
+    #[serde(default)]
+    pub eta: Option<i64>,
+    /// The latest failures.
+    #[serde(default)]
+    pub recent_failures: Vec<NodeFailure>,
+    /// The first audit stream sequence that can be about this campaign.
+    #[serde(default)]
+    pub audit_from: Option<u64>,
+    /// The HMAC tag (empty without a secret).
+    #[serde(default)]
+    pub tag: String,
+}
+
+impl CampaignRecord {
+    /// `done/total, failed, in flight` in a few words.
+    pub fn progress(&self) -> String {
+        format!(
+            "{} of {} provisioned again, {} failed, {} in flight, {} waiting",
+            self.done, self.total, self.failed, self.in_flight, self.pending
+        )
+    }
+
+    /// Seconds since the driver's heartbeat at `now`.
+    pub fn heartbeat_age(&self, now: i64) -> i64 {
+        now.saturating_sub(self.heartbeat)
+    }
+
+    /// Whether a driver holds the lease at `now`.
+    pub fn driven(&self, now: i64) -> bool {
+        !self.driver.is_empty()
+            && self.heartbeat_age(now) < i64::try_from(LEASE.as_secs()).unwrap_or(i64::MAX)
+    }
+}
+
+/// Where one node of a campaign is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeRotation {
+    /// Not yet sent a request.
+    Pending,
+    /// Acknowledged the reprovision request.
+    Sent,
+    /// Provisioned again.
+    Done,
+    /// Failed.
+    Failed,
+}
+
+/// One node of a campaign, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The node.
+    pub identity: String,
+    /// Where it is.
+    pub state: NodeRotation,
+    /// When it acknowledged the request (Unix seconds).
+    #[serde(default)]
+    pub sent_at: Option<i64>,
+    /// When it was provisioned again or failed (Unix seconds).
+    #[serde(default)]
+    pub finished_at: Option<i64>,
+    /// Requests sent that got no reply.
+    #[serde(default)]
+    pub tries: u32,
+    /// Why it failed.
+    #[serde(default)]
+    pub error: String,
+    /// The HMAC tag (empty without a secret).
+    #[serde(default)]
+    pub tag: String,
+}
+
+/// The bucket key of `identity`.
+pub fn node_key(identity: &str) -> String {
+    format!("{NODE_PREFIX}{}", hex::encode(identity.as_bytes()))
+}
+
+fn bounded(text: &str, max: usize) -> String {
+    let mut s: String = text.chars().filter(|c| !c.is_control()).collect();
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// The campaign bucket over one route.
+#[derive(Clone)]
+pub struct Campaigns {
+    store: kv::Store,
+    js: jetstream::Context,
+    seal: Seal,
+    by: String,
+}
+
+impl std::fmt::Debug for Campaigns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Campaigns").field("by", &self.by).finish()
+    }
+}
+
+impl Campaigns {
+    /// Opens the bucket over whichever route answers, creating it when `create` and the
+    /// account may. `by` names whoever writes.
+    pub async fn open(
+        client: async_nats::Client,
+        by: &str,
+        seal: Seal,
+        create: bool,
+    ) -> Result<Campaigns, CampaignError> {
+        let probe = first_answering(
+            |api| Self::open_via(client.clone(), api, create),
+            |e| matches!(e, CampaignError::Unreachable { .. }),
+        )
+        .await;
+        let (js, store) = match probe {
+            Probe::Opened(_, opened) => opened,
+            Probe::Answered(_, e) => return Err(e),
+            Probe::Unreachable(errors) => {
+                return Err(CampaignError::Unreachable {
+                    detail: errors
+                        .iter()
+                        .map(|(api, e)| format!("{api}: {e}"))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                })
+            }
+        };
+        Ok(Campaigns {
+            store,
+            js,
+            seal,
+            by: by.to_string(),
+        })
+    }
+
+    async fn open_via(
+        client: async_nats::Client,
+        api: StreamsApi,
+        create: bool,
+    ) -> Result<(jetstream::Context, kv::Store), CampaignError> {
+        let js = api.context(client, REQUEST_TIMEOUT);
+        let unreachable = |detail: String| CampaignError::Unreachable { detail };
+        match js.get_stream(format!("KV_{CAMPAIGN_BUCKET}")).await {
+            Ok(_) => {}
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j)
+                    if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    if !create {
+                        return Err(CampaignError::NoCampaign);
+                    }
+                    let config = kv::Config {
+                        bucket: CAMPAIGN_BUCKET.to_string(),
+                        description: "Choria provisioner rotation campaigns".to_string(),
+                        history: 1,
+                        max_value_size: MAX_RECORD as i32,
+                        storage: jetstream::stream::StorageType::File,
+                        ..Default::default()
+                    };
+                    let replicas = crate::claims::create_bucket(&js, config)
+                        .await
+                        .map_err(|d| request("create the bucket", d))?;
+                    info!("created campaign bucket {CAMPAIGN_BUCKET} with {replicas} replicas");
+                }
+                GetStreamErrorKind::JetStream(j) => return Err(request("open the bucket", j)),
+                _ => return Err(unreachable(e.to_string())),
+            },
+        }
+        let store = js
+            .get_key_value(CAMPAIGN_BUCKET)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        Ok((js, store))
+    }
+
+    /// The JetStream API the bucket was reached through (the audit stream is read through it).
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Who writes.
+    pub fn by(&self) -> &str {
+        &self.by
+    }
+
+    fn seal_bytes<T: Serialize + Clone>(
+        &self,
+        key: &str,
+        rec: &T,
+        set_tag: impl Fn(&mut T, String),
+    ) -> Result<Vec<u8>, CampaignError> {
+        let mut bare = rec.clone();
+        set_tag(&mut bare, String::new());
+        let unsigned = serde_json::to_vec(&bare).map_err(|e| request("encode a record", e))?;
+        let tag = self.seal.tag_record(key, &unsigned).unwrap_or_default();
+        set_tag(&mut bare, tag);
+        serde_json::to_vec(&bare).map_err(|e| request("encode a record", e))
+    }
+
+    fn open_record<T: Serialize + serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        tag: impl Fn(&mut T) -> &mut String,
+    ) -> Option<T> {
+        let opened = (bytes.len() <= MAX_RECORD)
+            .then(|| serde_json::from_slice::<T>(bytes).ok())
+            .flatten()
+            .and_then(|mut rec| {
+                let t = std::mem::take(tag(&mut rec));
+                let unsigned = serde_json::to_vec(&rec).ok()?;
+                self.seal.verify_record(key, &unsigned, &t).then(|| {
+                    *tag(&mut rec) = t;
+                    rec
+                })
+            });
+        if opened.is_none() {
+            warn!(
+                "campaign: ignoring {}: malformed or not signed with the provisioners' secret",
+                escaped(key)
+            );
+        }
+        opened
+    }
+
+    /// The campaign and its revision, if there is one.
+    pub async fn read(&self) -> Result<Option<(CampaignRecord, u64)>, CampaignError> {
+        let entry = self
+            .store
+            .entry(CAMPAIGN_KEY)
+            .await
+            .map_err(|e| request("read the campaign", e))?;
+        let Some(entry) = entry else {
+            return Ok(None);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(None);
+        }
+        Ok(self
+            .open_record::<CampaignRecord>(CAMPAIGN_KEY, &entry.value, |r| &mut r.tag)
+            .map(|r| (r, entry.revision)))
+    }
+
+    /// Writes the campaign: created when `revision` is `None`, else only over that revision.
+    /// Returns the new revision, or `None` when someone wrote it since.
+    async fn write(
+        &self,
+        rec: &CampaignRecord,
+        revision: Option<u64>,
+    ) -> Result<Option<u64>, CampaignError> {
+        let bytes = self.seal_bytes(CAMPAIGN_KEY, rec, |r, t| r.tag = t)?;
+        let done = match revision {
+            None => self
+                .store
+                .create(CAMPAIGN_KEY, bytes.into())
+                .await
+                .map_err(|e| e.to_string()),
+            Some(r) => self
+                .store
+                .update(CAMPAIGN_KEY, bytes.into(), r)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match done {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if e.contains("wrong last sequence") || e.contains("key exists") => Ok(None),
+            Err(e) => Err(request("write the campaign", e)),
+        }
+    }
+
+    async fn put_node(&self, rec: &NodeRecord) -> Result<(), CampaignError> {
+        let key = node_key(&rec.identity);
+        let bytes = self.seal_bytes(&key, rec, |r, t| r.tag = t)?;
+        self.store
+            .put(key, bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| request(format!("record {}", escaped(&rec.identity)), e))
+    }
+
+    /// Every node of the campaign.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, CampaignError> {
+        let keys = self
+            .store
+            .keys()
+            .await
+            .map_err(|e| request("list the nodes", e))?;
+        let keys: Vec<String> = keys
+            .filter_map(|k| async move { k.ok().filter(|k| k.starts_with(NODE_PREFIX)) })
+            .collect()
+            .await;
+        let store = &self.store;
+        let got: Vec<Result<Option<NodeRecord>, CampaignError>> = futures::stream::iter(keys)
+            .map(|key| async move {
+                let bytes = store
+                    .get(&key)
+                    .await
+                    .map_err(|e| request("read a node", e))?;
+                Ok(bytes.and_then(|b| {
+                    self.open_record::<NodeRecord>(&key, &b, |r| &mut r.tag)
+                        .filter(|r| node_key(&r.identity) == key)
+                }))
+            })
+            .buffer_unordered(BULK)
+            .collect()
+            .await;
+        let mut out = Vec::with_capacity(got.len());
+        for g in got {
+            if let Some(r) = g? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Starts a campaign over `targets` with `limits`; refused while another is not over.
+    /// `on_stored` is told how many nodes are recorded so far.
+    pub async fn start(
+        &self,
+        selector: &str,
+        targets: Vec<String>,
+        limits: Limits,
+        audit_from: Option<u64>,
+        mut on_stored: impl FnMut(usize),
+    ) -> Result<CampaignRecord, CampaignError> {
+        limits.validate()?;
+        if targets.is_empty() {
+            return Err(CampaignError::Select(format!(
+                "{selector} selected no nodes"
+            )));
+        }
+        if targets.len() > MAX_TARGETS {
+            return Err(CampaignError::Invalid(format!(
+                "{} nodes selected, more than the {MAX_TARGETS} one campaign holds",
+                targets.len()
+            )));
+        }
+        let previous = self.read().await?;
+        if let Some((old, _)) = &previous {
+            if !old.state.finished() {
+                return Err(CampaignError::Exists {
+                    id: old.id.clone(),
+                    state: old.state,
+                    progress: old.progress(),
+                });
+            }
+        }
+        self.purge_nodes().await?;
+        let now = now_unix();
+        let mut rec = CampaignRecord {
+            id: format!(
+                "{}-{}",
+                chrono::Utc::now().format("%Y%m%dT%H%M%SZ"),
+                &choria_rpc_client::protocol::new_request_id()[..8]
+            ),
+            by: self.by.clone(),
+            selector: bounded(selector, MAX_ERROR),
+            created: now,
+            limits,
+            // Written paused until every node is stored, so a driver never sees half of them.
+            state: CampaignState::Paused,
+            reason: "recording its nodes".into(),
+            total: targets.len() as u64,
+            pending: targets.len() as u64,
+            in_flight: 0,
+            done: 0,
+            failed: 0,
+            driver: String::new(),
+            heartbeat: 0,
+            eta: None,
+            recent_failures: Vec::new(),
+            audit_from,
+            tag: String::new(),
+        };
+        let mut revision = match previous {
+            Some((_, r)) => self.write(&rec, Some(r)).await?,
+            None => self.write(&rec, None).await?,
+        }
+        .ok_or_else(|| {
+            CampaignError::Invalid("another campaign was started at the same time".into())
+        })?;
+        let mut stored = 0usize;
+        let mut puts = futures::stream::iter(targets)
+            .map(|identity| async move {
+                self.put_node(&NodeRecord {
+                    identity,
+                    state: NodeRotation::Pending,
+                    sent_at: None,
+                    finished_at: None,
+                    tries: 0,
+                    error: String::new(),
+                    tag: String::new(),
+                })
+                .await
+            })
+            .buffer_unordered(BULK);
+        while let Some(r) = puts.next().await {
+            r?;
+            stored += 1;
+            if stored.is_multiple_of(1000) {
+                on_stored(stored);
+            }
+        }
+        on_stored(stored);
+        rec.state = CampaignState::Running;
+        rec.reason.clear();
+        revision = self.write(&rec, Some(revision)).await?.ok_or_else(|| {
+            CampaignError::Invalid("the campaign was changed while its nodes were recorded".into())
+        })?;
+        let _ = revision;
+        info!(
+            "rotation campaign {} started by {}: {} nodes ({})",
+            rec.id,
+            escaped(&rec.by),
+            rec.total,
+            escaped(&rec.selector)
+        );
+        Ok(rec)
+    }
+
+    async fn purge_nodes(&self) -> Result<(), CampaignError> {
+        let stream = self
+            .js
+            .get_stream(format!("KV_{CAMPAIGN_BUCKET}"))
+            .await
+            .map_err(|e| request("open the bucket's stream", e))?;
+        stream
+            .purge()
+            .filter(format!("$KV.{CAMPAIGN_BUCKET}.{NODE_PREFIX}>"))
+            .await
+            .map(|_| ())
+            .map_err(|e| request("remove the previous campaign's nodes", e))
+    }
+
+    /// Sets the campaign's state as an operator: `paused`, `running` (resume) or `aborted`,
+    /// with `reason`. Returns the record as written.
+    pub async fn set_state(
+        &self,
+        want: CampaignState,
+        reason: &str,
+    ) -> Result<CampaignRecord, CampaignError> {
+        for _ in 0..20 {
+            let (mut rec, revision) = self.read().await?.ok_or(CampaignError::NoCampaign)?;
+            let refuse = |what: &str| CampaignError::State {
+                id: rec.id.clone(),
+                state: rec.state,
+                what: what.to_string(),
+            };
+            match (rec.state, want) {
+                (s, _) if s.finished() => return Err(refuse("it is over")),
+                (CampaignState::Running, CampaignState::Running) => return Ok(rec),
+                (CampaignState::Paused, CampaignState::Paused) => return Ok(rec),
+                _ => {}
+            }
+            rec.state = want;
+            rec.reason = if reason.is_empty() {
+                format!("{} by {}", want.label(), self.by)
+            } else {
+                bounded(
+                    &format!("{} by {}: {reason}", want.label(), self.by),
+                    MAX_ERROR,
+                )
+            };
+            if want == CampaignState::Running {
+                rec.reason.clear();
+            }
+            if self.write(&rec, Some(revision)).await?.is_some() {
+                info!("rotation campaign {} {}", rec.id, want.label());
+                return Ok(rec);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(request(
+            "change the campaign's state",
+            "the record kept changing under this write",
+        ))
+    }
+}
+
+/// Reads `path`: one identity a line, `#` comments and blank lines skipped, each checked against
+/// `rule`, repeats dropped.
+pub fn read_identities(path: &Path, rule: &IdentityRule) -> Result<Vec<String>, CampaignError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| CampaignError::Select(format!("{}: {e}", path.display())))?;
+    if meta.len() > MAX_IDENTITIES_FILE {
+        return Err(CampaignError::Select(format!(
+            "{} is {} bytes, more than the {MAX_IDENTITIES_FILE} read",
+            path.display(),
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CampaignError::Select(format!("{}: {e}", path.display())))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        rule.check(line).map_err(|e| {
+            CampaignError::Select(format!(
+                "{} line {}: {}: {e}",
+                path.display(),
+                n + 1,
+                escaped(line)
+            ))
+        })?;
+        if seen.insert(line.to_string()) {
+            out.push(line.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Parses `--filter`: terms separated by spaces, each `identity=VALUE` (a name or `/REGEX/`),
+/// `class=NAME`, `agent=NAME`, or a fact comparison `FACT OP VALUE` with OP one of `==`, `=`,
+/// `!=`, `<=`, `>=`, `<`, `>`, `=~`. Only servers with the `choria_provision` agent can be
+/// reprovisioned, so that agent is always required.
+pub fn parse_filter(expr: &str) -> Result<Filter, CampaignError> {
+    let mut f = Filter::with_agent("choria_provision");
+    for term in expr.split_whitespace() {
+        let invalid =
+            |why: &str| CampaignError::Invalid(format!("--filter term {}: {why}", escaped(term)));
+        let op = ["==", "!=", "<=", ">=", "=~", "=", "<", ">"]
+            .into_iter()
+            .filter_map(|op| term.find(op).map(|at| (at, op)))
+            .min_by_key(|(at, op)| (*at, usize::MAX - op.len()))
+            .ok_or_else(|| invalid("it is not NAME=VALUE or FACT OP VALUE"))?;
+        let (name, value) = (&term[..op.0], &term[op.0 + op.1.len()..]);
+        if name.is_empty() || value.is_empty() {
+            return Err(invalid("both sides must be given"));
+        }
+        match (name, op.1) {
+            ("identity", "=" | "==") => f.identity.push(value.to_string()),
+            ("class", "=" | "==") => f.class.push(value.to_string()),
+            ("agent", "=" | "==") => f.agent.push(value.to_string()),
+            (fact, op) => f.fact.push(FactFilter {
+                fact: fact.to_string(),
+                operator: if op == "=" { "==".into() } else { op.into() },
+                value: value.to_string(),
+            }),
+        }
+    }
+    Ok(f)
+}
+
+/// Broadcast discovery of the servers matching `filter` on the main collective.
+pub async fn discover(rpc: &RpcClient, filter: &Filter) -> Result<Vec<String>, CampaignError> {
+    rpc.discover(
+        filter,
+        Duration::from_secs(10),
+        Some(Duration::from_secs(2)),
+    )
+    .await
+    .map_err(|e| CampaignError::Select(e.to_string()))
+}
+
+/// One record of the audit trail that matters to campaigns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditSeen {
+    /// The node.
+    pub identity: String,
+    /// The decision (`provisioned`, `failed`, ...).
+    pub decision: String,
+    /// When (Unix seconds).
+    pub at: i64,
+    /// When what was issued expires (the certificate's `not_after` or the server JWT's `exp`).
+    pub expires: Option<i64>,
+}
+
+fn parse_time(v: &serde_json::Value) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(v.as_str()?)
+        .ok()
+        .map(|t| t.timestamp())
+}
+
+/// Parses one audit record.
+pub fn parse_audit(bytes: &[u8]) -> Option<AuditSeen> {
+    if bytes.len() > MAX_RECORD {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let identity = v.get("identity")?.as_str()?.to_string();
+    let decision = v.get("decision")?.as_str()?.to_string();
+    let at = parse_time(v.get("time")?)?;
+    let cert = v.pointer("/certificate/not_after").and_then(parse_time);
+    let jwt = v.pointer("/server_jwt/expires").and_then(parse_time);
+    let expires = match (cert, jwt) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Some(AuditSeen {
+        identity,
+        decision,
+        at,
+        expires,
+    })
+}
+
+/// The sequence the next record of audit stream `stream` will have.
+pub async fn audit_next_sequence(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<u64, CampaignError> {
+    let fail = |detail: String| CampaignError::Audit {
+        stream: stream.to_string(),
+        detail,
+    };
+    let mut s = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let info = s.info().await.map_err(|e| fail(e.to_string()))?;
+    Ok(info.state.last_sequence.saturating_add(1))
+}
+
+/// Reads audit stream `stream` from sequence `from` to its end, calling `seen` for every record
+/// that parses. Returns the sequence to read from next time.
+pub async fn read_audit(
+    js: &jetstream::Context,
+    stream: &str,
+    from: u64,
+    mut seen: impl FnMut(AuditSeen),
+) -> Result<u64, CampaignError> {
+    let fail = |detail: String| CampaignError::Audit {
+        stream: stream.to_string(),
+        detail,
+    };
+    let next = audit_next_sequence(js, stream).await?;
+    if from >= next {
+        return Ok(next);
+    }
+    let s = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let consumer = s
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from.max(1),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let mut messages = consumer.messages().await.map_err(|e| fail(e.to_string()))?;
+    let last = next - 1;
+    loop {
+        let msg = match tokio::time::timeout(REQUEST_TIMEOUT, messages.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => return Err(fail(e.to_string())),
+            // Records removed by the stream's limits leave nothing more to read.
+            Ok(None) | Err(_) => return Ok(next),
+        };
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(last);
+        if let Some(a) = parse_audit(&msg.payload) {
+            seen(a);
+        }
+        if seq >= last {
+            return Ok(seq + 1);
+        }
+    }
+}
+
+/// The nodes whose last `provisioned` record in the audit stream says what they were issued
+/// expires before `now + within`.
+pub async fn expiring(
+    js: &jetstream::Context,
+    stream: &str,
+    within: Duration,
+) -> Result<Vec<String>, CampaignError> {
+    let mut last: HashMap<String, Option<i64>> = HashMap::new();
+    read_audit(js, stream, 1, |a| {
+        if a.decision == "provisioned" {
+            last.insert(a.identity, a.expires);
+        }
+    })
+    .await?;
+    let limit = now_unix().saturating_add(i64::try_from(within.as_secs()).unwrap_or(i64::MAX));
+    let mut out: Vec<String> = last
+        .into_iter()
+        .filter_map(|(id, exp)| exp.filter(|e| *e <= limit).map(|_| id))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// What the driver reports as it goes.
+pub trait Progress: Send {
+    /// The campaign as last written.
+    fn update(&mut self, rec: &CampaignRecord);
+}
+
+impl<F: FnMut(&CampaignRecord) + Send> Progress for F {
+    fn update(&mut self, rec: &CampaignRecord) {
+        self(rec)
+    }
+}
+
+/// What a driver needs.
+pub struct Driver {
+    /// The campaign bucket.
+    pub campaigns: Campaigns,
+    /// A client of the main collective.
+    pub rpc: RpcClient,
+    /// The provisioning token sent with each request.
+    pub token: String,
+    /// The audit stream (its context and name), when configured.
+    pub audit: Option<(jetstream::Context, String)>,
+}
+
+struct Run {
+    rec: CampaignRecord,
+    revision: u64,
+    nodes: HashMap<String, NodeRecord>,
+    queue: VecDeque<String>,
+    /// Requests on their way.
+    sending: u64,
+    /// Nodes acknowledged and not yet provisioned again.
+    sent: u64,
+    done: u64,
+    failed: u64,
+    done_times: VecDeque<Instant>,
+    audit_next: Option<u64>,
+}
+
+impl Run {
+    fn new(rec: CampaignRecord, revision: u64, nodes: Vec<NodeRecord>) -> Run {
+        let mut run = Run {
+            queue: VecDeque::new(),
+            nodes: HashMap::with_capacity(nodes.len()),
+            audit_next: rec.audit_from,
+            rec,
+            revision,
+            sending: 0,
+            sent: 0,
+            done: 0,
+            failed: 0,
+            done_times: VecDeque::new(),
+        };
+        for n in nodes {
+            match n.state {
+                NodeRotation::Pending => run.queue.push_back(n.identity.clone()),
+                NodeRotation::Sent => run.sent += 1,
+                NodeRotation::Done => run.done += 1,
+                NodeRotation::Failed => run.failed += 1,
+            }
+            run.nodes.insert(n.identity.clone(), n);
+        }
+        run.count();
+        run
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.sent + self.sending
+    }
+
+    fn count(&mut self) {
+        self.rec.total = self.nodes.len() as u64;
+        self.rec.in_flight = self.in_flight();
+        self.rec.done = self.done;
+        self.rec.failed = self.failed;
+        self.rec.pending = self
+            .rec
+            .total
+            .saturating_sub(self.in_flight() + self.done + self.failed);
+    }
+
+    fn eta(&mut self, now: i64) {
+        let cutoff = Instant::now().checked_sub(Duration::from_secs(60));
+        while self
+            .done_times
+            .front()
+            .is_some_and(|t| cutoff.is_some_and(|c| *t < c))
+        {
+            self.done_times.pop_front();
+        }
+        let left = self.rec.pending + self.rec.in_flight;
+        let per_minute = (self.done_times.len() as u64)
+            .max(1)
+            .min(u64::from(self.rec.limits.rate_per_minute));
+        self.rec.eta = (left > 0)
+            .then(|| now.saturating_add(i64::try_from(left * 60 / per_minute).unwrap_or(0)));
+    }
+
+    fn failing(&self) -> bool {
+        let finished = self.done + self.failed;
+        finished >= FAILING_MIN_FINISHED
+            && (self.failed as f64) * 100.0 > self.rec.limits.stop_if_failing * finished as f64
+    }
+}
+
+enum Sent {
+    Acked(String),
+    Refused(String, String),
+    NoReply(String, String),
+}
+
+fn send_outcome(
+    identity: String,
+    r: Result<impl Sized, choria_rpc_client::rpc::RequestError>,
+) -> Sent {
+    use choria_rpc_client::rpc::RequestErrorKind as K;
+    match r {
+        Ok(_) => Sent::Acked(identity),
+        Err(e) => match e.kind() {
+            K::Timeout | K::NoResponders | K::Transport | K::Closed => {
+                Sent::NoReply(identity, e.to_string())
+            }
+            _ => Sent::Refused(identity, e.to_string()),
+        },
+    }
+}
+
+impl Driver {
+    /// Drives the campaign until it completes, is paused, stopped or aborted, or `stop` is
+    /// cancelled (the campaign stays `running` and another driver may resume it at once).
+    /// Returns the campaign as last written.
+    pub async fn drive(
+        &self,
+        stop: CancellationToken,
+        progress: &mut dyn Progress,
+    ) -> Result<CampaignRecord, CampaignError> {
+        let c = &self.campaigns;
+        let me = format!("{} pid {}", c.by, std::process::id());
+        let now = now_unix();
+        let (mut rec, revision) = c.read().await?.ok_or(CampaignError::NoCampaign)?;
+        if rec.state != CampaignState::Running {
+            return Err(CampaignError::State {
+                id: rec.id,
+                state: rec.state,
+                what: "only a running campaign is driven; resume it first".into(),
+            });
+        }
+        if rec.driven(now) && rec.driver != me {
+            return Err(CampaignError::Busy {
+                age: rec.heartbeat_age(now),
+                id: rec.id,
+                driver: rec.driver,
+            });
+        }
+        rec.driver = me.clone();
+        rec.heartbeat = now;
+        let revision = c
+            .write(&rec, Some(revision))
+            .await?
+            .ok_or_else(|| CampaignError::Busy {
+                id: rec.id.clone(),
+                driver: "another process".into(),
+                age: 0,
+            })?;
+        let nodes = c.nodes().await?;
+        let mut run = Run::new(rec, revision, nodes);
+        info!(
+            "rotation campaign {}: driving {} nodes ({} waiting, {} in flight)",
+            run.rec.id,
+            run.nodes.len(),
+            run.queue.len(),
+            run.sent
+        );
+        let mut events = self
+            .rpc
+            .subscribe_lifecycle("startup", "server", None)
+            .await
+            .map_err(|e| CampaignError::Select(e.to_string()))?;
+        // What the audit trail says since the campaign began (a crash may have hidden it).
+        self.poll_audit(&mut run).await?;
+        let mut sends: JoinSet<Sent> = JoinSet::new();
+        let per_second = f64::from(run.rec.limits.rate_per_minute) / 60.0;
+        let burst = per_second.max(1.0);
+        let mut tokens = 1.0_f64.min(burst);
+        let mut last_refill = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut last_beat = Instant::now();
+        let ended = loop {
+            tokio::select! {
+                _ = stop.cancelled() => break false,
+                ev = events.next() => {
+                    if let Some(ev) = ev {
+                        self.finish_node(&mut run, &ev.event.identity, None).await?;
+                    }
+                }
+                Some(done) = sends.join_next(), if !sends.is_empty() => {
+                    run.sending = run.sending.saturating_sub(1);
+                    if let Ok(done) = done {
+                        self.sent(&mut run, done).await?;
+                    }
+                }
+                _ = tick.tick() => {
+                    let elapsed = last_refill.elapsed().as_secs_f64();
+                    last_refill = Instant::now();
+                    tokens = (tokens + elapsed * per_second).min(burst);
+                    while run.rec.state == CampaignState::Running
+                        && tokens >= 1.0
+                        && run.in_flight() < u64::from(run.rec.limits.max_in_flight)
+                    {
+                        let Some(identity) = run.queue.pop_front() else { break };
+                        if run.nodes.get(&identity).is_none_or(|n| n.state != NodeRotation::Pending) {
+                            continue;
+                        }
+                        tokens -= 1.0;
+                        run.sending += 1;
+                        let rpc = self.rpc.clone();
+                        let token = self.token.clone();
+                        sends.spawn(async move {
+                            let r = rpc.provision_reprovision(&identity, &token, REPROVISION_TIMEOUT).await;
+                            send_outcome(identity, r)
+                        });
+                    }
+                    if last_beat.elapsed() >= HEARTBEAT {
+                        last_beat = Instant::now();
+                        self.poll_audit(&mut run).await?;
+                        self.time_out(&mut run).await?;
+                        let keep = self.beat(&mut run, &me).await?;
+                        progress.update(&run.rec);
+                        if !keep {
+                            break true;
+                        }
+                        if run.rec.state != CampaignState::Running && run.sending == 0 {
+                            break true;
+                        }
+                    }
+                }
+            }
+        };
+        if !ended {
+            info!(
+                "rotation campaign {}: this driver stops; the campaign stays {} for `rotate resume`",
+                run.rec.id, run.rec.state
+            );
+        }
+        // Release the lease and write where the campaign is.
+        run.count();
+        run.rec.driver.clear();
+        run.rec.heartbeat = 0;
+        let last = self.save(&mut run).await?;
+        progress.update(&last);
+        Ok(last)
+    }
+
+    /// Writes progress and the heartbeat; adopts a pause or abort written by someone else.
+    /// Returns false when the lease was lost or the campaign is over.
+    async fn beat(&self, run: &mut Run, me: &str) -> Result<bool, CampaignError> {
+        run.count();
+        let now = now_unix();
+        run.eta(now);
+        if run.rec.state == CampaignState::Running {
+            if run.failing() {
+                run.rec.state = CampaignState::Stopped;
+                run.rec.reason = format!(
+                    "stopped itself: {} of {} finished nodes failed, more than {}%",
+                    run.failed,
+                    run.done + run.failed,
+                    run.rec.limits.stop_if_failing
+                );
+                warn!("rotation campaign {}: {}", run.rec.id, run.rec.reason);
+            } else if run.rec.pending == 0 && run.rec.in_flight == 0 {
+                run.rec.state = CampaignState::Completed;
+                run.rec.eta = None;
+                info!(
+                    "rotation campaign {} completed: {}",
+                    run.rec.id,
+                    run.rec.progress()
+                );
+            }
+        }
+        run.rec.heartbeat = now;
+        let stored = self.save(run).await?;
+        if stored.driver != me {
+            warn!(
+                "rotation campaign {}: taken over by {}",
+                run.rec.id,
+                escaped(&stored.driver)
+            );
+            return Ok(false);
+        }
+        Ok(!run.rec.state.finished())
+    }
+
+    /// Writes the campaign over its revision, adopting an operator's state change made since.
+    /// Returns what is stored: another driver's record when the lease was taken.
+    async fn save(&self, run: &mut Run) -> Result<CampaignRecord, CampaignError> {
+        let c = &self.campaigns;
+        for _ in 0..20 {
+            if let Some(r) = c.write(&run.rec, Some(run.revision)).await? {
+                run.revision = r;
+                return Ok(run.rec.clone());
+            }
+            let (stored, r) = c.read().await?.ok_or(CampaignError::NoCampaign)?;
+            if stored.id != run.rec.id
+                || (!stored.driver.is_empty() && stored.driver != run.rec.driver)
+            {
+                return Ok(stored);
+            }
+            run.revision = r;
+            if stored.state != run.rec.state {
+                info!(
+                    "rotation campaign {}: {} ({})",
+                    run.rec.id,
+                    stored.state,
+                    escaped(&stored.reason)
+                );
+                run.rec.state = stored.state;
+                run.rec.reason = stored.reason;
+            }
+        }
+        Err(request(
+            "write the campaign",
+            "the record kept changing under this write",
+        ))
+    }
+
+    async fn sent(&self, run: &mut Run, done: Sent) -> Result<(), CampaignError> {
+        match done {
+            Sent::Acked(identity) => {
+                if let Some(n) = run.nodes.get_mut(&identity) {
+                    if n.state == NodeRotation::Pending {
+                        n.state = NodeRotation::Sent;
+                        n.sent_at = Some(now_unix());
+                        run.sent += 1;
+                        let n = n.clone();
+                        self.campaigns.put_node(&n).await?;
+                    }
+                }
+            }
+            Sent::Refused(identity, why) => self.fail(run, &identity, &why).await?,
+            Sent::NoReply(identity, why) => {
+                let tries = run.nodes.get_mut(&identity).map(|n| {
+                    n.tries += 1;
+                    n.tries
+                });
+                match tries {
+                    Some(t) if t >= SEND_TRIES => self.fail(run, &identity, &why).await?,
+                    Some(_) => run.queue.push_back(identity),
+                    None => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn fail(&self, run: &mut Run, identity: &str, why: &str) -> Result<(), CampaignError> {
+        let Some(n) = run.nodes.get_mut(identity) else {
+            return Ok(());
+        };
+        match n.state {
+            NodeRotation::Done | NodeRotation::Failed => return Ok(()),
+            NodeRotation::Sent => run.sent -= 1,
+            NodeRotation::Pending => {}
+        }
+        run.failed += 1;
+        let now = now_unix();
+        n.state = NodeRotation::Failed;
+        n.finished_at = Some(now);
+        n.error = bounded(why, MAX_ERROR);
+        let n = n.clone();
+        warn!(
+            "rotation campaign {}: {} failed: {}",
+            run.rec.id,
+            escaped(identity),
+            escaped(&n.error)
+        );
+        if run.rec.recent_failures.len() >= RECENT_FAILURES {
+            run.rec.recent_failures.remove(0);
+        }
+        run.rec.recent_failures.push(NodeFailure {
+            identity: n.identity.clone(),
+            error: n.error.clone(),
+            at: now,
+        });
+        self.campaigns.put_node(&n).await
+    }
+
+    /// Marks `identity` done when it acknowledged a request (and, with `at`, was provisioned
+    /// no earlier than it acknowledged).
+    async fn finish_node(
+        &self,
+        run: &mut Run,
+        identity: &str,
+        at: Option<i64>,
+    ) -> Result<(), CampaignError> {
+        let Some(n) = run.nodes.get_mut(identity) else {
+            return Ok(());
+        };
+        if n.state != NodeRotation::Sent || at.is_some_and(|t| n.sent_at.is_some_and(|s| t < s)) {
+            return Ok(());
+        }
+        n.state = NodeRotation::Done;
+        n.finished_at = Some(now_unix());
+        run.sent -= 1;
+        run.done += 1;
+        let n = n.clone();
+        run.done_times.push_back(Instant::now());
+        self.campaigns.put_node(&n).await
+    }
+
+    async fn poll_audit(&self, run: &mut Run) -> Result<(), CampaignError> {
+        let (Some((js, stream)), Some(from)) = (&self.audit, run.audit_next) else {
+            return Ok(());
+        };
+        let mut provisioned = Vec::new();
+        let next = read_audit(js, stream, from, |a| {
+            if a.decision == "provisioned" {
+                provisioned.push((a.identity, a.at));
+            }
+        })
+        .await?;
+        run.audit_next = Some(next);
+        for (identity, at) in provisioned {
+            self.finish_node(run, &identity, Some(at)).await?;
+        }
+        Ok(())
+    }
+
+    async fn time_out(&self, run: &mut Run) -> Result<(), CampaignError> {
+        if run.sent == 0 {
+            return Ok(());
+        }
+        let limit = i64::try_from(run.rec.limits.node_timeout_secs).unwrap_or(i64::MAX);
+        let now = now_unix();
+        let late: Vec<String> = run
+            .nodes
+            .values()
+            .filter(|n| {
+                n.state == NodeRotation::Sent
+                    && n.sent_at.is_some_and(|s| now.saturating_sub(s) > limit)
+            })
+            .map(|n| n.identity.clone())
+            .collect();
+        for identity in late {
+            let why = format!("not provisioned again within {limit}s of acknowledging reprovision");
+            self.fail(run, &identity, &why).await?;
+        }
+        Ok(())
+    }
+}
+
+/// An operator's handle on campaigns: the bucket, reached with the provisioner's files, and
+/// those files.
+#[derive(Debug)]
+pub struct Operator {
+    /// The campaign bucket.
+    pub campaigns: Campaigns,
+    /// The provisioner's settings (token, audit stream, identity rule).
+    pub settings: crate::settings::Settings,
+}
+
+/// Opens the campaign bucket for an operator's command from the provisioner's files, as
+/// [`crate::control::connect_operator`] opens fleet control; `create` makes the bucket when
+/// missing (starting a campaign), else a missing bucket means there is no campaign.
+pub async fn connect_operator(
+    paths: &crate::settings::Paths,
+    create: bool,
+    timeout: Duration,
+) -> Result<Operator, crate::Error> {
+    let settings = crate::settings::Settings::load(paths)?;
+    let user = std::env::var("SUDO_USER")
+        .or_else(|_| std::env::var("USER"))
+        .unwrap_or_else(|_| "unknown".into());
+    let by = format!("{user}@{}", settings.choria.identity);
+    let connection =
+        choria_rpc_client::connection::ConnectionSettings::from_config(&settings.choria)?;
+    connection.validate()?;
+    let seal = crate::aa::seal(&settings.config)?;
+    let open = async {
+        let nats = choria_rpc_client::connection::connect(&connection).await?;
+        Ok::<_, crate::Error>(Campaigns::open(nats, &by, seal, create).await?)
+    };
+    let campaigns = tokio::time::timeout(timeout, open)
+        .await
+        .map_err(|_| crate::Error::ConnectTimeout(timeout))??;
+    Ok(Operator {
+        campaigns,
+        settings,
+    })
+}
+
+/// A client of the main collective from the Choria configuration `path` (the servers' own
+/// collective, where provisioned servers answer), bounded by `timeout`.
+pub async fn main_client(path: &Path, timeout: Duration) -> Result<RpcClient, crate::Error> {
+    let cfg = choria_rpc_client::config::ChoriaConfig::load(path).map_err(|source| {
+        crate::Error::ChoriaConfig {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    tokio::time::timeout(timeout, RpcClient::connect(&cfg))
+        .await
+        .map_err(|_| crate::Error::ConnectTimeout(timeout))?
+        .map_err(|source| crate::Error::MainCollective {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })
+}
+
+/// How a campaign's nodes are chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Selection {
+    /// A file of identities.
+    Identities(std::path::PathBuf),
+    /// Broadcast discovery on the main collective with this filter.
+    Filter(String),
+    /// The nodes whose certificate or server JWT, as the audit stream recorded it, expires
+    /// within this long.
+    ExpiringWithin(Duration),
+}
+
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selection::Identities(p) => write!(f, "--identities {}", p.display()),
+            Selection::Filter(e) => write!(f, "--filter {e}"),
+            Selection::ExpiringWithin(d) => write!(f, "--expiring-within {}s", d.as_secs()),
+        }
+    }
+}
+
+impl Operator {
+    /// The nodes `selection` names. Discovery uses `rpc`, the main collective's client.
+    pub async fn select(
+        &self,
+        selection: &Selection,
+        rpc: &RpcClient,
+    ) -> Result<Vec<String>, CampaignError> {
+        let rule = self.settings.config.provision.identity_rule().clone();
+        let mut nodes = match selection {
+            Selection::Identities(path) => read_identities(path, &rule)?,
+            Selection::Filter(expr) => discover(rpc, &parse_filter(expr)?).await?,
+            Selection::ExpiringWithin(within) => {
+                let stream = self.audit_stream().ok_or_else(|| {
+                    CampaignError::Invalid(
+                        "--expiring-within reads what was issued from the audit stream; set audit_stream in the provisioner configuration".into(),
+                    )
+                })?;
+                expiring(self.campaigns.jetstream(), stream, *within).await?
+            }
+        };
+        nodes.retain(|n| rule.check(n).is_ok());
+        Ok(nodes)
+    }
+
+    /// The audit stream's name, when one is configured.
+    pub fn audit_stream(&self) -> Option<&str> {
+        let s = self.settings.config.audit_stream.as_str();
+        (!s.is_empty()).then_some(s)
+    }
+
+    /// Starts a campaign over `nodes`.
+    pub async fn start(
+        &self,
+        selection: &Selection,
+        nodes: Vec<String>,
+        limits: Limits,
+        on_stored: impl FnMut(usize),
+    ) -> Result<CampaignRecord, CampaignError> {
+        let audit_from = match self.audit_stream() {
+            Some(s) => Some(audit_next_sequence(self.campaigns.jetstream(), s).await?),
+            None => None,
+        };
+        self.campaigns
+            .start(&selection.to_string(), nodes, limits, audit_from, on_stored)
+            .await
+    }
+
+    /// A driver of the campaign over `rpc`, the main collective's client.
+    pub fn driver(&self, rpc: RpcClient) -> Driver {
+        Driver {
+            campaigns: self.campaigns.clone(),
+            rpc,
+            token: self.settings.config.provision.token().to_string(),
+            audit: self
+                .audit_stream()
+                .map(|s| (self.campaigns.jetstream().clone(), s.to_string())),
+        }
+    }
+}
+
+/// Parses `--rate`: `500/min`, `10/s`, `30000/h` or a bare number a minute.
+pub fn parse_rate(text: &str) -> Result<u32, CampaignError> {
+    let invalid = || {
+        CampaignError::Invalid(format!(
+            "--rate {}: give nodes a minute as 500/min (or N/s, N/h)",
+            escaped(text)
+        ))
+    };
+    let (n, per) = text.split_once('/').unwrap_or((text, "min"));
+    let n: u64 = n.trim().parse().map_err(|_| invalid())?;
+    let per_minute = match per.trim() {
+        "s" | "sec" | "second" => n.checked_mul(60),
+        "m" | "min" | "minute" => Some(n),
+        "h" | "hour" => Some(n / 60),
+        _ => None,
+    }
+    .ok_or_else(invalid)?;
+    u32::try_from(per_minute)
+        .ok()
+        .filter(|r| *r > 0)
+        .ok_or_else(invalid)
+}
+
+/// Parses `--stop-if-failing`: `5%` or `5`.
+pub fn parse_share(text: &str) -> Result<f64, CampaignError> {
+    text.trim()
+        .trim_end_matches('%')
+        .parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=100.0).contains(p))
+        .ok_or_else(|| {
+            CampaignError::Invalid(format!(
+                "--stop-if-failing {}: give a share as 5%",
+                escaped(text)
+            ))
+        })
+}
+
+/// One line of progress: a bar, the counts and the ETA.
+pub fn progress_line(rec: &CampaignRecord, now: i64) -> String {
+    const WIDTH: u64 = 30;
+    let finished = rec.done + rec.failed;
+    let filled = (finished * WIDTH).checked_div(rec.total).unwrap_or(0);
+    let bar: String = (0..WIDTH)
+        .map(|i| if i < filled { '#' } else { '.' })
+        .collect();
+    let eta = match rec.eta {
+        Some(t) if t > now => format!(", ETA {}", human_duration(t - now)),
+        _ => String::new(),
+    };
+    format!(
+        "[{bar}] {}/{} done, {} failed, {} in flight, {} waiting{eta} ({})",
+        rec.done, rec.total, rec.failed, rec.in_flight, rec.pending, rec.state
+    )
+}
+
+fn human_duration(secs: i64) -> String {
+    match secs {
+        s if s >= 3600 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// `rotate status`: the campaign in lines for people.
+pub fn status_text(rec: &CampaignRecord, now: i64) -> String {
+    let mut out = String::new();
+    let driver = if rec.driven(now) {
+        format!("{} (heartbeat {}s ago)", rec.driver, rec.heartbeat_age(now))
+    } else {
+        "nobody".to_string()
+    };
+    let lines = [
+        ("Campaign", rec.id.clone()),
+        ("State", rec.state.to_string()),
+        ("Reason", rec.reason.clone()),
+        (
+            "Started",
+            format!("{} by {}", crate::control::rfc3339(rec.created), rec.by),
+        ),
+        ("Selected by", rec.selector.clone()),
+        (
+            "Limits",
+            format!(
+                "{}/min, {} in flight, stop above {}% failing, {}s a node",
+                rec.limits.rate_per_minute,
+                rec.limits.max_in_flight,
+                rec.limits.stop_if_failing,
+                rec.limits.node_timeout_secs
+            ),
+        ),
+        ("Driven by", driver),
+        ("Progress", progress_line(rec, now)),
+    ];
+    for (k, v) in lines {
+        if !v.is_empty() {
+            out.push_str(&format!("{k:>12}: {v}\n"));
+        }
+    }
+    if !rec.recent_failures.is_empty() {
+        out.push_str("\nLatest failures:\n");
+        for f in &rec.recent_failures {
+            out.push_str(&format!(
+                "  {} {}: {}\n",
+                crate::control::rfc3339(f.at),
+                f.identity,
+                f.error
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn record(total: u64) -> CampaignRecord {
+        CampaignRecord {
+            id: "c1".into(),
+            by: "ops@admin".into(),
+            selector: "--identities x".into(),
+            created: 1_000,
+            limits: Limits::default(),
+            state: CampaignState::Running,
+            reason: String::new(),
+            total,
+            pending: total,
+            in_flight: 0,
+            done: 0,
+            failed: 0,
+            driver: String::new(),
+            heartbeat: 0,
+            eta: None,
+            recent_failures: Vec::new(),
+            audit_from: None,
+            tag: String::new(),
+        }
+    }
+
+    fn node(id: &str, state: NodeRotation) -> NodeRecord {
+        NodeRecord {
+            identity: id.into(),
+            state,
+            sent_at: None,
+            finished_at: None,
+            tries: 0,
+            error: String::new(),
+            tag: String::new(),
+        }
+    }
+
+    #[test]
+    fn filters_parse_into_fact_identity_class_and_agent_terms() {
+        let f = parse_filter("os.family=RedHat identity=/^web/ class=apache mem>=4 agent=puppet")
+            .unwrap();
+        assert_eq!(f.agent, vec!["choria_provision", "puppet"]);
+        assert_eq!(f.identity, vec!["/^web/"]);
+        assert_eq!(f.class, vec!["apache"]);
+        assert_eq!(f.fact.len(), 2);
+        assert_eq!(
+            (
+                f.fact[0].fact.as_str(),
+                f.fact[0].operator.as_str(),
+                f.fact[0].value.as_str()
+            ),
+            ("os.family", "==", "RedHat")
+        );
+        assert_eq!(f.fact[1].operator, ">=");
+        let re = parse_filter("country=~/^m/").unwrap();
+        assert_eq!(re.fact[0].operator, "=~");
+        assert!(parse_filter("justaword").is_err());
+        assert!(parse_filter("=x").is_err());
+        assert_eq!(parse_filter("").unwrap().agent, vec!["choria_provision"]);
+    }
+
+    #[test]
+    fn rates_and_shares_parse_with_their_units() {
+        assert_eq!(parse_rate("500/min").unwrap(), 500);
+        assert_eq!(parse_rate("10/s").unwrap(), 600);
+        assert_eq!(parse_rate("6000/h").unwrap(), 100);
+        assert_eq!(parse_rate("42").unwrap(), 42);
+        for bad in ["0/min", "x/min", "5/week", "10/h", "-1"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_share("5%").unwrap(), 5.0);
+        assert_eq!(parse_share("0.5").unwrap(), 0.5);
+        assert!(parse_share("101%").is_err());
+        assert!(parse_share("lots").is_err());
+    }
+
+    #[test]
+    fn limits_refuse_zero_rates_and_shares_out_of_range() {
+        assert!(Limits::default().validate().is_ok());
+        for bad in [
+            Limits {
+                rate_per_minute: 0,
+                ..Limits::default()
+            },
+            Limits {
+                max_in_flight: 0,
+                ..Limits::default()
+            },
+            Limits {
+                stop_if_failing: 150.0,
+                ..Limits::default()
+            },
+            Limits {
+                node_timeout_secs: 0,
+                ..Limits::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn audit_records_give_the_earliest_expiry_of_what_was_issued() {
+        let line = br#"{"time":"2026-12-03T10:00:00.000Z","identity":"n1.example.net","decision":"provisioned","certificate":{"serial":"01","sha256":"aa","not_after":"2027-01-01T00:00:00.000Z"},"server_jwt":{"id":"j","expires":"2026-12-10T00:00:00.000Z"}}"#;
+        let a = parse_audit(line).unwrap();
+        assert_eq!(a.identity, "n1.example.net");
+        assert_eq!(a.decision, "provisioned");
+        assert_eq!(a.at, 1_796_292_000);
+        assert_eq!(a.expires, Some(1_796_860_800));
+        let bare = br#"{"time":"2026-12-03T10:00:00Z","identity":"n2","decision":"failed"}"#;
+        assert_eq!(parse_audit(bare).unwrap().expires, None);
+        assert!(parse_audit(b"not json").is_none());
+        assert!(parse_audit(br#"{"identity":"n3"}"#).is_none());
+        let huge = vec![b' '; MAX_RECORD + 1];
+        assert!(parse_audit(&huge).is_none());
+    }
+
+    #[test]
+    fn identities_files_skip_comments_and_repeats_and_refuse_bad_names() {
+        let dir = std::env::temp_dir().join(format!("rotate-ids-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(
+            &good,
+            "# web tier\nweb1.example.net\n\n web2.example.net \nweb1.example.net\n",
+        )
+        .unwrap();
+        let rule = IdentityRule::builtin();
+        assert_eq!(
+            read_identities(&good, &rule).unwrap(),
+            vec!["web1.example.net", "web2.example.net"]
+        );
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "web1.example.net\nweb*.example.net\n").unwrap();
+        let e = read_identities(&bad, &rule).unwrap_err().to_string();
+        assert!(e.contains("line 2"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_run_counts_nodes_and_judges_the_failure_share() {
+        let mut nodes: Vec<NodeRecord> = (0..30)
+            .map(|i| node(&format!("n{i}"), NodeRotation::Done))
+            .collect();
+        nodes.push(node("p1", NodeRotation::Pending));
+        nodes.push(node("s1", NodeRotation::Sent));
+        nodes.push(node("f1", NodeRotation::Failed));
+        let mut run = Run::new(record(33), 1, nodes);
+        assert_eq!(run.queue, vec!["p1".to_string()]);
+        assert_eq!(
+            (
+                run.rec.pending,
+                run.rec.in_flight,
+                run.rec.done,
+                run.rec.failed
+            ),
+            (1, 1, 30, 1)
+        );
+        // 1 failed of 31 finished is above 2% and below 5%.
+        assert!(!run.failing());
+        run.rec.limits.stop_if_failing = 2.0;
+        assert!(run.failing());
+        run.sending = 1;
+        run.count();
+        assert_eq!((run.rec.pending, run.rec.in_flight), (0, 2));
+        // Too few finished nodes to judge.
+        let small = Run::new(
+            record(2),
+            1,
+            vec![
+                node("a", NodeRotation::Failed),
+                node("b", NodeRotation::Done),
+            ],
+        );
+        assert!(!small.failing());
+    }
+
+    #[test]
+    fn progress_shows_a_bar_counts_and_eta() {
+        let mut rec = record(10);
+        rec.done = 5;
+        rec.failed = 1;
+        rec.in_flight = 2;
+        rec.pending = 2;
+        rec.eta = Some(1_000 + 125);
+        let line = progress_line(&rec, 1_000);
+        assert!(
+            line.starts_with(&format!("[{}{}]", "#".repeat(18), ".".repeat(12))),
+            "{line}"
+        );
+        assert!(
+            line.contains("5/10 done, 1 failed, 2 in flight, 2 waiting, ETA 2m05s (running)"),
+            "{line}"
+        );
+        let text = status_text(&rec, 1_000);
+        assert!(text.contains("Driven by: nobody"), "{text}");
+        assert!(progress_line(&record(0), 0).contains("0/0 done"));
+    }
+
+    #[test]
+    fn a_lease_lapses_after_its_heartbeat_ages() {
+        let mut rec = record(1);
+        rec.driver = "ops pid 1".into();
+        rec.heartbeat = 100;
+        assert!(rec.driven(100 + 29));
+        assert!(!rec.driven(100 + 30));
+        rec.driver.clear();
+        assert!(!rec.driven(100));
+    }
+}
