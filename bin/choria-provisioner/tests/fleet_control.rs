@@ -1,7 +1,7 @@
 //! Fleet control against a real broker: `deny` reaches two active-active replicas within a
 //! second and the denied nodes are never provisioned while the rest of the fleet is; `pause`
 //! stops a provisioner until `resume`; `dry_run` asks the helper for every node and provisions
-//! none.
+//! none; `max_per_minute` is one limit for two replicas.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -253,5 +253,58 @@ async fn a_dry_run_judges_every_node_and_changes_none() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(calls.lines().count(), 6, "{calls}");
+    fleet.shutdown().await;
+}
+
+/// `max_per_minute` is one limit for all replicas: two active-active replicas at 60 a minute
+/// (one a second, a burst of one) take about as long for 12 nodes as one replica would, not
+/// half; each replica alone would let 120 a minute through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_per_minute_is_shared_by_the_replicas() {
+    let env = Env::new();
+    let mut replicas = Vec::new();
+    for identity in ["provisioner-a", "provisioner-b"] {
+        let mut p = env
+            .provisioner(test_helper("scenario.py") + " configure")
+            .yaml(
+            "fleet_control: true\nactive_active: true\nclaim_lifetime: 30s\nmax_per_minute: 60\n",
+        );
+        p.identity = identity.into();
+        let launch = env.prepare(&p);
+        let mut prov = Prov::launch(&launch);
+        prov.wait_ready().await;
+        assert!(
+            prov.wait_log("shared by every replica", Duration::from_secs(10))
+                .await,
+            "{}",
+            prov.output()
+        );
+        replicas.push(prov);
+    }
+    let fleet = env.fleet(env.fleet_config(12, Mode::Plain)).await;
+    let started = Instant::now();
+    assert!(
+        fleet.wait_provisioned(1, Duration::from_secs(30)).await,
+        "{}",
+        replicas[0].output()
+    );
+    let first = started.elapsed();
+    assert!(
+        fleet.wait_provisioned(12, Duration::from_secs(90)).await,
+        "{} provisioned\n{}\n{}",
+        fleet.provisioned(),
+        replicas[0].output(),
+        replicas[1].output()
+    );
+    let spread = started.elapsed() - first;
+    println!("max_per_minute 60 on two replicas: 12 nodes, first after {first:?}, the last {spread:?} later");
+    // 11 more nodes at one a second, less the burst each replica may hold: at least 8 s.
+    // Two separate limits would pass them in about 5 s.
+    assert!(
+        spread >= Duration::from_secs(8),
+        "12 nodes within {spread:?}: the replicas did not share the limit"
+    );
+    let helped: f64 = replicas.iter().map(|p| p.m("provisioned")).sum();
+    assert_eq!(helped, 12.0);
     fleet.shutdown().await;
 }

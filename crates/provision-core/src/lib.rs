@@ -93,6 +93,7 @@ pub mod identity;
 pub mod keyenc;
 pub mod keys;
 pub mod observer;
+pub mod pacing;
 pub mod pause;
 pub mod policy;
 pub mod provision;
@@ -116,6 +117,7 @@ pub use helper_protocol;
 pub use identity::{IdentityError, IdentityRule};
 pub use keys::{KeyMaterial, StaticKeys};
 pub use observer::{NoopObserver, Observer};
+pub use pacing::{LocalBucket, Pacer};
 pub use pause::PauseState;
 pub use provision::{
     Backoff, Host, Outcome, ProvisionError, ProvisionErrorKind, Provisioner, ProvisionerBuilder,

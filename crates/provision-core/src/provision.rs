@@ -23,6 +23,7 @@ use crate::identity::{escaped, IdentityError};
 use crate::keyenc::encrypt_private_key_with;
 use crate::keys::{KeyMaterial, StaticKeys};
 use crate::observer::{NoopObserver, Observer};
+use crate::pacing::Pacer;
 use crate::pause::PauseState;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
 use crate::revocation::{key_fingerprints, Revocation};
@@ -399,6 +400,7 @@ pub struct Provisioner {
     admission: Option<Box<dyn Admission>>,
     claims: Option<Box<dyn Claims>>,
     revocation: Option<Box<dyn Revocation>>,
+    pacer: Option<Box<dyn Pacer>>,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -429,6 +431,7 @@ pub struct ProvisionerBuilder {
     admission: Option<Box<dyn Admission>>,
     claims: Option<Box<dyn Claims>>,
     revocation: Option<Box<dyn Revocation>>,
+    pacer: Option<Box<dyn Pacer>>,
 }
 
 impl ProvisionerBuilder {
@@ -488,6 +491,13 @@ impl ProvisionerBuilder {
         self
     }
 
+    /// Lets nodes reach the helper only as fast as `pacer` allows (`max_per_minute`; default:
+    /// no limit).
+    pub fn pacer(mut self, pacer: impl Pacer) -> Self {
+        self.pacer = Some(Box::new(pacer));
+        self
+    }
+
     /// Active-active: claims each node in `claims` before anything is sent to it, keeps the
     /// claim while the cycle runs, marks it done after success and releases it after failure
     /// (default: no claims).
@@ -511,6 +521,7 @@ impl ProvisionerBuilder {
             admission: self.admission,
             claims: self.claims,
             revocation: self.revocation,
+            pacer: self.pacer,
         }
     }
 }
@@ -532,6 +543,7 @@ impl Provisioner {
             admission: None,
             claims: None,
             revocation: None,
+            pacer: None,
         }
     }
 
@@ -993,6 +1005,23 @@ impl Provisioner {
                 Decision::Defer(reason) => {
                     return Err(ProvisionErrorKind::Deferred(escaped(&reason).to_string()));
                 }
+            }
+        }
+        if let Some(pacer) = &self.pacer {
+            let asked = Instant::now();
+            pacer.admit(id).await;
+            let waited = asked.elapsed();
+            if waited >= Duration::from_millis(1) {
+                self.observer.node_event(
+                    id,
+                    &NodeEvent::Step {
+                        step: "rate_limit",
+                        ok: true,
+                        tries: 1,
+                        elapsed: waited,
+                        detail: "",
+                    },
+                );
             }
         }
         let started = Instant::now();

@@ -80,6 +80,9 @@ pub struct Config {
     /// `fleet_control` (not a Go key): follow the `CHORIA_PROVISIONER_CONTROL` bucket, so that
     /// `choria-provisioner pause|resume|deny` reach this replica.
     pub fleet_control: bool,
+    /// `max_per_minute` (not a Go key): nodes a minute that may reach the helper, shared by
+    /// every replica through the fleet control bucket when `fleet_control` is on; 0 is no limit.
+    pub max_per_minute: u32,
     /// `active_active` (not a Go key): every replica provisions, each node claimed in the
     /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
     pub active_active: bool,
@@ -181,6 +184,7 @@ impl std::fmt::Debug for Config {
             leader_election,
             leader_election_wait,
             fleet_control,
+            max_per_minute,
             active_active,
             claim_lifetime,
             claims_secret_file,
@@ -221,6 +225,7 @@ impl std::fmt::Debug for Config {
             .field("leader_election", leader_election)
             .field("leader_election_wait", leader_election_wait)
             .field("fleet_control", fleet_control)
+            .field("max_per_minute", max_per_minute)
             .field("active_active", active_active)
             .field("claim_lifetime", claim_lifetime)
             .field("claims_secret_file", claims_secret_file)
@@ -490,6 +495,7 @@ struct RawConfig {
     leader_election_wait: bool,
     dry_run: bool,
     fleet_control: bool,
+    max_per_minute: u32,
     active_active: bool,
     claim_lifetime: String,
     claims_secret_file: String,
@@ -528,7 +534,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 48] = [
+const FIELDS: [Field; 49] = [
     field(
         "workers",
         Kind::Int {
@@ -572,6 +578,12 @@ const FIELDS: [Field; 48] = [
     field("leader_election_wait", Kind::Bool),
     field("dry_run", Kind::Bool),
     field("fleet_control", Kind::Bool),
+    field(
+        "max_per_minute",
+        Kind::Int {
+            max: u32::MAX as u64,
+        },
+    ),
     field("upgrades_repository", Kind::Str),
     field("upgrades_optional", Kind::Bool),
     field("features", Kind::Map(&FEATURE_FIELDS)),
@@ -662,6 +674,7 @@ impl RawConfig {
             leader_election_wait: flag(s, "leader_election_wait"),
             dry_run: flag(s, "dry_run"),
             fleet_control: flag(s, "fleet_control"),
+            max_per_minute: u32::try_from(int("max_per_minute")).unwrap_or(u32::MAX),
             upgrades_repository: text("upgrades_repository"),
             upgrades_optional: flag(s, "upgrades_optional"),
             features,
@@ -1025,6 +1038,7 @@ impl Config {
             leader_election: raw.leader_election,
             leader_election_wait: raw.leader_election_wait,
             fleet_control: raw.fleet_control,
+            max_per_minute: raw.max_per_minute,
             active_active: raw.active_active,
             claim_lifetime,
             claims_secret_file: raw.claims_secret_file.trim().to_string(),

@@ -382,6 +382,11 @@ impl Control {
         Ok(())
     }
 
+    /// The bucket, for the shared rate limit ([`crate::pacing`]).
+    pub(crate) fn store(&self) -> &kv::Store {
+        &self.store
+    }
+
     /// The route the bucket was reached through.
     pub fn api(&self) -> StreamsApi {
         self.api

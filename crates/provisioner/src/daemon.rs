@@ -408,6 +408,29 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     if let Some(view) = &control_view {
         provisioner = provisioner.revocation(Arc::clone(view));
     }
+    // max_per_minute: shared by every replica through the fleet control bucket, else this
+    // replica's own.
+    if config.max_per_minute > 0 {
+        if config.fleet_control {
+            info!(
+                "max_per_minute: {} nodes a minute reach the helper, shared by every replica with fleet_control",
+                config.max_per_minute
+            );
+            provisioner = provisioner.pacer(crate::pacing::SharedBucket::new(
+                client.nats().clone(),
+                &choria.identity,
+                crate::aa::seal(&config)?,
+                config.max_per_minute,
+            ));
+        } else {
+            info!(
+                "max_per_minute: {} nodes a minute reach the helper from this replica (set fleet_control: true to share the limit between replicas)",
+                config.max_per_minute
+            );
+            provisioner =
+                provisioner.pacer(provision_core::LocalBucket::new(config.max_per_minute));
+        }
+    }
     let (admission, policy) = crate::rego::admission(&config)?;
     if let Some(admission) = admission {
         provisioner = provisioner.admission(admission);

@@ -25,6 +25,7 @@ pub mod helper;
 pub mod keys;
 pub mod logging;
 pub mod node_rpc;
+pub mod pacing;
 pub mod preflight;
 pub mod rego;
 pub mod settings;
