@@ -7,6 +7,12 @@
 //! rewritten its configuration as the helper said, published a `provisioned` lifecycle event,
 //! and come back up out of provisioning mode, answering in its new collective.
 //!
+//! The `pki` flow's servers are set up as shipped for production (no configuration file, a
+//! provisioning JWT that turns provisioning on, identities from host names in UTS namespaces),
+//! and once provisioned they are rotated: `choria-provisioner rotate` sends each
+//! `choria_provision#reprovision` as the admin, and each must come back provisioned with a new
+//! certificate.
+//!
 //! The `go-deployment` flow runs the provisioner on files as a Go site has them: the YAML with
 //! Go-style keys (`Helper:`, `Features:`) and YAML 1.1 booleans, logging to a file; a
 //! `choria.cfg` with no security provider (so `puppet`, reading a Puppet-style ssldir as
@@ -111,6 +117,7 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         servers,
         mode: flow.mode(),
         wait: true,
+        default_provisioning: flow == Flow::Pki,
     };
     let env = GoEnv::start(&crate::peers::choria_bin(), &opts)?;
     let get = |k: &str| {
@@ -243,7 +250,114 @@ fn run_flow(flow: Flow, dir: &Path, bins: &Path, servers: usize) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+    if flow == Flow::Pki {
+        rotate(
+            flow,
+            dir,
+            bins,
+            &yaml,
+            &cfg,
+            &admin,
+            &server_dir,
+            &env.identities,
+        )?;
+        go_env::wait_for_servers(&choria, &admin, &env.identities, Duration::from_secs(60))
+            .context("rotated servers do not answer in their collective")?;
+    }
     prov.proc.terminate(Duration::from_secs(10));
+    Ok(())
+}
+
+/// The credential a flow's server was enrolled with: its certificate (pki) or server JWT
+/// (ed25519).
+fn credential(flow: Flow, node: &Path) -> Result<String> {
+    let file = match flow.mode() {
+        Mode::Ed25519 => node.join("server.jwt"),
+        _ => node.join("ssl/certificate.pem"),
+    };
+    std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))
+}
+
+/// A rotation campaign over the provisioned servers: `choria-provisioner rotate` sends each
+/// `choria_provision#reprovision` on the main collective (as the admin), follows it back
+/// through provisioning by the running provisioner, and exits 0 once every server is done;
+/// each must then hold a new certificate or server JWT.
+#[allow(clippy::too_many_arguments)]
+fn rotate(
+    flow: Flow,
+    dir: &Path,
+    bins: &Path,
+    yaml: &Path,
+    cfg: &Path,
+    admin: &Path,
+    server_dir: &Path,
+    identities: &[String],
+) -> Result<()> {
+    let before: Vec<String> = identities
+        .iter()
+        .map(|id| credential(flow, &server_dir.join(id)))
+        .collect::<Result<_>>()?;
+    let list = dir.join("rotate.txt");
+    std::fs::write(&list, identities.join("\n") + "\n")?;
+    let started = Instant::now();
+    let out = dir.join("rotate.out");
+    let mut cmd = Command::new(bins.join("choria-provisioner"));
+    cmd.arg("rotate")
+        .arg("--config")
+        .arg(yaml)
+        .arg("--provisioner-choria-config")
+        .arg(cfg)
+        .arg("--choria-config")
+        .arg(admin)
+        .arg("--identities")
+        .arg(&list)
+        .args([
+            "--rate",
+            "600/min",
+            "--max-in-flight",
+            "5",
+            "--node-timeout",
+            "3m",
+        ])
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(std::fs::File::create(dir.join("rotate.err"))?);
+    let mut child = ProcessGuard::spawn("choria-provisioner rotate", &mut cmd)?;
+    let status = loop {
+        if let Some(s) = child.exited() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(240) {
+            bail!("rotate did not finish within 240s; see {}", out.display());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    if !status.success() {
+        bail!(
+            "rotate failed ({status}): {}{}",
+            std::fs::read_to_string(&out).unwrap_or_default(),
+            std::fs::read_to_string(dir.join("rotate.err")).unwrap_or_default()
+        );
+    }
+    for (id, old) in identities.iter().zip(before) {
+        let node = server_dir.join(id);
+        if !configured(&node.join("server.conf"), id) {
+            bail!("{id}: not configured again after the rotation");
+        }
+        if credential(flow, &node)? == old {
+            bail!("{id}: the same credential after the rotation");
+        }
+    }
+    eprintln!(
+        "interop: {}: {} servers rotated (new {}) in {:.1}s",
+        flow.name(),
+        identities.len(),
+        if flow.mode() == Mode::Ed25519 {
+            "server JWT"
+        } else {
+            "certificate"
+        },
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

@@ -93,6 +93,7 @@ pub fn main(cmd: Cmd) -> Result<()> {
                 servers,
                 mode,
                 wait: !no_wait,
+                default_provisioning: false,
             };
             let env = GoEnv::start(&choria_bin(), &opts)?;
             print!("{}", env.describe());

@@ -206,6 +206,11 @@ pub struct RotateStatusArgs {
     #[command(flatten)]
     pub campaign: CampaignArgs,
 
+    /// The main collective's Choria client configuration, where the campaign lives when the
+    /// provisioning account has no Choria Streams of its own
+    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
+    pub main: Option<PathBuf>,
+
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -216,6 +221,11 @@ pub struct RotateStatusArgs {
 pub struct RotateReasonArgs {
     #[command(flatten)]
     pub campaign: CampaignArgs,
+
+    /// The main collective's Choria client configuration, where the campaign lives when the
+    /// provisioning account has no Choria Streams of its own
+    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
+    pub main: Option<PathBuf>,
 
     /// Why, kept in the campaign
     #[arg(long, value_name = "TEXT")]

@@ -36,7 +36,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 pub fn main(debug: bool, args: &RotateArgs) -> Result<()> {
     match &args.command {
         Some(RotateCommand::Status(a)) => runtime()?.block_on(async {
-            let op = campaign::connect_operator(&paths(debug, &a.campaign), false, CONNECT).await?;
+            let main = main_opt(&a.main).await?;
+            let op = campaign::connect_operator(
+                &paths(debug, &a.campaign),
+                main.as_ref(),
+                false,
+                CONNECT,
+            )
+            .await?;
             let (rec, _) = op
                 .campaigns
                 .read()
@@ -59,18 +66,27 @@ pub fn main(debug: bool, args: &RotateArgs) -> Result<()> {
                 bail!("--reason must say why the campaign is {want}");
             }
             runtime()?.block_on(async {
-                let op =
-                    campaign::connect_operator(&paths(debug, &a.campaign), false, CONNECT).await?;
+                let main = main_opt(&a.main).await?;
+                let op = campaign::connect_operator(
+                    &paths(debug, &a.campaign),
+                    main.as_ref(),
+                    false,
+                    CONNECT,
+                )
+                .await?;
                 let rec = op.campaigns.set_state(want, &a.reason).await?;
                 println!("Rotation campaign {} {want}: {}", rec.id, rec.progress());
                 Ok(())
             })
         }
         Some(RotateCommand::Resume(a)) => runtime()?.block_on(async {
-            let op = campaign::connect_operator(&paths(debug, &a.campaign), false, CONNECT).await?;
+            let rpc = campaign::main_client(&a.choria_config, CONNECT).await?;
+            let op =
+                campaign::connect_operator(&paths(debug, &a.campaign), Some(&rpc), false, CONNECT)
+                    .await?;
             let rec = op.campaigns.set_state(CampaignState::Running, "").await?;
             println!("Rotation campaign {} resumed: {}", rec.id, rec.progress());
-            drive(&op, &a.choria_config).await
+            drive_with(&op, rpc).await
         }),
         None => start(debug, args),
     }
@@ -94,8 +110,10 @@ fn start(debug: bool, args: &RotateArgs) -> Result<()> {
     };
     limits.validate()?;
     runtime()?.block_on(async {
-        let op = campaign::connect_operator(&paths(debug, &args.campaign), true, CONNECT).await?;
         let rpc = campaign::main_client(main_config, CONNECT).await?;
+        let op =
+            campaign::connect_operator(&paths(debug, &args.campaign), Some(&rpc), true, CONNECT)
+                .await?;
         let nodes = op.select(&selection, &rpc).await?;
         eprintln!("{} nodes selected by {selection}", nodes.len());
         let rec = op
@@ -109,9 +127,13 @@ fn start(debug: bool, args: &RotateArgs) -> Result<()> {
     })
 }
 
-async fn drive(op: &Operator, main_config: &std::path::Path) -> Result<()> {
-    let rpc = campaign::main_client(main_config, CONNECT).await?;
-    drive_with(op, rpc).await
+async fn main_opt(
+    main: &Option<std::path::PathBuf>,
+) -> Result<Option<provisioner::choria_rpc_client::rpc::RpcClient>> {
+    Ok(match main {
+        Some(p) => Some(campaign::main_client(p, CONNECT).await?),
+        None => None,
+    })
 }
 
 async fn drive_with(
@@ -136,11 +158,14 @@ async fn drive_with(
             eprintln!("{line}");
         }
     };
-    let rec = op.driver(rpc).drive(stop.clone(), &mut show).await?;
+    let rec = op.driver(rpc).await?.drive(stop.clone(), &mut show).await?;
     if tty {
         eprintln!();
     }
     println!("{}", campaign::progress_line(&rec, now_unix()));
+    for f in &rec.recent_failures {
+        eprintln!("failed: {}: {}", f.identity, f.error);
+    }
     match rec.state {
         CampaignState::Completed if rec.failed == 0 => Ok(()),
         CampaignState::Completed => bail!(

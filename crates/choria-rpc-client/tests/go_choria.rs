@@ -30,6 +30,7 @@ impl PeerEnv {
             servers,
             mode: Mode::Plain,
             wait: true,
+            default_provisioning: false,
         };
         let env = GoEnv::start(&choria, &opts)
             .unwrap_or_else(|e| panic!("the go-choria environment did not start: {e}"));

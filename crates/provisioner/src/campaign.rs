@@ -382,6 +382,9 @@ pub struct Campaigns {
     js: jetstream::Context,
     seal: Seal,
     by: String,
+    /// The provisioners' own connection, for the audit stream, when the bucket is elsewhere
+    /// or here.
+    provisioning: Option<async_nats::Client>,
 }
 
 impl std::fmt::Debug for Campaigns {
@@ -422,6 +425,7 @@ impl Campaigns {
             js,
             seal,
             by: by.to_string(),
+            provisioning: None,
         })
     }
 
@@ -453,6 +457,12 @@ impl Campaigns {
                         .await
                         .map_err(|d| request("create the bucket", d))?;
                     info!("created campaign bucket {CAMPAIGN_BUCKET} with {replicas} replicas");
+                }
+                GetStreamErrorKind::JetStream(j)
+                    if j.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+                        || j.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED =>
+                {
+                    return Err(unreachable(j.to_string()))
                 }
                 GetStreamErrorKind::JetStream(j) => return Err(request("open the bucket", j)),
                 _ => return Err(unreachable(e.to_string())),
@@ -1441,8 +1451,14 @@ pub struct Operator {
 /// Opens the campaign bucket for an operator's command from the provisioner's files, as
 /// [`crate::control::connect_operator`] opens fleet control; `create` makes the bucket when
 /// missing (starting a campaign), else a missing bucket means there is no campaign.
+///
+/// The bucket is looked for in the provisioning account first (beside fleet control, where
+/// the provisioners' status API shows it). Behind a Choria broker the provisioning account
+/// reaches no streams but the election's; then, with `main` (a client of the main
+/// collective), the bucket lives in the main collective's Choria Streams.
 pub async fn connect_operator(
     paths: &crate::settings::Paths,
+    main: Option<&RpcClient>,
     create: bool,
     timeout: Duration,
 ) -> Result<Operator, crate::Error> {
@@ -1457,7 +1473,20 @@ pub async fn connect_operator(
     let seal = crate::aa::seal(&settings.config)?;
     let open = async {
         let nats = choria_rpc_client::connection::connect(&connection).await?;
-        Ok::<_, crate::Error>(Campaigns::open(nats, &by, seal, create).await?)
+        let here = Campaigns::open(nats.clone(), &by, seal.clone(), create).await;
+        match (here, main) {
+            (Err(CampaignError::Unreachable { detail }), Some(rpc)) => {
+                info!("campaign: the provisioning account has no Choria Streams for it ({detail}); using the main collective's");
+                let mut c = Campaigns::open(rpc.nats().clone(), &by, seal, create).await?;
+                c.provisioning = Some(nats);
+                Ok::<_, crate::Error>(c)
+            }
+            (here, _) => {
+                let mut c = here?;
+                c.provisioning = Some(nats);
+                Ok(c)
+            }
+        }
     };
     let campaigns = tokio::time::timeout(timeout, open)
         .await
@@ -1525,7 +1554,7 @@ impl Operator {
                         "--expiring-within reads what was issued from the audit stream; set audit_stream in the provisioner configuration".into(),
                     )
                 })?;
-                expiring(self.campaigns.jetstream(), stream, *within).await?
+                expiring(&self.audit_context(stream).await?, stream, *within).await?
             }
         };
         nodes.retain(|n| rule.check(n).is_ok());
@@ -1547,7 +1576,7 @@ impl Operator {
         on_stored: impl FnMut(usize),
     ) -> Result<CampaignRecord, CampaignError> {
         let audit_from = match self.audit_stream() {
-            Some(s) => Some(audit_next_sequence(self.campaigns.jetstream(), s).await?),
+            Some(s) => Some(audit_next_sequence(&self.audit_context(s).await?, s).await?),
             None => None,
         };
         self.campaigns
@@ -1555,16 +1584,42 @@ impl Operator {
             .await
     }
 
+    /// The JetStream API audit stream `stream` answers on, over the provisioners' connection.
+    pub async fn audit_context(&self, stream: &str) -> Result<jetstream::Context, CampaignError> {
+        let client = self
+            .campaigns
+            .provisioning
+            .clone()
+            .ok_or_else(|| CampaignError::Audit {
+                stream: stream.to_string(),
+                detail: "no connection with the provisioner's settings".into(),
+            })?;
+        let mut errors = Vec::new();
+        for api in StreamsApi::ALL {
+            let js = api.context(client.clone(), REQUEST_TIMEOUT);
+            match js.get_stream(stream).await {
+                Ok(_) => return Ok(js),
+                Err(e) => errors.push(format!("{api}: {e}")),
+            }
+        }
+        Err(CampaignError::Audit {
+            stream: stream.to_string(),
+            detail: errors.join("; "),
+        })
+    }
+
     /// A driver of the campaign over `rpc`, the main collective's client.
-    pub fn driver(&self, rpc: RpcClient) -> Driver {
-        Driver {
+    pub async fn driver(&self, rpc: RpcClient) -> Result<Driver, CampaignError> {
+        let audit = match self.audit_stream() {
+            Some(s) => Some((self.audit_context(s).await?, s.to_string())),
+            None => None,
+        };
+        Ok(Driver {
             campaigns: self.campaigns.clone(),
             rpc,
             token: self.settings.config.provision.token().to_string(),
-            audit: self
-                .audit_stream()
-                .map(|s| (self.campaigns.jetstream().clone(), s.to_string())),
-        }
+            audit,
+        })
     }
 }
 

@@ -55,6 +55,7 @@ async fn a_provisioning_client_cannot_touch_the_election_claims_or_audit() {
             servers: 0,
             mode: Mode::Plain,
             wait: false,
+            default_provisioning: false,
         },
     )
     .unwrap_or_else(|e| panic!("the go-choria environment did not start: {e}"));

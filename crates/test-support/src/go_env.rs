@@ -58,6 +58,12 @@ pub struct EnvOptions {
     pub mode: Mode,
     /// Wait until every server answers a ping in the `provisioning` collective.
     pub wait: bool,
+    /// Servers as shipped for production: no configuration file, a provisioning JWT that turns
+    /// provisioning on by default (`chpd`), and the identity from the host name, each server in
+    /// a UTS namespace of its own named after it (`unshare --uts`, which needs root). Such a
+    /// server goes back to provisioning after `choria_provision#reprovision`. Otherwise each
+    /// server's own configuration file switches provisioning on and keeps its identity.
+    pub default_provisioning: bool,
 }
 
 /// A started environment, stopped when dropped (servers first, then the broker).
@@ -85,6 +91,8 @@ struct Layout {
     jwt: PathBuf,
     /// The organisation issuer's public key (ed25519 mode), else empty.
     issuer: String,
+    /// [`EnvOptions::default_provisioning`].
+    default_provisioning: bool,
 }
 
 impl Layout {
@@ -249,6 +257,7 @@ fn layout(choria: &Path, opts: &EnvOptions) -> Result<Layout> {
         port,
         url: format!("nats://127.0.0.1:{port}"),
         issuer: String::new(),
+        default_provisioning: opts.default_provisioning,
     })
 }
 
@@ -371,14 +380,17 @@ fn ed25519_trust(l: &Layout) -> Result<String> {
         &[
             "jwt",
             "prov",
-            &jwt,
-            &seed,
+            jwt.as_str(),
+            seed.as_str(),
             "--token",
             TOKEN,
             "--urls",
             &l.url,
             "--protocol-v2",
-        ],
+        ]
+        .into_iter()
+        .chain(l.default_provisioning.then_some("--default"))
+        .collect::<Vec<_>>(),
     )?;
     Ok(issuer)
 }
@@ -404,7 +416,10 @@ fn x509_trust(l: &Layout) -> Result<()> {
         &l.choria,
         &[
             "jwt", "prov", &jwt, &key, "--token", TOKEN, "--urls", &l.url,
-        ],
+        ]
+        .into_iter()
+        .chain(l.default_provisioning.then_some("--default"))
+        .collect::<Vec<_>>(),
     )
 }
 
@@ -485,6 +500,9 @@ fn start_server(l: &Layout, identity: &str) -> Result<ProcessGuard> {
         std::fs::rename(&from, boot.join(to)).ctx(|| format!("moving {}", from.display()))?;
     }
     let conf = sdir.join("server.conf");
+    if l.default_provisioning {
+        return start_default_server(l, identity, &sdir, &conf);
+    }
     write(
         &conf,
         &format!(
@@ -510,6 +528,42 @@ fn start_server(l: &Layout, identity: &str) -> Result<ProcessGuard> {
         .env("CHORIA_PROVISION_JWT", &l.jwt)
         .env_remove("MCOLLECTIVE_CERTNAME");
     l.spawn(identity, &mut cmd, &sdir.join("server.log"))
+}
+
+/// A server as shipped for production (`EnvOptions::default_provisioning`): no `conf` yet, the
+/// action policy beside where it will be, and the host name `identity` in a UTS namespace of
+/// its own (the server's restarts re-execute in place, so they keep it).
+fn start_default_server(
+    l: &Layout,
+    identity: &str,
+    sdir: &Path,
+    conf: &Path,
+) -> Result<ProcessGuard> {
+    write_policy(sdir)?;
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\""])
+        .arg(identity)
+        .arg(&l.choria)
+        .args(["server", "run", "--config"])
+        .arg(conf)
+        .current_dir(sdir)
+        .env("CHORIA_PROVISION_JWT", &l.jwt)
+        .env_remove("MCOLLECTIVE_CERTNAME");
+    l.spawn(identity, &mut cmd, &sdir.join("server.log"))
+}
+
+/// The site's action policy, as configuration management lays it down beside the server's
+/// configuration: the admin may ask a provisioned server to reprovision (a rotation campaign),
+/// nothing else of the agent.
+fn write_policy(sdir: &Path) -> Result<()> {
+    let policies = sdir.join("policies");
+    mkdir(&policies)?;
+    write(
+        &policies.join("choria_provision.policy"),
+        "policy default deny\n\
+         allow\tchoria=provisioner.mcollective\treprovision\t*\t*\n\
+         allow\tchoria=admin\treprovision\t*\t*\n",
+    )
 }
 
 /// The provisioner side's client configurations.
