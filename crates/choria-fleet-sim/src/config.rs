@@ -533,6 +533,42 @@ mod tests {
     }
 
     #[test]
+    fn collectives_follow_go_choria_defaults() {
+        use std::collections::BTreeMap;
+        let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(collectives_of(&m(&[])), vec!["mcollective"]);
+        assert_eq!(
+            collectives_of(&m(&[("plugin.security.provider", "choria")])),
+            vec!["choria"]
+        );
+        assert_eq!(
+            collectives_of(&m(&[("collectives", "a, b ,c")])),
+            vec!["a", "b", "c"]
+        );
+        assert_eq!(
+            collectives_of(&m(&[("collectives", "a,b"), ("main_collective", "b")])),
+            vec!["b", "a"]
+        );
+        assert_eq!(
+            collectives_of(&m(&[("main_collective", "x")])),
+            vec!["x", "mcollective"]
+        );
+        assert!(valid_collective("acme-1_x"));
+        for bad in ["", "a.b", "*", ">", "a b", "provisioning"] {
+            assert!(!valid_collective(bad), "{bad}");
+        }
+        assert!(!valid_collective(&"a".repeat(65)));
+        assert_eq!(
+            parse_duration("5d").unwrap(),
+            Duration::from_secs(5 * 86_400)
+        );
+    }
+
+    #[test]
     fn generated_identities_are_padded_to_the_fleet_size() {
         let mut c = FleetConfig::new("nats://x", 12, "t", ProvisioningJwt::Verbatim("j".into()));
         c.identity_prefix = "n".into();

@@ -487,3 +487,28 @@ fn choria_util(action: &str) -> Vec<u8> {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_node_stays_small() {
+        // The fleet holds one `Mutex<Node>` per node; a node started provisioned adds one
+        // enrollment record.
+        assert!(std::mem::size_of::<std::sync::Mutex<Node>>() <= 256);
+        let e = Enrollment {
+            source: EnrollmentSource::Preprovisioned,
+            at: 0,
+            certificate_serial: Some("0".repeat(32)),
+            certificate_sha256: None,
+            server_jwt_id: None,
+            server_jwt_sha256: None,
+            expires: Some(0),
+        };
+        let heap = std::mem::size_of::<Enrollment>() + 32;
+        assert!(std::mem::size_of::<std::sync::Mutex<Node>>() + heap <= 1024);
+        let n = Node::preprovisioned(0, e);
+        assert_eq!(n.online(), Some(0));
+    }
+}
