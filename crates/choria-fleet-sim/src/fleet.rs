@@ -170,7 +170,8 @@ pub struct Stats {
     /// Times any node restarted out of provisioning mode with a usable configuration (a node
     /// provisioned twice counts twice; nodes started provisioned are not counted).
     pub provisions: u64,
-    /// `reprovision` requests accepted (replied OK) by provisioned nodes.
+    /// `reprovision` requests that started a provisioned node's return to provisioning mode
+    /// (a repeat while one is pending is answered but not counted).
     pub reprovision_requests: u64,
     /// Times a provisioned node went back into provisioning mode after `reprovision`.
     pub reprovisioned: u64,

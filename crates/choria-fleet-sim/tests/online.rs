@@ -336,3 +336,57 @@ async fn started_provisioned_nodes_need_stay_online_and_a_usable_collective() {
     cfg.preprovisioned = 3;
     assert!(SimFleet::start(cfg).await.is_err());
 }
+
+#[test]
+fn the_binary_starts_nodes_provisioned_and_reports_their_expiry() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("signer.seed");
+    std::fs::write(&seed, hex::encode(common::SIGNER_SEED)).unwrap();
+    let report = dir.path().join("report.json");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
+            .args(["--broker", &nats.url(), "--nodes", "3", "--mode", "ed25519"])
+            .args(["--token", TOKEN, "--startup-rate", "0"])
+            .arg("--provisioning-signer")
+            .arg(&seed)
+            .arg("--report")
+            .arg(&report)
+            .args(["--exit-when-done", "--timeout", "20s"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Nodes started provisioned need --stay-online.
+    let out = run(&["--preprovisioned", "3"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let out = run(&[
+        "--stay-online",
+        "--preprovisioned",
+        "3",
+        "--expires-in",
+        "2d",
+        "--main-collective",
+        "acme",
+        "--reprovision-delay",
+        "100ms",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some("fleet-sim: 3/3 nodes provisioned"),
+        "{stderr}"
+    );
+    let nodes: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    for n in nodes.as_array().unwrap() {
+        assert_eq!(n["phase"], "provisioned");
+        assert_eq!(n["collectives"], json!(["acme"]));
+        let expires = n["expires"].as_i64().unwrap();
+        assert!((expires - (now() + 2 * 86_400)).abs() < 60, "{n}");
+        assert_eq!(n["enrollments"][0]["source"], "preprovisioned");
+        assert!(n["enrollments"][0]["server_jwt_id"].is_string(), "{n}");
+    }
+}
