@@ -676,6 +676,7 @@ impl Inner {
             unix_now: unix_now(),
             collectives,
             reprovision_delay: self.cfg.reprovision_delay,
+            stay_online: self.cfg.stay_online,
         }
     }
 

@@ -119,6 +119,8 @@ pub struct NodeEnv<'a> {
     pub collectives: Option<&'a [String]>,
     /// Fixed delay before `reprovision` takes effect; `None`: go-choria's 2 to 11 s.
     pub reprovision_delay: Option<Duration>,
+    /// Provisioned nodes stay online, so their configuration's collectives must be usable.
+    pub stay_online: bool,
 }
 
 /// One simulated server's state; kept small because there are thousands.

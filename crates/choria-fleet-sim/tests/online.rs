@@ -390,3 +390,31 @@ fn the_binary_starts_nodes_provisioned_and_reports_their_expiry() {
         assert!(n["enrollments"][0]["server_jwt_id"].is_string(), "{n}");
     }
 }
+
+#[tokio::test]
+async fn a_configuration_with_an_unusable_collective_leaves_the_node_broken() {
+    let nats = NatsServer::start();
+    let fleet = SimFleet::start(online_config(&nats.url(), 1, Mode::Ed25519))
+        .await
+        .unwrap();
+    let id = fleet.identities()[0].clone();
+    let prov = Client::v1(&nats.url(), "prov").await;
+    let config = json!({
+        "plugin.choria.server.provision": "false",
+        "plugin.security.provider": "choria",
+        "main_collective": "a.>",
+    });
+    provision_ed25519(&prov, &id, &config).await;
+    assert!(fleet.wait_for(|s| s.broken == 1, 10 * SEC).await);
+    let s = fleet.stats();
+    assert_eq!((s.provisioned, s.provisions), (0, 0));
+    let report = fleet.node_report(&id).unwrap();
+    assert_eq!(report.phase, Phase::Broken);
+    assert!(
+        report.problems[0].contains("invalid collective"),
+        "{:?}",
+        report.problems
+    );
+    assert!(report.enrollments.is_empty());
+    fleet.shutdown().await;
+}

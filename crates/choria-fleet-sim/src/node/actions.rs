@@ -583,6 +583,13 @@ impl Node {
                 return None;
             }
         }
+        if env.stay_online {
+            if let Err(e) = check_collectives(&self.received) {
+                self.problems.push(e);
+                self.phase = Phase::Broken;
+                return None;
+            }
+        }
         self.phase = Phase::Provisioned;
         Some("server")
     }
@@ -623,6 +630,27 @@ impl Node {
             Some(false) => Err("certificate does not match the private key".into()),
             None => Err("no private key for the certificate (no CSR made, no key sent)".into()),
         }
+    }
+}
+
+/// Whether the collectives of the configuration received can be joined: at most
+/// [`crate::config::MAX_COLLECTIVES`], each a valid name.
+fn check_collectives(received: &Option<Box<Received>>) -> Result<(), String> {
+    let Some(r) = received else { return Ok(()) };
+    let all = crate::config::collectives_of(&r.configuration);
+    if all.len() > crate::config::MAX_COLLECTIVES {
+        return Err(format!(
+            "{} collectives in the configuration, at most {}",
+            all.len(),
+            crate::config::MAX_COLLECTIVES
+        ));
+    }
+    match all.iter().find(|c| !crate::config::valid_collective(c)) {
+        Some(bad) => Err(format!(
+            "invalid collective {:?} in the configuration",
+            bad.chars().take(80).collect::<String>()
+        )),
+        None => Ok(()),
     }
 }
 
