@@ -741,3 +741,98 @@ async fn a_larger_fleet_found_by_discovery_and_events_at_once() {
     early.shutdown().await;
     late.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprovisioned_fleet_is_provisioned_again_with_new_certificates() {
+    use choria_rpc_client::protocol::Security;
+    use choria_rpc_client::rpc::{RpcClient, RpcOptions};
+    const N: usize = 50;
+    let env = Env::new();
+    let ca = test_ca(env.path());
+    let mut cfg = env.fleet_config(N, Mode::Pki);
+    cfg.stay_online = true;
+    cfg.reprovision_delay = Some(Duration::from_millis(200));
+    let fleet = env.fleet(cfg).await;
+    let opts = env
+        .provisioner(example_helper("helper-pki.py"))
+        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
+        .env("CHORIA_CA_KEY", ca.key.display().to_string())
+        .features(&["jwt", "pki"]);
+    let mut prov = env.start(&opts);
+    prov.wait_ready().await;
+    assert!(
+        fleet.wait_provisioned(N, WAIT).await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+
+    // The provisioner holds a node it provisioned for a minute (SUCCESS_HOLD): a startup
+    // event from it before then is not acted on. A campaign comes later than that.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+
+    // An operator on the main collective (go-choria's default with the file provider) finds
+    // the fleet and sends every node reprovision.
+    let operator = ca.issue("operator.mcollective", &[]).unwrap();
+    let security =
+        Security::x509_from_files("choria=operator.mcollective", &operator.cert, &operator.key)
+            .unwrap();
+    let nc = async_nats::connect(env.url()).await.unwrap();
+    let client = RpcClient::new(nc, security, RpcOptions::new("operator", "mcollective"))
+        .await
+        .unwrap();
+    let found = client
+        .discover(
+            &choria_rpc_client::protocol::Filter::with_agent("choria_provision"),
+            Duration::from_secs(5),
+            Some(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.len(), N, "{found:?}");
+    for id in &found {
+        let data = client
+            .call(
+                id,
+                "choria_provision",
+                "reprovision",
+                &serde_json::json!({"token": TOKEN}),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        let msg = data["message"].as_str().unwrap_or_default();
+        assert!(msg.starts_with("Restarting after"), "{id}: {msg}");
+    }
+
+    // Each node comes back in provisioning mode, announces itself and is provisioned again.
+    assert!(
+        fleet
+            .wait_for(
+                |s| s.reprovisioned == N as u64 && s.provisions == 2 * N as u64,
+                WAIT
+            )
+            .await,
+        "{:?}\n{}",
+        fleet.stats(),
+        prov.output()
+    );
+    assert!(fleet.wait_provisioned(N, WAIT).await, "{:?}", fleet.stats());
+    for r in fleet.report() {
+        assert_eq!(
+            (r.provisions, r.reprovisions),
+            (2, 1),
+            "{}: {:?}",
+            r.identity,
+            r.problems
+        );
+        let [a, b] = &r.enrollments[..] else {
+            panic!("{}: {:?}", r.identity, r.enrollments);
+        };
+        assert!(a.certificate_sha256.is_some(), "{}", r.identity);
+        assert_ne!(a.certificate_sha256, b.certificate_sha256, "{}", r.identity);
+        assert_ne!(a.certificate_serial, b.certificate_serial, "{}", r.identity);
+    }
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}

@@ -213,7 +213,7 @@ pub fn parse_share(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A duration such as `250ms`, `2s`, `1m`, `1h` or a plain number of seconds.
+/// A duration such as `250ms`, `2s`, `1m`, `1h`, `5d` or a plain number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -226,9 +226,72 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86_400.0,
         _ => return Err(format!("invalid duration unit in {s:?}")),
     };
     Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
+}
+
+/// go-choria's default collective (`build.DefaultCollectives`).
+pub const DEFAULT_COLLECTIVE: &str = "mcollective";
+
+/// go-choria's default collective when the configuration uses the `choria` security provider
+/// and sets no collectives.
+pub const DEFAULT_CHORIA_COLLECTIVE: &str = "choria";
+
+/// The most collectives a node may be in, and the longest collective name accepted from a
+/// configuration (names come from the network).
+pub const MAX_COLLECTIVES: usize = 16;
+
+/// Longest collective name accepted.
+pub const MAX_COLLECTIVE_LEN: usize = 64;
+
+/// Whether `name` can be a collective: a non-empty NATS subject token of word characters
+/// and dashes, at most [`MAX_COLLECTIVE_LEN`] bytes, and not `provisioning` (that collective
+/// is the provisioning mode's own).
+pub fn valid_collective(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_COLLECTIVE_LEN
+        && name != "provisioning"
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The collectives of a provisioned server with this configuration, main collective first,
+/// as go-choria's `Config.normalize` settles them: `collectives` (comma separated, trimmed),
+/// else `mcollective`, or `choria` when `plugin.security.provider` is `choria`;
+/// `main_collective`, else the first collective. A main collective outside `collectives` is
+/// still subscribed, as go-choria subscribes the main collective's agents.
+pub fn collectives_of(settings: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let mut all: Vec<String> = settings
+        .get("collectives")
+        .map(|c| {
+            c.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if all.is_empty() {
+        let choria = settings
+            .get("plugin.security.provider")
+            .is_some_and(|p| p.trim() == "choria");
+        all.push(if choria {
+            DEFAULT_CHORIA_COLLECTIVE.to_string()
+        } else {
+            DEFAULT_COLLECTIVE.to_string()
+        });
+    }
+    let main = settings
+        .get("main_collective")
+        .map(|m| m.trim().to_string())
+        .filter(|m| !m.is_empty())
+        .or_else(|| all.first().cloned())
+        .unwrap_or_default();
+    all.retain(|c| *c != main);
+    all.insert(0, main);
+    all
 }
 
 /// Where the provisioning JWT served by `jwt` comes from.
@@ -297,6 +360,22 @@ pub struct FleetConfig {
     pub token_auth: bool,
     /// Misbehaviour.
     pub faults: Faults,
+    /// A node restarted out of provisioning mode stays connected as a provisioned server on the
+    /// main collective of the configuration it was given, answering discovery, `rpcutil`,
+    /// `choria_util` and `choria_provision` (notably `reprovision`) there. Off: it goes silent.
+    pub stay_online: bool,
+    /// How long a provisioned node waits after answering `reprovision` before it is back in
+    /// provisioning mode; `None`: go-choria's random 2 to 11 whole seconds.
+    pub reprovision_delay: Option<Duration>,
+    /// The first this-many nodes start already provisioned (on [`FleetConfig::main_collective`]
+    /// with an enrollment of the fleet's mode); needs [`FleetConfig::stay_online`].
+    pub preprovisioned: usize,
+    /// How long the enrollment of a node started provisioned is valid from the fleet's start.
+    pub preprovisioned_expires_in: Duration,
+    /// Main collective of nodes started provisioned; `None`: go-choria's default for the
+    /// fleet's mode, `choria` in [`Mode::Ed25519`] (the `choria` security provider),
+    /// `mcollective` otherwise.
+    pub main_collective: Option<String>,
 }
 
 impl FleetConfig {
@@ -334,6 +413,20 @@ impl FleetConfig {
             nats_user: None,
             token_auth: true,
             faults: Faults::default(),
+            stay_online: false,
+            reprovision_delay: None,
+            preprovisioned: 0,
+            preprovisioned_expires_in: Duration::from_secs(5 * 86_400),
+            main_collective: None,
+        }
+    }
+
+    /// The main collective of nodes started provisioned.
+    pub fn preprovisioned_collective(&self) -> String {
+        match &self.main_collective {
+            Some(c) => c.clone(),
+            None if self.mode == Mode::Ed25519 => DEFAULT_CHORIA_COLLECTIVE.to_string(),
+            None => DEFAULT_COLLECTIVE.to_string(),
         }
     }
 
@@ -436,6 +529,42 @@ mod tests {
         assert_eq!(
             Faults::parse_fail_action("configure:0.5").unwrap(),
             ("configure".to_string(), 0.5)
+        );
+    }
+
+    #[test]
+    fn collectives_follow_go_choria_defaults() {
+        use std::collections::BTreeMap;
+        let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(collectives_of(&m(&[])), vec!["mcollective"]);
+        assert_eq!(
+            collectives_of(&m(&[("plugin.security.provider", "choria")])),
+            vec!["choria"]
+        );
+        assert_eq!(
+            collectives_of(&m(&[("collectives", "a, b ,c")])),
+            vec!["a", "b", "c"]
+        );
+        assert_eq!(
+            collectives_of(&m(&[("collectives", "a,b"), ("main_collective", "b")])),
+            vec!["b", "a"]
+        );
+        assert_eq!(
+            collectives_of(&m(&[("main_collective", "x")])),
+            vec!["x", "mcollective"]
+        );
+        assert!(valid_collective("acme-1_x"));
+        for bad in ["", "a.b", "*", ">", "a b", "provisioning"] {
+            assert!(!valid_collective(bad), "{bad}");
+        }
+        assert!(!valid_collective(&"a".repeat(65)));
+        assert_eq!(
+            parse_duration("5d").unwrap(),
+            Duration::from_secs(5 * 86_400)
         );
     }
 

@@ -1,10 +1,12 @@
 //! The running fleet: one NATS connection, one wildcard subscription for directed requests and
-//! one per broadcast agent, requests dispatched to nodes by identity (broadcasts fanned out
-//! in-process), replies and lifecycle events published by a bounded set of tasks.
+//! one per broadcast agent in each collective (`provisioning`, and with `stay_online` each
+//! main collective provisioned nodes joined), requests dispatched to nodes by identity
+//! (broadcasts fanned out in-process), replies and lifecycle events published by a bounded set
+//! of tasks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -12,16 +14,86 @@ use choria_rpc_client::lifecycle::LifecycleEvent;
 use choria_rpc_client::protocol::{self, NodeInfo, ProtocolVersion, Request, ServerRequest};
 use futures::StreamExt as _;
 use serde::Serialize;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{is_affected, FaultKind, FleetConfig, ProvisioningJwt};
+use crate::config::{is_affected, FaultKind, FleetConfig, Mode, ProvisioningJwt};
 use crate::crypto::{self, CryptoError, PoolKey};
-use crate::node::{Call, Effect, Node, NodeEnv, NodeOutcome, NodeReport, Phase, AGENTS};
+use crate::node::{
+    Call, Effect, Enrollment, EnrollmentSource, Node, NodeEnv, NodeOutcome, NodeReport, Phase,
+    AGENTS,
+};
 
 const COLLECTIVE: &str = "provisioning";
 const DIRECTED: &str = "provisioning.node.";
+
+/// Most distinct collectives the fleet subscribes for its provisioned nodes (each costs five
+/// subscriptions); a configuration naming more leaves its node broken.
+pub const MAX_FLEET_COLLECTIVES: usize = 64;
+
+/// Most distinct collective sets (a main collective and the others) nodes may be in.
+pub const MAX_COLLECTIVE_SETS: usize = 256;
+
+/// Why a provisioned node could not go online on its collectives.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Its configuration names a collective that cannot be a subject token.
+    #[error("{identity}: {action}: invalid collective {collective:?} in the configuration")]
+    InvalidCollective {
+        /// Node identity.
+        identity: String,
+        /// What the node was doing.
+        action: &'static str,
+        /// The collective, cut to 80 characters.
+        collective: String,
+    },
+    /// Its configuration names more collectives than the simulator takes.
+    #[error("{identity}: {action}: {count} collectives in the configuration, at most {max}")]
+    TooManyCollectives {
+        /// Node identity.
+        identity: String,
+        /// What the node was doing.
+        action: &'static str,
+        /// Collectives named.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The fleet's limit of collectives or collective sets is reached.
+    #[error(
+        "{identity}: {action}: the fleet already serves the most collectives it takes ({max})"
+    )]
+    FleetCollectives {
+        /// Node identity.
+        identity: String,
+        /// What the node was doing.
+        action: &'static str,
+        /// The limit.
+        max: usize,
+    },
+    /// Subscribing to a collective's subjects failed.
+    #[error("{identity}: {action}: cannot subscribe to {subject}: {source}")]
+    Subscribe {
+        /// Node identity.
+        identity: String,
+        /// What the node was doing.
+        action: &'static str,
+        /// Subject.
+        subject: String,
+        /// The client's error.
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+}
+
+/// Which nodes a request can reach: those in provisioning mode, or provisioned nodes online
+/// in a collective (`member[set]`: the collective is in that collective set).
+#[derive(Clone)]
+enum Scope {
+    Provisioning,
+    Main(Arc<[bool]>),
+}
 
 /// Why a fleet could not start.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +136,10 @@ struct Counters {
     provisioned: AtomicUsize,
     broken: AtomicUsize,
     shut_down: AtomicUsize,
+    provisions: AtomicU64,
+    reprovision_requests: AtomicU64,
+    reprovisioned: AtomicU64,
+    unverified: AtomicU64,
 }
 
 /// A snapshot of a fleet's counters.
@@ -89,6 +165,18 @@ pub struct Stats {
     pub broken: usize,
     /// Nodes stopped by `shutdown`.
     pub shut_down: usize,
+    /// Nodes started already provisioned.
+    pub preprovisioned: usize,
+    /// Times any node restarted out of provisioning mode with a usable configuration (a node
+    /// provisioned twice counts twice; nodes started provisioned are not counted).
+    pub provisions: u64,
+    /// `reprovision` requests that started a provisioned node's return to provisioning mode
+    /// (a repeat while one is pending is answered but not counted).
+    pub reprovision_requests: u64,
+    /// Times a provisioned node went back into provisioning mode after `reprovision`.
+    pub reprovisioned: u64,
+    /// Requests on a main collective dropped because their signature does not verify.
+    pub unverified: u64,
 }
 
 struct Inner {
@@ -104,6 +192,13 @@ struct Inner {
     pool_ready: Notify,
     pool_started: std::sync::Once,
     client: async_nats::Client,
+    /// Collective sets provisioned nodes are online in, main collective first; a node holds
+    /// the index of its set.
+    collective_sets: RwLock<Vec<Arc<[String]>>>,
+    /// Collectives whose subjects the fleet subscribes to (besides `provisioning`).
+    subscribed: tokio::sync::Mutex<HashSet<String>>,
+    /// New subscriptions for the receive loop.
+    new_subs: mpsc::Sender<async_nats::Subscriber>,
     counters: Counters,
     changed: Notify,
     cancel: CancellationToken,
@@ -256,6 +351,24 @@ impl SimFleet {
         if cfg.token.is_empty() {
             return Err(FleetError::Config("the provisioning token is empty".into()));
         }
+        if cfg.preprovisioned > ids.len() {
+            return Err(FleetError::Config(format!(
+                "{} nodes cannot start provisioned in a fleet of {}",
+                cfg.preprovisioned,
+                ids.len()
+            )));
+        }
+        if cfg.preprovisioned > 0 && !cfg.stay_online {
+            return Err(FleetError::Config(
+                "nodes started provisioned need stay_online".into(),
+            ));
+        }
+        let pre_collective = cfg.preprovisioned_collective();
+        if cfg.preprovisioned > 0 && !crate::config::valid_collective(&pre_collective) {
+            return Err(FleetError::Config(format!(
+                "invalid main collective {pre_collective:?}"
+            )));
+        }
         if let Some(bad) = ids.iter().find(|i| {
             i.is_empty() || i.contains(|c: char| c == '*' || c == '>' || c.is_whitespace())
         }) {
@@ -312,9 +425,25 @@ impl SimFleet {
             .parent()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "/etc/choria".into());
+        let now = unix_now();
+        let expires = now.saturating_add(
+            i64::try_from(cfg.preprovisioned_expires_in.as_secs()).unwrap_or(i64::MAX),
+        );
+        let mode = cfg.mode;
         let nodes = (0..identities.len())
-            .map(|_| Mutex::new(Node::default()))
+            .map(|i| {
+                Mutex::new(if i < cfg.preprovisioned {
+                    Node::preprovisioned(0, preprovisioned_enrollment(mode, now, expires))
+                } else {
+                    Node::default()
+                })
+            })
             .collect();
+        let mut sets: Vec<Arc<[String]>> = Vec::new();
+        if cfg.preprovisioned > 0 {
+            sets.push(Arc::from(vec![pre_collective.clone()]));
+        }
+        let (new_subs, new_subs_rx) = mpsc::channel(64);
         let inner = Arc::new(Inner {
             identities,
             index,
@@ -327,6 +456,9 @@ impl SimFleet {
             pool_ready: Notify::new(),
             pool_started: std::sync::Once::new(),
             client,
+            collective_sets: RwLock::new(sets),
+            subscribed: tokio::sync::Mutex::new(HashSet::new()),
+            new_subs,
             counters: Counters::default(),
             changed: Notify::new(),
             cancel: CancellationToken::new(),
@@ -362,6 +494,19 @@ impl SimFleet {
                 .map_err(|source| FleetError::Subscribe { subject, source })?;
             subs.push(sub);
         }
+        if inner.cfg.preprovisioned > 0 {
+            subs.extend(
+                inner
+                    .collective_subscriptions(&pre_collective)
+                    .await
+                    .map_err(|(subject, source)| FleetError::Subscribe { subject, source })?,
+            );
+            inner.subscribed.lock().await.insert(pre_collective.clone());
+            inner
+                .counters
+                .provisioned
+                .fetch_add(inner.cfg.preprovisioned, Ordering::Relaxed);
+        }
         // Make sure the broker has the subscriptions before anyone is told we are up.
         let _ = inner.client.flush().await;
 
@@ -370,7 +515,9 @@ impl SimFleet {
         }
 
         let rx = inner.clone();
-        inner.tracker.spawn(async move { rx.receive(subs).await });
+        inner
+            .tracker
+            .spawn(async move { rx.receive(subs, new_subs_rx).await });
         let ev = inner.clone();
         inner
             .tracker
@@ -416,6 +563,25 @@ impl SimFleet {
             provisioned: c.provisioned.load(Ordering::Relaxed),
             broken: c.broken.load(Ordering::Relaxed),
             shut_down: c.shut_down.load(Ordering::Relaxed),
+            preprovisioned: self.inner.cfg.preprovisioned,
+            provisions: c.provisions.load(Ordering::Relaxed),
+            reprovision_requests: c.reprovision_requests.load(Ordering::Relaxed),
+            reprovisioned: c.reprovisioned.load(Ordering::Relaxed),
+            unverified: c.unverified.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Wait until the counters satisfy `done`, or `timeout` passes; true if they did.
+    pub async fn wait_for(&self, mut done: impl FnMut(&Stats) -> bool, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.inner.changed.notified();
+            if done(&self.stats()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return done(&self.stats());
+            }
         }
     }
 
@@ -471,15 +637,29 @@ impl Inner {
     fn report_of(&self, i: usize) -> Option<NodeReport> {
         let id = self.identities.get(i)?;
         let node = self.nodes.get(i)?.lock().ok()?;
-        Some(node.report(id, &self.cfg.version))
+        let set = node.online().and_then(|s| self.collective_set(s));
+        Some(node.report(id, &self.cfg.version, set.as_deref()))
     }
 
-    fn env(&self, idx: usize) -> NodeEnv<'_> {
+    fn collective_set(&self, set: u16) -> Option<Arc<[String]>> {
+        self.collective_sets
+            .read()
+            .ok()?
+            .get(usize::from(set))
+            .cloned()
+    }
+
+    fn env<'a>(
+        &'a self,
+        idx: usize,
+        key_generation: usize,
+        collectives: Option<&'a [String]>,
+    ) -> NodeEnv<'a> {
         let rsa_key = self
             .pool
             .get()
             .filter(|p| !p.is_empty())
-            .and_then(|p| p.get(idx % p.len()));
+            .and_then(|p| p.get(idx.wrapping_add(key_generation) % p.len()));
         NodeEnv {
             token: &self.cfg.token,
             jwt: &self.jwt,
@@ -494,15 +674,172 @@ impl Inner {
             faults: &self.cfg.faults,
             now: Instant::now(),
             unix_now: unix_now(),
+            collectives,
+            reprovision_delay: self.cfg.reprovision_delay,
+            stay_online: self.cfg.stay_online,
         }
     }
 
-    async fn receive(self: Arc<Self>, subs: Vec<async_nats::Subscriber>) {
+    /// Subscribe to a collective's directed subject (a wildcard, as for `provisioning`) and
+    /// its broadcast agent subjects; the caller hands them to the receive loop.
+    async fn collective_subscriptions(
+        &self,
+        collective: &str,
+    ) -> Result<Vec<async_nats::Subscriber>, (String, async_nats::SubscribeError)> {
+        let mut subjects = vec![if self.generated_names() {
+            format!("{collective}.node.*.{}", self.cfg.domain)
+        } else {
+            format!("{collective}.node.>")
+        }];
+        subjects.extend(
+            AGENTS
+                .iter()
+                .map(|a| protocol::broadcast_subject(collective, a)),
+        );
+        let mut subs = Vec::with_capacity(subjects.len());
+        for subject in subjects {
+            match self.client.subscribe(subject.clone()).await {
+                Ok(s) => subs.push(s),
+                Err(e) => return Err((subject, e)),
+            }
+        }
+        Ok(subs)
+    }
+
+    /// Whether every identity is `<prefix>-<n>.<domain>`, so one wildcard per collective
+    /// covers the fleet's directed subjects and no more.
+    fn generated_names(&self) -> bool {
+        self.cfg.identities.is_none()
+            && !self.cfg.identity_prefix.contains(['.', '*', '>', ' '])
+            && !self.cfg.domain.is_empty()
+            && !self.cfg.domain.contains(['*', '>', ' '])
+    }
+
+    /// Put a node just restarted out of provisioning mode online on the collectives of its
+    /// configuration: intern the set, subscribe to collectives not yet served.
+    async fn go_online(&self, idx: usize, identity: &str) -> Result<(), NodeError> {
+        const ACTION: &str = "restart";
+        let Some(collectives) = self
+            .nodes
+            .get(idx)
+            .and_then(|n| n.lock().ok())
+            .and_then(|n| n.configured_collectives())
+        else {
+            return Ok(());
+        };
+        if collectives.len() > crate::config::MAX_COLLECTIVES {
+            return Err(NodeError::TooManyCollectives {
+                identity: identity.to_string(),
+                action: ACTION,
+                count: collectives.len(),
+                max: crate::config::MAX_COLLECTIVES,
+            });
+        }
+        if let Some(bad) = collectives
+            .iter()
+            .find(|c| !crate::config::valid_collective(c))
+        {
+            return Err(NodeError::InvalidCollective {
+                identity: identity.to_string(),
+                action: ACTION,
+                collective: bad.chars().take(80).collect(),
+            });
+        }
+        {
+            let mut subscribed = self.subscribed.lock().await;
+            for c in &collectives {
+                if subscribed.contains(c) {
+                    continue;
+                }
+                if subscribed.len() >= MAX_FLEET_COLLECTIVES {
+                    return Err(NodeError::FleetCollectives {
+                        identity: identity.to_string(),
+                        action: ACTION,
+                        max: MAX_FLEET_COLLECTIVES,
+                    });
+                }
+                let subs =
+                    self.collective_subscriptions(c)
+                        .await
+                        .map_err(|(subject, source)| NodeError::Subscribe {
+                            identity: identity.to_string(),
+                            action: ACTION,
+                            subject,
+                            source,
+                        })?;
+                for sub in subs {
+                    if self.new_subs.send(sub).await.is_err() {
+                        // The receive loop is gone: the fleet is shutting down.
+                        return Ok(());
+                    }
+                }
+                let _ = self.client.flush().await;
+                subscribed.insert(c.clone());
+            }
+        }
+        let set = {
+            let Ok(mut sets) = self.collective_sets.write() else {
+                return Ok(());
+            };
+            match sets.iter().position(|s| **s == *collectives) {
+                Some(i) => i,
+                None if sets.len() >= MAX_COLLECTIVE_SETS => {
+                    return Err(NodeError::FleetCollectives {
+                        identity: identity.to_string(),
+                        action: ACTION,
+                        max: MAX_COLLECTIVE_SETS,
+                    })
+                }
+                None => {
+                    sets.push(Arc::from(collectives));
+                    sets.len() - 1
+                }
+            }
+        };
+        if let (Ok(set), Some(Ok(mut node))) =
+            (u16::try_from(set), self.nodes.get(idx).map(|n| n.lock()))
+        {
+            node.set_online(set);
+        }
+        Ok(())
+    }
+
+    /// Keep the phase gauges (`provisioned`, `broken`, `shut_down`) in step with a node
+    /// moving from `before` to `after`.
+    fn count_phase(&self, before: Phase, after: Phase) {
+        if before == after {
+            return;
+        }
+        let gauge = |p: Phase| match p {
+            Phase::Provisioned => Some(&self.counters.provisioned),
+            Phase::Broken => Some(&self.counters.broken),
+            Phase::ShutDown => Some(&self.counters.shut_down),
+            Phase::Provisioning => None,
+        };
+        if let Some(g) = gauge(before) {
+            let _ = g.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
+        }
+        if let Some(g) = gauge(after) {
+            g.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    async fn receive(
+        self: Arc<Self>,
+        subs: Vec<async_nats::Subscriber>,
+        mut new_subs: mpsc::Receiver<async_nats::Subscriber>,
+    ) {
         let permits = Arc::new(Semaphore::new(self.cfg.workers.max(1)));
         let mut all = futures::stream::select_all(subs);
         loop {
             let msg = tokio::select! {
                 _ = self.cancel.cancelled() => break,
+                Some(sub) = new_subs.recv() => {
+                    all.push(sub);
+                    continue;
+                }
                 m = all.next() => match m { Some(m) => m, None => break },
             };
             let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -535,9 +872,36 @@ impl Inner {
             return;
         }
         let req = Arc::new(req);
-        if let Some(identity) = subject.strip_prefix(DIRECTED) {
+        let (scope, directed) = if let Some(identity) = subject.strip_prefix(DIRECTED) {
+            (Scope::Provisioning, Some(identity))
+        } else if subject.starts_with("provisioning.") {
+            (Scope::Provisioning, None)
+        } else {
+            // A main collective: `<collective>.node.<identity>` or a broadcast.
+            let Some((collective, rest)) = subject.split_once('.') else {
+                self.counters.ignored.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            // A provisioned server verifies the request's signature (see the crate docs for
+            // what the simulator does not check).
+            if let Err(e) = req.verify() {
+                tracing::debug!("dropping request on {subject}: {e}");
+                self.counters.ignored.fetch_add(1, Ordering::Relaxed);
+                self.counters.unverified.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let member: Arc<[bool]> = match self.collective_sets.read() {
+                Ok(sets) => sets
+                    .iter()
+                    .map(|s| s.iter().any(|c| c == collective))
+                    .collect(),
+                Err(_) => return,
+            };
+            (Scope::Main(member), rest.strip_prefix("node."))
+        };
+        if let Some(identity) = directed {
             match self.index.get(identity) {
-                Some(&i) => self.answer(i as usize, &req).await,
+                Some(&i) => self.answer(i as usize, &req, &scope).await,
                 None => {
                     self.counters.ignored.fetch_add(1, Ordering::Relaxed);
                 }
@@ -548,11 +912,11 @@ impl Inner {
             if self.cancel.is_cancelled() {
                 return;
             }
-            self.answer(i, &req).await;
+            self.answer(i, &req, &scope).await;
         }
     }
 
-    async fn answer(self: &Arc<Self>, idx: usize, req: &Arc<Request>) {
+    async fn answer(self: &Arc<Self>, idx: usize, req: &Arc<Request>, scope: &Scope) {
         let Some(identity) = self.identities.get(idx).cloned() else {
             return;
         };
@@ -573,13 +937,14 @@ impl Inner {
             let me = self.clone();
             let r = req.clone();
             let id = identity.clone();
-            let out = tokio::task::spawn_blocking(move || me.run_node(idx, &id, &r)).await;
+            let sc = scope.clone();
+            let out = tokio::task::spawn_blocking(move || me.run_node(idx, &id, &r, &sc)).await;
             if let Ok(Some(out)) = out {
                 self.deliver(idx, &identity, req, out).await;
             }
             return;
         }
-        if let Some(out) = self.run_node(idx, &identity, req) {
+        if let Some(out) = self.run_node(idx, &identity, req, scope) {
             self.deliver(idx, &identity, req, out).await;
         }
     }
@@ -624,16 +989,31 @@ impl Inner {
         }
     }
 
-    fn run_node(&self, idx: usize, identity: &str, req: &Request) -> Option<NodeOutcome> {
+    fn run_node(
+        &self,
+        idx: usize,
+        identity: &str,
+        req: &Request,
+        scope: &Scope,
+    ) -> Option<NodeOutcome> {
         let mut node = self.nodes.get(idx)?.lock().ok()?;
-        if !node.answers() {
-            return None;
-        }
+        let set = match scope {
+            Scope::Provisioning if node.answers() => None,
+            Scope::Provisioning => return None,
+            Scope::Main(member) => {
+                let set = node.online()?;
+                if !member.get(usize::from(set)).copied().unwrap_or(false) {
+                    return None;
+                }
+                Some(self.collective_set(set)?)
+            }
+        };
         if req.agent == "discovery" {
             return Some(node.discovery(&req.payload));
         }
-        let env = self.env(idx);
-        Some(node.rpc(
+        let before = node.phase;
+        let env = self.env(idx, node.key_generation(), set.as_deref());
+        let out = node.rpc(
             &env,
             &req.agent,
             &Call {
@@ -642,7 +1022,11 @@ impl Inner {
                 caller: &req.caller,
                 payload: &req.payload,
             },
-        ))
+        );
+        let after = node.phase;
+        drop(node);
+        self.count_phase(before, after);
+        Some(out)
     }
 
     async fn deliver(
@@ -707,6 +1091,20 @@ impl Inner {
                     }
                     self.event(e).await;
                 }
+                Effect::Reprovision { after } => {
+                    self.counters
+                        .reprovision_requests
+                        .fetch_add(1, Ordering::Relaxed);
+                    let me = self.clone();
+                    let id = identity.clone();
+                    self.tracker.spawn(async move {
+                        tokio::select! {
+                            _ = me.cancel.cancelled() => return,
+                            _ = tokio::time::sleep(after) => {},
+                        }
+                        me.finish_reprovision(idx, &id).await;
+                    });
+                }
                 Effect::Restart | Effect::Shutdown => {
                     let me = self.clone();
                     let id = identity.clone();
@@ -727,23 +1125,35 @@ impl Inner {
     }
 
     async fn finish_restart(&self, idx: usize, identity: &str) {
-        let (component, phase, version) = {
+        let (component, before, mut phase, version) = {
             let Some(Ok(mut node)) = self.nodes.get(idx).map(|n| n.lock()) else {
                 return;
             };
-            let env = self.env(idx);
+            let before = node.phase;
+            let env = self.env(idx, node.key_generation(), None);
             let c = node.finish_restart(&env, identity);
-            (c, node.phase, node.version(&self.cfg.version).to_string())
+            (
+                c,
+                before,
+                node.phase,
+                node.version(&self.cfg.version).to_string(),
+            )
         };
-        match phase {
-            Phase::Provisioned => {
-                self.counters.provisioned.fetch_add(1, Ordering::Relaxed);
+        if phase == Phase::Provisioned && before != Phase::Provisioned {
+            self.counters.provisions.fetch_add(1, Ordering::Relaxed);
+        }
+        if phase == Phase::Provisioned && self.cfg.stay_online {
+            if let Err(e) = self.go_online(idx, identity).await {
+                tracing::warn!("{e}");
+                if let Some(Ok(mut node)) = self.nodes.get(idx).map(|n| n.lock()) {
+                    node.break_with(e.to_string());
+                    phase = node.phase;
+                }
             }
-            Phase::Broken => {
-                self.counters.broken.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("{identity}: restarted with an unusable configuration");
-            }
-            _ => {}
+        }
+        self.count_phase(before, phase);
+        if phase == Phase::Broken {
+            tracing::warn!("{identity}: restarted with an unusable configuration");
         }
         self.changed.notify_waiters();
         if let Some(component) = component {
@@ -753,15 +1163,42 @@ impl Inner {
     }
 
     async fn finish_shutdown(&self, idx: usize, identity: &str) {
+        let mut component = "provision_mode_server";
         if let Some(Ok(mut node)) = self.nodes.get(idx).map(|n| n.lock()) {
+            let before = node.phase;
+            if before == Phase::Provisioned {
+                component = "server";
+            }
             node.finish_shutdown();
+            drop(node);
+            self.count_phase(before, Phase::ShutDown);
         }
-        self.counters.shut_down.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_waiters();
-        self.event(LifecycleEvent::new(
-            "shutdown",
+        self.event(LifecycleEvent::new("shutdown", identity, component))
+            .await;
+    }
+
+    /// A node's `reprovision` delay is over: it is back in provisioning mode and announces
+    /// itself as it does at start.
+    async fn finish_reprovision(&self, idx: usize, identity: &str) {
+        let version = {
+            let Some(Ok(mut node)) = self.nodes.get(idx).map(|n| n.lock()) else {
+                return;
+            };
+            let before = node.phase;
+            node.finish_reprovision();
+            let after = node.phase;
+            let v = node.version(&self.cfg.version).to_string();
+            drop(node);
+            self.count_phase(before, after);
+            v
+        };
+        self.counters.reprovisioned.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+        self.event(LifecycleEvent::startup(
             identity,
             "provision_mode_server",
+            &version,
         ))
         .await;
     }
@@ -825,18 +1262,20 @@ impl Inner {
         let per_tick = usize::try_from(rate / 100).unwrap_or(1).max(1);
         let tick = Duration::from_secs_f64(per_tick as f64 / f64::from(rate));
         let mut interval = tokio::time::interval(tick);
-        for chunk in self.identities.chunks(per_tick) {
+        for (c, chunk) in self.identities.chunks(per_tick).enumerate() {
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 _ = interval.tick() => {},
             }
-            for id in chunk {
-                self.event(LifecycleEvent::startup(
-                    id,
-                    "provision_mode_server",
-                    &self.cfg.version,
-                ))
-                .await;
+            for (i, id) in chunk.iter().enumerate() {
+                // Nodes started provisioned come up as normal servers.
+                let component = if c * per_tick + i < self.cfg.preprovisioned {
+                    "server"
+                } else {
+                    "provision_mode_server"
+                };
+                self.event(LifecycleEvent::startup(id, component, &self.cfg.version))
+                    .await;
             }
         }
     }
@@ -862,4 +1301,27 @@ pub fn node_has_fault(cfg: &FleetConfig, kind: FaultKind, identity: &str) -> boo
         FaultKind::Oversize => is_affected(kind, identity, f.oversize),
         FaultKind::DeniedSan => is_affected(kind, identity, f.denied_san),
     }
+}
+
+/// The enrollment record of a node started provisioned: identifiers of the credential its
+/// mode needs (a certificate serial in [`Mode::Pki`], a server JWT id in [`Mode::Ed25519`]),
+/// random and unique, with no credential behind them.
+fn preprovisioned_enrollment(mode: Mode, now: i64, expires: i64) -> Enrollment {
+    let mut e = Enrollment {
+        source: EnrollmentSource::Preprovisioned,
+        at: now,
+        certificate_serial: None,
+        certificate_sha256: None,
+        server_jwt_id: None,
+        server_jwt_sha256: None,
+        expires: Some(expires),
+    };
+    match mode {
+        Mode::Pki => {
+            e.certificate_serial = Some(hex::encode(rand::random::<[u8; 16]>()));
+        }
+        Mode::Ed25519 => e.server_jwt_id = Some(crypto::ksuid(now)),
+        Mode::Plain => {}
+    }
+    e
 }

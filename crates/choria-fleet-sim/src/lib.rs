@@ -27,6 +27,19 @@
 //! provisioning off, and in [`Mode::Pki`] it has a certificate for its key, in
 //! [`Mode::Ed25519`] a server JWT for its identity and `gen25519` key. A configuration that
 //! leaves provisioning on brings the node back into provisioning mode, as go-choria's does.
+//!
+//! With [`FleetConfig::stay_online`] a provisioned node stays connected as a provisioned
+//! go-choria server: it answers on the collectives of the configuration it was given
+//! (`main_collective`/`collectives`, else go-choria's default `mcollective`, or `choria` with
+//! the `choria` security provider), broadcast discovery when the filter matches, `rpcutil`,
+//! `choria_util` and `choria_provision`, whose `reprovision` brings it back into provisioning
+//! mode after a delay with fresh keys and a new startup event, so it can be provisioned again.
+//! [`FleetConfig::preprovisioned`] nodes start that way. Requests on a main collective must
+//! carry a signature that verifies (v1: against the certificate in the request, v2: against
+//! the caller JWT's `public_key`); unlike go-choria, the simulator does not check that
+//! certificate's chain or the caller JWT's issuer, and applies no RPC authorization. Replies
+//! are unsigned, as in provisioning mode. Each enrollment's credential identifiers are in
+//! [`NodeReport::enrollments`].
 
 pub mod config;
 pub mod crypto;
@@ -34,5 +47,5 @@ pub mod fleet;
 pub mod node;
 
 pub use config::{FaultKind, Faults, FleetConfig, Mode, ProvisioningJwt};
-pub use fleet::{FleetError, SimFleet, Stats};
-pub use node::{ActionSeen, NodeReport, Phase, Received};
+pub use fleet::{FleetError, NodeError, SimFleet, Stats};
+pub use node::{ActionSeen, Enrollment, EnrollmentSource, NodeReport, Phase, Received};

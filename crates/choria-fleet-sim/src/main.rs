@@ -140,6 +140,24 @@ struct Cli {
     /// the default cert_deny_list).
     #[arg(long, value_parser = parse_share, default_value_t = 0.0)]
     fault_denied_san: f64,
+    /// Provisioned nodes stay connected as go-choria servers on the main collective of their
+    /// configuration and answer discovery, rpcutil and choria_provision (reprovision) there.
+    #[arg(long)]
+    stay_online: bool,
+    /// Fixed delay between answering reprovision and being back in provisioning mode
+    /// (default: go-choria's random 2 to 11 s).
+    #[arg(long, value_parser = parse_duration)]
+    reprovision_delay: Option<Duration>,
+    /// Start this many nodes (the first ones) already provisioned, on --main-collective.
+    #[arg(long, default_value_t = 0, requires = "stay_online")]
+    preprovisioned: usize,
+    /// How long the credentials of nodes started provisioned are valid (e.g. 5d, 12h).
+    #[arg(long, default_value = "5d", value_parser = parse_duration)]
+    expires_in: Duration,
+    /// Main collective of nodes started provisioned (default: choria in ed25519 mode,
+    /// mcollective otherwise, as go-choria).
+    #[arg(long)]
+    main_collective: Option<String>,
 }
 
 fn parse_protocol(s: &str) -> Result<ProtocolVersion, String> {
@@ -209,6 +227,11 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
         oversize: cli.fault_oversize,
         denied_san: cli.fault_denied_san,
     };
+    cfg.stay_online = cli.stay_online;
+    cfg.reprovision_delay = cli.reprovision_delay;
+    cfg.preprovisioned = cli.preprovisioned;
+    cfg.preprovisioned_expires_in = cli.expires_in;
+    cfg.main_collective = cli.main_collective.clone();
     Ok(cfg)
 }
 
@@ -228,13 +251,14 @@ async fn terminated() {
 fn progress_line(fleet: &SimFleet, started: Instant) -> String {
     let s = fleet.stats();
     format!(
-        "fleet-sim: {:.0}s {}/{} provisioned, {} configured, {} broken, {} shut down, {} requests, {} replies ({} discovery), {} ignored, {} events",
+        "fleet-sim: {:.0}s {}/{} provisioned, {} configured, {} broken, {} shut down, {} reprovisioned, {} requests, {} replies ({} discovery), {} ignored, {} events",
         started.elapsed().as_secs_f64(),
         s.provisioned,
         s.nodes,
         s.configured,
         s.broken,
         s.shut_down,
+        s.reprovisioned,
         s.requests,
         s.replies,
         s.discovery_replies,

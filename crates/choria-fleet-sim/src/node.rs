@@ -1,6 +1,7 @@
-//! One simulated go-choria server in provisioning mode: its small state and the agents it
-//! answers (`discovery`, `rpcutil`, `choria_util`, `choria_provision`). Handlers do no I/O:
-//! they return the reply body and the lifecycle effects the fleet then carries out.
+//! One simulated go-choria server in provisioning mode, and, with the fleet's `stay_online`,
+//! after it: its small state and the agents it answers (`discovery`, `rpcutil`, `choria_util`,
+//! `choria_provision`). Handlers do no I/O: they return the reply body and the lifecycle
+//! effects the fleet then carries out.
 //!
 //! This module holds the node's state and the dispatch (agents, the provisioning lock, faults
 //! that drop or misaddress replies); `args` decodes what a request carries, `actions` is the
@@ -20,7 +21,7 @@ use crate::config::{is_affected, FaultKind, Mode};
 use crate::crypto::{JwtVerifier, PoolKey};
 
 use args::json_type;
-pub use report::{ActionSeen, NodeReport, Received};
+pub use report::{ActionSeen, Enrollment, EnrollmentSource, NodeReport, Received};
 
 /// The `choria_provision` actions, in a fixed order used for compact per-node records.
 pub const PROVISION_ACTIONS: [&str; 8] = [
@@ -67,6 +68,11 @@ pub enum Effect {
     Restart,
     /// After the restart delay, stop the node ([`Node::finish_shutdown`]).
     Shutdown,
+    /// After `after`, return to provisioning mode ([`Node::finish_reprovision`]).
+    Reprovision {
+        /// The delay announced in the reply.
+        after: Duration,
+    },
 }
 
 /// What a handler produced: the reply body (none: stay silent) and the effects.
@@ -108,6 +114,13 @@ pub struct NodeEnv<'a> {
     pub now: Instant,
     /// Now in Unix seconds.
     pub unix_now: i64,
+    /// The collectives of a provisioned, online node, main collective first (`None` in
+    /// provisioning mode).
+    pub collectives: Option<&'a [String]>,
+    /// Fixed delay before `reprovision` takes effect; `None`: go-choria's 2 to 11 s.
+    pub reprovision_delay: Option<Duration>,
+    /// Provisioned nodes stay online, so their configuration's collectives must be usable.
+    pub stay_online: bool,
 }
 
 /// One simulated server's state; kept small because there are thousands.
@@ -123,6 +136,14 @@ pub struct Node {
     csr_cn: Option<Box<str>>,
     drop_once_seen: u8,
     restarts: u16,
+    /// Times restarted out of provisioning mode with a usable configuration.
+    provisions: u16,
+    /// Times `reprovision` brought the node back into provisioning mode.
+    reprovisions: u16,
+    /// The fleet's collective set the node answers on while provisioned and online.
+    online: Option<u16>,
+    /// The credentials of each enrollment, oldest first (at most [`MAX_ENROLLMENTS`]).
+    enrollments: Vec<Enrollment>,
     /// (action index or 255 for others, statuscode) in arrival order, for the report.
     actions: Vec<(u8, u8)>,
     received: Option<Box<Received>>,
@@ -141,12 +162,19 @@ impl Default for Node {
             csr_cn: None,
             drop_once_seen: 0,
             restarts: 0,
+            provisions: 0,
+            reprovisions: 0,
+            online: None,
+            enrollments: Vec::new(),
             actions: Vec::new(),
             received: None,
             problems: Vec::new(),
         }
     }
 }
+
+/// Most enrollments kept per node (the oldest are dropped first).
+pub const MAX_ENROLLMENTS: usize = 32;
 
 fn reply_json(action: &str, code: StatusCode, msg: &str, data: Value) -> Vec<u8> {
     // Field order as go-choria's mcorpc.Reply marshals it.
@@ -197,6 +225,50 @@ impl Node {
     /// Whether the node still answers on the provisioning collective.
     pub fn answers(&self) -> bool {
         self.phase == Phase::Provisioning
+    }
+
+    /// The collective set (fleet index) a provisioned node answers on, if it is online.
+    pub fn online(&self) -> Option<u16> {
+        self.online.filter(|_| self.phase == Phase::Provisioned)
+    }
+
+    /// Put a provisioned node online on collective set `set` (fleet index).
+    pub fn set_online(&mut self, set: u16) {
+        if self.phase == Phase::Provisioned {
+            self.online = Some(set);
+        }
+    }
+
+    /// Which pool RSA key the node's CSRs use, relative to its own: a node back in
+    /// provisioning mode after `reprovision` makes its CSRs with another key.
+    pub fn key_generation(&self) -> usize {
+        usize::from(self.reprovisions)
+    }
+
+    /// A node started already provisioned, online on collective set `set`, holding
+    /// `enrollment`.
+    pub fn preprovisioned(set: u16, enrollment: Enrollment) -> Node {
+        Node {
+            phase: Phase::Provisioned,
+            online: Some(set),
+            enrollments: vec![enrollment],
+            ..Node::default()
+        }
+    }
+
+    /// Mark the node unusable for `problem` (for example a collective it cannot join).
+    pub fn break_with(&mut self, problem: String) {
+        self.phase = Phase::Broken;
+        self.online = None;
+        self.problems.push(problem);
+    }
+
+    /// The collectives the configuration received sets, main collective first (go-choria's
+    /// defaults when unset); `None` when the node received none.
+    pub fn configured_collectives(&self) -> Option<Vec<String>> {
+        self.received
+            .as_deref()
+            .map(|r| crate::config::collectives_of(&r.configuration))
     }
 
     /// A `discovery` request: `pong` when the payload contains `ping`, else silence.
@@ -277,17 +349,23 @@ impl Node {
     }
 
     fn rpcutil(&self, env: &NodeEnv<'_>, action: &str, _call: &Call<'_>) -> Vec<u8> {
+        let provisioning = ["provisioning".to_string()];
+        let collectives = env.collectives.unwrap_or(&provisioning);
+        let main = collectives
+            .first()
+            .map(String::as_str)
+            .unwrap_or("provisioning");
         match action {
             "inventory" => ok(
                 action,
                 json!({
                     "agents": AGENTS,
                     "classes": [],
-                    "collectives": ["provisioning"],
+                    "collectives": collectives,
                     "data_plugins": [],
                     "facts": {},
                     "machines": [],
-                    "main_collective": "provisioning",
+                    "main_collective": main,
                     "version": self.version(env.version),
                     "upgradable": env.upgradable,
                 }),
@@ -295,7 +373,7 @@ impl Node {
             "ping" => ok(action, json!({"pong": env.unix_now})),
             "collective_info" => ok(
                 action,
-                json!({"main_collective": "provisioning", "collectives": ["provisioning"]}),
+                json!({"main_collective": main, "collectives": collectives}),
             ),
             "get_facts" => ok(action, json!({"values": {}})),
             "get_fact" => ok(action, json!({"fact": "", "value": null})),
@@ -333,12 +411,23 @@ impl Node {
             "configure" | "gen25519" | "gencsr" | "jwt" | "release_update"
         );
         let mut out = NodeOutcome::default();
+        // A provisioned server keeps the agent while it knows a provisioning token (7.1).
+        let online = self.phase == Phase::Provisioned;
         let body = if locked && !self.lock_for(env, call.sender, call.caller) {
             abort(action, "Could not obtain provisioning lock")
         } else if env.faults.fails(call.identity, action) {
             abort(action, &format!("simulated failure of {action}"))
         } else {
             match action {
+                "jwt" | "gen25519" | "gencsr" | "configure" if online => abort(
+                    action,
+                    "Cannot reconfigure a server that is not in provisioning mode",
+                ),
+                "release_update" if online => abort(
+                    action,
+                    "Cannot update a server that is not in provisioning mode",
+                ),
+                "reprovision" if online => self.act_reprovision(env, data, &mut out),
                 "jwt" => self.act_jwt(env, data),
                 "gen25519" => self.act_gen25519(env, data, call.identity),
                 "gencsr" => self.act_gencsr(env, data, call.identity),
@@ -398,5 +487,30 @@ fn choria_util(action: &str) -> Vec<u8> {
             &format!("Unknown action {action} for agent choria_util"),
             json!({}),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_node_stays_small() {
+        // The fleet holds one `Mutex<Node>` per node; a node started provisioned adds one
+        // enrollment record.
+        assert!(std::mem::size_of::<std::sync::Mutex<Node>>() <= 256);
+        let e = Enrollment {
+            source: EnrollmentSource::Preprovisioned,
+            at: 0,
+            certificate_serial: Some("0".repeat(32)),
+            certificate_sha256: None,
+            server_jwt_id: None,
+            server_jwt_sha256: None,
+            expires: Some(0),
+        };
+        let heap = std::mem::size_of::<Enrollment>() + 32;
+        assert!(std::mem::size_of::<std::sync::Mutex<Node>>() + heap <= 1024);
+        let n = Node::preprovisioned(0, e);
+        assert_eq!(n.online(), Some(0));
     }
 }

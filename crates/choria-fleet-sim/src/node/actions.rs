@@ -1,13 +1,17 @@
 //! The behaviour of each `choria_provision` action (`jwt`, `gen25519`, `gencsr`, `configure`,
-//! `restart`, `shutdown`, `release_update`) and the restart that follows `configure`: what the
-//! node checks, what it keeps, the reply body and the effects it asks the fleet for.
+//! `restart`, `shutdown`, `release_update`, `reprovision`), the restart that follows
+//! `configure` and the return to provisioning mode that follows `reprovision`: what the node
+//! checks, what it keeps, the reply body and the effects it asks the fleet for.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::args::{config_bool, json_type, GoKind};
-use super::{abort, ok, Effect, Node, NodeEnv, NodeOutcome, Phase, Received};
+use super::{
+    abort, ok, Effect, Enrollment, Node, NodeEnv, NodeOutcome, Phase, Received, MAX_ENROLLMENTS,
+};
 use crate::config::{is_affected, FaultKind, Mode};
 use crate::crypto;
 
@@ -316,20 +320,25 @@ impl Node {
             Ok(a) => a,
             Err(r) => return r,
         };
-        let Some(received) = &self.received else {
-            return abort(
-                A,
-                &format!(
-                    "Configuration {f} could not be parsed, restart cannot continue: open {f}: no such file or directory",
-                    f = env.config_file
-                ),
-            );
+        let online = self.phase == Phase::Provisioned;
+        let provision_on = match &self.received {
+            Some(received) => received
+                .configuration
+                .get("plugin.choria.server.provision")
+                .is_some_and(|v| config_bool(v)),
+            // A node started provisioned has a working configuration it never received.
+            None if online => false,
+            None => {
+                return abort(
+                    A,
+                    &format!(
+                        "Configuration {f} could not be parsed, restart cannot continue: open {f}: no such file or directory",
+                        f = env.config_file
+                    ),
+                )
+            }
         };
-        if received
-            .configuration
-            .get("plugin.choria.server.provision")
-            .is_some_and(|v| config_bool(v))
-        {
+        if provision_on {
             return abort(
                 A,
                 &format!(
@@ -355,7 +364,11 @@ impl Node {
             self.restart_pending = true;
             out.effects.push(Effect::Event {
                 kind: "shutdown",
-                component: "provision_mode_server",
+                component: if online {
+                    "server"
+                } else {
+                    "provision_mode_server"
+                },
                 new_version: None,
             });
             out.effects.push(Effect::Restart);
@@ -440,13 +453,102 @@ impl Node {
         ok(A, json!({"message": "Restarting Choria Server after 2s"}))
     }
 
+    /// `reprovision` on a provisioned server (go-choria's `reprovisionAction`): token check,
+    /// then the configuration file is replaced by one enabling provisioning and the server
+    /// restarts after the delay announced in the reply.
+    pub(super) fn act_reprovision(
+        &mut self,
+        env: &NodeEnv<'_>,
+        data: &Value,
+        out: &mut NodeOutcome,
+    ) -> Vec<u8> {
+        const A: &str = "reprovision";
+        if let Err(r) = Self::args(
+            env,
+            A,
+            data,
+            "ReprovisionRequest",
+            &[("token", GoKind::Str)],
+        ) {
+            return r;
+        }
+        // go-choria: rand.N(10)+2 whole seconds.
+        let after = env.reprovision_delay.unwrap_or_else(|| {
+            Duration::from_secs(rand::Rng::gen_range(&mut rand::thread_rng(), 2..12))
+        });
+        if !self.restart_pending {
+            self.restart_pending = true;
+            out.effects.push(Effect::Event {
+                kind: "shutdown",
+                component: "server",
+                new_version: None,
+            });
+            out.effects.push(Effect::Reprovision { after });
+        }
+        ok(
+            A,
+            json!({"message": format!("Restarting after {}", go_duration(after))}),
+        )
+    }
+
+    /// Complete a `reprovision`: the server restarts into provisioning mode with the
+    /// configuration go-choria wrote (`plugin.choria.server.provision=1`, `loglevel=debug`),
+    /// leaves its main collective and forgets its keys, so the next `gen25519` or `gencsr`
+    /// makes a new one (CSRs come from the next key of the RSA pool).
+    pub fn finish_reprovision(&mut self) {
+        self.restart_pending = false;
+        self.restarts = self.restarts.saturating_add(1);
+        self.reprovisions = self.reprovisions.saturating_add(1);
+        self.lock = None;
+        self.ecdh_private = None;
+        self.ed25519_public = None;
+        self.csr_cn = None;
+        self.online = None;
+        self.drop_once_seen = 0;
+        let configuration = BTreeMap::from([
+            ("loglevel".to_string(), "debug".to_string()),
+            (
+                "plugin.choria.server.provision".to_string(),
+                "1".to_string(),
+            ),
+        ]);
+        self.received = Some(Box::new(Received {
+            configuration,
+            ..Received::default()
+        }));
+        self.phase = Phase::Provisioning;
+    }
+
     /// Complete a restart: the server comes back with the configuration it was given. Returns
-    /// the component of its startup event (`None`: it does not come up).
+    /// the component of its startup event (`None`: it does not come up). A node restarted
+    /// out of provisioning mode with a usable configuration counts one more enrollment.
     pub fn finish_restart(&mut self, env: &NodeEnv<'_>, identity: &str) -> Option<&'static str> {
+        let before = self.phase;
+        let component = self.restart_into(env, identity);
+        if self.phase != Phase::Provisioned {
+            self.online = None;
+        } else if before != Phase::Provisioned {
+            self.provisions = self.provisions.saturating_add(1);
+            if let Some(r) = self.received.as_deref() {
+                let e = Enrollment::of(r, env.unix_now);
+                if self.enrollments.len() >= MAX_ENROLLMENTS {
+                    self.enrollments.remove(0);
+                }
+                self.enrollments.push(e);
+            }
+        }
+        component
+    }
+
+    fn restart_into(&mut self, env: &NodeEnv<'_>, identity: &str) -> Option<&'static str> {
         self.restart_pending = false;
         self.restarts = self.restarts.saturating_add(1);
         self.lock = None;
         self.ecdh_private = None;
+        if self.phase == Phase::Provisioned && self.received.is_none() {
+            // Started provisioned: it comes back as it was.
+            return Some("server");
+        }
         let Some(received) = &self.received else {
             // A restart from release_update before any configure: still provisioning.
             self.phase = Phase::Provisioning;
@@ -476,6 +578,13 @@ impl Node {
         }
         if env.mode == Mode::Pki {
             if let Err(e) = self.check_pki() {
+                self.problems.push(e);
+                self.phase = Phase::Broken;
+                return None;
+            }
+        }
+        if env.stay_online {
+            if let Err(e) = check_collectives(&self.received) {
                 self.problems.push(e);
                 self.phase = Phase::Broken;
                 return None;
@@ -524,6 +633,27 @@ impl Node {
     }
 }
 
+/// Whether the collectives of the configuration received can be joined: at most
+/// [`crate::config::MAX_COLLECTIVES`], each a valid name.
+fn check_collectives(received: &Option<Box<Received>>) -> Result<(), String> {
+    let Some(r) = received else { return Ok(()) };
+    let all = crate::config::collectives_of(&r.configuration);
+    if all.len() > crate::config::MAX_COLLECTIVES {
+        return Err(format!(
+            "{} collectives in the configuration, at most {}",
+            all.len(),
+            crate::config::MAX_COLLECTIVES
+        ));
+    }
+    match all.iter().find(|c| !crate::config::valid_collective(c)) {
+        Some(bad) => Err(format!(
+            "invalid collective {:?} in the configuration",
+            bad.chars().take(80).collect::<String>()
+        )),
+        None => Ok(()),
+    }
+}
+
 fn cert_spki(cert_pem: &str) -> Option<Vec<u8>> {
     use der::Encode as _;
     let cert = choria_crypto::pem::certificate(cert_pem).ok()?;
@@ -540,4 +670,48 @@ fn cert_matches_key(cert_pem: &str, key_pem: &str) -> bool {
         return false;
     };
     cert_spki(cert_pem).as_deref() == Some(spki.as_bytes())
+}
+
+/// A duration as Go's `time.Duration.String` writes it (`7s`, `500ms`, `1m30s`, `0s`).
+pub(crate) fn go_duration(d: Duration) -> String {
+    fn trim(v: f64) -> String {
+        let t = format!("{v:.9}");
+        let t = t.trim_end_matches('0').trim_end_matches('.');
+        t.to_string()
+    }
+    if d.is_zero() {
+        return "0s".into();
+    }
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", trim(d.as_secs_f64() * 1000.0));
+    }
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+    let frac = f64::from(d.subsec_nanos()) / 1e9;
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if h > 0 || m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    out.push_str(&trim(s as f64 + frac));
+    out.push('s');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_print_as_go_prints_them() {
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+        assert_eq!(go_duration(Duration::from_secs(7)), "7s");
+        assert_eq!(go_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(go_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
+    }
 }

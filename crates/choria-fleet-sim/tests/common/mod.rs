@@ -44,6 +44,8 @@ pub struct Client {
     pub nc: async_nats::Client,
     pub security: Security,
     pub sender: String,
+    /// The collective requests go to (`provisioning` unless changed).
+    pub collective: String,
 }
 
 impl Client {
@@ -52,6 +54,7 @@ impl Client {
             nc: async_nats::connect(url).await.unwrap(),
             security: Security::insecure(format!("choria={sender}.mcollective")),
             sender: sender.to_string(),
+            collective: "provisioning".into(),
         }
     }
 
@@ -70,6 +73,45 @@ impl Client {
             nc: async_nats::connect(url).await.unwrap(),
             security: Security::choria(jwt, [5u8; 32]).unwrap(),
             sender: sender.to_string(),
+            collective: "provisioning".into(),
+        }
+    }
+
+    /// A v1 client signing its requests with the test certificate and key, as a provisioned
+    /// server's callers must, on `collective`.
+    pub async fn v1_signed(url: &str, sender: &str, collective: &str) -> Client {
+        Client {
+            nc: async_nats::connect(url).await.unwrap(),
+            security: Security::x509_from_pem(
+                format!("choria={sender}.mcollective"),
+                read("node-cert.pem"),
+                &read("node-key.pem"),
+            )
+            .unwrap(),
+            sender: sender.to_string(),
+            collective: collective.to_string(),
+        }
+    }
+
+    /// A v2 client whose caller JWT carries the public key of the seed it signs with.
+    pub async fn v2_signed(url: &str, sender: &str, collective: &str) -> Client {
+        let seed = [5u8; 32];
+        let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+        let signer = choria_fleet_sim::crypto::JwtSigner::ed25519(
+            ed25519_dalek::SigningKey::from_bytes(&[6u8; 32]),
+        );
+        let jwt = signer
+            .sign(&serde_json::json!({
+                "callerid": sender,
+                "purpose": "choria_client_id",
+                "public_key": hex::encode(public.as_bytes()),
+            }))
+            .unwrap();
+        Client {
+            nc: async_nats::connect(url).await.unwrap(),
+            security: Security::choria(jwt, seed).unwrap(),
+            sender: sender.to_string(),
+            collective: collective.to_string(),
         }
     }
 
@@ -85,13 +127,13 @@ impl Client {
         wait: Duration,
     ) -> Vec<Reply> {
         let id = protocol::new_request_id();
-        let reply_to = protocol::reply_subject("provisioning", self.security.caller_id(), &id);
+        let reply_to = protocol::reply_subject(&self.collective, self.security.caller_id(), &id);
         let mut sub = self.nc.subscribe(reply_to.clone()).await.unwrap();
         let bytes = protocol::encode_request(
             &self.security,
             &OutgoingRequest {
                 agent,
-                collective: "provisioning",
+                collective: &self.collective,
                 payload,
                 filter,
                 ttl: 60,
@@ -103,8 +145,8 @@ impl Client {
         )
         .unwrap();
         let subject = match target {
-            Some(t) => protocol::directed_subject("provisioning", t),
-            None => protocol::broadcast_subject("provisioning", agent),
+            Some(t) => protocol::directed_subject(&self.collective, t),
+            None => protocol::broadcast_subject(&self.collective, agent),
         };
         self.nc.publish(subject, bytes).await.unwrap();
         self.nc.flush().await.unwrap();
