@@ -48,6 +48,8 @@ fn main() -> ExitCode {
         cli::Command::Pause(args) => control_cli::pause(cli.debug, &args),
         cli::Command::Resume(args) => control_cli::resume(cli.debug, &args),
         cli::Command::Deny(cmd) => control_cli::deny(cli.debug, &cmd),
+        cli::Command::Approve(args) => control_cli::decide(cli.debug, &args, true),
+        cli::Command::Reject(args) => control_cli::decide(cli.debug, &args, false),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,11 +9,13 @@
 
 #![deny(missing_docs)]
 pub mod api;
+pub mod control;
 mod http;
 pub mod nodes;
 pub mod page;
 pub mod tls;
 
 pub use api::Monitor;
+pub use control::{ControlPanel, FleetControlView, PauseInfo, PendingInfo};
 pub use http::{serve, serve_all, serve_monitor, ServeError, Serving};
 pub use nodes::{HistoryLimits, NodeTable};

@@ -25,6 +25,8 @@ pub const DEFAULT_NODE_HISTORY_SIZE: usize = 10_000;
 pub const DEFAULT_NODE_HISTORY_MAX_AGE: Duration = Duration::from_secs(3600);
 /// The shortest discovery interval accepted (as the Go provisioner).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
+/// Default `approval_expiry`: a week.
+pub const DEFAULT_APPROVAL_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default `claim_lifetime` (active-active): how long a claim on a node lives without being
 /// kept, and so how long a dead replica's claims block the others.
 pub const DEFAULT_CLAIM_LIFETIME: Duration = Duration::from_secs(30);
@@ -80,6 +82,12 @@ pub struct Config {
     /// `fleet_control` (not a Go key): follow the `CHORIA_PROVISIONER_CONTROL` bucket, so that
     /// `choria-provisioner pause|resume|deny` reach this replica.
     pub fleet_control: bool,
+    /// `approval: manual` (not a Go key): every node that passes the deny list and the checks
+    /// waits for an operator's approval before the helper; `auto` (the default) only the nodes
+    /// the policy marks pending. Needs `fleet_control`.
+    pub approval_manual: bool,
+    /// `approval_expiry` (not a Go key): how long a pending entry, and an approval, lasts.
+    pub approval_expiry: Duration,
     /// `active_active` (not a Go key): every replica provisions, each node claimed in the
     /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
     pub active_active: bool,
@@ -181,6 +189,8 @@ impl std::fmt::Debug for Config {
             leader_election,
             leader_election_wait,
             fleet_control,
+            approval_manual,
+            approval_expiry,
             active_active,
             claim_lifetime,
             claims_secret_file,
@@ -221,6 +231,8 @@ impl std::fmt::Debug for Config {
             .field("leader_election", leader_election)
             .field("leader_election_wait", leader_election_wait)
             .field("fleet_control", fleet_control)
+            .field("approval_manual", approval_manual)
+            .field("approval_expiry", approval_expiry)
             .field("active_active", active_active)
             .field("claim_lifetime", claim_lifetime)
             .field("claims_secret_file", claims_secret_file)
@@ -380,6 +392,15 @@ pub enum ConfigError {
     /// `active_active` and `leader_election` are both on.
     #[error("active_active and leader_election cannot both be on: choose one high-availability mode (a deployment with Go provisioners stays on leader_election)")]
     ActiveActiveAndElection,
+    /// `approval` is neither `auto` nor `manual`.
+    #[error("invalid approval {0:?}: it must be auto or manual")]
+    Approval(String),
+    /// `approval_expiry` is zero.
+    #[error("approval_expiry {0:?} must be longer than zero")]
+    ApprovalExpiry(String),
+    /// `approval: manual` without `fleet_control`.
+    #[error("approval: manual needs fleet_control: true (the pending nodes and approvals live in the fleet control bucket)")]
+    ApprovalNeedsFleetControl,
     /// `claim_lifetime` is outside 6 s to 1 h.
     #[error("claim_lifetime {0:?} is out of range: it must be between 6s and 1h")]
     ClaimLifetime(String),
@@ -490,6 +511,8 @@ struct RawConfig {
     leader_election_wait: bool,
     dry_run: bool,
     fleet_control: bool,
+    approval: String,
+    approval_expiry: String,
     active_active: bool,
     claim_lifetime: String,
     claims_secret_file: String,
@@ -528,7 +551,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 48] = [
+const FIELDS: [Field; 50] = [
     field(
         "workers",
         Kind::Int {
@@ -572,6 +595,8 @@ const FIELDS: [Field; 48] = [
     field("leader_election_wait", Kind::Bool),
     field("dry_run", Kind::Bool),
     field("fleet_control", Kind::Bool),
+    field("approval", Kind::Str),
+    field("approval_expiry", Kind::Str),
     field("upgrades_repository", Kind::Str),
     field("upgrades_optional", Kind::Bool),
     field("features", Kind::Map(&FEATURE_FIELDS)),
@@ -662,6 +687,8 @@ impl RawConfig {
             leader_election_wait: flag(s, "leader_election_wait"),
             dry_run: flag(s, "dry_run"),
             fleet_control: flag(s, "fleet_control"),
+            approval: text("approval"),
+            approval_expiry: text("approval_expiry"),
             upgrades_repository: text("upgrades_repository"),
             upgrades_optional: flag(s, "upgrades_optional"),
             features,
@@ -858,6 +885,36 @@ impl Config {
         if raw.active_active && raw.leader_election {
             errors.push(ConfigError::ActiveActiveAndElection);
         }
+        let approval_manual = match raw.approval.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => false,
+            "manual" => true,
+            _ => {
+                errors.push(ConfigError::Approval(raw.approval.clone()));
+                false
+            }
+        };
+        if approval_manual && !raw.fleet_control {
+            errors.push(ConfigError::ApprovalNeedsFleetControl);
+        }
+        let approval_expiry = if raw.approval_expiry.trim().is_empty() {
+            DEFAULT_APPROVAL_EXPIRY
+        } else {
+            match parse_duration(raw.approval_expiry.trim()) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    errors.push(ConfigError::ApprovalExpiry(raw.approval_expiry.clone()));
+                    DEFAULT_APPROVAL_EXPIRY
+                }
+                Err(reason) => {
+                    errors.push(ConfigError::Duration {
+                        key: "approval_expiry",
+                        value: raw.approval_expiry.clone(),
+                        reason,
+                    });
+                    DEFAULT_APPROVAL_EXPIRY
+                }
+            }
+        };
         let claim_lifetime = if raw.claim_lifetime.trim().is_empty() {
             DEFAULT_CLAIM_LIFETIME
         } else {
@@ -1025,6 +1082,8 @@ impl Config {
             leader_election: raw.leader_election,
             leader_election_wait: raw.leader_election_wait,
             fleet_control: raw.fleet_control,
+            approval_manual,
+            approval_expiry,
             active_active: raw.active_active,
             claim_lifetime,
             claims_secret_file: raw.claims_secret_file.trim().to_string(),
