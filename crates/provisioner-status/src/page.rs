@@ -271,9 +271,9 @@ fn pending_section(
 pub fn decision_page(ok: bool, text: &str) -> String {
     let mut out = String::with_capacity(1024);
     head(&mut out, "Choria Provisioner approval", false);
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "<p class=\"{}\">{}</p><p><a href=\"/\">← status</a></p></body></html>\n",
+        "<p class=\"{}\">{}</p><p><a href=\"/\">← status</a></p></body></html>",
         if ok { "ok" } else { "bad" },
         escape(text)
     );
