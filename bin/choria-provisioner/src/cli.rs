@@ -142,7 +142,8 @@ pub struct DecideArgs {
     #[command(flatten)]
     pub control: ControlArgs,
 
-    /// Why (required by reject, shown in the deny entries it adds)
+    /// Why: required by reject and put in the deny entries it adds; kept with an approval and
+    /// shown when it applies
     #[arg(long, value_name = "TEXT", default_value = "")]
     pub reason: String,
 }

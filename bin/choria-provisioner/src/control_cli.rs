@@ -134,7 +134,9 @@ pub fn decide(debug: bool, args: &DecideArgs, approve: bool) -> Result<()> {
     }
     with_settings(debug, &args.control, async |c, settings| {
         let names: Vec<String> = if approve {
-            let done = c.approve(&which, settings.config.approval_expiry).await?;
+            let done = c
+                .approve(&which, settings.config.approval_expiry, &args.reason)
+                .await?;
             for a in &done {
                 println!(
                     "Approved {} ({}) until {}",

@@ -15,12 +15,17 @@ use provision_core::{
 };
 use tokio::time::Instant;
 
+/// An identity and key fingerprints.
+type Keyed = (String, Vec<String>);
+/// An identity, key fingerprints and why it waits.
+type Held = (String, Vec<String>, String);
+
 /// Approves the (identity, keys) pairs it holds; records what it is asked to hold.
 #[derive(Default, Clone)]
 struct Queue {
     manual: bool,
-    approved: Arc<Mutex<Vec<(String, Vec<String>)>>>,
-    held: Arc<Mutex<Vec<(String, Vec<String>, String)>>>,
+    approved: Arc<Mutex<Vec<Keyed>>>,
+    held: Arc<Mutex<Vec<Held>>>,
 }
 
 impl Approval for Queue {

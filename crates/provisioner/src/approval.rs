@@ -175,7 +175,10 @@ impl Approval for ApprovalQueue {
     fn approved(&self, identity: &str, keys: &[String]) -> Option<String> {
         self.view
             .approval_of(identity, keys, now_unix())
-            .map(|a| format!("{} at {}", a.by, rfc3339(a.at)))
+            .map(|a| match a.reason.as_str() {
+                "" => format!("{} at {}", a.by, rfc3339(a.at)),
+                why => format!("{} at {}: {why}", a.by, rfc3339(a.at)),
+            })
     }
 
     fn hold<'a>(&'a self, node: PendingNode<'a>) -> HoldFuture<'a> {
@@ -228,7 +231,7 @@ impl FleetControlView for ApprovalQueue {
             let shown = escaped(identity);
             if approve {
                 let done = control
-                    .approve(&which, self.expiry)
+                    .approve(&which, self.expiry, reason)
                     .await
                     .map_err(|e| e.to_string())?;
                 match done.first() {

@@ -172,6 +172,9 @@ pub struct ApprovalRecord {
     pub at: i64,
     /// When the approval stops applying (Unix seconds).
     pub expires: i64,
+    /// Why (may be empty).
+    #[serde(default)]
+    pub reason: String,
     /// The HMAC tag (empty without a secret).
     #[serde(default)]
     pub tag: String,
@@ -758,11 +761,12 @@ impl Control {
 
     /// Approves the pending nodes `which` selects (expired entries excepted): each approval is
     /// bound to the identity and the key fingerprints recorded while it was pending, lasts
-    /// `lasts`, and removes the pending entry. Every replica provisions the nodes at once.
+    /// `lasts`, carries `reason`, and removes the pending entry. Every replica provisions the nodes at once.
     pub async fn approve(
         &self,
         which: &Selector,
         lasts: Duration,
+        reason: &str,
     ) -> Result<Vec<ApprovalRecord>, ControlError> {
         let now = now_unix();
         let (pending, _) = self.pending_list().await?;
@@ -777,6 +781,7 @@ impl Control {
                 by: self.by.clone(),
                 at: now,
                 expires: now.saturating_add(i64::try_from(lasts.as_secs()).unwrap_or(i64::MAX)),
+                reason: bounded(reason),
                 tag: String::new(),
             };
             self.put_sealed(
