@@ -121,6 +121,17 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
         "{listed}"
     );
 
+    let status = Command::new(BIN)
+        .args(["status", "--config"])
+        .arg(&launch.config)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("Pending approval") && status.contains("Operator pause"),
+        "{status}"
+    );
+
     // Half approved: exactly those are provisioned, at once (not at the next interval).
     let said = control(&launch, &["approve", "--matching", "^node-0[1-5][.]"]);
     assert!(said.contains("5 nodes approved"), "{said}");

@@ -1352,6 +1352,111 @@ mod tests {
         assert!(!pause.paused());
     }
 
+    fn sealed<T: Serialize + Clone>(
+        seal: &Seal,
+        key: &str,
+        rec: &T,
+        tag: fn(&mut T) -> &mut String,
+    ) -> Vec<u8> {
+        let mut r = rec.clone();
+        tag(&mut r).clear();
+        *tag(&mut r) = seal
+            .tag_record(key, &serde_json::to_vec(&r).unwrap())
+            .unwrap_or_default();
+        serde_json::to_vec(&r).unwrap()
+    }
+
+    #[test]
+    fn approvals_bind_the_key_and_forged_ones_approve_nothing() {
+        let view = ControlView::new();
+        let pause = PauseState::default();
+        let seal = Seal::with_secret(b"s");
+        let fp = format!("sha256:{}", "ab".repeat(32));
+        let pending = PendingRecord {
+            identity: "n1".into(),
+            fingerprints: vec![fp.clone()],
+            reason: "approval: manual".into(),
+            facts: Default::default(),
+            first_seen: 1,
+            last_seen: 1,
+            expires: i64::MAX,
+            by: "prov1".into(),
+            tag: String::new(),
+        };
+        let bytes = sealed(&seal, &pending_key("n1"), &pending, |r| &mut r.tag);
+        assert!(!apply(
+            &seal,
+            &view,
+            &pause,
+            &pending_key("n1"),
+            Operation::Put,
+            &bytes
+        ));
+        assert_eq!(view.pending(now_unix()).len(), 1);
+        // Expired entries are not listed.
+        assert!(view.pending(i64::MAX).is_empty());
+        let approval = ApprovalRecord {
+            identity: "n1".into(),
+            fingerprints: vec![fp.clone()],
+            by: "ops".into(),
+            at: 1,
+            expires: i64::MAX,
+            reason: String::new(),
+            tag: String::new(),
+        };
+        // Signed with another secret: ignored.
+        let forged = sealed(
+            &Seal::with_secret(b"x"),
+            &approved_key("n1"),
+            &approval,
+            |r| &mut r.tag,
+        );
+        assert!(!apply(
+            &seal,
+            &view,
+            &pause,
+            &approved_key("n1"),
+            Operation::Put,
+            &forged
+        ));
+        assert!(view
+            .approval_of("n1", std::slice::from_ref(&fp), now_unix())
+            .is_none());
+        // Under another identity's key: ignored.
+        let elsewhere = sealed(&seal, &approved_key("n2"), &approval, |r| &mut r.tag);
+        assert!(!apply(
+            &seal,
+            &view,
+            &pause,
+            &approved_key("n2"),
+            Operation::Put,
+            &elsewhere
+        ));
+        let good = sealed(&seal, &approved_key("n1"), &approval, |r| &mut r.tag);
+        assert!(
+            apply(
+                &seal,
+                &view,
+                &pause,
+                &approved_key("n1"),
+                Operation::Put,
+                &good
+            ),
+            "an approval triggers discovery"
+        );
+        assert!(view
+            .approval_of("n1", std::slice::from_ref(&fp), now_unix())
+            .is_some());
+        assert!(
+            view.pending(now_unix()).is_empty(),
+            "the pending entry goes"
+        );
+        // Another key under the same name is not approved; nor after the approval expires.
+        let other = format!("sha256:{}", "cd".repeat(32));
+        assert!(view.approval_of("n1", &[other], now_unix()).is_none());
+        assert!(view.approval_of("n1", &[fp], i64::MAX).is_none());
+    }
+
     #[test]
     fn entries_are_checked() {
         assert!(check_entry("sha256:12").is_err());
