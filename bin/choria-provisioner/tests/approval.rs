@@ -76,12 +76,16 @@ fn id(n: usize) -> String {
 async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_key() {
     let env = Env::new();
     let ca = test_ca(env.path());
+    let audit = env.path().join("audit.jsonl");
     let p = env
         .provisioner(example_helper("helper-pki.py"))
         .env("CHORIA_CA_CERT", ca.cert.display().to_string())
         .env("CHORIA_CA_KEY", ca.key.display().to_string())
         .features(&["jwt", "pki"])
-        .yaml("fleet_control: true\napproval: manual\n");
+        .yaml(&format!(
+            "fleet_control: true\napproval: manual\naudit_file: {}\n",
+            audit.display()
+        ));
     let launch = env.prepare(&p);
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
@@ -181,6 +185,39 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     assert!(!configured(&fleet, &id(6)));
     let left: Vec<String> = pending(&launch).into_iter().map(|(i, _)| i).collect();
     assert_eq!(left, vec![id(7), id(8), id(9), id(10)]);
+
+    // The audit trail has each decision: pending, approved, and the rejected node refused.
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let has = |id: &str, decision: &str, cause: &str| {
+        records.iter().any(|r| {
+            r["identity"] == id
+                && r["decision"] == decision
+                && r["cause"].as_str().unwrap_or("").contains(cause)
+        })
+    };
+    for n in 1..=10 {
+        assert!(
+            has(&id(n), "pending", "waiting for approval"),
+            "{}: {records:?}",
+            id(n)
+        );
+    }
+    for n in 1..=5 {
+        assert!(
+            has(&id(n), "approved", "approved by"),
+            "{}: {records:?}",
+            id(n)
+        );
+        assert!(has(&id(n), "provisioned", ""), "{}", id(n));
+    }
+    assert!(
+        has(&id(6), "refused", "rejected while pending approval"),
+        "{records:?}"
+    );
 
     // The node goes away; node-07 is approved with the key it had; a server with another key
     // comes up under that name: the approval does not apply, it is pending again.

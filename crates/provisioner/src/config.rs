@@ -1551,6 +1551,26 @@ features:
     }
 
     #[test]
+    fn approval_is_auto_by_default_and_manual_needs_fleet_control() {
+        let c = load("site: lon\n").unwrap().config;
+        assert!(!c.approval_manual);
+        assert_eq!(c.approval_expiry, DEFAULT_APPROVAL_EXPIRY);
+        let c = load("fleet_control: true\napproval: Manual\napproval_expiry: 2d\n")
+            .unwrap()
+            .config;
+        assert!(c.approval_manual);
+        assert_eq!(c.approval_expiry, Duration::from_secs(2 * 86400));
+        let e = load("approval: manual\n").unwrap_err();
+        assert!(matches!(e, ConfigError::ApprovalNeedsFleetControl), "{e}");
+        let e = load("fleet_control: true\napproval: sometimes\n").unwrap_err();
+        assert!(e.to_string().contains("auto or manual"), "{e}");
+        for bad in ["0s", "5q"] {
+            let e = load(&format!("fleet_control: true\napproval_expiry: {bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("approval_expiry"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn helper_reply_signature_is_read_and_needs_a_secret_with_a_webhook() {
         let hook = "helper: https://h.example.net/p\n";
         let c = load(hook).unwrap().config;
