@@ -1,6 +1,7 @@
 //! The status page at `/` and a node's page at `/nodes/{identity}`: small server-rendered HTML
 //! with inline styles, no script and nothing loaded from anywhere else. Every text that came
-//! from a node, a helper or the broker is HTML-escaped.
+//! from a node, a helper or the broker is HTML-escaped. With fleet control and a token, the
+//! pending nodes carry Approve and Reject forms posting to this listener.
 
 use std::fmt::Write as _;
 
