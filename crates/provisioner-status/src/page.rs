@@ -12,6 +12,8 @@ use crate::nodes::{rfc3339, THROUGHPUT_MINUTES};
 
 /// Recent failures listed on the status page.
 pub const RECENT_FAILURES: usize = 20;
+/// Pending nodes listed on the status page (the API and `nodes --pending` list them all).
+pub const PENDING_SHOWN: usize = 200;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}\
 .spark{background:#fff;border:1px solid #ddd}\
@@ -233,7 +235,7 @@ fn pending_section(
     }
     out.push_str("</tr>");
     let t = |s: i64| rfc3339(u64::try_from(s).unwrap_or(0).saturating_mul(1000));
-    for p in pending {
+    for p in pending.iter().take(PENDING_SHOWN) {
         let facts: Vec<String> = p
             .facts
             .iter()
@@ -266,6 +268,13 @@ fn pending_section(
         out.push_str("</tr>");
     }
     out.push_str("</table>");
+    if pending.len() > PENDING_SHOWN {
+        let _ = write!(
+            out,
+            "<p class=\"meta\">{} more: <code>choria-provisioner nodes --pending</code> lists them all.</p>",
+            pending.len() - PENDING_SHOWN
+        );
+    }
 }
 
 /// The small page answering a form's decision.
