@@ -121,6 +121,11 @@ pub enum Command {
     /// Deny nodes on every replica with fleet_control: by identity, /REGEX/ or key fingerprint
     #[command(subcommand)]
     Deny(DenyCommand),
+    /// Approve nodes waiting for approval: each is provisioned at once, if it still presents
+    /// the keys it had when pending
+    Approve(DecideArgs),
+    /// Reject nodes waiting for approval: their key fingerprints go on the deny list
+    Reject(DecideArgs),
     /// Rotate provisioned servers: send choria_provision#reprovision in waves on the main
     /// collective and follow each node until it is provisioned again
     Rotate(RotateArgs),
@@ -243,6 +248,26 @@ pub struct RotateResumeArgs {
     pub choria_config: PathBuf,
 }
 
+/// Flags of `approve` and `reject`.
+#[derive(Debug, Clone, Args)]
+pub struct DecideArgs {
+    /// The pending node's identity, or with --matching a regular expression of identities
+    #[arg(value_name = "ID")]
+    pub identity: String,
+
+    /// ID is a regular expression: act on every pending node it matches
+    #[arg(long)]
+    pub matching: bool,
+
+    #[command(flatten)]
+    pub control: ControlArgs,
+
+    /// Why: required by reject and put in the deny entries it adds; kept with an approval and
+    /// shown when it applies
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    pub reason: String,
+}
+
 /// How `pause`, `resume` and `deny` reach the fleet control bucket: with the provisioner's
 /// broker settings.
 #[derive(Debug, Clone, Args)]
@@ -350,9 +375,14 @@ pub struct ApiArgs {
 #[derive(Debug, Clone, Args)]
 pub struct NodesArgs {
     /// Only nodes in this state: queued, working, provisioned, upgraded, shut_down, lock_held,
-    /// deferred, refused or failed
+    /// deferred, refused, failed, dry_run or pending
     #[arg(long, value_name = "STATE")]
     pub state: Option<String>,
+
+    /// List the nodes waiting for an operator's approval instead (identity, key fingerprint,
+    /// first and last seen, facts)
+    #[arg(long)]
+    pub pending: bool,
 
     /// Skip this many nodes
     #[arg(long, value_name = "N", default_value_t = 0)]

@@ -1,4 +1,4 @@
-//! `pause`, `resume` and `deny`: fleet control through `provisioner::control`, with the
+//! `pause`, `resume`, `deny`, `approve` and `reject`: fleet control through `provisioner::control`, with the
 //! provisioner's own configuration for the broker. The binary parses and prints.
 
 use std::time::Duration;
@@ -7,13 +7,22 @@ use anyhow::{bail, Result};
 use provisioner::control::{self, rfc3339, Control};
 use provisioner::settings::Paths;
 
-use crate::cli::{ControlArgs, DenyCommand, PauseArgs};
+use crate::cli::{ControlArgs, DecideArgs, DenyCommand, PauseArgs};
 
 /// Runs `f` on the bucket opened with `args`' files, warning when they do not follow it.
 fn with_control<T>(
     debug: bool,
     args: &ControlArgs,
     f: impl AsyncFnOnce(Control) -> Result<T>,
+) -> Result<T> {
+    with_settings(debug, args, async |c, _| f(c).await)
+}
+
+/// As [`with_control`], `f` also given the provisioner's settings.
+fn with_settings<T>(
+    debug: bool,
+    args: &ControlArgs,
+    f: impl AsyncFnOnce(Control, provisioner::Settings) -> Result<T>,
 ) -> Result<T> {
     let config = args
         .config
@@ -28,11 +37,11 @@ fn with_control<T>(
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let (c, followed) = control::connect_operator(&paths, Duration::from_secs(15)).await?;
-        if !followed {
+        let (c, settings) = control::connect_operator(&paths, Duration::from_secs(15)).await?;
+        if !settings.config.fleet_control {
             eprintln!("warning: {} does not set fleet_control: true; a provisioner started from it does not follow pause or deny", config.display());
         }
-        f(c).await
+        f(c, settings).await
     })
 }
 
@@ -115,4 +124,46 @@ pub fn deny(debug: bool, cmd: &DenyCommand) -> Result<()> {
             Ok(())
         }),
     }
+}
+
+/// `approve ID|--matching REGEX` (`approve`) and `reject ... --reason TEXT`.
+pub fn decide(debug: bool, args: &DecideArgs, approve: bool) -> Result<()> {
+    let which = control::Selector::new(&args.identity, args.matching)?;
+    if !approve && args.reason.trim().is_empty() {
+        bail!("--reason must say why {} is rejected", args.identity);
+    }
+    with_settings(debug, &args.control, async |c, settings| {
+        let names: Vec<String> = if approve {
+            let done = c
+                .approve(&which, settings.config.approval_expiry, &args.reason)
+                .await?;
+            for a in &done {
+                println!(
+                    "Approved {} ({}) until {}",
+                    a.identity,
+                    a.fingerprints.join(", "),
+                    rfc3339(a.expires)
+                );
+            }
+            done.into_iter().map(|a| a.identity).collect()
+        } else {
+            let done = c.reject(&which, &args.reason).await?;
+            for (p, denied) in &done {
+                let entries: Vec<&str> = denied.iter().map(|d| d.entry.as_str()).collect();
+                println!("Rejected {}: denied {}", p.identity, entries.join(", "));
+            }
+            done.into_iter().map(|(p, _)| p.identity).collect()
+        };
+        let verb = if approve { "approved" } else { "rejected" };
+        if names.is_empty() {
+            bail!(
+                "no pending node matches {} (see choria-provisioner nodes --pending)",
+                args.identity
+            );
+        }
+        if args.matching {
+            println!("{} nodes {verb}: {}", names.len(), names.join(", "));
+        }
+        Ok(())
+    })
 }

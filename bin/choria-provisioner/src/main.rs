@@ -50,6 +50,8 @@ fn main() -> ExitCode {
         cli::Command::Resume(args) => control_cli::resume(cli.debug, &args),
         cli::Command::Deny(cmd) => control_cli::deny(cli.debug, &cmd),
         cli::Command::Rotate(args) => rotate_cli::main(cli.debug, &args),
+        cli::Command::Approve(args) => control_cli::decide(cli.debug, &args, true),
+        cli::Command::Reject(args) => control_cli::decide(cli.debug, &args, false),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -67,6 +67,20 @@ pub fn status(args: &ApiArgs) -> Result<()> {
         vec!["Role".into(), text(&s["role"])],
         vec!["Connected".into(), text(&s["connected"])],
         vec!["Paused".into(), text(&s["paused"])],
+        vec![
+            "Operator pause".into(),
+            match s["pause"].as_object() {
+                Some(p) => format!(
+                    "by {} at {}: {}",
+                    text(&p["by"]),
+                    text(&p["at"]),
+                    text(&p["reason"])
+                ),
+                None => "none".into(),
+            },
+        ],
+        vec!["Deny entries".into(), text(&s["deny_entries"])],
+        vec!["Pending approval".into(), text(&s["pending_approval"])],
         vec!["Queue".into(), text(&s["queue"])],
         vec![
             "In flight".into(),
@@ -118,6 +132,38 @@ pub fn status(args: &ApiArgs) -> Result<()> {
 /// `choria-provisioner nodes`.
 pub fn nodes(args: &NodesArgs) -> Result<()> {
     let t = target(&args.api)?;
+    if args.pending {
+        let v = get(&t, "/api/v1/pending")?;
+        if args.api.json {
+            return print_json(&v);
+        }
+        let mut rows = vec![[
+            "IDENTITY",
+            "FINGERPRINT",
+            "FIRST SEEN",
+            "LAST SEEN",
+            "FACTS",
+        ]
+        .map(String::from)
+        .to_vec()];
+        for n in v["pending"].as_array().into_iter().flatten() {
+            let list = |k: &str| n[k].as_array().into_iter().flatten().map(text);
+            let facts = n["facts"].as_object().into_iter().flatten().take(4);
+            rows.push(vec![
+                text(&n["identity"]),
+                list("fingerprints").collect::<Vec<_>>().join(","),
+                text(&n["first_seen"]),
+                text(&n["last_seen"]),
+                facts
+                    .map(|(k, v)| format!("{k}={}", text(v)))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ]);
+        }
+        print!("{}", table(&rows));
+        println!("{} nodes waiting for approval", rows.len() - 1);
+        return Ok(());
+    }
     let mut q = format!("/api/v1/nodes?offset={}&limit={}", args.offset, args.limit);
     if let Some(s) = &args.state {
         if provisioner::provision_core::NodeState::parse(s).is_none() {

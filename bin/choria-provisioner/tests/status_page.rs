@@ -136,3 +136,89 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
     fleet.shutdown().await;
     bad.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_renders_the_pause_and_the_pending_nodes_without_errors() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is not installed (apt-get install chromium): the status page test must run under CI"
+        );
+        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
+        return;
+    };
+    let env = Env::new();
+    let p = env
+        .provisioner(example_helper("helper-plain.py"))
+        .yaml("fleet_control: true\napproval: manual\n");
+    let launch = env.prepare(&p);
+    let mut prov = Prov::launch(&launch);
+    prov.wait_ready().await;
+    assert!(
+        prov.wait_log("fleet control: following bucket", Duration::from_secs(30))
+            .await
+    );
+    let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            prov.output()
+                .matches("waits for an operator's approval")
+                .count()
+                >= 3
+        })
+        .await,
+        "{}",
+        prov.output()
+    );
+    let out = Command::new(BIN)
+        .args(["pause", "--reason", "rack <b>7</b> rewiring", "--config"])
+        .arg(&launch.config)
+        .arg("--choria-config")
+        .arg(&launch.choria_config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        prov.wait_log("Provisioning paused by", Duration::from_secs(5))
+            .await
+    );
+    let url = format!("http://127.0.0.1:{}/", prov.port);
+    let profile = env.path().join("chromium-profile");
+    let out = Command::new(&browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    for text in [
+        "Paused by",
+        "rack &lt;b&gt;7&lt;/b&gt; rewiring",
+        "Deny list: 0 entries",
+        "Pending approval (3)",
+        "node-1.example.net",
+        "choria-provisioner approve ID",
+    ] {
+        assert!(dom.contains(text), "{text:?} is not on the page:\n{dom}");
+    }
+    for bad in ["Content Security Policy", "Uncaught", "Refused to"] {
+        assert!(!log.contains(bad), "{bad:?} in chromium's log:\n{log}");
+    }
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}

@@ -17,15 +17,19 @@ pub enum Decision {
     /// The node is left for now and tried again on a later discovery, as when the helper
     /// defers it.
     Defer(String),
+    /// The node waits for an operator's approval ([`crate::Approval`]) before it goes on to the
+    /// helper; without an approval queue it is deferred.
+    Pending(String),
 }
 
 impl Decision {
-    /// `allow`, `deny` or `defer`.
+    /// `allow`, `deny`, `defer` or `pending`.
     pub fn label(&self) -> &'static str {
         match self {
             Decision::Allow => "allow",
             Decision::Deny(_) => "deny",
             Decision::Defer(_) => "defer",
+            Decision::Pending(_) => "pending",
         }
     }
 
@@ -33,7 +37,7 @@ impl Decision {
     pub fn reason(&self) -> &str {
         match self {
             Decision::Allow => "",
-            Decision::Deny(r) | Decision::Defer(r) => r,
+            Decision::Deny(r) | Decision::Defer(r) | Decision::Pending(r) => r,
         }
     }
 }

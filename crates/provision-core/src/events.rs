@@ -35,11 +35,13 @@ pub enum NodeState {
     Failed,
     /// `dry_run`: judged by the policy and the helper, and left as it was.
     DryRun,
+    /// Waiting for an operator's approval, left in provisioning mode (not a failure).
+    Pending,
 }
 
 impl NodeState {
     /// Every state, in the order above.
-    pub const ALL: [NodeState; 10] = [
+    pub const ALL: [NodeState; 11] = [
         NodeState::Queued,
         NodeState::Working,
         NodeState::Provisioned,
@@ -50,6 +52,7 @@ impl NodeState {
         NodeState::Refused,
         NodeState::Failed,
         NodeState::DryRun,
+        NodeState::Pending,
     ];
 
     /// The state's name in the API, the CLI and the audit trail.
@@ -65,6 +68,7 @@ impl NodeState {
             NodeState::Refused => "refused",
             NodeState::Failed => "failed",
             NodeState::DryRun => "dry_run",
+            NodeState::Pending => "pending",
         }
     }
 
@@ -189,6 +193,11 @@ impl Verdict {
                 v.step = "helper";
                 v.cause = format!("dry run: would {would}");
             }
+            Ok(Outcome::Pending { reason }) => {
+                v.state = NodeState::Pending;
+                v.step = "approval";
+                v.cause = format!("waiting for approval: {reason}");
+            }
             // Active-active: another replica holds the node's claim; it is left to it, as to
             // the holder of its provisioning lock.
             Ok(Outcome::ClaimedElsewhere { by, done }) => {
@@ -280,6 +289,7 @@ impl ProvisionErrorKind {
             K::ServerJwt(_) | K::KeyEncryption(_) => (NodeState::Failed, "enroll"),
             K::Upgrade { .. } => (NodeState::Failed, "upgrade"),
             K::LockHeld(a) => (NodeState::LockHeld, a.label()),
+            K::Approval(_) => (NodeState::Failed, "approval"),
             K::Claim(_) | K::ClaimLost(_) => (NodeState::Failed, "claim"),
         }
     }

@@ -719,6 +719,9 @@ impl Fleet {
             }
             // Judged and left alone: not judged again until the hold is over.
             Ok(Outcome::DryRun { .. }) => After::Hold(SUCCESS_HOLD),
+            // Waiting for an operator: forgotten, and found again by the next discovery or
+            // startup event (by then it may be approved).
+            Ok(Outcome::Pending { .. }) => After::Forget,
             Ok(Outcome::LockHeld { action }) => {
                 o.lock_held();
                 info!(identity = %id, "{action}: provisioning lock held by another provisioner, leaving {id} to it");

@@ -83,6 +83,7 @@
 
 #![deny(missing_docs)]
 pub mod admission;
+pub mod approval;
 pub mod claims;
 pub mod clock;
 pub mod config;
@@ -108,6 +109,7 @@ pub use choria_crypto;
 pub use choria_crypto::jwt;
 
 pub use admission::{Admission, AllowAll, Decision};
+pub use approval::{Approval, HoldFuture, PendingNode};
 pub use claims::{ClaimError, ClaimOutcome, Claims, Ticket};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use config::{Features, ProvisionConfig, ProvisionConfigBuilder, ProvisionConfigError};

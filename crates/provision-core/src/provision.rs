@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::admission::{Admission, Decision};
+use crate::approval::{Approval, PendingNode};
 use crate::claims::{ClaimError, ClaimOutcome, Claims};
 use crate::clock::{Clock, Random, SystemClock, SystemRandom};
 use crate::config::ProvisionConfig;
@@ -116,6 +117,12 @@ pub enum Outcome {
         /// What the helper's answer would have done: `configure`, `shut down` or `upgrade to V`.
         would: String,
     },
+    /// Waiting for an operator's approval (`approval: manual`, or the policy's `pending`):
+    /// recorded as pending and left in provisioning mode; nothing was given to the helper.
+    Pending {
+        /// Why it waits.
+        reason: String,
+    },
     /// Active-active: another replica holds the node's claim; nothing was sent to the node.
     ClaimedElsewhere {
         /// The replica named in the claim.
@@ -194,6 +201,9 @@ pub enum ProvisionErrorKind {
     /// not started (another replica may own the node now).
     #[error("claim lost before {0}, not going on")]
     ClaimLost(&'static str),
+    /// The node waits for an operator's approval and could not be recorded as pending.
+    #[error("could not record as pending approval: {0}")]
+    Approval(String),
     /// Internal: another provisioner holds the lock (turned into [`Outcome::LockHeld`]).
     #[error("provisioning lock held by another provisioner during {0}")]
     LockHeld(Action),
@@ -401,6 +411,7 @@ pub struct Provisioner {
     claims: Option<Box<dyn Claims>>,
     revocation: Option<Box<dyn Revocation>>,
     pacer: Option<Box<dyn Pacer>>,
+    approval: Option<Box<dyn Approval>>,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -432,6 +443,7 @@ pub struct ProvisionerBuilder {
     claims: Option<Box<dyn Claims>>,
     revocation: Option<Box<dyn Revocation>>,
     pacer: Option<Box<dyn Pacer>>,
+    approval: Option<Box<dyn Approval>>,
 }
 
 impl ProvisionerBuilder {
@@ -498,6 +510,14 @@ impl ProvisionerBuilder {
         self
     }
 
+    /// Holds the nodes that need an operator's approval (every node with `approval: manual`,
+    /// else those the admission policy marks pending) until they have it (default: none; a
+    /// policy's `pending` is then a defer).
+    pub fn approval(mut self, approval: impl Approval) -> Self {
+        self.approval = Some(Box::new(approval));
+        self
+    }
+
     /// Active-active: claims each node in `claims` before anything is sent to it, keeps the
     /// claim while the cycle runs, marks it done after success and releases it after failure
     /// (default: no claims).
@@ -522,6 +542,7 @@ impl ProvisionerBuilder {
             claims: self.claims,
             revocation: self.revocation,
             pacer: self.pacer,
+            approval: self.approval,
         }
     }
 }
@@ -544,6 +565,7 @@ impl Provisioner {
             claims: None,
             revocation: None,
             pacer: None,
+            approval: None,
         }
     }
 
@@ -827,13 +849,14 @@ impl Provisioner {
             .map_err(ProvisionErrorKind::Identity)?;
         self.identify(host).await?;
         // The keys it presented this round, checked now and again before it is configured.
-        let keys = match &self.revocation {
-            Some(_) => key_fingerprints(host.csr.as_ref(), host.ed25519.as_ref()),
-            None => Vec::new(),
+        let keys = if self.revocation.is_some() || self.approval.is_some() {
+            key_fingerprints(host.csr.as_ref(), host.ed25519.as_ref())
+        } else {
+            Vec::new()
         };
         self.check_revoked(host, &keys)?;
         claim_held("the helper")?;
-        let reply = match self.consult_helper(host).await? {
+        let reply = match self.consult_helper(host, &keys).await? {
             ControlFlow::Continue(reply) => reply,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
@@ -954,6 +977,7 @@ impl Provisioner {
     async fn consult_helper(
         &self,
         host: &mut Host,
+        keys: &[String],
     ) -> Result<ControlFlow<Outcome, HelperReply>, ProvisionErrorKind> {
         let identity = host.identity.clone();
         let id: &str = &identity;
@@ -970,6 +994,7 @@ impl Provisioner {
             jwt: host.claims.clone(),
             dry_run: self.config.dry_run(),
         };
+        let mut pending: Option<String> = None;
         if let Some(admission) = &self.admission {
             let mut shown = input.clone();
             if let Some(claims) = shown.jwt.as_mut() {
@@ -984,6 +1009,7 @@ impl Provisioner {
                 Decision::Allow => (true, String::new()),
                 Decision::Deny(r) => (false, format!("deny: {}", escaped(r))),
                 Decision::Defer(r) => (false, format!("defer: {}", escaped(r))),
+                Decision::Pending(r) => (true, format!("pending: {}", escaped(r))),
             };
             self.observer.node_event(
                 id,
@@ -1005,7 +1031,15 @@ impl Provisioner {
                 Decision::Defer(reason) => {
                     return Err(ProvisionErrorKind::Deferred(escaped(&reason).to_string()));
                 }
+                // Without an approval queue a pending node is deferred.
+                Decision::Pending(reason) if self.approval.is_none() => {
+                    return Err(ProvisionErrorKind::Deferred(escaped(&reason).to_string()));
+                }
+                Decision::Pending(reason) => pending = Some(escaped(&reason).to_string()),
             }
+        }
+        if let Some(outcome) = self.await_approval(id, keys, &input, pending).await? {
+            return Ok(ControlFlow::Break(outcome));
         }
         if let Some(pacer) = &self.pacer {
             let asked = Instant::now();
@@ -1096,6 +1130,72 @@ impl Provisioner {
             Err(e) => return Err(e),
         }
         Ok(ControlFlow::Break(Outcome::ShutDown))
+    }
+
+    /// With an approval queue: `Some(Pending)` when the node needs an operator's approval
+    /// (every node with `approval: manual`, else when the policy said `pending`) and has none
+    /// for this identity and these keys: it is recorded as pending and goes no further.
+    async fn await_approval(
+        &self,
+        id: &str,
+        keys: &[String],
+        input: &HelperInput,
+        policy_pending: Option<String>,
+    ) -> Result<Option<Outcome>, ProvisionErrorKind> {
+        let Some(approval) = &self.approval else {
+            return Ok(None);
+        };
+        let reason = match policy_pending {
+            Some(r) => r,
+            None if approval.manual() => "approval: manual".to_string(),
+            None => return Ok(None),
+        };
+        let step = |ok: bool, detail: &str| {
+            self.observer.node_event(
+                id,
+                &NodeEvent::Step {
+                    step: "approval",
+                    ok,
+                    tries: 1,
+                    elapsed: Duration::ZERO,
+                    detail,
+                },
+            )
+        };
+        if let Some(by) = approval.approved(id, keys) {
+            let detail = format!("approved by {}", escaped(&by));
+            info!(identity = id, "{id} was {detail}");
+            step(true, &detail);
+            return Ok(None);
+        }
+        let mut shown = input.clone();
+        if let Some(claims) = shown.jwt.as_mut() {
+            claims.token.clear();
+            claims.prov_nats_pass.clear();
+        }
+        let held = approval
+            .hold(PendingNode {
+                identity: id,
+                keys,
+                input: &shown,
+                reason: &reason,
+            })
+            .await;
+        match held {
+            Ok(()) => {
+                step(false, &format!("pending: {reason}"));
+                info!(
+                    identity = id,
+                    "{id} waits for an operator's approval ({reason}): choria-provisioner approve {id}"
+                );
+                Ok(Some(Outcome::Pending { reason }))
+            }
+            Err(e) => {
+                let e = escaped(&e).to_string();
+                step(false, &e);
+                Err(ProvisionErrorKind::Approval(e))
+            }
+        }
     }
 
     /// Signs the node's server JWT (with `ed25519`, key material asked for now so a rotated key

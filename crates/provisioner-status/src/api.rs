@@ -5,6 +5,7 @@
 //! - `GET /api/v1/nodes?state=STATE&offset=N&limit=N`: the nodes held, newest first, paginated
 //!   (at most [`MAX_PAGE`] a page);
 //! - `GET /api/v1/nodes/{identity}`: one node's history;
+//! - `GET /api/v1/pending`: the nodes waiting for an operator's approval (with fleet control);
 //! - `GET /`: the status page ([`crate::page`]).
 //!
 //! Identities and host names are sensitive. Every one of these ([`Monitor::admit`]): answers
@@ -58,6 +59,8 @@ pub struct Monitor {
     pub hostnames: Vec<String>,
     /// TLS for the listener (`monitor_tls_cert`, `monitor_tls_key`), when set.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Fleet control (`fleet_control`): the pause, the deny entries and the approval queue.
+    pub control: Option<crate::control::ControlPanel>,
 }
 
 /// Why the API or a page refused a request.
@@ -131,6 +134,7 @@ impl Monitor {
             token: None,
             hostnames: Vec::new(),
             tls: None,
+            control: None,
         }
     }
 
@@ -217,6 +221,19 @@ impl Monitor {
             }
             None => Value::Null,
         };
+        let (pause, deny_entries, pending) = match &self.control {
+            Some(c) => (
+                c.view
+                    .pause()
+                    .map(|p| {
+                        json!({"by": p.by, "at": crate::nodes::rfc3339(u64::try_from(p.at).unwrap_or(0).saturating_mul(1000)), "reason": p.reason})
+                    })
+                    .unwrap_or(Value::Null),
+                json!(c.view.deny_entries()),
+                json!(c.view.pending().len()),
+            ),
+            None => (Value::Null, Value::Null, Value::Null),
+        };
         json!({
             "version": self.version,
             "identity": self.identity,
@@ -224,6 +241,9 @@ impl Monitor {
             "role": self.role(),
             "connected": m.connected(),
             "paused": m.paused.get() != 0,
+            "pause": pause,
+            "deny_entries": deny_entries,
+            "pending_approval": pending,
             "queue": gauge(&m.work_queue_entries),
             "in_flight": gauge(&m.busy_workers),
             "workers": self.workers,
@@ -250,6 +270,19 @@ impl Monitor {
         let err = |status: StatusCode, msg: String| (status, json!({ "error": msg }));
         match path {
             "/api/v1/status" => (StatusCode::OK, self.status()),
+            "/api/v1/pending" => {
+                let Some(c) = &self.control else {
+                    return err(
+                        StatusCode::NOT_FOUND,
+                        "no approval queue: fleet_control is off".into(),
+                    );
+                };
+                let list: Vec<Value> = c.view.pending().iter().map(pending_json).collect();
+                (
+                    StatusCode::OK,
+                    json!({"total": list.len(), "pending": list}),
+                )
+            }
             "/api/v1/nodes" => {
                 let Some(nodes) = &self.nodes else {
                     return err(StatusCode::NOT_FOUND, "no node history is kept".into());
@@ -295,6 +328,20 @@ impl Monitor {
             },
         }
     }
+}
+
+/// One pending node as the API shows it.
+pub fn pending_json(p: &crate::control::PendingInfo) -> Value {
+    let t = |s: i64| crate::nodes::rfc3339(u64::try_from(s).unwrap_or(0).saturating_mul(1000));
+    json!({
+        "identity": p.identity,
+        "fingerprints": p.fingerprints,
+        "reason": p.reason,
+        "facts": p.facts,
+        "first_seen": t(p.first_seen),
+        "last_seen": t(p.last_seen),
+        "expires": t(p.expires),
+    })
 }
 
 /// The query of `/api/v1/nodes`.
@@ -371,7 +418,7 @@ pub fn percent_encode(s: &str) -> String {
     out
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -555,6 +555,13 @@ async fn respond(
         }
         Ok(r)
     };
+    if req.method() == Method::POST
+        && matches!(req.uri().path(), "/pending/approve" | "/pending/reject")
+    {
+        let (status, ok, text) = decide(req, &monitor, client).await;
+        let page = crate::page::decision_page(ok, &text);
+        return private(reply(status, "text/html; charset=utf-8", page)?);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -657,6 +664,91 @@ async fn respond(
             private(reply(status, "application/json", text)?)
         }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+/// The largest form body of an approve or reject.
+const MAX_FORM: usize = 4096;
+
+/// An approve or reject POST from the status page: only with a configured token, which the
+/// request carries (its `Authorization` header or the form's `token`), with the page's CSRF
+/// token in the body, and an `Origin` that names the `Host` the request was sent to.
+async fn decide(
+    req: Request<Incoming>,
+    monitor: &Monitor,
+    client: Client,
+) -> (StatusCode, bool, String) {
+    use http_body_util::BodyExt as _;
+    let refuse = |status: StatusCode, text: &str| (status, false, text.to_string());
+    let Some(control) = &monitor.control else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "no approval queue: fleet_control is off",
+        );
+    };
+    if monitor.token.is_none() {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "approving from the status page needs monitor_token_file; use choria-provisioner approve or reject",
+        );
+    }
+    let approve = req.uri().path() == "/pending/approve";
+    let headers = req.headers().clone();
+    let host = headers.get(hyper::header::HOST).map(|v| v.as_bytes());
+    // A browser names the page's origin in every POST; it must be the host asked.
+    let origin_ok = match (headers.get(hyper::header::ORIGIN), host) {
+        (Some(o), Some(h)) => o
+            .as_bytes()
+            .split(|&b| b == b'/')
+            .nth(2)
+            .is_some_and(|authority| authority.eq_ignore_ascii_case(h)),
+        _ => false,
+    };
+    if !origin_ok {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "the Origin header does not name the host the form was sent to",
+        );
+    }
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_FORM)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "the form is too large"),
+    };
+    let Some(form) = crate::control::form_pairs(&body) else {
+        return refuse(StatusCode::BAD_REQUEST, "the form is not valid");
+    };
+    let field = |k: &str| form.get(k).map(String::as_str).unwrap_or("");
+    let bearer = format!("Bearer {}", field("token"));
+    let auth = headers
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+        .unwrap_or(bearer.as_bytes());
+    if let Err(r) = monitor.admit(client.peer, client.local, host, Some(auth)) {
+        return refuse(r.status(), &r.to_string());
+    }
+    if control.csrf.is_empty()
+        || !crate::api::constant_time_eq(field("csrf").as_bytes(), control.csrf.as_bytes())
+    {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is missing or stale: reload the status page",
+        );
+    }
+    let identity = field("identity");
+    let reason = field("reason").trim();
+    if identity.is_empty() || identity.len() > 255 {
+        return refuse(StatusCode::BAD_REQUEST, "not a node identity");
+    }
+    if !approve && reason.is_empty() {
+        return refuse(StatusCode::BAD_REQUEST, "a rejection needs a reason");
+    }
+    let by = format!("status-page@{}", monitor.identity);
+    match control.view.decide(identity, approve, reason, &by).await {
+        Ok(text) => (StatusCode::OK, true, text),
+        Err(e) => (StatusCode::CONFLICT, false, e),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The status page at `/` and a node's page at `/nodes/{identity}`: small server-rendered HTML
 //! with inline styles, no script and nothing loaded from anywhere else. Every text that came
-//! from a node, a helper or the broker is HTML-escaped.
+//! from a node, a helper or the broker is HTML-escaped. With fleet control and a token, the
+//! pending nodes carry Approve and Reject forms posting to this listener.
 
 use std::fmt::Write as _;
 
@@ -11,6 +12,8 @@ use crate::nodes::{rfc3339, THROUGHPUT_MINUTES};
 
 /// Recent failures listed on the status page.
 pub const RECENT_FAILURES: usize = 20;
+/// Pending nodes listed on the status page (the API and `nodes --pending` list them all).
+pub const PENDING_SHOWN: usize = 200;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}\
 .spark{background:#fff;border:1px solid #ddd}\
@@ -93,7 +96,14 @@ pub fn status_page(m: &Monitor, now_ms: u64) -> String {
             .unwrap_or(0)
     };
     let mut out = String::with_capacity(8192);
-    head(&mut out, "Choria Provisioner status", true);
+    let pending = m
+        .control
+        .as_ref()
+        .map(|c| c.view.pending())
+        .unwrap_or_default();
+    // A page with forms to fill is not reloaded under the operator's hands.
+    let forms = m.token.is_some() && !pending.is_empty();
+    head(&mut out, "Choria Provisioner status", !forms);
     let _ = write!(
         out,
         "<h1>Choria Provisioner</h1><p class=\"meta\">{} · version {} · site {} · role <b>{}</b> · {} · {}</p>",
@@ -104,6 +114,25 @@ pub fn status_page(m: &Monitor, now_ms: u64) -> String {
         if m.metrics.connected() { "connected" } else { "<span class=\"bad\">not connected</span>" },
         if s["paused"].as_bool().unwrap_or(false) { "<span class=\"bad\">paused</span>" } else { "provisioning" },
     );
+    if let Some(p) = s["pause"].as_object() {
+        let text = |k: &str| escape(p.get(k).and_then(|v| v.as_str()).unwrap_or(""));
+        let _ = write!(
+            out,
+            "<p class=\"bad\">Paused by {} at {}: {} (lift it with <code>choria-provisioner resume</code>)</p>",
+            text("by"),
+            text("at"),
+            text("reason")
+        );
+    }
+    if let Some(n) = s["deny_entries"].as_u64() {
+        let _ = write!(
+            out,
+            "<p class=\"meta\">Deny list: {n} entries (<code>choria-provisioner deny ls</code>)</p>"
+        );
+    }
+    if let Some(c) = &m.control {
+        pending_section(&mut out, &pending, m.token.is_some(), &c.csrf);
+    }
     let t = &s["totals"];
     out.push_str("<h2>Counters</h2><div class=\"cards\">");
     for (label, v) in [
@@ -181,6 +210,86 @@ pub fn status_page(m: &Monitor, now_ms: u64) -> String {
     out
 }
 
+/// The nodes waiting for approval, with Approve and Reject forms when the API has a token
+/// (the forms carry `csrf` and ask for the token).
+fn pending_section(
+    out: &mut String,
+    pending: &[crate::control::PendingInfo],
+    forms: bool,
+    csrf: &str,
+) {
+    let _ = write!(out, "<h2>Pending approval ({})</h2>", pending.len());
+    if pending.is_empty() {
+        out.push_str("<p class=\"ok\">No node waits for approval.</p>");
+        return;
+    }
+    if !forms {
+        out.push_str(
+            "<p class=\"meta\">Decide with <code>choria-provisioner approve ID</code> or \
+             <code>reject ID --reason TEXT</code>; the buttons need <code>monitor_token_file</code>.</p>",
+        );
+    }
+    out.push_str("<table><tr><th>Node</th><th>Key fingerprints</th><th>Reason</th><th>Facts</th><th>First seen</th><th>Last seen</th>");
+    if forms {
+        out.push_str("<th>Decision</th>");
+    }
+    out.push_str("</tr>");
+    let t = |s: i64| rfc3339(u64::try_from(s).unwrap_or(0).saturating_mul(1000));
+    for p in pending.iter().take(PENDING_SHOWN) {
+        let facts: Vec<String> = p
+            .facts
+            .iter()
+            .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+            .collect();
+        let _ = write!(
+            out,
+            "<tr><td class=\"nw\">{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td class=\"nw\">{}</td><td class=\"nw\">{}</td>",
+            escape(&p.identity),
+            p.fingerprints.iter().map(|f| escape(f)).collect::<Vec<_>>().join("<br>"),
+            escape(&p.reason),
+            facts.join("<br>"),
+            t(p.first_seen),
+            t(p.last_seen),
+        );
+        if forms {
+            let hidden = format!(
+                "<input type=\"hidden\" name=\"csrf\" value=\"{}\"><input type=\"hidden\" name=\"identity\" value=\"{}\">\
+                 <input type=\"password\" name=\"token\" placeholder=\"API token\" autocomplete=\"off\" required>",
+                escape(csrf),
+                escape(&p.identity)
+            );
+            let _ = write!(
+                out,
+                "<td class=\"nw\"><form method=\"post\" action=\"/pending/approve\">{hidden}<button type=\"submit\">Approve</button></form>\
+                 <form method=\"post\" action=\"/pending/reject\">{hidden}<input name=\"reason\" placeholder=\"reason\" required maxlength=\"512\">\
+                 <button type=\"submit\">Reject</button></form></td>"
+            );
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
+    if pending.len() > PENDING_SHOWN {
+        let _ = write!(
+            out,
+            "<p class=\"meta\">{} more: <code>choria-provisioner nodes --pending</code> lists them all.</p>",
+            pending.len() - PENDING_SHOWN
+        );
+    }
+}
+
+/// The small page answering a form's decision.
+pub fn decision_page(ok: bool, text: &str) -> String {
+    let mut out = String::with_capacity(1024);
+    head(&mut out, "Choria Provisioner approval", false);
+    let _ = writeln!(
+        out,
+        "<p class=\"{}\">{}</p><p><a href=\"/\">← status</a></p></body></html>",
+        if ok { "ok" } else { "bad" },
+        escape(text)
+    );
+    out
+}
+
 /// A node's page: its state and history, or `None` when it is not held.
 pub fn node_page(m: &Monitor, identity: &str) -> Option<String> {
     let n = m.nodes.as_ref()?.node_json(identity)?;
@@ -235,7 +344,7 @@ pub fn node_page(m: &Monitor, identity: &str) -> Option<String> {
 }
 
 /// The pages' Content-Security-Policy: nothing may load or run but the one stylesheet they
-/// carry, named by its hash; no frame may hold them and no form may post from them.
+/// carry, named by its hash; no frame may hold them and their forms post to this listener only.
 pub fn content_security_policy() -> String {
     static CSP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CSP.get_or_init(|| {
@@ -244,7 +353,7 @@ pub fn content_security_policy() -> String {
         let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(STYLE));
         format!(
             "default-src 'none'; style-src 'sha256-{hash}'; img-src 'none'; base-uri 'none'; \
-             form-action 'none'; frame-ancestors 'none'"
+             form-action 'self'; frame-ancestors 'none'"
         )
     })
     .clone()

@@ -186,8 +186,31 @@ pub fn record(
 
 impl Observer for Audit {
     fn node_event(&self, identity: &str, event: &NodeEvent<'_>) {
-        let (Some(tx), NodeEvent::Finished(v)) = (&self.tx, event) else {
+        let Some(tx) = &self.tx else {
             return;
+        };
+        let v = match event {
+            NodeEvent::Finished(v) => *v,
+            // An operator's approval applied: the decision that let the node go on.
+            NodeEvent::Step {
+                step: "approval",
+                ok: true,
+                detail,
+                ..
+            } => {
+                let r = json!({
+                    "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    "provisioner": self.provisioner,
+                    "site": self.site,
+                    "identity": identity,
+                    "decision": "approved",
+                    "step": "approval",
+                    "cause": detail,
+                });
+                self.send(tx, identity, r);
+                return;
+            }
+            _ => return,
         };
         if !v.answered {
             // Summed up by the writer: a flood of announced names costs a few lines.
@@ -201,15 +224,20 @@ impl Observer for Audit {
             }
             return;
         }
-        let mut json = record(
+        let r = record(
             &self.provisioner,
             &self.site,
             identity,
             v,
             chrono::Utc::now(),
-        )
-        .to_string()
-        .into_bytes();
+        );
+        self.send(tx, identity, r);
+    }
+}
+
+impl Audit {
+    fn send(&self, tx: &mpsc::Sender<Line>, identity: &str, r: serde_json::Value) {
+        let mut json = r.to_string().into_bytes();
         json.push(b'\n');
         if tx
             .try_send(Line {

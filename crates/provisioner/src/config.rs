@@ -25,6 +25,8 @@ pub const DEFAULT_NODE_HISTORY_SIZE: usize = 10_000;
 pub const DEFAULT_NODE_HISTORY_MAX_AGE: Duration = Duration::from_secs(3600);
 /// The shortest discovery interval accepted (as the Go provisioner).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
+/// Default `approval_expiry`: a week.
+pub const DEFAULT_APPROVAL_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default `claim_lifetime` (active-active): how long a claim on a node lives without being
 /// kept, and so how long a dead replica's claims block the others.
 pub const DEFAULT_CLAIM_LIFETIME: Duration = Duration::from_secs(30);
@@ -83,6 +85,12 @@ pub struct Config {
     /// `max_per_minute` (not a Go key): nodes a minute that may reach the helper, shared by
     /// every replica through the fleet control bucket when `fleet_control` is on; 0 is no limit.
     pub max_per_minute: u32,
+    /// `approval: manual` (not a Go key): every node that passes the deny list and the checks
+    /// waits for an operator's approval before the helper; `auto` (the default) only the nodes
+    /// the policy marks pending. Needs `fleet_control`.
+    pub approval_manual: bool,
+    /// `approval_expiry` (not a Go key): how long a pending entry, and an approval, lasts.
+    pub approval_expiry: Duration,
     /// `active_active` (not a Go key): every replica provisions, each node claimed in the
     /// `CHORIA_PROVISIONER_CLAIMS` bucket first; exclusive with `leader_election`.
     pub active_active: bool,
@@ -185,6 +193,8 @@ impl std::fmt::Debug for Config {
             leader_election_wait,
             fleet_control,
             max_per_minute,
+            approval_manual,
+            approval_expiry,
             active_active,
             claim_lifetime,
             claims_secret_file,
@@ -226,6 +236,8 @@ impl std::fmt::Debug for Config {
             .field("leader_election_wait", leader_election_wait)
             .field("fleet_control", fleet_control)
             .field("max_per_minute", max_per_minute)
+            .field("approval_manual", approval_manual)
+            .field("approval_expiry", approval_expiry)
             .field("active_active", active_active)
             .field("claim_lifetime", claim_lifetime)
             .field("claims_secret_file", claims_secret_file)
@@ -385,6 +397,15 @@ pub enum ConfigError {
     /// `active_active` and `leader_election` are both on.
     #[error("active_active and leader_election cannot both be on: choose one high-availability mode (a deployment with Go provisioners stays on leader_election)")]
     ActiveActiveAndElection,
+    /// `approval` is neither `auto` nor `manual`.
+    #[error("invalid approval {0:?}: it must be auto or manual")]
+    Approval(String),
+    /// `approval_expiry` is zero.
+    #[error("approval_expiry {0:?} must be longer than zero")]
+    ApprovalExpiry(String),
+    /// `approval: manual` without `fleet_control`.
+    #[error("approval: manual needs fleet_control: true (the pending nodes and approvals live in the fleet control bucket)")]
+    ApprovalNeedsFleetControl,
     /// `claim_lifetime` is outside 6 s to 1 h.
     #[error("claim_lifetime {0:?} is out of range: it must be between 6s and 1h")]
     ClaimLifetime(String),
@@ -496,6 +517,8 @@ struct RawConfig {
     dry_run: bool,
     fleet_control: bool,
     max_per_minute: u32,
+    approval: String,
+    approval_expiry: String,
     active_active: bool,
     claim_lifetime: String,
     claims_secret_file: String,
@@ -534,7 +557,7 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 49] = [
+const FIELDS: [Field; 51] = [
     field(
         "workers",
         Kind::Int {
@@ -584,6 +607,8 @@ const FIELDS: [Field; 49] = [
             max: u32::MAX as u64,
         },
     ),
+    field("approval", Kind::Str),
+    field("approval_expiry", Kind::Str),
     field("upgrades_repository", Kind::Str),
     field("upgrades_optional", Kind::Bool),
     field("features", Kind::Map(&FEATURE_FIELDS)),
@@ -675,6 +700,8 @@ impl RawConfig {
             dry_run: flag(s, "dry_run"),
             fleet_control: flag(s, "fleet_control"),
             max_per_minute: u32::try_from(int("max_per_minute")).unwrap_or(u32::MAX),
+            approval: text("approval"),
+            approval_expiry: text("approval_expiry"),
             upgrades_repository: text("upgrades_repository"),
             upgrades_optional: flag(s, "upgrades_optional"),
             features,
@@ -871,6 +898,36 @@ impl Config {
         if raw.active_active && raw.leader_election {
             errors.push(ConfigError::ActiveActiveAndElection);
         }
+        let approval_manual = match raw.approval.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => false,
+            "manual" => true,
+            _ => {
+                errors.push(ConfigError::Approval(raw.approval.clone()));
+                false
+            }
+        };
+        if approval_manual && !raw.fleet_control {
+            errors.push(ConfigError::ApprovalNeedsFleetControl);
+        }
+        let approval_expiry = if raw.approval_expiry.trim().is_empty() {
+            DEFAULT_APPROVAL_EXPIRY
+        } else {
+            match parse_duration(raw.approval_expiry.trim()) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    errors.push(ConfigError::ApprovalExpiry(raw.approval_expiry.clone()));
+                    DEFAULT_APPROVAL_EXPIRY
+                }
+                Err(reason) => {
+                    errors.push(ConfigError::Duration {
+                        key: "approval_expiry",
+                        value: raw.approval_expiry.clone(),
+                        reason,
+                    });
+                    DEFAULT_APPROVAL_EXPIRY
+                }
+            }
+        };
         let claim_lifetime = if raw.claim_lifetime.trim().is_empty() {
             DEFAULT_CLAIM_LIFETIME
         } else {
@@ -1039,6 +1096,8 @@ impl Config {
             leader_election_wait: raw.leader_election_wait,
             fleet_control: raw.fleet_control,
             max_per_minute: raw.max_per_minute,
+            approval_manual,
+            approval_expiry,
             active_active: raw.active_active,
             claim_lifetime,
             claims_secret_file: raw.claims_secret_file.trim().to_string(),
@@ -1502,6 +1561,26 @@ features:
             ))
             .unwrap_err();
             assert!(e.to_string().contains(what), "{lifetime}: {e}");
+        }
+    }
+
+    #[test]
+    fn approval_is_auto_by_default_and_manual_needs_fleet_control() {
+        let c = load("site: lon\n").unwrap().config;
+        assert!(!c.approval_manual);
+        assert_eq!(c.approval_expiry, DEFAULT_APPROVAL_EXPIRY);
+        let c = load("fleet_control: true\napproval: Manual\napproval_expiry: 2d\n")
+            .unwrap()
+            .config;
+        assert!(c.approval_manual);
+        assert_eq!(c.approval_expiry, Duration::from_secs(2 * 86400));
+        let e = load("approval: manual\n").unwrap_err();
+        assert!(matches!(e, ConfigError::ApprovalNeedsFleetControl), "{e}");
+        let e = load("fleet_control: true\napproval: sometimes\n").unwrap_err();
+        assert!(e.to_string().contains("auto or manual"), "{e}");
+        for bad in ["0s", "5q"] {
+            let e = load(&format!("fleet_control: true\napproval_expiry: {bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("approval_expiry"), "{bad}: {e}");
         }
     }
 

@@ -10,6 +10,13 @@
 //!   expires. A denied node never reaches the admission policy or the helper
 //!   ([`provision_core::Revocation`]).
 //!
+//! - `pending.<hex of the identity>` holds a node waiting for an operator's approval
+//!   (`approval: manual`, or the policy's `pending`): its identity, the fingerprints of its
+//!   keys, a few facts, when it was first and last seen and when the entry expires
+//!   ([`crate::approval`]).
+//! - `approved.<hex of the identity>` holds an operator's approval of that identity with the
+//!   key fingerprints it had when pending; a node presenting other keys is not approved.
+//!
 //! Every replica follows the bucket with a watch, so a change takes effect within the time the
 //! broker takes to deliver it (milliseconds). Records are JSON; with a shared secret (the
 //! claims' [`Seal`]: `claims_secret_file`, else the provisioners' broker password) each carries
@@ -45,6 +52,10 @@ pub const CONTROL_BUCKET: &str = "CHORIA_PROVISIONER_CONTROL";
 /// The key of the operator's pause.
 pub const PAUSE_KEY: &str = "pause";
 const DENY_PREFIX: &str = "deny.";
+const PENDING_PREFIX: &str = "pending.";
+const APPROVED_PREFIX: &str = "approved.";
+/// The most pending nodes and approvals followed each; more are ignored and logged.
+pub const MAX_PENDING: usize = 10_000;
 /// Bound on every JetStream request of fleet control.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest record kept or read back.
@@ -121,6 +132,94 @@ pub struct DenyRecord {
     /// The HMAC tag (empty without a secret).
     #[serde(default)]
     pub tag: String,
+}
+
+/// A node waiting for an operator's approval, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRecord {
+    /// The node's identity.
+    pub identity: String,
+    /// The fingerprints of the keys it presented (`sha256:HEX`), as the deny list takes them.
+    pub fingerprints: Vec<String>,
+    /// Why it waits: `approval: manual` or the policy's reason.
+    pub reason: String,
+    /// A few facts from its inventory, each value shortened ([`crate::approval::facts`]).
+    #[serde(default)]
+    pub facts: std::collections::BTreeMap<String, String>,
+    /// When it was first seen waiting (Unix seconds).
+    pub first_seen: i64,
+    /// When it was last seen (Unix seconds), written at most once per `interval`.
+    pub last_seen: i64,
+    /// When the entry stops applying (Unix seconds): the node is recorded anew when next seen.
+    pub expires: i64,
+    /// The replica that recorded it.
+    pub by: String,
+    /// The HMAC tag (empty without a secret).
+    #[serde(default)]
+    pub tag: String,
+}
+
+/// An operator's approval, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    /// The node's identity.
+    pub identity: String,
+    /// The fingerprints of the keys it presented when pending: only these are approved.
+    pub fingerprints: Vec<String>,
+    /// Who approved it.
+    pub by: String,
+    /// When (Unix seconds).
+    pub at: i64,
+    /// When the approval stops applying (Unix seconds).
+    pub expires: i64,
+    /// Why (may be empty).
+    #[serde(default)]
+    pub reason: String,
+    /// The HMAC tag (empty without a secret).
+    #[serde(default)]
+    pub tag: String,
+}
+
+/// Which pending nodes an `approve` or `reject` acts on.
+#[derive(Debug, Clone)]
+pub enum Selector {
+    /// One identity.
+    Identity(String),
+    /// Every pending identity the regular expression matches.
+    Matching(regex::Regex),
+}
+
+impl Selector {
+    /// `ID`, or with `matching` a regular expression of identities.
+    pub fn new(text: &str, matching: bool) -> Result<Selector, ControlError> {
+        if !matching {
+            return Ok(Selector::Identity(text.to_string()));
+        }
+        regex::RegexBuilder::new(text)
+            .size_limit(1 << 20)
+            .build()
+            .map(Selector::Matching)
+            .map_err(|e| ControlError::InvalidEntry {
+                entry: escaped(text).to_string(),
+                reason: format!("not a regular expression: {e}"),
+            })
+    }
+
+    fn selects(&self, identity: &str) -> bool {
+        match self {
+            Selector::Identity(i) => i == identity,
+            Selector::Matching(re) => re.is_match(identity),
+        }
+    }
+}
+
+/// The same set of fingerprints, in any order.
+pub fn same_keys(a: &[String], b: &[String]) -> bool {
+    let mut a: Vec<&String> = a.iter().collect();
+    let mut b: Vec<&String> = b.iter().collect();
+    a.sort();
+    b.sort();
+    a == b
 }
 
 impl DenyRecord {
@@ -204,6 +303,10 @@ struct View {
     identities: HashMap<String, String>,
     keys: HashMap<String, String>,
     patterns: Vec<(String, regex::Regex)>,
+    /// By identity.
+    pending: HashMap<String, PendingRecord>,
+    /// By identity.
+    approved: HashMap<String, ApprovalRecord>,
 }
 
 impl View {
@@ -241,6 +344,45 @@ impl ControlView {
         let mut v: Vec<_> = self.read().deny.values().map(|(r, _)| r.clone()).collect();
         v.sort_by(|a, b| a.entry.cmp(&b.entry));
         v
+    }
+
+    /// The number of deny entries followed.
+    pub fn deny_count(&self) -> usize {
+        self.read().deny.len()
+    }
+
+    /// The pending nodes followed that have not expired at `now`, sorted by identity.
+    pub fn pending(&self, now: i64) -> Vec<PendingRecord> {
+        let mut v: Vec<_> = self
+            .read()
+            .pending
+            .values()
+            .filter(|r| r.expires > now)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.identity.cmp(&b.identity));
+        v
+    }
+
+    /// The pending record of `identity`, expired or not.
+    pub fn pending_of(&self, identity: &str) -> Option<PendingRecord> {
+        self.read().pending.get(identity).cloned()
+    }
+
+    /// The approval of `identity` presenting `keys` that applies at `now`.
+    pub fn approval_of(&self, identity: &str, keys: &[String], now: i64) -> Option<ApprovalRecord> {
+        self.read()
+            .approved
+            .get(identity)
+            .filter(|a| a.expires > now && same_keys(&a.fingerprints, keys))
+            .cloned()
+    }
+
+    pub(crate) fn note_pending(&self, rec: PendingRecord) {
+        let mut v = self.write();
+        if v.pending.len() < MAX_PENDING || v.pending.contains_key(&rec.identity) {
+            v.pending.insert(rec.identity.clone(), rec);
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, View> {
@@ -385,6 +527,14 @@ impl Control {
     /// The bucket, for the shared rate limit ([`crate::pacing`]).
     pub(crate) fn store(&self) -> &kv::Store {
         &self.store
+    }
+
+    /// The same bucket, writing in the name of `by`.
+    pub fn acting_as(&self, by: &str) -> Control {
+        Control {
+            by: by.to_string(),
+            ..self.clone()
+        }
     }
 
     /// The route the bucket was reached through.
@@ -544,6 +694,150 @@ impl Control {
         Ok((out, forged))
     }
 
+    async fn put_sealed<T: Serialize>(
+        &self,
+        action: &'static str,
+        key: &str,
+        rec: &mut T,
+        tag: fn(&mut T) -> &mut String,
+    ) -> Result<(), ControlError> {
+        tag(rec).clear();
+        let unsigned = Self::encode(rec)?;
+        *tag(rec) = self.seal.tag_record(key, &unsigned).unwrap_or_default();
+        let bytes = Self::encode(rec)?;
+        if bytes.len() > MAX_RECORD {
+            return Err(ControlError::Request {
+                action,
+                detail: format!(
+                    "the record is {} bytes, more than {MAX_RECORD}",
+                    bytes.len()
+                ),
+            });
+        }
+        self.put(action, key, bytes).await
+    }
+
+    async fn delete(&self, action: &'static str, key: &str) -> Result<(), ControlError> {
+        self.store
+            .delete(key)
+            .await
+            .map_err(|e| ControlError::Request {
+                action,
+                detail: e.to_string(),
+            })
+    }
+
+    /// Records a node as pending (written by a replica).
+    pub async fn put_pending(&self, rec: &mut PendingRecord) -> Result<(), ControlError> {
+        let key = pending_key(&rec.identity);
+        self.put_sealed("record a pending node", &key, rec, |r| &mut r.tag)
+            .await
+    }
+
+    /// Every pending node stored, verified ones only, sorted by identity (expired ones
+    /// included: see [`PendingRecord::expires`]); and how many did not verify.
+    pub async fn pending_list(&self) -> Result<(Vec<PendingRecord>, usize), ControlError> {
+        let fail = |e: String| ControlError::Request {
+            action: "list the pending nodes",
+            detail: e,
+        };
+        let mut keys = self.store.keys().await.map_err(|e| fail(e.to_string()))?;
+        let mut out = Vec::new();
+        let mut forged = 0;
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| fail(e.to_string()))?;
+            if !k.starts_with(PENDING_PREFIX) {
+                continue;
+            }
+            let got = self.store.get(&k).await.map_err(|e| fail(e.to_string()))?;
+            if let Some(b) = got {
+                match decode_pending(&self.seal, &k, &b) {
+                    Some(r) => out.push(r),
+                    None => forged += 1,
+                }
+            }
+            if out.len() >= MAX_PENDING {
+                break;
+            }
+        }
+        out.sort_by(|a, b| a.identity.cmp(&b.identity));
+        Ok((out, forged))
+    }
+
+    /// Approves the pending nodes `which` selects (expired entries excepted): each approval is
+    /// bound to the identity and the key fingerprints recorded while it was pending, lasts
+    /// `lasts`, carries `reason`, and removes the pending entry. Every replica provisions the nodes at once.
+    pub async fn approve(
+        &self,
+        which: &Selector,
+        lasts: Duration,
+        reason: &str,
+    ) -> Result<Vec<ApprovalRecord>, ControlError> {
+        let now = now_unix();
+        let (pending, _) = self.pending_list().await?;
+        let mut out = Vec::new();
+        for p in pending
+            .into_iter()
+            .filter(|p| p.expires > now && which.selects(&p.identity))
+        {
+            let mut rec = ApprovalRecord {
+                identity: p.identity.clone(),
+                fingerprints: p.fingerprints.clone(),
+                by: self.by.clone(),
+                at: now,
+                expires: now.saturating_add(i64::try_from(lasts.as_secs()).unwrap_or(i64::MAX)),
+                reason: bounded(reason),
+                tag: String::new(),
+            };
+            self.put_sealed(
+                "approve a node",
+                &approved_key(&p.identity),
+                &mut rec,
+                |r| &mut r.tag,
+            )
+            .await?;
+            self.delete("remove a pending node", &pending_key(&p.identity))
+                .await?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Rejects the pending nodes `which` selects (expired entries excepted): each key
+    /// fingerprint it presented goes on the deny list with `reason` (its identity when it
+    /// presented no key), and the pending entry and any approval of the identity are removed.
+    pub async fn reject(
+        &self,
+        which: &Selector,
+        reason: &str,
+    ) -> Result<Vec<(PendingRecord, Vec<DenyRecord>)>, ControlError> {
+        let now = now_unix();
+        let (pending, _) = self.pending_list().await?;
+        let mut out = Vec::new();
+        for p in pending
+            .into_iter()
+            .filter(|p| p.expires > now && which.selects(&p.identity))
+        {
+            let why = format!(
+                "rejected while pending approval as {}: {reason}",
+                p.identity
+            );
+            let mut denied = Vec::new();
+            if p.fingerprints.is_empty() {
+                denied.push(self.deny(&p.identity, &why, None).await?);
+            }
+            for fp in &p.fingerprints {
+                denied.push(self.deny(fp, &why, None).await?);
+            }
+            self.delete("remove a pending node", &pending_key(&p.identity))
+                .await?;
+            self.delete("remove an approval", &approved_key(&p.identity))
+                .await?;
+            out.push((p, denied));
+        }
+        Ok(out)
+    }
+
     /// Follows the bucket into `view` and the operator's hold of `pause` until `stop`: every
     /// current record first, then every change as it is written.
     pub async fn follow(
@@ -581,7 +875,7 @@ impl Control {
                 detail: e.to_string(),
             })?;
             let was_held = pause.held();
-            apply(
+            let approved = apply(
                 &self.seal,
                 view,
                 pause,
@@ -589,8 +883,9 @@ impl Control {
                 entry.operation,
                 &entry.value,
             );
-            if was_held && !pause.held() {
-                // Announcements were ignored while paused: look for the nodes now.
+            if approved || (was_held && !pause.held()) {
+                // Announcements were ignored while paused, or a node was approved: look for
+                // the nodes now.
                 resumed.notify_one();
             }
         }
@@ -633,6 +928,97 @@ fn decode_pause(seal: &Seal, bytes: &[u8]) -> Option<PauseRecord> {
     verified(seal, PAUSE_KEY, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
 }
 
+fn pending_key(identity: &str) -> String {
+    format!("{PENDING_PREFIX}{}", hex::encode(identity.as_bytes()))
+}
+
+fn approved_key(identity: &str) -> String {
+    format!("{APPROVED_PREFIX}{}", hex::encode(identity.as_bytes()))
+}
+
+fn decode_pending(seal: &Seal, key: &str, bytes: &[u8]) -> Option<PendingRecord> {
+    if bytes.len() > MAX_RECORD {
+        return None;
+    }
+    let rec: PendingRecord = serde_json::from_slice(bytes).ok()?;
+    if pending_key(&rec.identity) != key {
+        return None;
+    }
+    verified(seal, key, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
+}
+
+fn decode_approval(seal: &Seal, key: &str, bytes: &[u8]) -> Option<ApprovalRecord> {
+    if bytes.len() > MAX_RECORD {
+        return None;
+    }
+    let rec: ApprovalRecord = serde_json::from_slice(bytes).ok()?;
+    if approved_key(&rec.identity) != key {
+        return None;
+    }
+    verified(seal, key, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
+}
+
+/// Applies a change of a `pending.` or `approved.` key; whether a node was approved.
+fn apply_approval(seal: &Seal, view: &ControlView, key: &str, removed: bool, value: &[u8]) -> bool {
+    let mut v = view.write();
+    if let Some(hexed) = key.strip_prefix(PENDING_PREFIX) {
+        if removed {
+            let identity = hex::decode(hexed)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok());
+            if let Some(i) = identity {
+                v.pending.remove(&i);
+            }
+            return false;
+        }
+        match decode_pending(seal, key, value) {
+            Some(r) if v.pending.len() < MAX_PENDING || v.pending.contains_key(&r.identity) => {
+                v.pending.insert(r.identity.clone(), r);
+            }
+            Some(r) => error!(
+                "approval queue: more than {MAX_PENDING} pending nodes, ignoring {}",
+                escaped(&r.identity)
+            ),
+            None => warn!("fleet control: ignoring pending record {}: malformed or not signed with the provisioners' secret", escaped(key)),
+        }
+        return false;
+    }
+    if removed {
+        let identity = key
+            .strip_prefix(APPROVED_PREFIX)
+            .and_then(|h| hex::decode(h).ok())
+            .and_then(|b| String::from_utf8(b).ok());
+        if let Some(i) = identity {
+            v.approved.remove(&i);
+        }
+        return false;
+    }
+    match decode_approval(seal, key, value) {
+        Some(r) if v.approved.len() < MAX_PENDING || v.approved.contains_key(&r.identity) => {
+            info!(
+                "approval queue: {} approved by {} at {}",
+                escaped(&r.identity),
+                escaped(&r.by),
+                rfc3339(r.at)
+            );
+            v.pending.remove(&r.identity);
+            v.approved.insert(r.identity.clone(), r);
+            true
+        }
+        Some(r) => {
+            error!(
+                "approval queue: more than {MAX_PENDING} approvals, ignoring {}",
+                escaped(&r.identity)
+            );
+            false
+        }
+        None => {
+            warn!("fleet control: ignoring approval {}: malformed or not signed with the provisioners' secret", escaped(key));
+            false
+        }
+    }
+}
+
 fn decode_deny(seal: &Seal, key: &str, bytes: &[u8]) -> Option<(DenyRecord, Matcher)> {
     if bytes.len() > MAX_RECORD {
         return None;
@@ -648,7 +1034,7 @@ fn decode_deny(seal: &Seal, key: &str, bytes: &[u8]) -> Option<(DenyRecord, Matc
     Some((rec, m))
 }
 
-/// Applies one change of the bucket to `view` and `pause`.
+/// Applies one change of the bucket to `view` and `pause`; whether a node was approved.
 fn apply(
     seal: &Seal,
     view: &ControlView,
@@ -656,8 +1042,11 @@ fn apply(
     key: &str,
     op: Operation,
     value: &[u8],
-) {
+) -> bool {
     let removed = !matches!(op, Operation::Put);
+    if key.starts_with(PENDING_PREFIX) || key.starts_with(APPROVED_PREFIX) {
+        return apply_approval(seal, view, key, removed, value);
+    }
     if key == PAUSE_KEY {
         let rec = if removed {
             None
@@ -666,7 +1055,7 @@ fn apply(
                 Some(r) => Some(r),
                 None => {
                     warn!("fleet control: ignoring a pause record that is malformed or not signed with the provisioners' secret");
-                    return;
+                    return false;
                 }
             }
         };
@@ -682,10 +1071,10 @@ fn apply(
         }
         pause.hold(rec.is_some());
         view.write().pause = rec;
-        return;
+        return false;
     }
     if !key.starts_with(DENY_PREFIX) {
-        return;
+        return false;
     }
     let mut v = view.write();
     if removed {
@@ -700,7 +1089,7 @@ fn apply(
                         "deny list: more than {MAX_DENY_ENTRIES} entries, ignoring {}",
                         escaped(&r.entry)
                     );
-                    return;
+                    return false;
                 }
                 info!(
                     "deny list: {} denied by {}: {}",
@@ -712,11 +1101,12 @@ fn apply(
             }
             None => {
                 warn!("fleet control: ignoring deny entry {}: malformed or not signed with the provisioners' secret", escaped(key));
-                return;
+                return false;
             }
         }
     }
     v.reindex();
+    false
 }
 
 /// Opens fleet control for a one-off command (`pause`, `resume`, `deny`): connects with the
@@ -742,19 +1132,18 @@ pub async fn connect(
 }
 
 /// Opens fleet control for an operator's command from the provisioner's files: the bucket, and
-/// whether that configuration sets `fleet_control` (a daemon started from it follows the bucket
-/// only then). Records name the operator as `USER@IDENTITY` (`SUDO_USER` first).
+/// the settings (a daemon started from them follows the bucket only with `fleet_control`). Records name the operator as `USER@IDENTITY` (`SUDO_USER` first).
 pub async fn connect_operator(
     paths: &crate::settings::Paths,
     timeout: Duration,
-) -> Result<(Control, bool), crate::Error> {
+) -> Result<(Control, crate::settings::Settings), crate::Error> {
     let settings = crate::settings::Settings::load(paths)?;
     let user = std::env::var("SUDO_USER")
         .or_else(|_| std::env::var("USER"))
         .unwrap_or_else(|_| "unknown".into());
     let by = format!("{user}@{}", settings.choria.identity);
     let control = connect(&settings, &by, timeout).await?;
-    Ok((control, settings.config.fleet_control))
+    Ok((control, settings))
 }
 
 /// Parses `deny add --expires` (`30d`, `12h`, `90m`): a duration longer than zero.
@@ -816,6 +1205,8 @@ pub struct Follower {
     pub resumed: Arc<tokio::sync::Notify>,
     /// How long to wait before opening the bucket again after a failure.
     pub retry: Duration,
+    /// Where the bucket goes once opened, for the approval queue's writes.
+    pub slot: Arc<crate::approval::ControlSlot>,
 }
 
 impl Follower {
@@ -829,12 +1220,14 @@ impl Follower {
             pause,
             resumed,
             retry,
+            slot,
         } = self;
         let mut last_error = String::new();
         loop {
             let res = match Control::open(client.clone(), &by, seal.clone(), true).await {
                 Ok(c) => {
                     last_error.clear();
+                    slot.set(c.clone());
                     c.follow(&view, &pause, &resumed, &stop).await
                 }
                 Err(e) => Err(e),
@@ -962,6 +1355,111 @@ mod tests {
         .unwrap();
         apply(&seal, &view, &pause, PAUSE_KEY, Operation::Put, &forged);
         assert!(!pause.paused());
+    }
+
+    fn sealed<T: Serialize + Clone>(
+        seal: &Seal,
+        key: &str,
+        rec: &T,
+        tag: fn(&mut T) -> &mut String,
+    ) -> Vec<u8> {
+        let mut r = rec.clone();
+        tag(&mut r).clear();
+        *tag(&mut r) = seal
+            .tag_record(key, &serde_json::to_vec(&r).unwrap())
+            .unwrap_or_default();
+        serde_json::to_vec(&r).unwrap()
+    }
+
+    #[test]
+    fn approvals_bind_the_key_and_forged_ones_approve_nothing() {
+        let view = ControlView::new();
+        let pause = PauseState::default();
+        let seal = Seal::with_secret(b"s");
+        let fp = format!("sha256:{}", "ab".repeat(32));
+        let pending = PendingRecord {
+            identity: "n1".into(),
+            fingerprints: vec![fp.clone()],
+            reason: "approval: manual".into(),
+            facts: Default::default(),
+            first_seen: 1,
+            last_seen: 1,
+            expires: i64::MAX,
+            by: "prov1".into(),
+            tag: String::new(),
+        };
+        let bytes = sealed(&seal, &pending_key("n1"), &pending, |r| &mut r.tag);
+        assert!(!apply(
+            &seal,
+            &view,
+            &pause,
+            &pending_key("n1"),
+            Operation::Put,
+            &bytes
+        ));
+        assert_eq!(view.pending(now_unix()).len(), 1);
+        // Expired entries are not listed.
+        assert!(view.pending(i64::MAX).is_empty());
+        let approval = ApprovalRecord {
+            identity: "n1".into(),
+            fingerprints: vec![fp.clone()],
+            by: "ops".into(),
+            at: 1,
+            expires: i64::MAX,
+            reason: String::new(),
+            tag: String::new(),
+        };
+        // Signed with another secret: ignored.
+        let forged = sealed(
+            &Seal::with_secret(b"x"),
+            &approved_key("n1"),
+            &approval,
+            |r| &mut r.tag,
+        );
+        assert!(!apply(
+            &seal,
+            &view,
+            &pause,
+            &approved_key("n1"),
+            Operation::Put,
+            &forged
+        ));
+        assert!(view
+            .approval_of("n1", std::slice::from_ref(&fp), now_unix())
+            .is_none());
+        // Under another identity's key: ignored.
+        let elsewhere = sealed(&seal, &approved_key("n2"), &approval, |r| &mut r.tag);
+        assert!(!apply(
+            &seal,
+            &view,
+            &pause,
+            &approved_key("n2"),
+            Operation::Put,
+            &elsewhere
+        ));
+        let good = sealed(&seal, &approved_key("n1"), &approval, |r| &mut r.tag);
+        assert!(
+            apply(
+                &seal,
+                &view,
+                &pause,
+                &approved_key("n1"),
+                Operation::Put,
+                &good
+            ),
+            "an approval triggers discovery"
+        );
+        assert!(view
+            .approval_of("n1", std::slice::from_ref(&fp), now_unix())
+            .is_some());
+        assert!(
+            view.pending(now_unix()).is_empty(),
+            "the pending entry goes"
+        );
+        // Another key under the same name is not approved; nor after the approval expires.
+        let other = format!("sha256:{}", "cd".repeat(32));
+        assert!(view.approval_of("n1", &[other], now_unix()).is_none());
+        assert!(view.approval_of("n1", &[fp], i64::MAX).is_none());
     }
 
     #[test]

@@ -218,6 +218,20 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
         "" => None,
         f => Some(crate::audit::AuditFile::open(Path::new(f))?),
     };
+    // Fleet control: the operator's pause, the deny list and the approval queue, followed from
+    // the bucket.
+    let control_view = config.fleet_control.then(crate::control::ControlView::new);
+    let control_slot = crate::approval::ControlSlot::new();
+    let approvals = control_view.as_ref().map(|view| {
+        Arc::new(crate::approval::ApprovalQueue::new(
+            Arc::clone(view),
+            Arc::clone(&control_slot),
+            config.approval_manual,
+            config.approval_expiry,
+            config.provision.interval(),
+            &choria.identity,
+        ))
+    });
     let mut monitor = None;
     if config.monitor_port > 0 {
         // An empty monitor_address is every interface, IPv4 and IPv6 (`[::]` dual-stack, or
@@ -238,6 +252,12 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
             token,
             hostnames: config.monitor_hostnames.clone(),
             tls: monitor_tls(&config)?,
+            control: approvals
+                .as_ref()
+                .map(|a| provisioner_status::ControlPanel {
+                    view: Arc::clone(a) as Arc<dyn provisioner_status::FleetControlView>,
+                    csrf: crate::approval::csrf_token(),
+                }),
         };
         let serving = provisioner_status::serve_monitor(&[addr], api, shutdown.clone()).await?;
         let bound = serving.local_addr();
@@ -403,8 +423,6 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
         provisioner =
             provisioner.claims(aa::ReplicaClaims::new(store.clone(), Arc::clone(spreader)));
     }
-    // Fleet control: the operator's pause and deny list, followed from the bucket.
-    let control_view = config.fleet_control.then(crate::control::ControlView::new);
     if let Some(view) = &control_view {
         provisioner = provisioner.revocation(Arc::clone(view));
     }
@@ -430,6 +448,9 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
             provisioner =
                 provisioner.pacer(provision_core::LocalBucket::new(config.max_per_minute));
         }
+    }
+    if let Some(a) = &approvals {
+        provisioner = provisioner.approval(Arc::clone(a));
     }
     let (admission, policy) = crate::rego::admission(&config)?;
     if let Some(admission) = admission {
@@ -480,6 +501,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
             pause: pause.clone(),
             resumed: Arc::clone(&discover_now),
             retry: CONTROL_RETRY,
+            slot: Arc::clone(&control_slot),
         };
         tasks.spawn(follower.run(shutdown.clone()));
     }

@@ -12,6 +12,7 @@
 
 #![deny(missing_docs)]
 pub mod aa;
+pub mod approval;
 pub mod audit;
 pub mod audit_stream;
 pub mod campaign;

@@ -11,8 +11,12 @@
 //! the node with the error as the reason.
 //!
 //! The rule read is `data.choria.provisioner.decision`, an object
-//! `{"allow": bool, "defer": bool, "reason": string}`; the input is the helper's input with the
-//! inventory parsed, the provisioning token removed, and `now_ns` (the time of the decision).
+//! `{"allow": bool, "defer": bool, "pending": bool, "reason": string}` (`pending`: the node waits
+//! for an operator's approval, see [`crate::approval`]; a policy without it reads as before);
+//! the input is the helper's input with the inventory parsed, the provisioning token removed,
+//! `now_ns` (the time of the decision) and `denied: false` (the deny list is checked before the
+//! policy, so a denied node never reaches it: the field is there for policies that want to
+//! say so, and is always `false`).
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -358,6 +362,11 @@ fn decision_of(v: &Value) -> Decision {
             reason = "deferred by policy".into();
         }
         Decision::Defer(reason)
+    } else if flag("pending") {
+        if reason.is_empty() {
+            reason = "pending by policy".into();
+        }
+        Decision::Pending(reason)
     } else if flag("allow") {
         Decision::Allow
     } else {
@@ -386,6 +395,8 @@ pub fn input_json(input: &HelperInput, now_ns: i64) -> serde_json::Value {
             }
         }
         obj.insert("now_ns".into(), serde_json::Value::from(now_ns));
+        // The deny list is checked before the policy: a node reaching it is not denied.
+        obj.insert("denied".into(), serde_json::Value::Bool(false));
     }
     v
 }
@@ -542,6 +553,15 @@ decision := {"allow": true} if endswith(input.identity, ".example.net")
         assert_eq!(
             decision_of(&Value::from_json_str(r#"{"allow":true,"defer":true}"#).expect("json")),
             Decision::Defer("deferred by policy".into())
+        );
+        assert_eq!(
+            decision_of(&Value::from_json_str(r#"{"pending":true}"#).expect("json")),
+            Decision::Pending("pending by policy".into())
+        );
+        assert_eq!(
+            input("a.example.net")["denied"],
+            Value::from(false),
+            "the deny decision is in the input"
         );
         assert!(matches!(decision_of(&Value::Undefined), Decision::Deny(_)));
     }
