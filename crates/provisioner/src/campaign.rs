@@ -1106,6 +1106,9 @@ fn send_outcome(
     use choria_rpc_client::rpc::RequestErrorKind as K;
     match r {
         Ok(_) => Sent::Acked(identity),
+        // Its first request was acknowledged but not recorded (the driver was killed): it is
+        // on its way back already.
+        Err(e) if e.to_string().contains("already in provisioning mode") => Sent::Acked(identity),
         Err(e) => match e.kind() {
             K::Timeout | K::NoResponders | K::Transport | K::Closed => {
                 Sent::NoReply(identity, e.to_string())
