@@ -172,6 +172,10 @@ pub struct Metrics {
     /// not read in time (slow consumer events; not in the Go set). Zero means every discovery
     /// reply was read.
     pub dropped_messages: Counter,
+    /// `choria_provisioner_campaign_nodes`: the nodes of the rotation campaign by state
+    /// (`pending`, `in_flight`, `done`, `failed`, in [`CAMPAIGN_STATES`] order), as the campaign
+    /// record last said; all 0 without a campaign (not in the Go set).
+    pub campaign_nodes: [Gauge; 4],
     /// go-choria's `choria_connector_*` series of the broker connection.
     pub connector: ConnectorMetrics,
     rpc: RwLock<BTreeMap<String, Arc<ActionStats>>>,
@@ -246,6 +250,10 @@ impl std::fmt::Debug for ElectionSource {
     }
 }
 
+/// The states of `choria_provisioner_campaign_nodes`, in the order of
+/// [`Metrics::campaign_nodes`].
+pub const CAMPAIGN_STATES: [&str; 4] = ["pending", "in_flight", "done", "failed"];
+
 const HELP: &[(&str, &str, &str)] = &[
     (
         "choria_provisioner_active_replicas",
@@ -276,6 +284,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "choria_provisioner_claim_errors",
         "counter",
         "How many nodes were not started because their claim could not be taken, confirmed or kept",
+    ),
+    (
+        "choria_provisioner_campaign_nodes",
+        "gauge",
+        "How many nodes of the rotation campaign are in each state",
     ),
     (
         "choria_provisioner_claim_operations",
@@ -408,6 +421,7 @@ impl Metrics {
             audit_stream_errors: Counter::default(),
             audit_write_errors: Counter::default(),
             dropped_messages: Counter::default(),
+            campaign_nodes: Default::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
             election: RwLock::new(None),
@@ -573,6 +587,15 @@ impl Metrics {
                 }
                 "choria_provisioner_dropped_messages" => {
                     plain(self.dropped_messages.get().to_string(), &mut out)
+                }
+                "choria_provisioner_campaign_nodes" => {
+                    for (state, g) in CAMPAIGN_STATES.iter().zip(&self.campaign_nodes) {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{site=\"{site}\",state=\"{state}\"}} {}",
+                            g.get()
+                        );
+                    }
                 }
                 "choria_provisioner_policy_denied" => {
                     plain(self.policy_denied.get().to_string(), &mut out)
@@ -847,7 +870,7 @@ mod tests {
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
         // policy-denied counters, the audit trail's three, the four active-active series and
         // the dropped messages.
-        assert_eq!(HELP.len(), 26);
+        assert_eq!(HELP.len(), 27);
         m.audit_dropped.inc_by(2);
         m.audit_stream_errors.inc();
         let text = m.encode();

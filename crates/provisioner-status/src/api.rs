@@ -221,6 +221,29 @@ impl Monitor {
             }
             None => Value::Null,
         };
+        let time =
+            |t: i64| crate::nodes::rfc3339(u64::try_from(t).unwrap_or(0).saturating_mul(1000));
+        let campaign = self
+            .control
+            .as_ref()
+            .and_then(|c| c.view.campaign())
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "state": c.state,
+                    "reason": c.reason,
+                    "by": c.by,
+                    "total": c.total,
+                    "done": c.done,
+                    "failed": c.failed,
+                    "in_flight": c.in_flight,
+                    "pending": c.pending,
+                    "eta": c.eta.map(time),
+                    "driver": c.driver,
+                    "recent_failures": c.recent_failures.iter().map(|(id, e)| json!({"identity": id, "error": e})).collect::<Vec<_>>(),
+                })
+            })
+            .unwrap_or(Value::Null);
         let (pause, deny_entries, pending) = match &self.control {
             Some(c) => (
                 c.view
@@ -244,6 +267,7 @@ impl Monitor {
             "pause": pause,
             "deny_entries": deny_entries,
             "pending_approval": pending,
+            "campaign": campaign,
             "queue": gauge(&m.work_queue_entries),
             "in_flight": gauge(&m.busy_workers),
             "workers": self.workers,

@@ -35,6 +35,35 @@ pub struct PendingInfo {
     pub expires: i64,
 }
 
+/// A rotation campaign, as the provisioners follow it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignInfo {
+    /// Its id.
+    pub id: String,
+    /// `running`, `paused`, `stopped`, `aborted` or `completed`.
+    pub state: String,
+    /// Why it is paused, stopped or aborted.
+    pub reason: String,
+    /// Who started it.
+    pub by: String,
+    /// Nodes in it.
+    pub total: u64,
+    /// Provisioned again.
+    pub done: u64,
+    /// Failed.
+    pub failed: u64,
+    /// Sent a request and not yet provisioned again.
+    pub in_flight: u64,
+    /// Not yet sent a request.
+    pub pending: u64,
+    /// When it is expected to finish (Unix seconds).
+    pub eta: Option<i64>,
+    /// Who drives it, empty when nobody does.
+    pub driver: String,
+    /// The latest failures: identity and why.
+    pub recent_failures: Vec<(String, String)>,
+}
+
 /// An operator's decision on its way: what was done, or why it failed.
 pub type DecideFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>>;
@@ -47,6 +76,10 @@ pub trait FleetControlView: Send + Sync + 'static {
     fn deny_entries(&self) -> usize;
     /// The nodes waiting for approval (expired entries left out), sorted by identity.
     fn pending(&self) -> Vec<PendingInfo>;
+    /// The rotation campaign, when one exists (default: none).
+    fn campaign(&self) -> Option<CampaignInfo> {
+        None
+    }
     /// Approves (`approve`) or rejects with `reason` the pending node `identity`, in the name
     /// of `by`.
     fn decide<'a>(

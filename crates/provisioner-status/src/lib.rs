@@ -17,6 +17,6 @@ pub mod page;
 pub mod tls;
 
 pub use api::Monitor;
-pub use control::{ControlPanel, FleetControlView, PauseInfo, PendingInfo};
+pub use control::{CampaignInfo, ControlPanel, FleetControlView, PauseInfo, PendingInfo};
 pub use http::{serve, serve_all, serve_monitor, ServeError, Serving};
 pub use nodes::{HistoryLimits, NodeTable};

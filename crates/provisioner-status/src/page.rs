@@ -130,6 +130,44 @@ pub fn status_page(m: &Monitor, now_ms: u64) -> String {
             "<p class=\"meta\">Deny list: {n} entries (<code>choria-provisioner deny ls</code>)</p>"
         );
     }
+    if let Some(c) = s["campaign"].as_object() {
+        let text = |k: &str| escape(c.get(k).and_then(|v| v.as_str()).unwrap_or(""));
+        let num = |k: &str| c.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        let (total, done, failed) = (num("total"), num("done"), num("failed"));
+        let eta = c
+            .get("eta")
+            .and_then(|v| v.as_str())
+            .map(|t| format!(", expected to finish at {}", escape(t)))
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            "<h2>Rotation campaign</h2><p>{} <b>{}</b>{}: {done} of {total} provisioned again, <span class=\"{}\">{failed} failed</span>, {} in flight, {} waiting{eta} (<code>choria-provisioner rotate status</code>)</p><progress max=\"{}\" value=\"{}\"></progress>",
+            text("id"),
+            text("state"),
+            if text("reason").is_empty() { String::new() } else { format!(" ({})", text("reason")) },
+            if failed > 0 { "bad" } else { "meta" },
+            num("in_flight"),
+            num("pending"),
+            total.max(1),
+            done + failed,
+        );
+        if let Some(f) = c
+            .get("recent_failures")
+            .and_then(|v| v.as_array())
+            .filter(|f| !f.is_empty())
+        {
+            out.push_str("<ul class=\"meta\">");
+            for e in f {
+                let _ = write!(
+                    out,
+                    "<li>{}: {}</li>",
+                    escape(e["identity"].as_str().unwrap_or("")),
+                    escape(e["error"].as_str().unwrap_or(""))
+                );
+            }
+            out.push_str("</ul>");
+        }
+    }
     if let Some(c) = &m.control {
         pending_section(&mut out, &pending, m.token.is_some(), &c.csrf);
     }

@@ -102,9 +102,16 @@ pub struct ApprovalQueue {
     expiry: Duration,
     refresh: Duration,
     by: String,
+    campaign: Option<Arc<crate::campaign::CampaignSlot>>,
 }
 
 impl ApprovalQueue {
+    /// Shows the campaign kept in `slot` on the status API and page.
+    pub fn with_campaign(mut self, slot: Arc<crate::campaign::CampaignSlot>) -> Self {
+        self.campaign = Some(slot);
+        self
+    }
+
     /// A queue over `view` (followed by the daemon) writing through `slot`; `manual` for
     /// `approval: manual`; entries and approvals last `expiry`; a node's last-seen time is
     /// written at most every `refresh` (the discovery interval); `by` names the replica.
@@ -123,6 +130,7 @@ impl ApprovalQueue {
             expiry,
             refresh,
             by: by.to_string(),
+            campaign: None,
         }
     }
 
@@ -197,6 +205,10 @@ impl FleetControlView for ApprovalQueue {
 
     fn deny_entries(&self) -> usize {
         self.view.deny_count()
+    }
+
+    fn campaign(&self) -> Option<provisioner_status::CampaignInfo> {
+        self.campaign.as_ref()?.get().map(|r| r.info())
     }
 
     fn pending(&self) -> Vec<PendingInfo> {

@@ -222,15 +222,19 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     // the bucket.
     let control_view = config.fleet_control.then(crate::control::ControlView::new);
     let control_slot = crate::approval::ControlSlot::new();
+    let campaign_slot = crate::campaign::CampaignSlot::new();
     let approvals = control_view.as_ref().map(|view| {
-        Arc::new(crate::approval::ApprovalQueue::new(
-            Arc::clone(view),
-            Arc::clone(&control_slot),
-            config.approval_manual,
-            config.approval_expiry,
-            config.provision.interval(),
-            &choria.identity,
-        ))
+        Arc::new(
+            crate::approval::ApprovalQueue::new(
+                Arc::clone(view),
+                Arc::clone(&control_slot),
+                config.approval_manual,
+                config.approval_expiry,
+                config.provision.interval(),
+                &choria.identity,
+            )
+            .with_campaign(Arc::clone(&campaign_slot)),
+        )
     });
     let mut monitor = None;
     if config.monitor_port > 0 {
@@ -504,6 +508,16 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
             slot: Arc::clone(&control_slot),
         };
         tasks.spawn(follower.run(shutdown.clone()));
+        // The rotation campaign, when its bucket is in this account, for the status API.
+        let campaign = crate::campaign::CampaignFollower {
+            client: client.nats().clone(),
+            by: choria.identity.clone(),
+            seal: crate::aa::seal(&config)?,
+            slot: Arc::clone(&campaign_slot),
+            metrics: Arc::clone(&metrics),
+            retry: CONTROL_RETRY,
+        };
+        tasks.spawn(campaign.run(shutdown.clone()));
     }
     if config.leader_election {
         let fatal = Arc::clone(&fatal);
