@@ -1,6 +1,6 @@
 //! `cargo xtask demo`: a local broker, a simulated fleet and the provisioner with the demo
 //! helper (run per node, or serving webhooks with `--helper webhook`), with live progress and a
-//! summary.
+//! summary; then a rotation campaign over servers already provisioned (`--rotate N`).
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,11 @@ pub struct Args {
     /// HTTP POST per node to `choria-demo-helper serve`, signed with a shared secret).
     #[arg(long, value_enum, default_value_t = HelperKind::Exec)]
     helper: HelperKind,
+    /// Then rotate this many servers that are already provisioned: `choria-provisioner
+    /// rotate` sends them reprovision on the main collective and the provisioner provisions
+    /// them again (0: no rotation).
+    #[arg(long, default_value_t = 12)]
+    rotate: usize,
 }
 
 /// How the provisioner asks its helper in a local run.
@@ -55,7 +60,11 @@ pub fn main(args: Args) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
 
-    let (_nats, url) = stack::start_nats(&dir)?;
+    // The broker takes TLS (a client certificate required) beside plain connections: the
+    // operator of the rotation reaches the main collective over TLS, as go-choria clients do.
+    let main = MainCollective::new(&dir)?;
+    let (nats, url) = stack::start_nats_with(&dir, &main.broker_tls)?;
+    main.point_at(nats.port())?;
     eprintln!("demo: nats-server with JetStream on {url}");
     let plan = match args.helper {
         HelperKind::Exec => None,
@@ -97,7 +106,8 @@ pub fn main(args: Args) -> Result<()> {
     );
 
     let started = Instant::now();
-    let mut prov = settings.start(&bins.join("choria-provisioner"), &dir)?;
+    let launch = settings.prepare(&bins.join("choria-provisioner"), &dir)?;
+    let mut prov = launch.spawn()?;
     let metrics_url = format!("http://127.0.0.1:{}/metrics", prov.port);
     eprintln!("demo: provisioner started, metrics at {metrics_url}");
 
@@ -125,6 +135,11 @@ pub fn main(args: Args) -> Result<()> {
     };
     let elapsed = started.elapsed();
     let metrics = prov.metrics();
+    let rotation = if args.rotate > 0 && sim_status.success() {
+        Some(rotate(&args, &bins, &files, &url, &dir, &launch, &main)?)
+    } else {
+        None
+    };
     let provisioned = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
     let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
     let sim_line = test_support::stack::sim_summary(&sim_log)
@@ -139,9 +154,102 @@ pub fn main(args: Args) -> Result<()> {
     println!("  time          {:.1}s", elapsed.as_secs_f64());
     println!("  metrics       {metrics_url} (while it ran)");
     println!("  simulator     {sim_line}");
+    if let Some(r) = &rotation {
+        println!("  rotation      {r}");
+    }
     println!("  files         {}", dir.display());
     if !sim_status.success() {
         bail!("the simulated fleet was not fully provisioned: {sim_line}");
     }
     Ok(())
+}
+
+/// The main collective's TLS: a CA, the broker's certificate and an operator's, and the
+/// operator's Choria client configuration.
+struct MainCollective {
+    broker_tls: String,
+    config: std::path::PathBuf,
+}
+
+impl MainCollective {
+    fn new(dir: &std::path::Path) -> Result<MainCollective> {
+        let ca_dir = dir.join("main-ca");
+        std::fs::create_dir_all(&ca_dir)?;
+        let ca = test_support::ca::TestCa::new(&ca_dir)?;
+        let broker = ca.issue("localhost", &["127.0.0.1", "localhost"])?;
+        let operator = ca.issue("operator.mcollective", &[])?;
+        let broker_tls = format!(
+            "allow_non_tls: true\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 5\n}}\n",
+            broker.cert.display(),
+            broker.key.display(),
+            ca.cert.display()
+        );
+        let config = dir.join("main.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
+                 plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+                 plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+                operator.cert.display(),
+                operator.key.display(),
+                ca.cert.display()
+            ),
+        )?;
+        Ok(MainCollective { broker_tls, config })
+    }
+
+    fn point_at(&self, port: u16) -> Result<()> {
+        let mut text = std::fs::read_to_string(&self.config)?;
+        text.push_str(&format!(
+            "plugin.choria.middleware_hosts = 127.0.0.1:{port}\n"
+        ));
+        std::fs::write(&self.config, text)?;
+        Ok(())
+    }
+}
+
+/// Servers already provisioned, online on the main collective, rotated by `choria-provisioner
+/// rotate`: each is sent reprovision, comes back into provisioning and is provisioned again.
+fn rotate(
+    args: &Args,
+    bins: &std::path::Path,
+    files: &test_support::stack::RunFiles,
+    url: &str,
+    dir: &std::path::Path,
+    launch: &test_support::provisioner::Launch,
+    main: &MainCollective,
+) -> Result<String> {
+    let n = args.rotate;
+    let log = dir.join("rotated-sim.log");
+    let mut cmd = files.fleet_sim(bins, url, n, Mode::Plain, "rotated-node", &log)?;
+    cmd.args(["--stay-online", "--preprovisioned", &n.to_string()])
+        .args([
+            "--reprovision-delay",
+            "200ms",
+            "--main-collective",
+            "mcollective",
+        ]);
+    let _sim = Proc::spawn("choria-fleet-sim (provisioned)", &mut cmd)?;
+    eprintln!("demo: {n} servers already provisioned on the main collective; rotating them");
+    std::thread::sleep(Duration::from_secs(2));
+    let started = Instant::now();
+    let status = std::process::Command::new(bins.join("choria-provisioner"))
+        .arg("rotate")
+        .arg("--config")
+        .arg(&launch.config)
+        .arg("--provisioner-choria-config")
+        .arg(&launch.choria_config)
+        .arg("--choria-config")
+        .arg(&main.config)
+        .args(["--filter", "identity=/^rotated-node-/"])
+        .args(["--rate", "1200/min", "--max-in-flight", "8"])
+        .status()?;
+    if !status.success() {
+        bail!("the rotation campaign failed ({status}); see rotate status");
+    }
+    Ok(format!(
+        "{n} provisioned servers sent reprovision and provisioned again in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ))
 }

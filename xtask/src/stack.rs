@@ -12,9 +12,15 @@ pub use test_support::{Mode, NatsServer, ProcessGuard as Proc};
 /// Start nats-server with JetStream in `dir` on a free port, its log in `dir` (installing
 /// nats-server under target/tools first when there is none).
 pub fn start_nats(dir: &Path) -> Result<(NatsServer, String)> {
+    start_nats_with(dir, "")
+}
+
+/// As [`start_nats`], with `extra` added to the server's configuration (TLS, say).
+pub fn start_nats_with(dir: &Path, extra: &str) -> Result<(NatsServer, String)> {
     crate::tools::ensure_nats_server()?;
     // Simulator reports and large fleets need big messages.
-    let nats = NatsServer::start_in(dir, test_support::free_port(), "max_payload: 4MB", true)?;
+    let conf = format!("max_payload: 4MB\n{extra}");
+    let nats = NatsServer::start_in(dir, test_support::free_port(), &conf, true)?;
     let url = nats.url();
     Ok((nats, url))
 }
