@@ -642,8 +642,13 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     let files = stack::write_run_files(&dir, bins)?;
     let mut settings = files
         .provisioner(&dir, &url, &hang.display().to_string(), Mode::Plain)
-        // The node history holds every waiting node, so its cost is in the figure.
-        .yaml(&format!("node_history_size: {}\n", n.max(1)));
+        // The node history holds every waiting node, so its cost is in the figure; the queue
+        // is sized to the fleet, as an operator sizes it.
+        .yaml(&format!(
+            "node_history_size: {}\nwork_queue_size: {}\n",
+            n.max(1),
+            n.max(1)
+        ));
     settings.workers = 1;
     let mut prov = settings.start(&bins.join("choria-provisioner"), &dir)?;
     // Let it connect, run its first (empty) discovery and settle.
@@ -670,7 +675,7 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     let started = Instant::now();
     let mut held = 0.0;
     let mut last_change = Instant::now();
-    while started.elapsed() < Duration::from_secs(300) {
+    while started.elapsed() < Duration::from_secs(300 + (n / 5000) as u64) {
         std::thread::sleep(Duration::from_millis(500));
         if prov.exited().is_some() || !sim.running() {
             bail!("a process exited during the probe; see {}", dir.display());

@@ -8,7 +8,7 @@
 
 use anyhow::{bail, Result};
 use provisioner::status_client::StatusClient;
-use provisioner::text::table;
+use provisioner::status_text;
 use serde_json::Value;
 
 use crate::cli::{ApiArgs, NodeArgs, NodesArgs};
@@ -37,17 +37,6 @@ fn get(client: &StatusClient, path: &str) -> Result<Value> {
     Ok(runtime.block_on(client.get(path))?)
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s
-            .chars()
-            .map(|c| if c.is_control() { '?' } else { c })
-            .collect(),
-        Value::Null => "-".into(),
-        v => v.to_string(),
-    }
-}
-
 fn print_json(v: &Value) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
@@ -60,72 +49,7 @@ pub fn status(args: &ApiArgs) -> Result<()> {
     if args.json {
         return print_json(&s);
     }
-    let mut rows = vec![
-        vec!["Provisioner".into(), text(&s["identity"])],
-        vec!["Version".into(), text(&s["version"])],
-        vec!["Site".into(), text(&s["site"])],
-        vec!["Role".into(), text(&s["role"])],
-        vec!["Connected".into(), text(&s["connected"])],
-        vec!["Paused".into(), text(&s["paused"])],
-        vec![
-            "Operator pause".into(),
-            match s["pause"].as_object() {
-                Some(p) => format!(
-                    "by {} at {}: {}",
-                    text(&p["by"]),
-                    text(&p["at"]),
-                    text(&p["reason"])
-                ),
-                None => "none".into(),
-            },
-        ],
-        vec!["Deny entries".into(), text(&s["deny_entries"])],
-        vec!["Pending approval".into(), text(&s["pending_approval"])],
-        vec!["Queue".into(), text(&s["queue"])],
-        vec![
-            "In flight".into(),
-            format!(
-                "{} of {} workers",
-                text(&s["in_flight"]),
-                text(&s["workers"])
-            ),
-        ],
-    ];
-    if let Some(totals) = s["totals"].as_object() {
-        for (k, v) in totals {
-            rows.push(vec![k.replace('_', " "), text(v)]);
-        }
-    }
-    let h = &s["history"];
-    if h.is_object() {
-        rows.push(vec![
-            "History".into(),
-            format!(
-                "{} nodes, {} bytes ({} per node), at most {} nodes for {} s",
-                text(&h["nodes"]),
-                text(&h["bytes"]),
-                text(&h["bytes_per_node"]),
-                text(&h["max_nodes"]),
-                text(&h["max_age_seconds"])
-            ),
-        ]);
-        if let Some(states) = h["states"].as_object() {
-            let held: Vec<String> = states
-                .iter()
-                .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
-                .map(|(k, v)| format!("{k} {}", text(v)))
-                .collect();
-            rows.push(vec![
-                "Nodes held".into(),
-                if held.is_empty() {
-                    "none".into()
-                } else {
-                    held.join(", ")
-                },
-            ]);
-        }
-    }
-    print!("{}", table(&rows));
+    print!("{}", status_text::status(&s));
     Ok(())
 }
 
@@ -137,31 +61,7 @@ pub fn nodes(args: &NodesArgs) -> Result<()> {
         if args.api.json {
             return print_json(&v);
         }
-        let mut rows = vec![[
-            "IDENTITY",
-            "FINGERPRINT",
-            "FIRST SEEN",
-            "LAST SEEN",
-            "FACTS",
-        ]
-        .map(String::from)
-        .to_vec()];
-        for n in v["pending"].as_array().into_iter().flatten() {
-            let list = |k: &str| n[k].as_array().into_iter().flatten().map(text);
-            let facts = n["facts"].as_object().into_iter().flatten().take(4);
-            rows.push(vec![
-                text(&n["identity"]),
-                list("fingerprints").collect::<Vec<_>>().join(","),
-                text(&n["first_seen"]),
-                text(&n["last_seen"]),
-                facts
-                    .map(|(k, v)| format!("{k}={}", text(v)))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ]);
-        }
-        print!("{}", table(&rows));
-        println!("{} nodes waiting for approval", rows.len() - 1);
+        print!("{}", status_text::pending(&v));
         return Ok(());
     }
     let mut q = format!("/api/v1/nodes?offset={}&limit={}", args.offset, args.limit);
@@ -179,28 +79,7 @@ pub fn nodes(args: &NodesArgs) -> Result<()> {
     if args.api.json {
         return print_json(&v);
     }
-    let mut rows = vec![vec![
-        "IDENTITY".into(),
-        "STATE".into(),
-        "STEP".into(),
-        "UPDATED".into(),
-        "CAUSE".into(),
-    ]];
-    for n in v["nodes"].as_array().into_iter().flatten() {
-        rows.push(vec![
-            text(&n["identity"]),
-            text(&n["state"]),
-            text(&n["step"]),
-            text(&n["updated"]),
-            text(&n["cause"]),
-        ]);
-    }
-    print!("{}", table(&rows));
-    let shown = rows.len() - 1;
-    let total = v["total"].as_u64().unwrap_or(0);
-    if total as usize > shown {
-        println!("{shown} of {total} nodes shown (--offset, --limit for more)");
-    }
+    print!("{}", status_text::nodes(&v));
     Ok(())
 }
 
@@ -215,75 +94,6 @@ pub fn node(args: &NodeArgs) -> Result<()> {
     if args.api.json {
         return print_json(&n);
     }
-    let mut rows = vec![
-        vec!["Identity".into(), text(&n["identity"])],
-        vec!["State".into(), text(&n["state"])],
-        vec!["Step".into(), text(&n["step"])],
-        vec!["Cause".into(), text(&n["cause"])],
-        vec!["Found by".into(), text(&n["found_by"])],
-        vec!["Helper message".into(), text(&n["helper_msg"])],
-        vec![
-            "Issued".into(),
-            if n["issued"].is_null() {
-                "-".into()
-            } else {
-                n["issued"].to_string()
-            },
-        ],
-        vec!["First seen".into(), text(&n["first_seen"])],
-        vec!["Updated".into(), text(&n["updated"])],
-        vec!["Cycles".into(), text(&n["cycles"])],
-    ];
-    if !n["upgrade"].is_null() {
-        rows.push(vec![
-            "Upgrade".into(),
-            format!(
-                "{} to {}",
-                text(&n["upgrade"]["from"]),
-                text(&n["upgrade"]["to"])
-            ),
-        ]);
-    }
-    print!("{}", table(&rows));
-    println!();
-    let mut hist = vec![vec![
-        "TIME".into(),
-        "EVENT".into(),
-        "STEP".into(),
-        "RESULT".into(),
-        "TRIES".into(),
-        "MS".into(),
-        "DETAIL".into(),
-    ]];
-    for e in n["history"].as_array().into_iter().flatten() {
-        hist.push(vec![
-            text(&e["time"]),
-            text(&e["event"]),
-            text(&e["step"]),
-            if e["ok"].as_bool().unwrap_or(false) {
-                "ok".into()
-            } else {
-                "failed".into()
-            },
-            text(&e["tries"]),
-            text(&e["elapsed_ms"]),
-            text(&e["detail"]),
-        ]);
-    }
-    print!("{}", table(&hist));
+    print!("{}", status_text::node(&n));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tables_are_aligned() {
-        let t = table(&[
-            vec!["A".into(), "long one".into(), "x".into()],
-            vec!["bbb".into(), "c".into(), "y".into()],
-        ]);
-        assert_eq!(t, "A    long one  x\nbbb  c         y\n");
-    }
 }

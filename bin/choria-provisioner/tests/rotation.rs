@@ -264,6 +264,7 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
     campaign.wait().unwrap();
     pa.signal("KILL");
     let killed_at = fleet.stats().reprovision_requests;
+    let killed = Instant::now();
     println!("rotation: campaign process and replica A killed after {killed_at} requests");
     let s = status(&b, &main);
     assert_eq!(s["state"], "running", "{s}");
@@ -272,7 +273,25 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
     // the campaign over with every node where it was.
     let deadline = Instant::now() + Duration::from_secs(60);
     let resumed = loop {
-        let o = rotate_cmd(&b, &main, &["resume"]).output().unwrap();
+        let child = rotate_cmd(&b, &main, &["resume"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waiter = tokio::task::spawn_blocking(move || child.wait_with_output());
+        let mut ticks = 0;
+        while !waiter.is_finished() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            ticks += 1;
+            if ticks % 30 == 0 {
+                println!(
+                    "rotation: {:?} after the kills: {:?}",
+                    killed.elapsed(),
+                    fleet.stats()
+                );
+            }
+        }
+        let o = waiter.await.unwrap().unwrap();
         let said = text(&o);
         if o.status.success() {
             break said;
@@ -281,6 +300,10 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
         assert!(Instant::now() < deadline, "never taken over: {said}");
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
+    println!(
+        "rotation: resumed and completed {:?} after the kills",
+        killed.elapsed()
+    );
     assert!(
         resumed.contains(&format!("{N}/{N} done, 0 failed")),
         "{resumed}\n{}",

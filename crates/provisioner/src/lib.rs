@@ -31,6 +31,7 @@ pub mod preflight;
 pub mod rego;
 pub mod settings;
 pub mod status_client;
+pub mod status_text;
 pub mod text;
 
 pub use daemon::{Daemon, DaemonBuilder};

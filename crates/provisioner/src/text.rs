@@ -65,6 +65,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tables_are_aligned() {
+        let t = table(&[
+            vec!["A".into(), "long one".into(), "x".into()],
+            vec!["bbb".into(), "c".into(), "y".into()],
+        ]);
+        assert_eq!(t, "A    long one  x\nbbb  c         y\n");
+    }
+
+    #[test]
     fn durations_read_as_written() {
         assert_eq!(duration(Duration::from_secs(60)), "1m");
         assert_eq!(duration(Duration::from_secs(300)), "5m");
