@@ -231,7 +231,16 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
     let mut pb = Prov::launch(&b);
     pa.wait_ready().await;
     pb.wait_ready().await;
-    let fleet = online_fleet(&env, N).await;
+    // go-choria's provisioning lock lasts two minutes, and a replica killed mid-cycle leaves it
+    // on the node it was provisioning; here it lasts five seconds, so the test does not wait
+    // out the lock but the claim's expiry and the takeover.
+    let mut cfg = env.fleet_config(N, Mode::Pki);
+    cfg.stay_online = true;
+    cfg.preprovisioned = N;
+    cfg.reprovision_delay = Some(Duration::from_millis(200));
+    cfg.main_collective = Some("mcollective".into());
+    cfg.lock_window = Duration::from_secs(5);
+    let fleet = env.fleet(cfg).await;
     assert!(fleet.wait_for(|s| s.preprovisioned == N, WAIT).await);
     let ids = fleet.identities();
     let list = write_ids(dir.path(), &ids);
