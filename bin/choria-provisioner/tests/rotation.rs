@@ -180,7 +180,11 @@ async fn a_campaign_provisions_every_selected_node_again_and_no_other() {
     println!("rotation: 30 of 40 nodes in {:?}", started.elapsed());
     assert!(said.contains("30/30 done, 0 failed"), "{said}");
     // Done when the provisioner has provisioned it; the server restarts a moment later.
-    assert!(fleet.wait_provisioned(40, WAIT).await, "{:?}", fleet.stats());
+    assert!(
+        fleet.wait_provisioned(40, WAIT).await,
+        "{:?}",
+        fleet.stats()
+    );
     assert_rotated(&fleet, chosen);
     for id in spared {
         assert_eq!(fleet.node_report(id).unwrap().reprovisions, 0, "{id}");
@@ -193,13 +197,21 @@ async fn a_campaign_provisions_every_selected_node_again_and_no_other() {
     );
 
     // Another campaign may start once this one is over; a filter selects by discovery.
-    let o = rotate_cmd(&launch, &main, &["--filter", "identity=/^node-(3[1-9]|40)[.]/"])
-        .output()
-        .unwrap();
+    let o = rotate_cmd(
+        &launch,
+        &main,
+        &["--filter", "identity=/^node-(3[1-9]|40)[.]/"],
+    )
+    .output()
+    .unwrap();
     let said = text(&o);
     assert!(o.status.success(), "{said}");
     assert!(said.contains("10 nodes selected"), "{said}");
-    assert!(fleet.wait_provisioned(40, WAIT).await, "{:?}", fleet.stats());
+    assert!(
+        fleet.wait_provisioned(40, WAIT).await,
+        "{:?}",
+        fleet.stats()
+    );
     assert_rotated(&fleet, spared);
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
