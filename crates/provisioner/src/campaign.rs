@@ -1073,6 +1073,9 @@ struct Run {
     /// their startup event arrived): a node is provisioned again within a moment of answering
     /// reprovision, and a busy driver may read that before it gets to the acknowledgement.
     early: HashMap<String, i64>,
+    /// Node records changed since the last flush, written together (every tick) so that a
+    /// driver reading thousands of acknowledgements a minute does not wait on each write.
+    unwritten: HashMap<String, NodeRecord>,
 }
 
 impl Run {
@@ -1089,6 +1092,7 @@ impl Run {
             failed: 0,
             done_times: VecDeque::new(),
             early: HashMap::new(),
+            unwritten: HashMap::new(),
         };
         for n in nodes {
             match n.state {
@@ -1105,6 +1109,11 @@ impl Run {
 
     fn in_flight(&self) -> u64 {
         self.sent + self.sending
+    }
+
+    /// Keeps `n` for the next flush (its latest state only).
+    fn write_later(&mut self, n: NodeRecord) {
+        self.unwritten.insert(n.identity.clone(), n);
     }
 
     /// `identity` acknowledged the request sent at `sent_at`: the record to store, `sent`, or
@@ -1287,6 +1296,7 @@ impl Driver {
                     }
                 }
                 _ = tick.tick() => {
+                    self.flush(&mut run).await?;
                     let elapsed = last_refill.elapsed().as_secs_f64();
                     last_refill = Instant::now();
                     tokens = (tokens + elapsed * per_second).min(burst);
@@ -1331,6 +1341,7 @@ impl Driver {
             );
         }
         // Release the lease and write where the campaign is.
+        self.flush(&mut run).await?;
         run.count();
         run.rec.driver.clear();
         run.rec.heartbeat = 0;
@@ -1433,7 +1444,7 @@ impl Driver {
         match done {
             Sent::Acked(identity, sent_at) => {
                 if let Some(n) = run.acked(&identity, sent_at) {
-                    self.campaigns.put_node(&n).await?;
+                    run.write_later(n);
                 }
             }
             Sent::Refused(identity, why) => self.fail(run, &identity, &why).await?,
@@ -1481,7 +1492,8 @@ impl Driver {
             error: n.error.clone(),
             at: now,
         });
-        self.campaigns.put_node(&n).await
+        run.write_later(n);
+        Ok(())
     }
 
     /// Marks `identity` done when it acknowledged a request (and, with `at`, was provisioned
@@ -1492,10 +1504,26 @@ impl Driver {
         identity: &str,
         at: Option<i64>,
     ) -> Result<(), CampaignError> {
-        match run.provisioned(identity, at) {
-            Some(n) => self.campaigns.put_node(&n).await,
-            None => Ok(()),
+        if let Some(n) = run.provisioned(identity, at) {
+            run.write_later(n);
         }
+        Ok(())
+    }
+
+    /// Writes the node records changed since the last flush, [`BULK`] at a time.
+    async fn flush(&self, run: &mut Run) -> Result<(), CampaignError> {
+        if run.unwritten.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut run.unwritten);
+        let c = &self.campaigns;
+        let mut puts = futures::stream::iter(batch.into_values())
+            .map(|n| async move { c.put_node(&n).await })
+            .buffer_unordered(BULK);
+        while let Some(r) = puts.next().await {
+            r?;
+        }
+        Ok(())
     }
 
     async fn poll_audit(&self, run: &mut Run) -> Result<(), CampaignError> {
