@@ -251,7 +251,7 @@ async fn terminated() {
 fn progress_line(fleet: &SimFleet, started: Instant) -> String {
     let s = fleet.stats();
     format!(
-        "fleet-sim: {:.0}s {}/{} provisioned, {} configured, {} broken, {} shut down, {} reprovisioned, {} requests, {} replies ({} discovery), {} ignored, {} events",
+        "fleet-sim: {:.0}s {}/{} provisioned, {} configured, {} broken, {} shut down, {} reprovisioned, {} requests, {} replies ({} discovery), {} ignored, {} events, {} reprovision requests, {} provisions",
         started.elapsed().as_secs_f64(),
         s.provisioned,
         s.nodes,
@@ -263,7 +263,9 @@ fn progress_line(fleet: &SimFleet, started: Instant) -> String {
         s.replies,
         s.discovery_replies,
         s.ignored,
-        s.events
+        s.events,
+        s.reprovision_requests,
+        s.provisions
     )
 }
 

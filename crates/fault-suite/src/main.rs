@@ -28,6 +28,7 @@ mod jwt_faults;
 mod keys;
 mod monitor;
 mod node_faults;
+mod rotation;
 mod scenarios;
 mod secrets;
 mod webhook_faults;

@@ -24,6 +24,7 @@ use crate::node_faults::{
     node_denied_name, node_denied_san, node_duplicate, node_garbage, node_oversize, node_silent,
     node_slow, node_wrong_identity,
 };
+use crate::rotation::rotation_kills;
 use crate::secrets::secrets;
 use crate::webhook_faults::webhook_down;
 
@@ -317,6 +318,13 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "ha-cluster-server-killed",
             about: "leader election on a 3-server cluster; the leader's server is killed mid-run",
             run: ha_cluster_server_killed,
+            long: true,
+        },
+        // Rotation campaigns (rotation.rs).
+        Scenario {
+            name: "rotation-kills",
+            about: "10,000 provisioned nodes rotated by two active-active replicas; rotate and one replica SIGKILLed a third of the way, rotate resume finishes",
+            run: rotation_kills,
             long: true,
         },
     ]

@@ -570,14 +570,21 @@ impl Campaigns {
         }
     }
 
+    /// Writes a node's record; a put whose acknowledgement timed out is tried again (a put
+    /// is idempotent, and a broker busy with a large campaign's fleet can be slow to answer).
     async fn put_node(&self, rec: &NodeRecord) -> Result<(), CampaignError> {
         let key = node_key(&rec.identity);
         let bytes = self.seal_bytes(&key, rec, |r, t| r.tag = t)?;
-        self.store
-            .put(key, bytes.into())
-            .await
-            .map(|_| ())
-            .map_err(|e| request(format!("record {}", escaped(&rec.identity)), e))
+        let what = format!("record {}", escaped(&rec.identity));
+        retry_timeouts(&what, || async {
+            self.store
+                .put(key.clone(), bytes.clone().into())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| request(what.clone(), e))
     }
 
     /// Every node of the campaign.
@@ -948,19 +955,56 @@ pub async fn read_audit(
         .map_err(|e| fail(e.to_string()))?;
     let mut messages = consumer.messages().await.map_err(|e| fail(e.to_string()))?;
     let last = next - 1;
+    let mut read_to = None;
     loop {
         let msg = match tokio::time::timeout(REQUEST_TIMEOUT, messages.next()).await {
             Ok(Some(Ok(m))) => m,
             Ok(Some(Err(e))) => return Err(fail(e.to_string())),
-            // Records removed by the stream's limits leave nothing more to read.
-            Ok(None) | Err(_) => return Ok(next),
+            // Records removed by the stream's limits leave nothing more to read; after some were
+            // read, the rest (a busy broker was slow to deliver) is read next time.
+            Ok(None) | Err(_) => return Ok(read_to.map_or(next, |s: u64| s + 1)),
         };
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(last);
+        read_to = Some(seq);
         if let Some(a) = parse_audit(&msg.payload) {
             seen(a);
         }
         if seq >= last {
             return Ok(seq + 1);
+        }
+    }
+}
+
+/// Tries of a campaign bucket write whose answer timed out.
+const WRITE_TRIES: u32 = 5;
+/// The pause before the first repeat of a write that timed out (then twice, three times...).
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Whether an error text says a request timed out (async-nats: "timed out: didn't receive ack
+/// in time", "request timed out").
+fn timed_out(e: &str) -> bool {
+    let e = e.to_ascii_lowercase();
+    e.contains("timed out") || e.contains("timeout")
+}
+
+/// Runs `op` until it succeeds, fails otherwise than by a timeout, or has timed out
+/// [`WRITE_TRIES`] times, pausing a little longer before each repeat.
+async fn retry_timeouts<T, F, Fut>(what: &str, mut op: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Err(e) if timed_out(&e) && tries < WRITE_TRIES => {
+                warn!(
+                    "campaign: {what} timed out (try {tries} of {WRITE_TRIES}): {e}; trying again"
+                );
+                tokio::time::sleep(RETRY_PAUSE * tries).await;
+                tries += 1;
+            }
+            done => return done,
         }
     }
 }
@@ -1025,6 +1069,13 @@ struct Run {
     failed: u64,
     done_times: VecDeque<Instant>,
     audit_next: Option<u64>,
+    /// When nodes still `pending` here were seen provisioned (an audit record's time, or when
+    /// their startup event arrived): a node is provisioned again within a moment of answering
+    /// reprovision, and a busy driver may read that before it gets to the acknowledgement.
+    early: HashMap<String, i64>,
+    /// Node records changed since the last flush, written together (every tick) so that a
+    /// driver reading thousands of acknowledgements a minute does not wait on each write.
+    unwritten: HashMap<String, NodeRecord>,
 }
 
 impl Run {
@@ -1040,6 +1091,8 @@ impl Run {
             done: 0,
             failed: 0,
             done_times: VecDeque::new(),
+            early: HashMap::new(),
+            unwritten: HashMap::new(),
         };
         for n in nodes {
             match n.state {
@@ -1056,6 +1109,51 @@ impl Run {
 
     fn in_flight(&self) -> u64 {
         self.sent + self.sending
+    }
+
+    /// Keeps `n` for the next flush (its latest state only).
+    fn write_later(&mut self, n: NodeRecord) {
+        self.unwritten.insert(n.identity.clone(), n);
+    }
+
+    /// `identity` acknowledged the request sent at `sent_at`: the record to store, `sent`, or
+    /// `done` when it was seen provisioned again since (before the acknowledgement was read).
+    fn acked(&mut self, identity: &str, sent_at: i64) -> Option<NodeRecord> {
+        let n = self.nodes.get_mut(identity)?;
+        if n.state != NodeRotation::Pending {
+            return None;
+        }
+        n.state = NodeRotation::Sent;
+        n.sent_at = Some(sent_at);
+        self.sent += 1;
+        let sent = n.clone();
+        match self.early.remove(identity) {
+            Some(seen) => self.provisioned(identity, Some(seen)).or(Some(sent)),
+            None => Some(sent),
+        }
+    }
+
+    /// `identity` was seen provisioned at `at` (an audit record's time; `None`: now, by its
+    /// startup event). Returns its record to store when that makes it done: it acknowledged a
+    /// request sent no later than `at`. A node whose acknowledgement was not read yet keeps
+    /// the sighting for when it is.
+    fn provisioned(&mut self, identity: &str, at: Option<i64>) -> Option<NodeRecord> {
+        let n = self.nodes.get_mut(identity)?;
+        if n.state == NodeRotation::Pending {
+            let seen = at.unwrap_or_else(now_unix);
+            let e = self.early.entry(identity.to_string()).or_insert(seen);
+            *e = (*e).max(seen);
+            return None;
+        }
+        if n.state != NodeRotation::Sent || at.is_some_and(|t| n.sent_at.is_some_and(|s| t < s)) {
+            return None;
+        }
+        n.state = NodeRotation::Done;
+        n.finished_at = Some(now_unix());
+        self.sent -= 1;
+        self.done += 1;
+        self.done_times.push_back(Instant::now());
+        Some(n.clone())
     }
 
     fn count(&mut self) {
@@ -1094,21 +1192,26 @@ impl Run {
 }
 
 enum Sent {
-    Acked(String),
+    /// Acknowledged; the Unix time the request was sent (a node may be provisioned again
+    /// before a busy driver gets to the acknowledgement).
+    Acked(String, i64),
     Refused(String, String),
     NoReply(String, String),
 }
 
 fn send_outcome(
     identity: String,
+    sent_at: i64,
     r: Result<impl Sized, choria_rpc_client::rpc::RequestError>,
 ) -> Sent {
     use choria_rpc_client::rpc::RequestErrorKind as K;
     match r {
-        Ok(_) => Sent::Acked(identity),
+        Ok(_) => Sent::Acked(identity, sent_at),
         // Its first request was acknowledged but not recorded (the driver was killed): it is
         // on its way back already.
-        Err(e) if e.to_string().contains("already in provisioning mode") => Sent::Acked(identity),
+        Err(e) if e.to_string().contains("already in provisioning mode") => {
+            Sent::Acked(identity, sent_at)
+        }
         Err(e) => match e.kind() {
             K::Timeout | K::NoResponders | K::Transport | K::Closed => {
                 Sent::NoReply(identity, e.to_string())
@@ -1193,6 +1296,7 @@ impl Driver {
                     }
                 }
                 _ = tick.tick() => {
+                    self.flush(&mut run).await?;
                     let elapsed = last_refill.elapsed().as_secs_f64();
                     last_refill = Instant::now();
                     tokens = (tokens + elapsed * per_second).min(burst);
@@ -1209,8 +1313,9 @@ impl Driver {
                         let rpc = self.rpc.clone();
                         let token = self.token.clone();
                         sends.spawn(async move {
+                            let sent_at = now_unix();
                             let r = rpc.provision_reprovision(&identity, &token, REPROVISION_TIMEOUT).await;
-                            send_outcome(identity, r)
+                            send_outcome(identity, sent_at, r)
                         });
                     }
                     if last_beat.elapsed() >= HEARTBEAT {
@@ -1236,6 +1341,7 @@ impl Driver {
             );
         }
         // Release the lease and write where the campaign is.
+        self.flush(&mut run).await?;
         run.count();
         run.rec.driver.clear();
         run.rec.heartbeat = 0;
@@ -1287,12 +1393,30 @@ impl Driver {
     /// Returns what is stored: another driver's record when the lease was taken.
     async fn save(&self, run: &mut Run) -> Result<CampaignRecord, CampaignError> {
         let c = &self.campaigns;
-        for _ in 0..20 {
-            if let Some(r) = c.write(&run.rec, Some(run.revision)).await? {
-                run.revision = r;
-                return Ok(run.rec.clone());
+        for tries in 1..=20u64 {
+            // A write or read that timed out is tried again: the write over the revision may
+            // have been stored, which reading the record shows.
+            match c.write(&run.rec, Some(run.revision)).await {
+                Ok(Some(r)) => {
+                    run.revision = r;
+                    return Ok(run.rec.clone());
+                }
+                Ok(None) => {}
+                Err(e) if timed_out(&e.to_string()) => {
+                    warn!("rotation campaign {}: {e}; trying again", run.rec.id);
+                    tokio::time::sleep(RETRY_PAUSE * tries.min(4) as u32).await;
+                }
+                Err(e) => return Err(e),
             }
-            let (stored, r) = c.read().await?.ok_or(CampaignError::NoCampaign)?;
+            let (stored, r) = match c.read().await {
+                Ok(Some(got)) => got,
+                Ok(None) => return Err(CampaignError::NoCampaign),
+                Err(e) if timed_out(&e.to_string()) => {
+                    warn!("rotation campaign {}: {e}; trying again", run.rec.id);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if stored.id != run.rec.id
                 || (!stored.driver.is_empty() && stored.driver != run.rec.driver)
             {
@@ -1318,15 +1442,9 @@ impl Driver {
 
     async fn sent(&self, run: &mut Run, done: Sent) -> Result<(), CampaignError> {
         match done {
-            Sent::Acked(identity) => {
-                if let Some(n) = run.nodes.get_mut(&identity) {
-                    if n.state == NodeRotation::Pending {
-                        n.state = NodeRotation::Sent;
-                        n.sent_at = Some(now_unix());
-                        run.sent += 1;
-                        let n = n.clone();
-                        self.campaigns.put_node(&n).await?;
-                    }
+            Sent::Acked(identity, sent_at) => {
+                if let Some(n) = run.acked(&identity, sent_at) {
+                    run.write_later(n);
                 }
             }
             Sent::Refused(identity, why) => self.fail(run, &identity, &why).await?,
@@ -1374,7 +1492,8 @@ impl Driver {
             error: n.error.clone(),
             at: now,
         });
-        self.campaigns.put_node(&n).await
+        run.write_later(n);
+        Ok(())
     }
 
     /// Marks `identity` done when it acknowledged a request (and, with `at`, was provisioned
@@ -1385,19 +1504,26 @@ impl Driver {
         identity: &str,
         at: Option<i64>,
     ) -> Result<(), CampaignError> {
-        let Some(n) = run.nodes.get_mut(identity) else {
-            return Ok(());
-        };
-        if n.state != NodeRotation::Sent || at.is_some_and(|t| n.sent_at.is_some_and(|s| t < s)) {
+        if let Some(n) = run.provisioned(identity, at) {
+            run.write_later(n);
+        }
+        Ok(())
+    }
+
+    /// Writes the node records changed since the last flush, [`BULK`] at a time.
+    async fn flush(&self, run: &mut Run) -> Result<(), CampaignError> {
+        if run.unwritten.is_empty() {
             return Ok(());
         }
-        n.state = NodeRotation::Done;
-        n.finished_at = Some(now_unix());
-        run.sent -= 1;
-        run.done += 1;
-        let n = n.clone();
-        run.done_times.push_back(Instant::now());
-        self.campaigns.put_node(&n).await
+        let batch = std::mem::take(&mut run.unwritten);
+        let c = &self.campaigns;
+        let mut puts = futures::stream::iter(batch.into_values())
+            .map(|n| async move { c.put_node(&n).await })
+            .buffer_unordered(BULK);
+        while let Some(r) = puts.next().await {
+            r?;
+        }
+        Ok(())
     }
 
     async fn poll_audit(&self, run: &mut Run) -> Result<(), CampaignError> {
@@ -1405,12 +1531,25 @@ impl Driver {
             return Ok(());
         };
         let mut provisioned = Vec::new();
-        let next = read_audit(js, stream, from, |a| {
+        let read = read_audit(js, stream, from, |a| {
             if a.decision == "provisioned" {
                 provisioned.push((a.identity, a.at));
             }
         })
-        .await?;
+        .await;
+        // A read that timed out (a busy broker) is made again from the same place at the next
+        // heartbeat; the stream is durable.
+        let next = match read {
+            Ok(next) => next,
+            Err(e) if timed_out(&e.to_string()) => {
+                warn!(
+                    "rotation campaign {}: {e}; reading it again later",
+                    run.rec.id
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         run.audit_next = Some(next);
         for (identity, at) in provisioned {
             self.finish_node(run, &identity, Some(at)).await?;
@@ -2058,5 +2197,90 @@ mod tests {
         assert!(!rec.driven(100 + 30));
         rec.driver.clear();
         assert!(!rec.driven(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bucket_writes_that_time_out_are_tried_again_and_other_errors_are_not() {
+        // Timed out twice, then stored: the write succeeds.
+        let mut calls = 0;
+        let r = retry_timeouts("record n1", || {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n < 3 {
+                    Err("ack error: timed out: didn't receive ack in time".to_string())
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r, Ok(3));
+        // Always timing out: given up after WRITE_TRIES.
+        let mut calls = 0;
+        let r: Result<(), String> = retry_timeouts("record n2", || {
+            calls += 1;
+            async { Err("request timed out".to_string()) }
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls, WRITE_TRIES);
+        // Any other error is returned at once.
+        let mut calls = 0;
+        let r: Result<(), String> = retry_timeouts("record n3", || {
+            calls += 1;
+            async { Err("wrong last sequence: 4".to_string()) }
+        })
+        .await;
+        assert_eq!(r, Err("wrong last sequence: 4".to_string()));
+        assert_eq!(calls, 1);
+        assert!(timed_out(
+            "ack error: Timed out: didn't receive ack in time"
+        ));
+        assert!(!timed_out("no responders"));
+    }
+
+    #[test]
+    fn an_acknowledgement_keeps_the_time_its_request_was_sent() {
+        let ok: Result<(), choria_rpc_client::rpc::RequestError> = Ok(());
+        match send_outcome("n1".into(), 1_000, ok) {
+            Sent::Acked(id, at) => assert_eq!((id.as_str(), at), ("n1", 1_000)),
+            _ => panic!("not acknowledged"),
+        }
+    }
+
+    #[test]
+    fn a_node_provisioned_before_its_acknowledgement_is_read_is_done_when_it_is() {
+        let nodes = ["n1", "n2", "n3", "n4"]
+            .map(|id| node(id, NodeRotation::Pending))
+            .to_vec();
+        let mut run = Run::new(record(4), 1, nodes);
+        // n1: the audit record (time 105) and the startup event of n2 arrive before the
+        // acknowledgements of requests sent at 100.
+        assert!(run.provisioned("n1", Some(105)).is_none());
+        assert!(run.provisioned("n2", None).is_none());
+        let n1 = run.acked("n1", 100).unwrap();
+        assert_eq!(n1.state, NodeRotation::Done);
+        let n2 = run.acked("n2", 100).unwrap();
+        assert_eq!(n2.state, NodeRotation::Done);
+        // n3 was provisioned (time 90) before its request was sent (100): on its way only.
+        assert!(run.provisioned("n3", Some(90)).is_none());
+        let n3 = run.acked("n3", 100).unwrap();
+        assert_eq!((n3.state, n3.sent_at), (NodeRotation::Sent, Some(100)));
+        assert!(run.provisioned("n3", Some(99)).is_none());
+        assert_eq!(
+            run.provisioned("n3", Some(101)).map(|n| n.state),
+            Some(NodeRotation::Done)
+        );
+        // n4 in the usual order; a second sighting changes nothing.
+        assert_eq!(
+            run.acked("n4", 100).map(|n| n.state),
+            Some(NodeRotation::Sent)
+        );
+        assert!(run.provisioned("n4", None).is_some());
+        assert!(run.provisioned("n4", None).is_none());
+        assert!(run.acked("n4", 100).is_none());
+        assert_eq!((run.done, run.sent), (4, 0));
+        assert!(run.early.is_empty());
     }
 }
