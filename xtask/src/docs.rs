@@ -285,7 +285,8 @@ struct Cli {
 
 fn flags_in(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for word in text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '[' | ']' | '|' | '='))
+    for word in text
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | '[' | ']' | '(' | ')' | '|' | '='))
     {
         if let Some(f) = word.strip_prefix("--") {
             let f: String = f
