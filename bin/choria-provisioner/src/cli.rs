@@ -131,7 +131,7 @@ pub enum Command {
     Rotate(RotateArgs),
 }
 
-/// How `rotate` reaches the campaign bucket: with the provisioner's broker settings.
+/// How `rotate` reaches the campaign bucket and the main collective.
 #[derive(Debug, Clone, Args)]
 pub struct CampaignArgs {
     /// The provisioner configuration file (YAML) [default:
@@ -143,6 +143,12 @@ pub struct CampaignArgs {
     /// the Choria user configuration)
     #[arg(long = "provisioner-choria-config", value_name = "FILE", value_parser = existing_file)]
     pub provisioner_choria_config: Option<PathBuf>,
+
+    /// The main collective's Choria client configuration, where provisioned servers answer
+    /// (required to start or resume; the campaign lives there when the provisioning account
+    /// has no Choria Streams of its own)
+    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
+    pub choria_config: Option<PathBuf>,
 }
 
 /// Flags of `rotate`: start a campaign and drive it.
@@ -155,11 +161,6 @@ pub struct RotateArgs {
 
     #[command(flatten)]
     pub campaign: CampaignArgs,
-
-    /// The Choria client configuration of the main collective, where provisioned servers
-    /// answer (required to start or resume a campaign)
-    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
-    pub choria_config: Option<PathBuf>,
 
     /// A file of identities to rotate, one a line
     #[arg(long, value_name = "FILE", value_parser = existing_file)]
@@ -200,7 +201,7 @@ pub enum RotateCommand {
     /// Pause the campaign: no more requests are sent; nodes in flight finish
     Pause(RotateReasonArgs),
     /// Resume a paused or stopped campaign, or one whose driver died, and drive it
-    Resume(RotateResumeArgs),
+    Resume(CampaignArgs),
     /// End the campaign; nodes already sent finish on their own
     Abort(RotateReasonArgs),
 }
@@ -210,11 +211,6 @@ pub enum RotateCommand {
 pub struct RotateStatusArgs {
     #[command(flatten)]
     pub campaign: CampaignArgs,
-
-    /// The main collective's Choria client configuration, where the campaign lives when the
-    /// provisioning account has no Choria Streams of its own
-    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
-    pub main: Option<PathBuf>,
 
     /// Print JSON
     #[arg(long)]
@@ -227,25 +223,9 @@ pub struct RotateReasonArgs {
     #[command(flatten)]
     pub campaign: CampaignArgs,
 
-    /// The main collective's Choria client configuration, where the campaign lives when the
-    /// provisioning account has no Choria Streams of its own
-    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
-    pub main: Option<PathBuf>,
-
     /// Why, kept in the campaign
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
-}
-
-/// Flags of `rotate resume`.
-#[derive(Debug, Clone, Args)]
-pub struct RotateResumeArgs {
-    #[command(flatten)]
-    pub campaign: CampaignArgs,
-
-    /// The Choria client configuration of the main collective
-    #[arg(long = "choria-config", value_name = "MAIN.cfg", value_parser = existing_file)]
-    pub choria_config: PathBuf,
 }
 
 /// Flags of `approve` and `reject`.

@@ -9,16 +9,8 @@ use provisioner::settings::Paths;
 
 use crate::cli::{ControlArgs, DecideArgs, DenyCommand, PauseArgs};
 
-/// Runs `f` on the bucket opened with `args`' files, warning when they do not follow it.
-fn with_control<T>(
-    debug: bool,
-    args: &ControlArgs,
-    f: impl AsyncFnOnce(Control) -> Result<T>,
-) -> Result<T> {
-    with_settings(debug, args, async |c, _| f(c).await)
-}
-
-/// As [`with_control`], `f` also given the provisioner's settings.
+/// Runs `f` on the bucket opened with `args`' files and the provisioner's settings, warning
+/// when they do not follow the bucket.
 fn with_settings<T>(
     debug: bool,
     args: &ControlArgs,
@@ -50,7 +42,7 @@ pub fn pause(debug: bool, args: &PauseArgs) -> Result<()> {
     if args.reason.trim().is_empty() {
         bail!("--reason must say why provisioning is paused");
     }
-    with_control(debug, &args.control, async |c| {
+    with_settings(debug, &args.control, async |c, _| {
         let r = c.pause(&args.reason).await?;
         println!(
             "Provisioning paused on every replica with fleet_control by {} at {}: {}",
@@ -64,7 +56,7 @@ pub fn pause(debug: bool, args: &PauseArgs) -> Result<()> {
 
 /// `resume`.
 pub fn resume(debug: bool, args: &ControlArgs) -> Result<()> {
-    with_control(debug, args, async |c| {
+    with_settings(debug, args, async |c, _| {
         match c.resume().await? {
             Some(r) => println!(
                 "Provisioning resumed (it was paused by {} at {}: {})",
@@ -91,7 +83,7 @@ pub fn deny(debug: bool, cmd: &DenyCommand) -> Result<()> {
                 .as_deref()
                 .map(control::parse_expiry)
                 .transpose()?;
-            with_control(debug, &a.control, async |c| {
+            with_settings(debug, &a.control, async |c, _| {
                 let r = c.deny(&a.entry, &a.reason, expires).await?;
                 let until = r
                     .expires
@@ -104,14 +96,14 @@ pub fn deny(debug: bool, cmd: &DenyCommand) -> Result<()> {
                 Ok(())
             })
         }
-        DenyCommand::Rm(a) => with_control(debug, &a.control, async |c| {
+        DenyCommand::Rm(a) => with_settings(debug, &a.control, async |c, _| {
             if !c.undeny(&a.entry).await? {
                 bail!("{} is not on the deny list", a.entry);
             }
             println!("Removed {} from the deny list", a.entry);
             Ok(())
         }),
-        DenyCommand::Ls(a) => with_control(debug, &a.control, async |c| {
+        DenyCommand::Ls(a) => with_settings(debug, &a.control, async |c, _| {
             let (entries, forged) = c.deny_list().await?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&entries)?);
@@ -128,42 +120,13 @@ pub fn deny(debug: bool, cmd: &DenyCommand) -> Result<()> {
 
 /// `approve ID|--matching REGEX` (`approve`) and `reject ... --reason TEXT`.
 pub fn decide(debug: bool, args: &DecideArgs, approve: bool) -> Result<()> {
-    let which = control::Selector::new(&args.identity, args.matching)?;
-    if !approve && args.reason.trim().is_empty() {
-        bail!("--reason must say why {} is rejected", args.identity);
-    }
     with_settings(debug, &args.control, async |c, settings| {
-        let names: Vec<String> = if approve {
-            let done = c
-                .approve(&which, settings.config.approval_expiry, &args.reason)
-                .await?;
-            for a in &done {
-                println!(
-                    "Approved {} ({}) until {}",
-                    a.identity,
-                    a.fingerprints.join(", "),
-                    rfc3339(a.expires)
-                );
-            }
-            done.into_iter().map(|a| a.identity).collect()
-        } else {
-            let done = c.reject(&which, &args.reason).await?;
-            for (p, denied) in &done {
-                let entries: Vec<&str> = denied.iter().map(|d| d.entry.as_str()).collect();
-                println!("Rejected {}: denied {}", p.identity, entries.join(", "));
-            }
-            done.into_iter().map(|(p, _)| p.identity).collect()
-        };
-        let verb = if approve { "approved" } else { "rejected" };
-        if names.is_empty() {
-            bail!(
-                "no pending node matches {} (see choria-provisioner nodes --pending)",
-                args.identity
-            );
-        }
-        if args.matching {
-            println!("{} nodes {verb}: {}", names.len(), names.join(", "));
-        }
+        let lasts = settings.config.approval_expiry;
+        print!(
+            "{}",
+            c.decide(&args.identity, args.matching, approve, &args.reason, lasts)
+                .await?
+        );
         Ok(())
     })
 }

@@ -15,6 +15,7 @@ mod status_cli;
 use std::process::ExitCode;
 
 use clap::Parser;
+use provisioner::status_text::Query;
 
 /// mimalloc rather than the C library's allocator: a node's cycle allocates and frees many
 /// short-lived buffers (envelopes, log lines, JSON) across the runtime's threads, where glibc's
@@ -43,9 +44,17 @@ fn main() -> ExitCode {
         cli::Command::Run(args) => run::main(cli.debug, args),
         cli::Command::Check(args) => check::main(cli.debug, args),
         cli::Command::Policy(cli::PolicyCommand::Eval(args)) => policy_cli::eval(&args),
-        cli::Command::Status(args) => status_cli::status(&args),
-        cli::Command::Nodes(args) => status_cli::nodes(&args),
-        cli::Command::Node(args) => status_cli::node(&args),
+        cli::Command::Status(args) => status_cli::run(&args, Query::Status),
+        cli::Command::Nodes(a) if a.pending => status_cli::run(&a.api, Query::Pending),
+        cli::Command::Nodes(a) => status_cli::run(
+            &a.api,
+            Query::Nodes {
+                offset: a.offset,
+                limit: a.limit,
+                state: a.state.clone(),
+            },
+        ),
+        cli::Command::Node(a) => status_cli::run(&a.api, Query::Node(a.identity.clone())),
         cli::Command::Pause(args) => control_cli::pause(cli.debug, &args),
         cli::Command::Resume(args) => control_cli::resume(cli.debug, &args),
         cli::Command::Deny(cmd) => control_cli::deny(cli.debug, &cmd),

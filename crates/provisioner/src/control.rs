@@ -91,6 +91,12 @@ pub enum ControlError {
         /// The server's answer.
         detail: String,
     },
+    /// `approve` or `reject` found no pending node to act on.
+    #[error("no pending node matches {pattern} (see choria-provisioner nodes --pending)")]
+    NothingPending {
+        /// The identity or pattern given.
+        pattern: String,
+    },
     /// A deny entry or reason that cannot be used.
     #[error("invalid deny entry {entry:?}: {reason}")]
     InvalidEntry {
@@ -799,6 +805,64 @@ impl Control {
             self.delete("remove a pending node", &pending_key(&p.identity))
                 .await?;
             out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// `approve ID|--matching RE` (`approve`) or `reject ... --reason`, as an operator runs
+    /// them: a line for each node acted on (and the count with `matching`), or why nothing was
+    /// done. Approvals last `lasts`.
+    pub async fn decide(
+        &self,
+        pattern: &str,
+        matching: bool,
+        approve: bool,
+        reason: &str,
+        lasts: Duration,
+    ) -> Result<String, ControlError> {
+        let which = Selector::new(pattern, matching)?;
+        if !approve && reason.trim().is_empty() {
+            return Err(ControlError::InvalidEntry {
+                entry: escaped(pattern).to_string(),
+                reason: "--reason must say why it is rejected".into(),
+            });
+        }
+        let mut out = String::new();
+        let names: Vec<String> = if approve {
+            let done = self.approve(&which, lasts, reason).await?;
+            for a in &done {
+                out.push_str(&format!(
+                    "Approved {} ({}) until {}\n",
+                    a.identity,
+                    a.fingerprints.join(", "),
+                    rfc3339(a.expires)
+                ));
+            }
+            done.into_iter().map(|a| a.identity).collect()
+        } else {
+            let done = self.reject(&which, reason).await?;
+            for (p, denied) in &done {
+                let entries: Vec<&str> = denied.iter().map(|d| d.entry.as_str()).collect();
+                out.push_str(&format!(
+                    "Rejected {}: denied {}\n",
+                    p.identity,
+                    entries.join(", ")
+                ));
+            }
+            done.into_iter().map(|(p, _)| p.identity).collect()
+        };
+        if names.is_empty() {
+            return Err(ControlError::NothingPending {
+                pattern: escaped(pattern).to_string(),
+            });
+        }
+        if matching {
+            let verb = if approve { "approved" } else { "rejected" };
+            out.push_str(&format!(
+                "{} nodes {verb}: {}\n",
+                names.len(),
+                names.join(", ")
+            ));
         }
         Ok(out)
     }

@@ -29,6 +29,7 @@ pub mod node_rpc;
 pub mod pacing;
 pub mod preflight;
 pub mod rego;
+pub mod rotate;
 pub mod settings;
 pub mod status_client;
 pub mod status_text;

@@ -97,6 +97,22 @@ pub struct StatusClient {
 }
 
 impl StatusClient {
+    /// As [`StatusClient::locate`] for a command: `config`, else `default` when it exists and
+    /// no `monitor` is given.
+    pub fn for_command(
+        config: Option<&Path>,
+        monitor: Option<&str>,
+        token_file: Option<&Path>,
+        default: &Path,
+    ) -> Result<StatusClient, StatusError> {
+        let config = match (config, monitor) {
+            (Some(p), _) => Some(p),
+            (None, None) if default.is_file() => Some(default),
+            _ => None,
+        };
+        Self::locate(config, monitor, token_file)
+    }
+
     /// The API of the daemon configured by `config` (its `monitor_address`, `monitor_port` and
     /// `monitor_token_file`), unless `monitor` (`http://HOST:PORT`) and `token_file` say
     /// otherwise. `config` may be `None` when `monitor` is given.

@@ -216,6 +216,71 @@ pub fn node(n: &Value) -> String {
     format!("{}\n{}", table(&rows), table(&hist))
 }
 
+/// What `status`, `nodes` and `node` ask a running provisioner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Query {
+    /// `status`.
+    Status,
+    /// `nodes --pending`.
+    Pending,
+    /// `nodes [--state S] [--offset N] [--limit N]`.
+    Nodes {
+        /// The first node shown.
+        offset: usize,
+        /// How many are shown.
+        limit: usize,
+        /// Only this state.
+        state: Option<String>,
+    },
+    /// `node IDENTITY`.
+    Node(String),
+}
+
+impl Query {
+    /// The API path, or why the query cannot be asked (an unknown state).
+    pub fn path(&self) -> Result<String, String> {
+        Ok(match self {
+            Query::Status => "/api/v1/status".into(),
+            Query::Pending => "/api/v1/pending".into(),
+            Query::Nodes {
+                offset,
+                limit,
+                state,
+            } => {
+                let mut q = format!("/api/v1/nodes?offset={offset}&limit={limit}");
+                if let Some(s) = state {
+                    if provision_core::NodeState::parse(s).is_none() {
+                        let known: Vec<&str> = provision_core::NodeState::ALL
+                            .iter()
+                            .map(|s| s.label())
+                            .collect();
+                        return Err(format!("unknown state {s:?} (known: {})", known.join(", ")));
+                    }
+                    q.push_str(&format!("&state={s}"));
+                }
+                q
+            }
+            Query::Node(id) => format!(
+                "/api/v1/nodes/{}",
+                provisioner_status::api::percent_encode(id)
+            ),
+        })
+    }
+
+    /// The answer as printed: JSON with `json`, else the table.
+    pub fn render(&self, v: &Value, json: bool) -> String {
+        if json {
+            return serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
+        }
+        match self {
+            Query::Status => status(v),
+            Query::Pending => pending(v),
+            Query::Nodes { .. } => nodes(v),
+            Query::Node(_) => node(v),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
