@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::claims::Seal;
-use crate::control::{now_unix, REQUEST_TIMEOUT};
+use crate::control::{bounded_to as bounded, now_unix, REQUEST_TIMEOUT};
 
 /// The bucket campaigns live in.
 pub const CAMPAIGN_BUCKET: &str = "CHORIA_PROVISIONER_CAMPAIGN";
@@ -361,18 +361,6 @@ pub struct NodeRecord {
 /// The bucket key of `identity`.
 pub fn node_key(identity: &str) -> String {
     format!("{NODE_PREFIX}{}", hex::encode(identity.as_bytes()))
-}
-
-fn bounded(text: &str, max: usize) -> String {
-    let mut s: String = text.chars().filter(|c| !c.is_control()).collect();
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
 }
 
 /// The campaign bucket over one route.

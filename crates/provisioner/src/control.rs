@@ -958,9 +958,15 @@ impl Control {
 
 /// At most [`MAX_ENTRY`] bytes of `text`, control characters removed.
 fn bounded(text: &str) -> String {
+    bounded_to(text, MAX_ENTRY)
+}
+
+/// `text` without control characters, cut to at most `max` bytes at a character boundary:
+/// what an operator's reason or a node's error may be when stored.
+pub(crate) fn bounded_to(text: &str, max: usize) -> String {
     let mut s: String = text.chars().filter(|c| !c.is_control()).collect();
-    if s.len() > MAX_ENTRY {
-        let mut cut = MAX_ENTRY;
+    if s.len() > max {
+        let mut cut = max;
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }
