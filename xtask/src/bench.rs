@@ -642,13 +642,10 @@ fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
     let files = stack::write_run_files(&dir, bins)?;
     let mut settings = files
         .provisioner(&dir, &url, &hang.display().to_string(), Mode::Plain)
-        // The node history holds every waiting node, so its cost is in the figure; the queue
-        // is sized to the fleet, as an operator sizes it.
-        .yaml(&format!(
-            "node_history_size: {}\nwork_queue_size: {}\n",
-            n.max(1),
-            n.max(1)
-        ));
+        // The queue is sized to the fleet, as an operator sizes it: announced nodes may fill
+        // half of it, so it is twice the fleet. The node history keeps its default size (its
+        // own cost a node is printed apart, from the status API).
+        .yaml(&format!("work_queue_size: {}\n", n.max(1) * 2));
     settings.workers = 1;
     let mut prov = settings.start(&bins.join("choria-provisioner"), &dir)?;
     // Let it connect, run its first (empty) discovery and settle.

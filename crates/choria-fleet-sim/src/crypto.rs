@@ -108,6 +108,15 @@ pub enum TrustPath {
     Direct,
 }
 
+thread_local! {
+    /// The chain issuer credentials (org key, signed text, signature) the org issuer's
+    /// signature last verified for: every server JWT one provisioner signs carries the same
+    /// ones, so each node does not check the same signature again (the JWT's own signature and
+    /// the chain signature over its id are checked for every node).
+    static ORG_VERIFIED: std::cell::RefCell<Option<([u8; 32], String, Vec<u8>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Verify a server JWT against an organization issuer: the chain of a `C-` issuer as the tokens
 /// library checks it (issuer signature over the chain credentials, chain signature over the
 /// token id, the JWT signed by the chain key, `iat` equal to the KSUID time, `issexp` not
@@ -136,10 +145,17 @@ pub fn verify_server_jwt(
         .split_once('.')
         .filter(|(a, b)| !a.is_empty() && !b.is_empty() && !b.contains('.'))
         .ok_or("invalid trust chain signature")?;
-    let org_sig = hex::decode(org_tcs).map_err(|_| "invalid trust chain signature encoding")?;
-    let org_sig = ed25519_dalek::Signature::from_slice(&org_sig).map_err(|e| e.to_string())?;
-    org.verify(format!("{chain_id}.{chain_pub_hex}").as_bytes(), &org_sig)
-        .map_err(|_| "chain issuer credentials not signed by org issuer")?;
+    let org_sig_bytes =
+        hex::decode(org_tcs).map_err(|_| "invalid trust chain signature encoding")?;
+    let org_sig =
+        ed25519_dalek::Signature::from_slice(&org_sig_bytes).map_err(|e| e.to_string())?;
+    let signed = format!("{chain_id}.{chain_pub_hex}");
+    let seen = (org.to_bytes(), signed, org_sig_bytes);
+    if !ORG_VERIFIED.with(|v| v.borrow().as_ref() == Some(&seen)) {
+        org.verify(seen.1.as_bytes(), &org_sig)
+            .map_err(|_| "chain issuer credentials not signed by org issuer")?;
+        ORG_VERIFIED.with(|v| *v.borrow_mut() = Some(seen));
+    }
     let chain_key =
         ed25519_dalek::VerifyingKey::from_bytes(&chain_pub).map_err(|e| e.to_string())?;
     let jti = str_claim("jti");

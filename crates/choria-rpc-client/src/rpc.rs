@@ -13,7 +13,7 @@
 //! [`RequestErrorKind::NoResponders`] instead of waiting for its timeout. Broadcasts are published
 //! without one: many nodes answer them, and an empty collective is an empty discovery.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,6 +35,12 @@ use crate::protocol::{self, Filter, OutgoingRequest, Reply, Security};
 pub const PROVISIONING_LOCK_MSG: &str = "Could not obtain provisioning lock";
 
 /// How long to wait for the broker to confirm a new subscription.
+/// The longest a discovery with a sliding window goes on while replies keep coming
+/// ([`RpcClient::discover`]).
+pub const DISCOVERY_MAX_TIME: Duration = Duration::from_secs(30);
+/// The most identities one discovery keeps: beyond the largest fleets, and a bound on what
+/// forged replies can make it hold (about 60 bytes an identity).
+pub const MAX_DISCOVERED: usize = 4 << 20;
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the connection state is looked at for [`RpcClient::connection_watch`].
@@ -223,6 +229,7 @@ struct Counters {
     dropped_wrong_sender: AtomicU64,
     dropped_oversize: AtomicU64,
     unexpected: AtomicU64,
+    late_discovery: AtomicU64,
 }
 
 /// A snapshot of the reply-path counters.
@@ -247,6 +254,10 @@ pub struct ReplyStats {
     pub dropped_oversize: u64,
     /// Replies for no pending request (late, duplicate or unsolicited).
     pub unexpected: u64,
+    /// Discovery replies that came after their discovery had ended (or beyond
+    /// [`MAX_DISCOVERED`]): answering nodes the discovery did not count. Included in
+    /// `unexpected`.
+    pub late_discovery: u64,
 }
 
 impl ReplyStats {
@@ -285,6 +296,8 @@ struct Inner {
     opts: RpcOptions,
     reply_prefix: String,
     pending: PendingMap,
+    /// The request ids of the latest discoveries, to tell their late replies from others.
+    finished_discoveries: Mutex<VecDeque<String>>,
     counters: Counters,
     dispatcher: tokio::task::JoinHandle<()>,
     connected: watch::Sender<bool>,
@@ -381,6 +394,7 @@ impl RpcClient {
                 opts,
                 reply_prefix,
                 pending: Mutex::new(HashMap::new()),
+                finished_discoveries: Mutex::new(VecDeque::new()),
                 counters: Counters::default(),
                 dispatcher,
                 connected,
@@ -455,6 +469,7 @@ impl RpcClient {
             dropped_wrong_sender: g(&c.dropped_wrong_sender),
             dropped_oversize: g(&c.dropped_oversize),
             unexpected: g(&c.unexpected),
+            late_discovery: g(&c.late_discovery),
         }
     }
 
@@ -611,6 +626,12 @@ impl RpcClient {
     /// Broadcast `discovery#ping` with `filter` and collect the identities that answer
     /// (de-duplicated, in arrival order). Ends at `timeout`, or, with `window`, that long after
     /// the last reply if that comes first (go-choria's sliding window).
+    ///
+    /// With a window, a discovery still receiving replies at `timeout` goes on until they pause
+    /// for the window, for at most [`DISCOVERY_MAX_TIME`]: a fleet too large to answer within
+    /// the timeout (hundreds of thousands of nodes) is found whole rather than cut off. At most
+    /// [`MAX_DISCOVERED`] identities are kept. Replies that come after the end (or beyond that
+    /// number) are counted in [`ReplyStats::late_discovery`].
     pub async fn discover(
         &self,
         filter: &Filter,
@@ -631,10 +652,22 @@ impl RpcClient {
         )?;
         let (tx, mut rx) = mpsc::unbounded_channel();
         lock(&self.inner.pending).insert(id.clone(), Pending::Discovery { tx });
+        {
+            let mut finished = self
+                .inner
+                .finished_discoveries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if finished.len() >= 16 {
+                finished.pop_front();
+            }
+            finished.push_back(id.clone());
+        }
         let _guard = PendingGuard {
             map: &self.inner.pending,
             id,
         };
+        let extended_deadline = start + timeout.max(DISCOVERY_MAX_TIME);
         // No NATS reply subject: a broadcast has many responders, and a no-responders status
         // would only end a discovery that finds nothing early.
         self.publish(
@@ -654,6 +687,13 @@ impl RpcClient {
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(identity)) => {
+                    if found.len() >= MAX_DISCOVERED {
+                        self.inner
+                            .counters
+                            .late_discovery
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let hash = hasher.hash_one(identity.as_str());
                     if seen.find(hash, |&i| found[i] == identity).is_none() {
                         seen.insert_unique(hash, found.len(), |&i| {
@@ -662,7 +702,8 @@ impl RpcClient {
                         found.push(identity);
                     }
                     if let Some(w) = window {
-                        deadline = (Instant::now() + w).min(hard_deadline);
+                        // Past the timeout only while replies keep coming.
+                        deadline = (Instant::now() + w).min(extended_deadline);
                     }
                 }
                 Ok(None) => {
@@ -684,7 +725,7 @@ impl RpcClient {
     }
 
     /// The provisioner's discovery: agent filter `choria_provision`, 2 s timeout, 300 ms
-    /// sliding window.
+    /// sliding window (so at most [`DISCOVERY_MAX_TIME`] while replies keep coming).
     pub async fn discover_provisionable(&self) -> Result<Vec<String>, RequestError> {
         self.discover(
             &Filter::with_agent("choria_provision"),
@@ -866,6 +907,15 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
     // discovery answers, timeouts) and need no parsing.
     if !lock(&inner.pending).contains_key(subject_id) {
         count(&c.unexpected);
+        let late = inner
+            .finished_discoveries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|id| id == subject_id);
+        if late {
+            count(&c.late_discovery);
+        }
         tracing::debug!(subject, "dropping reply for no pending request");
         return;
     }

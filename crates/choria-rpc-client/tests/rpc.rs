@@ -310,6 +310,63 @@ async fn discovery_of_hundreds_ends_with_the_sliding_window() {
     assert_eq!(rpc.pending(), 0);
 }
 
+/// A fleet that answers for longer than the discovery timeout (replies a little apart, each
+/// within the window) is found whole; a reply after the discovery ended is counted late.
+#[tokio::test]
+async fn discovery_goes_on_past_its_timeout_while_replies_come_and_counts_late_ones() {
+    let server = NatsServer::start();
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let mut broadcast = nc
+        .subscribe("provisioning.broadcast.agent.*")
+        .await
+        .unwrap();
+    connection::round_trip(&nc, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let count = 30;
+    let (late_tx, late_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let msg = broadcast.next().await.unwrap();
+        let req = ServerRequest::parse(&msg.payload).unwrap();
+        let reply_to = req.reply_to.clone().unwrap();
+        // 30 replies 50 ms apart: 1.5 s of answers against a 400 ms timeout.
+        for node in nodes(count) {
+            let out = build_reply(&req, &node, protocol::DISCOVERY_PONG).unwrap();
+            nc.publish(reply_to.clone(), out).await.unwrap();
+            nc.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // One more once the discovery has ended.
+        let _ = late_rx.await;
+        let out = build_reply(&req, "late.example.net", protocol::DISCOVERY_PONG).unwrap();
+        nc.publish(reply_to, out).await.unwrap();
+        nc.flush().await.unwrap();
+    });
+    let rpc = client(&server, Security::insecure("choria=p.mcollective")).await;
+    let start = Instant::now();
+    let found = rpc
+        .discover(
+            &protocol::Filter::with_agent("choria_provision"),
+            Duration::from_millis(400),
+            Some(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(found.len(), count, "{took:?}");
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+    assert_eq!(rpc.stats().late_discovery, 0);
+    late_tx.send(()).unwrap();
+    for _ in 0..100 {
+        if rpc.stats().late_discovery == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s = rpc.stats();
+    assert_eq!((s.late_discovery, s.unexpected), (1, 1));
+}
+
 #[tokio::test]
 async fn discovery_with_no_responders_ends_at_the_timeout() {
     let server = NatsServer::start();

@@ -1,7 +1,8 @@
-//! The cost of `Fleet::add` as the queue fills and overflows: 2× the capacity in new nodes,
-//! then the same flood again as forged re-announcements (every add hits a full queue), then
-//! Prints the nanoseconds per add for each tenth of each phase and fails (exit status 1) when
-//! the last tenth of a phase costs more than three times the phase's median tenth, which an
+//! The cost of `Fleet::add` as the queue fills and overflows: ten times the capacity in new
+//! discovered nodes (the queue, then the discovery backlog of four times the queue, then as many
+//! again dropped), then the same flood again as forged re-announcements (every add hits a full
+//! queue). Prints the nanoseconds per add for each tenth of each phase and fails (exit status 1)
+//! when the last tenth of a phase costs more than three times the phase's median tenth, which an
 //! O(queue) step per add would (a hash table's growth makes single tenths jump, not the last).
 //!
 //! `cargo bench -p provision-core --bench fleet_add [-- CAPACITY]` (default 250,000, the
@@ -9,6 +10,7 @@
 
 use std::time::Instant;
 
+use provision_core::fleet::BACKLOG_FACTOR;
 use provision_core::testing::{FakeHelper, FakeNode, TOKEN};
 use provision_core::{AddResult, Fleet, ProvisionConfig, Provisioner, Source};
 
@@ -26,25 +28,28 @@ fn main() {
         )
         .build();
     let fleet = Fleet::with_capacity(provisioner, capacity);
-    let names: Vec<String> = (0..capacity * 2)
+    // The queue, the backlog behind it (BACKLOG_FACTOR times the queue) and as much again
+    // dropped from both.
+    let names: Vec<String> = (0..capacity * (2 + 2 * BACKLOG_FACTOR))
         .map(|n| format!("node-{n}.example.net"))
         .collect();
     let mut worst = 1.0f64;
     for (phase, source) in [
-        ("discovery, 2x capacity", Source::Discovery),
+        ("discovery, 10x capacity", Source::Discovery),
         ("forged events, queue full", Source::Event),
     ] {
         let tenth = names.len() / 10;
         let mut costs = Vec::new();
-        let mut results = [0usize; 3];
+        let mut results = [0usize; 4];
         let mut line = String::new();
         for chunk in names.chunks(tenth) {
             let started = Instant::now();
             for name in chunk {
                 match fleet.add(name, source) {
                     AddResult::Queued => results[0] += 1,
-                    AddResult::QueueFull => results[1] += 1,
-                    _ => results[2] += 1,
+                    AddResult::Backlogged => results[1] += 1,
+                    AddResult::QueueFull => results[2] += 1,
+                    _ => results[3] += 1,
                 }
             }
             let ns = started.elapsed().as_nanos() as f64 / chunk.len() as f64;
@@ -56,11 +61,12 @@ fn main() {
         let median = costs[costs.len() / 2].max(1.0);
         worst = worst.max(last / median);
         println!(
-            "fleet_add phase=\"{phase}\" capacity={capacity} ns_per_add_by_tenth=[{}] queued={} full={} other={}",
+            "fleet_add phase=\"{phase}\" capacity={capacity} ns_per_add_by_tenth=[{}] queued={} backlogged={} full={} other={}",
             line.trim(),
             results[0],
             results[1],
-            results[2]
+            results[2],
+            results[3]
         );
     }
     println!(

@@ -15,7 +15,9 @@
 //! reaches is not left to a single try. A node that never answered is not kept (anyone can
 //! announce names by the thousand).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +38,11 @@ use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
 /// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
 /// themselves at once still fits in a bounded queue.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 250_000;
+/// Nodes found by discovery while the work queue is full wait in a backlog of identities (tens
+/// of bytes a node) up to this many times the queue's capacity, and move into the queue as it
+/// drains, so a fleet larger than the queue is provisioned without waiting an interval for the
+/// next discovery. Each discovery replaces the backlog with what it found.
+pub const BACKLOG_FACTOR: usize = 4;
 /// How long a provisioned or shut-down node stays known.
 pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
 /// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
@@ -87,7 +94,7 @@ enum State {
 #[derive(Debug)]
 struct Entry {
     added: Instant,
-    generation: u64,
+    generation: u32,
     state: State,
     lane: Source,
     /// Tries an announced node has had (0 for a discovered one).
@@ -105,21 +112,49 @@ enum After {
     Retry,
 }
 
-/// The host table and the two lanes of the queue. A lane may hold stale entries (a node
-/// queued again, promoted to the discovery lane, or forgotten); they are counted as they
-/// appear, skipped when taken, and compacted away only once they outnumber the live ones, so
-/// every operation is O(1) amortised however full the queue is.
+/// A known node: its identity and its entry.
+struct Slot {
+    id: Arc<str>,
+    entry: Entry,
+}
+
+/// A queue entry: a node's slot and the generation it was queued with.
+type LaneEntry = (u32, u32);
+
+/// The host table and the two lanes of the queue.
+///
+/// Nodes live in a slab of slots found by identity through a hash index of slot numbers, and
+/// the lanes hold slot numbers: a waiting node costs its identity, one slot and a few bytes of
+/// index and lane (about 130 bytes a node with a 25-character identity), so a queue sized to a
+/// million-node fleet fits in a bounded, predictable amount of memory. The index hashes with a
+/// per-process random key, since identities come from the network.
+///
+/// A lane may hold stale entries (a node queued again, promoted to the discovery lane, or
+/// forgotten); they are counted as they appear, skipped when taken, and compacted away only
+/// once they outnumber the live ones, so every operation is O(1) amortised however full the
+/// queue is.
 #[derive(Default)]
 struct Table {
-    hosts: HashMap<Arc<str>, Entry>,
+    slots: Vec<Option<Slot>>,
+    /// Slots freed by forgotten nodes, used again first.
+    free: Vec<u32>,
+    /// Slot numbers by identity.
+    index: hashbrown::HashTable<u32>,
+    hasher: RandomState,
+    /// Nodes in the table.
+    len: usize,
     /// Nodes found by discovery (or found by it after announcing themselves).
-    discovered: VecDeque<(Arc<str>, u64)>,
+    discovered: VecDeque<LaneEntry>,
     /// Nodes only known from a startup event.
-    announced: VecDeque<(Arc<str>, u64)>,
+    announced: VecDeque<LaneEntry>,
+    /// Nodes the latest discovery found while the queue was full, not in the table yet.
+    backlog: VecDeque<Box<str>>,
     /// Stale entries in `discovered` and `announced`.
     stale_discovered: usize,
     stale_announced: usize,
-    next_generation: u64,
+    /// Generations tell a node's current queue entry from its stale ones; they wrap, and a
+    /// stale entry lives at most until the next compaction, far fewer than 2^32 adds later.
+    next_generation: u32,
     /// Workers busy with a node from the event lane.
     event_busy: usize,
     /// The event lane's turn comes next.
@@ -129,7 +164,163 @@ struct Table {
 }
 
 impl Table {
-    fn lane(&mut self, source: Source) -> &mut VecDeque<(Arc<str>, u64)> {
+    fn find(&self, identity: &str) -> Option<u32> {
+        let hash = self.hasher.hash_one(identity);
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&s| {
+                slots[s as usize]
+                    .as_ref()
+                    .is_some_and(|x| &*x.id == identity)
+            })
+            .copied()
+    }
+
+    fn get(&self, identity: &str) -> Option<&Entry> {
+        let s = self.find(identity)?;
+        self.slots[s as usize].as_ref().map(|x| &x.entry)
+    }
+
+    fn get_mut(&mut self, identity: &str) -> Option<&mut Entry> {
+        let s = self.find(identity)?;
+        self.slots[s as usize].as_mut().map(|x| &mut x.entry)
+    }
+
+    fn slot(&self, slot: u32) -> Option<&Slot> {
+        self.slots.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// Whether `ticket` is its node's current queue entry.
+    fn current(&self, (slot, generation): LaneEntry) -> bool {
+        self.slot(slot)
+            .is_some_and(|x| x.entry.generation == generation && x.entry.state == State::Queued)
+    }
+
+    /// Sets `identity`'s entry, adding the node if it is not known; returns its slot.
+    fn set(&mut self, identity: &str, entry: Entry) -> u32 {
+        if let Some(s) = self.find(identity) {
+            if let Some(x) = self.slots[s as usize].as_mut() {
+                x.entry = entry;
+            }
+            return s;
+        }
+        let slot = Slot {
+            id: Arc::from(identity),
+            entry,
+        };
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(slot);
+                s
+            }
+            None => {
+                // A table never holds 2^32 nodes: the queue and the holds are bounded far
+                // below that by memory.
+                let s = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(Some(slot));
+                s
+            }
+        };
+        let Table {
+            index,
+            slots,
+            hasher,
+            ..
+        } = self;
+        let hash = hasher.hash_one(identity);
+        index.insert_unique(hash, s, |&k| {
+            slots[k as usize]
+                .as_ref()
+                .map_or(0, |x| hasher.hash_one(&*x.id))
+        });
+        self.len += 1;
+        s
+    }
+
+    /// Forgets the node in `slot`, returning its identity and entry.
+    fn remove_slot(&mut self, slot: u32) -> Option<(Arc<str>, Entry)> {
+        let x = self.slots.get_mut(slot as usize)?.take()?;
+        let hash = self.hasher.hash_one(&*x.id);
+        if let Ok(found) = self.index.find_entry(hash, |&k| k == slot) {
+            found.remove();
+        }
+        self.free.push(slot);
+        self.len -= 1;
+        Some((x.id, x.entry))
+    }
+
+    /// Forgets `identity`, returning its entry.
+    fn remove(&mut self, identity: &str) -> Option<Entry> {
+        let s = self.find(identity)?;
+        self.remove_slot(s).map(|(_, e)| e)
+    }
+
+    /// Forgets every node and empties both lanes.
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.free.clear();
+        self.index.clear();
+        self.discovered.clear();
+        self.announced.clear();
+        self.backlog = VecDeque::new();
+        self.slots.shrink_to(1024);
+        self.free.shrink_to(1024);
+        self.index.shrink_to(1024, |_| 0);
+        self.discovered.shrink_to(1024);
+        self.announced.shrink_to(1024);
+        self.len = 0;
+        self.stale_discovered = 0;
+        self.stale_announced = 0;
+    }
+
+    /// Queues a node found by discovery: a new entry in the discovery lane, or an announced
+    /// node still waiting (or waiting for its next try) moved there. Returns false when the
+    /// node is already queued by discovery, being provisioned or held.
+    fn queue_discovered(&mut self, identity: &str, now: Instant) -> bool {
+        let added = match self.get(identity) {
+            None => now,
+            Some(e) if e.state == State::Queued && e.lane == Source::Event => {
+                let added = e.added;
+                self.retire(Source::Event);
+                added
+            }
+            Some(e) if matches!(e.state, State::Retry(_)) => now,
+            Some(_) => return false,
+        };
+        self.next_generation = self.next_generation.wrapping_add(1);
+        let generation = self.next_generation;
+        let slot = self.set(
+            identity,
+            Entry {
+                added,
+                generation,
+                state: State::Queued,
+                lane: Source::Discovery,
+                tries: 0,
+            },
+        );
+        self.discovered.push_back((slot, generation));
+        true
+    }
+
+    /// Moves nodes from the discovery backlog into the queue while it has room, at most 64 a
+    /// call (each call takes one node off the queue, so the queue stays full).
+    fn refill(&mut self, capacity: usize, now: Instant) {
+        let mut moved = 0;
+        while moved < 64 && self.queued() < capacity {
+            let Some(id) = self.backlog.pop_front() else {
+                break;
+            };
+            if self.queue_discovered(&id, now) {
+                moved += 1;
+            }
+        }
+        if self.backlog.is_empty() && self.backlog.capacity() > 1024 {
+            self.backlog = VecDeque::new();
+        }
+    }
+
+    fn lane(&mut self, source: Source) -> &mut VecDeque<LaneEntry> {
         match source {
             Source::Discovery => &mut self.discovered,
             Source::Event => &mut self.announced,
@@ -169,19 +360,12 @@ impl Table {
 
     /// Drops queue entries left behind by replaced or removed nodes.
     fn compact(&mut self) {
-        let Table {
-            hosts,
-            discovered,
-            announced,
-            ..
-        } = self;
-        for q in [discovered, announced] {
-            q.retain(|(id, g)| {
-                hosts
-                    .get(id)
-                    .is_some_and(|e| e.generation == *g && e.state == State::Queued)
-            });
-        }
+        let mut discovered = std::mem::take(&mut self.discovered);
+        let mut announced = std::mem::take(&mut self.announced);
+        discovered.retain(|&t| self.current(t));
+        announced.retain(|&t| self.current(t));
+        self.discovered = discovered;
+        self.announced = announced;
         self.stale_discovered = 0;
         self.stale_announced = 0;
     }
@@ -216,7 +400,11 @@ pub enum AddResult {
     Queued,
     /// Already known (queued within the interval, being provisioned, or held).
     Known,
-    /// The queue is full; the node was dropped and will be found by a later discovery.
+    /// Found by discovery while the queue is full: kept in the discovery backlog and queued
+    /// as the queue drains ([`BACKLOG_FACTOR`]).
+    Backlogged,
+    /// The queue (and for discovery, the backlog) is full; the node was dropped and will be
+    /// found by a later discovery.
     QueueFull,
     /// The identity is not valid; nothing is done for it.
     Refused(IdentityError),
@@ -239,6 +427,7 @@ pub struct Fleet {
     full: LogSummary,
     unanswered: LogSummary,
     unclaimed: LogSummary,
+    backlogged: LogSummary,
 }
 
 impl Fleet {
@@ -261,6 +450,9 @@ impl Fleet {
             full: LogSummary::new("nodes dropped from a full work queue"),
             unanswered: LogSummary::new("announced nodes that no server serves (no responders)"),
             unclaimed: LogSummary::new("nodes not started because their claim failed"),
+            backlogged: LogSummary::new(
+                "discovered nodes kept in the discovery backlog of a full work queue",
+            ),
         })
     }
 
@@ -278,7 +470,7 @@ impl Fleet {
     fn report(&self, t: &Table) {
         let o = self.provisioner.observer();
         o.work_queue_entries(t.queued());
-        o.waiting_nodes(t.hosts.len());
+        o.waiting_nodes(t.len + t.backlog.len());
     }
 
     /// Queues `identity` unless it is already known or not a valid identity. A node queued more
@@ -325,7 +517,7 @@ impl Fleet {
             return AddResult::Paused;
         }
         let mut promote = false;
-        if let Some(e) = t.hosts.get(identity) {
+        if let Some(e) = t.get(identity) {
             let known = match e.state {
                 State::Working => true,
                 State::Held(until) => until > now,
@@ -346,6 +538,24 @@ impl Fleet {
         };
         if !promote && (t.queued() >= self.capacity || t.live(source) >= lane_cap) {
             let (queued, capacity) = (t.queued(), self.capacity);
+            let backlog_cap = self.capacity.saturating_mul(BACKLOG_FACTOR);
+            if source == Source::Discovery && t.backlog.len() < backlog_cap {
+                t.backlog.push_back(Box::from(identity));
+                let backlog = t.backlog.len();
+                self.report(&t);
+                drop(t);
+                self.backlogged.record(|| {
+                    format!(
+                        "The work queue is full with {queued} / {capacity} entries: {identity} \
+                         waits in the discovery backlog ({backlog} nodes) and is queued as \
+                         the queue drains"
+                    )
+                });
+                let o = self.provisioner.observer();
+                o.discovered();
+                o.node_event(identity, &NodeEvent::Queued { source });
+                return AddResult::Backlogged;
+            }
             self.report(&t);
             drop(t);
             self.full.record(|| {
@@ -356,11 +566,10 @@ impl Fleet {
             });
             return AddResult::QueueFull;
         }
-        t.next_generation += 1;
+        t.next_generation = t.next_generation.wrapping_add(1);
         let generation = t.next_generation;
-        let key: Arc<str> = Arc::from(identity);
         // A promoted node keeps the time it was first announced (staleness counts from then).
-        let (added, replaced) = match t.hosts.get(identity) {
+        let (added, replaced) = match t.get(identity) {
             Some(e) if promote => (e.added, Some(e.lane)),
             Some(e) if e.state == State::Queued => (now, Some(e.lane)),
             _ => (now, None),
@@ -368,8 +577,8 @@ impl Fleet {
         if let Some(lane) = replaced {
             t.retire(lane);
         }
-        t.hosts.insert(
-            key.clone(),
+        let slot = t.set(
+            identity,
             Entry {
                 added,
                 generation,
@@ -378,7 +587,7 @@ impl Fleet {
                 tries: 0,
             },
         );
-        t.lane(source).push_back((key, generation));
+        t.lane(source).push_back((slot, generation));
         let queued = t.queued();
         self.report(&t);
         drop(t);
@@ -409,10 +618,23 @@ impl Fleet {
         AddResult::Queued
     }
 
+    /// A new discovery's nodes are about to be added: the backlog of the previous one is
+    /// dropped (every node in it that still waits has answered the new discovery too).
+    pub fn new_discovery(&self) {
+        let mut t = self.lock();
+        t.backlog = VecDeque::new();
+        self.report(&t);
+    }
+
+    /// Nodes waiting in the discovery backlog (found while the queue was full).
+    pub fn backlog(&self) -> usize {
+        self.lock().backlog.len()
+    }
+
     /// Forgets `identity`.
     pub fn remove(&self, identity: &str) {
         let mut t = self.lock();
-        if let Some(e) = t.hosts.remove(identity) {
+        if let Some(e) = t.remove(identity) {
             if e.state == State::Queued {
                 t.retire(e.lane);
             }
@@ -428,14 +650,7 @@ impl Fleet {
     }
 
     fn forget_all(t: &mut Table) {
-        t.hosts.clear();
-        t.discovered.clear();
-        t.announced.clear();
-        t.hosts.shrink_to(1024);
-        t.discovered.shrink_to(1024);
-        t.announced.shrink_to(1024);
-        t.stale_discovered = 0;
-        t.stale_announced = 0;
+        t.clear();
     }
 
     /// Nodes being provisioned right now.
@@ -472,7 +687,7 @@ impl Fleet {
 
     /// Nodes in the host table.
     pub fn known(&self) -> usize {
-        self.lock().hosts.len()
+        self.lock().len
     }
 
     /// Entries in the work queue (both lanes).
@@ -484,12 +699,11 @@ impl Fleet {
     /// lane is empty): a long wait means announced nodes are not being taken fast enough.
     pub fn announced_oldest_wait(&self) -> Option<Duration> {
         let t = self.lock();
-        t.announced.iter().find_map(|(id, g)| {
-            t.hosts
-                .get(id)
-                .filter(|e| e.generation == *g && e.state == State::Queued)
-                .map(|e| e.added.elapsed())
-        })
+        t.announced
+            .iter()
+            .find(|&&ticket| t.current(ticket))
+            .and_then(|&(slot, _)| t.slot(slot))
+            .map(|x| x.entry.added.elapsed())
     }
 
     /// Entries waiting in the event lane (nodes only known from startup events).
@@ -499,7 +713,7 @@ impl Fleet {
 
     /// Whether `identity` is in the host table.
     pub fn is_known(&self, identity: &str) -> bool {
-        self.lock().hosts.contains_key(identity)
+        self.lock().find(identity).is_some()
     }
 
     /// Takes the next current entry off the queue, marking it as being worked on, with the
@@ -533,6 +747,7 @@ impl Fleet {
             return None;
         }
         let now = Instant::now();
+        t.refill(self.capacity, now);
         let max_wait = self.provisioner.config().interval() * 2;
         let event_workers = self.event_workers.load(Ordering::Relaxed);
         let order = if t.event_turn {
@@ -545,27 +760,25 @@ impl Fleet {
             if lane == Source::Event && t.event_busy >= event_workers {
                 continue;
             }
-            while let Some((id, generation)) = t.lane(lane).pop_front() {
-                let current = t
-                    .hosts
-                    .get(&id)
-                    .is_some_and(|e| e.generation == generation && e.state == State::Queued);
-                if !current {
+            while let Some(ticket) = t.lane(lane).pop_front() {
+                if !t.current(ticket) {
                     let n = t.stale(lane);
                     *n = n.saturating_sub(1);
                     continue;
                 }
-                let Some(e) = t.hosts.get_mut(&id) else {
+                let Some(x) = t.slots[ticket.0 as usize].as_mut() else {
                     continue;
                 };
-                let added = e.added;
+                let added = x.entry.added;
                 let waited = now.duration_since(added);
                 if waited > max_wait {
-                    t.hosts.remove(&id);
-                    stale.push((id, waited, lane));
+                    if let Some((id, _)) = t.remove_slot(ticket.0) {
+                        stale.push((id, waited, lane));
+                    }
                     continue;
                 }
-                e.state = State::Working;
+                x.entry.state = State::Working;
+                let id = x.id.clone();
                 if lane == Source::Event {
                     t.event_busy += 1;
                 }
@@ -585,7 +798,7 @@ impl Fleet {
         }
         let interval = self.provisioner.config().interval();
         let mut retry = None;
-        if let Some(e) = t.hosts.get_mut(identity) {
+        if let Some(e) = t.get_mut(identity) {
             if e.state == State::Working {
                 match after {
                     After::Hold(d) => e.state = State::Held(Instant::now() + d),
@@ -598,7 +811,7 @@ impl Fleet {
                         retry = Some((e.tries, wait));
                     }
                     After::Retry | After::Forget => {
-                        t.hosts.remove(identity);
+                        t.remove(identity);
                     }
                 }
             }
@@ -624,35 +837,39 @@ impl Fleet {
         let now = Instant::now();
         let mut t = self.lock();
         let mut due = Vec::new();
-        t.hosts.retain(|id, e| match e.state {
-            State::Held(until) => until > now,
-            State::Retry(at) if at <= now => {
-                due.push(id.clone());
-                true
+        let mut over = Vec::new();
+        for (s, x) in t.slots.iter().enumerate() {
+            let Some(x) = x else { continue };
+            match x.entry.state {
+                State::Held(until) if until <= now => over.push(s as u32),
+                State::Retry(at) if at <= now => due.push(s as u32),
+                _ => {}
             }
-            _ => true,
-        });
+        }
+        for s in over {
+            t.remove_slot(s);
+        }
         // Announced nodes whose next try is due go back to the event lane while it has room;
         // the rest are forgotten (discovery finds a real node again).
         let lane_cap = (self.capacity / 2).max(1);
         let mut requeued = Vec::new();
-        for id in due {
+        for s in due {
             let room =
                 !t.draining && t.queued() < self.capacity && t.live(Source::Event) < lane_cap;
             if !room {
-                t.hosts.remove(&id);
+                t.remove_slot(s);
                 continue;
             }
-            t.next_generation += 1;
+            t.next_generation = t.next_generation.wrapping_add(1);
             let generation = t.next_generation;
-            if let Some(e) = t.hosts.get_mut(&id) {
-                e.state = State::Queued;
-                e.added = now;
-                e.generation = generation;
-                e.lane = Source::Event;
+            if let Some(x) = t.slots[s as usize].as_mut() {
+                x.entry.state = State::Queued;
+                x.entry.added = now;
+                x.entry.generation = generation;
+                x.entry.lane = Source::Event;
+                requeued.push(x.id.clone());
             }
-            t.announced.push_back((id.clone(), generation));
-            requeued.push(id);
+            t.announced.push_back((s, generation));
         }
         self.report(&t);
         drop(t);
@@ -670,6 +887,7 @@ impl Fleet {
         self.full.flush();
         self.unanswered.flush();
         self.unclaimed.flush();
+        self.backlogged.flush();
     }
 
     /// Provisions `host`; `_in_flight` counts the cycle for [`Fleet::drain`] until it ends.

@@ -58,24 +58,68 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn full_queue_drops_new_nodes() {
+async fn full_queue_backlogs_discovered_nodes_then_drops_them() {
     let node = FakeNode::new();
+    let obs = CountingObserver::default();
     let fleet = Fleet::with_capacity(
-        provisioner(
-            token(),
-            &node,
-            &FakeHelper::replying(good_reply()),
-            &CountingObserver::default(),
-        ),
+        provisioner(token(), &node, &FakeHelper::replying(good_reply()), &obs),
         2,
     );
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
     assert_eq!(fleet.add("b", Source::Discovery), AddResult::Queued);
-    assert_eq!(fleet.add("c", Source::Discovery), AddResult::QueueFull);
-    assert!(!fleet.is_known("c"));
+    // Beyond the queue, discovered nodes wait in the backlog, four times the queue at most.
+    for n in 0..8 {
+        assert_eq!(
+            fleet.add(&format!("c{n}"), Source::Discovery),
+            AddResult::Backlogged
+        );
+    }
+    assert_eq!(fleet.add("d", Source::Discovery), AddResult::QueueFull);
+    assert_eq!(fleet.add("e", Source::Event), AddResult::QueueFull);
+    assert!(!fleet.is_known("c0"));
+    assert_eq!((fleet.queued(), fleet.backlog()), (2, 8));
+    // Every node that answered is counted as discovered, the dropped one too is not.
+    assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 10);
+    // A new discovery replaces the backlog with what it finds.
+    fleet.new_discovery();
+    assert_eq!(fleet.backlog(), 0);
     // Room made by removing a node is found again.
     fleet.remove("a");
-    assert_eq!(fleet.add("c", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("d", Source::Discovery), AddResult::Queued);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_backlog_is_provisioned_as_the_queue_drains_without_another_discovery() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::with_capacity(
+        provisioner(token(), &node, &FakeHelper::replying(good_reply()), &obs),
+        3,
+    );
+    // An announced node that the backlog reaches moves to the discovery lane once.
+    assert_eq!(fleet.add("n5", Source::Event), AddResult::Queued);
+    for n in 0..12 {
+        let r = fleet.add(&format!("n{n}"), Source::Discovery);
+        assert!(
+            matches!(
+                r,
+                AddResult::Queued | AddResult::Known | AddResult::Backlogged
+            ),
+            "{r:?}"
+        );
+    }
+    assert!(fleet.backlog() >= 9, "{}", fleet.backlog());
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("twelve nodes provisioned", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 12
+    })
+    .await;
+    // Each node configured once: the announced one was not provisioned twice.
+    assert_eq!(node.count(Action::Configure), 12);
+    assert_eq!((fleet.queued(), fleet.backlog()), (0, 0));
+    stop.cancel();
+    run.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -350,7 +394,7 @@ async fn announced_nodes_hold_half_the_queue_at_most() {
     assert_eq!(fleet.add("e3", Source::Event), AddResult::QueueFull);
     assert_eq!(fleet.add("d1", Source::Discovery), AddResult::Queued);
     assert_eq!(fleet.add("d2", Source::Discovery), AddResult::Queued);
-    assert_eq!(fleet.add("d3", Source::Discovery), AddResult::QueueFull);
+    assert_eq!(fleet.add("d3", Source::Discovery), AddResult::Backlogged);
 }
 
 #[tokio::test(start_paused = true)]

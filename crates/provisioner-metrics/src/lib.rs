@@ -169,8 +169,8 @@ pub struct Metrics {
     /// not take (a full disk, say), each cut back to its last whole line (not in the Go set).
     pub audit_write_errors: Counter,
     /// `choria_provisioner_dropped_messages`: messages the connection dropped because they were
-    /// not read in time (slow consumer events; not in the Go set). Zero means every discovery
-    /// reply was read.
+    /// not read in time (slow consumer events), and discovery replies that came after their
+    /// discovery had ended (not in the Go set). Zero means every discovery reply was read.
     pub dropped_messages: Counter,
     /// `choria_provisioner_campaign_nodes`: the nodes of the rotation campaign by state
     /// (`pending`, `in_flight`, `done`, `failed`, in [`CAMPAIGN_STATES`] order), as the campaign
@@ -318,7 +318,7 @@ const HELP: &[(&str, &str, &str)] = &[
     (
         "choria_provisioner_dropped_messages",
         "counter",
-        "How many messages the broker connection dropped because the provisioner did not read them in time (slow consumer), discovery replies among them",
+        "How many messages the broker connection dropped because the provisioner did not read them in time (slow consumer), and discovery replies that came after their discovery had ended",
     ),
     (
         "choria_provisioner_event_discovered",

@@ -747,6 +747,7 @@ async fn discover(
     // The pause state the provisioner checks (leader election pauses it).
     let pause = fleet.provisioner().pause_state().clone();
     let mut early: Option<tokio::time::Instant> = None;
+    let mut late_seen = client.stats().late_discovery;
     loop {
         if pause.paused() {
             warn!("Skipping discovery while paused");
@@ -756,6 +757,7 @@ async fn discover(
             match client.discover_provisionable().await {
                 Ok(nodes) => {
                     info!("discovered {} nodes waiting for provisioning", nodes.len());
+                    fleet.new_discovery();
                     for id in &nodes {
                         if add_node(&fleet, spreader.as_deref(), id, Source::Discovery)
                             == AddResult::Queued
@@ -768,6 +770,17 @@ async fn discover(
                     metrics.discovery_error();
                     error!("Could not discover nodes: {e}");
                 }
+            }
+            // Answers that came after their discovery ended (or beyond what one discovery
+            // keeps) are nodes it did not count: counted as dropped and said once a cycle.
+            let late = client.stats().late_discovery;
+            if late > late_seen {
+                metrics.dropped_messages.inc_by(late - late_seen);
+                warn!(
+                    "{} discovery replies came after their discovery had ended; those nodes are found by the next discovery or their startup events",
+                    late - late_seen
+                );
+                late_seen = late;
             }
         }
         let next = tokio::time::Instant::now() + config.provision.interval();

@@ -44,7 +44,8 @@ impl Node {
             Ok(a) => a,
             Err(r) => return r,
         };
-        let key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+        // The thread's CSPRNG (seeded from the OS) rather than a system call per key.
+        let key = ed25519_dalek::SigningKey::generate(&mut rand::thread_rng());
         let public = key.verifying_key().to_bytes();
         let signed: Vec<u8> = if is_affected(FaultKind::BadNonce, identity, env.faults.bad_nonce) {
             format!("not-{}", args.str(1)).into_bytes()
