@@ -108,12 +108,16 @@ pub enum TrustPath {
     Direct,
 }
 
+/// Chain issuer credentials as the org issuer signed them: its key, the signed text, the
+/// signature.
+type OrgSigned = ([u8; 32], String, Vec<u8>);
+
 thread_local! {
     /// The chain issuer credentials (org key, signed text, signature) the org issuer's
     /// signature last verified for: every server JWT one provisioner signs carries the same
     /// ones, so each node does not check the same signature again (the JWT's own signature and
     /// the chain signature over its id are checked for every node).
-    static ORG_VERIFIED: std::cell::RefCell<Option<([u8; 32], String, Vec<u8>)>> =
+    static ORG_VERIFIED: std::cell::RefCell<Option<OrgSigned>> =
         const { std::cell::RefCell::new(None) };
 }
 
