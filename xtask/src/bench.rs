@@ -51,6 +51,12 @@ pub struct Args {
     /// prints the medians and the loss in nodes a minute.
     #[arg(long, value_name = "FILE")]
     rego_policy: Option<PathBuf>,
+    /// Instead: three runs of the fleet without and three with N forged startup events
+    /// published beside it (a second simulator announcing nodes that do not exist, as anyone
+    /// holding a provisioning JWT can), alternating; prints the medians and the loss in nodes a
+    /// minute, and fails above 20%.
+    #[arg(long, value_name = "N")]
+    forged_events: Option<usize>,
     /// Instead: active-active scaling on a three-server cluster, one replica then R; prints
     /// the ratio last (bench_replicas.rs).
     #[arg(long, value_name = "R")]
@@ -163,7 +169,7 @@ fn contender(
     helper: HelperKind,
     label: &str,
 ) -> Result<Figures> {
-    contender_with(args, bins, go_bin, helper, label, "")
+    contender_with(args, bins, go_bin, helper, label, "", 0)
 }
 
 /// The simulator's provisioned count from its latest progress line in `log`.
@@ -174,7 +180,8 @@ fn sim_progress(log: &Path) -> Option<usize> {
         .find_map(test_support::simulator::progress_provisioned)
 }
 
-/// [`contender`] with more provisioner YAML.
+/// [`contender`] with more provisioner YAML, and `forged` startup events of nodes that do not
+/// exist published beside the fleet from the provisioner's start.
 fn contender_with(
     args: &Args,
     bins: &Path,
@@ -182,6 +189,7 @@ fn contender_with(
     helper: HelperKind,
     label: &str,
     extra_yaml: &str,
+    forged: usize,
 ) -> Result<Figures> {
     let dir = root().join("target/bench").join(label);
     let _ = std::fs::remove_dir_all(&dir);
@@ -246,6 +254,15 @@ fn contender_with(
     let started = Instant::now();
     let mut prov = launch.spawn()?;
     let pid = prov.pid();
+    // The flood: one simulator whose only real node is announced after every forged one.
+    let _flood = if forged > 0 {
+        let mut cmd =
+            files.fleet_sim(bins, &url, 1, args.mode, "forged", &dir.join("flood.log"))?;
+        cmd.args(["--bogus-events", &forged.to_string(), "--startup-rate", "1"]);
+        Some(Proc::spawn("choria-fleet-sim (flood)", &mut cmd)?)
+    } else {
+        None
+    };
     let mut peak = 0.0f64;
     let mut cpu = 0.0f64;
     let mut sim_peak = 0.0f64;
@@ -420,6 +437,9 @@ pub fn main(mut args: Args) -> Result<()> {
     if let Some(policy) = &args.rego_policy {
         return rego_policy_probe(&args, &bins, policy);
     }
+    if let Some(n) = args.forged_events {
+        return forged_probe(&args, &bins, n);
+    }
     if let Some(replicas) = args.replicas {
         return crate::bench_replicas::main(
             &bins,
@@ -586,6 +606,7 @@ fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
             helper,
             &format!("rust-no-policy-{round}"),
             "",
+            0,
         )?;
         let w = contender_with(
             args,
@@ -594,6 +615,7 @@ fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
             helper,
             &format!("rust-rego-policy-{round}"),
             &yaml,
+            0,
         )?;
         for (f, label) in [(&n, "no policy"), (&w, "rego policy")] {
             if f.provisioned < args.nodes || f.failures > 0.0 {
@@ -617,6 +639,60 @@ fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
     );
     if loss > 10.0 {
         bail!("the rego_policy costs {loss:.1}% of the nodes a minute (at most 10%)");
+    }
+    Ok(())
+}
+
+/// Three runs without a flood and three with `forged` forged startup events beside the fleet,
+/// alternating; the medians and the loss in nodes a minute (at most 20%).
+fn forged_probe(args: &Args, bins: &Path, forged: usize) -> Result<()> {
+    let helper = args.helper.first().copied().unwrap_or(HelperKind::Exec);
+    let (mut none, mut with, mut cpu_none, mut cpu_with) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=3 {
+        let n = contender_with(
+            args,
+            bins,
+            None,
+            helper,
+            &format!("rust-no-flood-{round}"),
+            "",
+            0,
+        )?;
+        let w = contender_with(
+            args,
+            bins,
+            None,
+            helper,
+            &format!("rust-flood-{round}"),
+            "",
+            forged,
+        )?;
+        for (f, label) in [(&n, "no flood"), (&w, "flood")] {
+            if f.provisioned < args.nodes {
+                bail!(
+                    "{label} round {round}: {}/{} provisioned",
+                    f.provisioned,
+                    args.nodes
+                );
+            }
+        }
+        none.push(n.per_min);
+        with.push(w.per_min);
+        cpu_none.push(n.cpu_s);
+        cpu_with.push(w.cpu_s);
+    }
+    let (n, w) = (median(none.clone()), median(with.clone()));
+    let loss = if n > 0.0 { (n - w) / n * 100.0 } else { 0.0 };
+    println!(
+        "bench: forged_events={forged} mode={} nodes={} no_flood_per_min={n:.0} flood_per_min={w:.0} loss_pct={loss:.1} daemon_cpu_s_no_flood={:.2} daemon_cpu_s_flood={:.2} runs_no_flood={none:.0?} runs_flood={with:.0?}",
+        args.mode.name(),
+        args.nodes,
+        median(cpu_none),
+        median(cpu_with),
+    );
+    if loss > 20.0 {
+        bail!("{forged} forged startup events cost {loss:.1}% of the fleet's nodes a minute (at most 20%)");
     }
     Ok(())
 }

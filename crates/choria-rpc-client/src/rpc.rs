@@ -283,9 +283,9 @@ enum Pending {
         target: String,
         tx: oneshot::Sender<Delivery>,
     },
-    Discovery {
-        tx: mpsc::UnboundedSender<String>,
-    },
+    /// Discovery replies go to the discovery unparsed: it checks them itself, so that the
+    /// answers of a large fleet never hold up directed replies behind them in the dispatcher.
+    Discovery { tx: mpsc::UnboundedSender<Bytes> },
 }
 
 type PendingMap = Mutex<HashMap<String, Pending>>;
@@ -663,6 +663,7 @@ impl RpcClient {
             }
             finished.push_back(id.clone());
         }
+        let id_text = id.clone();
         let _guard = PendingGuard {
             map: &self.inner.pending,
             id,
@@ -686,7 +687,10 @@ impl RpcClient {
         let mut deadline = hard_deadline;
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(identity)) => {
+                Ok(Some(payload)) => {
+                    let Some(identity) = discovery_sender(&self.inner, &id_text, &payload) else {
+                        continue;
+                    };
                     if found.len() >= MAX_DISCOVERED {
                         self.inner
                             .counters
@@ -904,8 +908,19 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
         return;
     }
     // Cheap check first: replies for requests that already finished are common (late
-    // discovery answers, timeouts) and need no parsing.
-    if !lock(&inner.pending).contains_key(subject_id) {
+    // discovery answers, timeouts) and need no parsing. A discovery's replies are handed to it
+    // whole.
+    let known = match lock(&inner.pending).get(subject_id) {
+        None => false,
+        Some(Pending::Discovery { tx }) => {
+            // A discovery that has just ended drops what it no longer reads (the payload is
+            // shared, not copied).
+            let _ = tx.send(msg.payload.clone());
+            return;
+        }
+        Some(Pending::Directed { .. }) => true,
+    };
+    if !known {
         count(&c.unexpected);
         let late = inner
             .finished_discoveries
@@ -964,17 +979,45 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
                 let _ = tx.send(Delivery::Reply(reply));
             }
         }
-        Some(Pending::Discovery { tx }) => {
-            let sender = reply
-                .transport_sender
-                .filter(|s| !s.is_empty())
-                .unwrap_or(reply.sender);
-            if tx.send(sender).is_ok() {
-                count(&c.replies);
-            }
-        }
-        None => count(&c.unexpected),
+        _ => count(&c.unexpected),
     }
+}
+
+/// The sender of a reply to discovery `id`, when it is a well-formed reply of this client's
+/// protocol version to that request; anything else is counted and dropped as the dispatcher
+/// drops directed replies.
+fn discovery_sender(inner: &Inner, id: &str, payload: &[u8]) -> Option<String> {
+    let c = &inner.counters;
+    let reply = match protocol::parse_reply(payload) {
+        Ok(r) => r,
+        Err(e) => {
+            c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(request_id = id, error = %e, "dropping malformed discovery reply");
+            return None;
+        }
+    };
+    if reply.version != inner.security.version() {
+        c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(request_id = id, sender = %reply.sender, "dropping discovery reply in the wrong protocol version");
+        return None;
+    }
+    if reply.request_id != id {
+        c.dropped_wrong_request.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            request_id = id,
+            sender = %reply.sender,
+            reply_request_id = %reply.request_id,
+            "dropping discovery reply whose request id does not match its subject"
+        );
+        return None;
+    }
+    c.replies.fetch_add(1, Ordering::Relaxed);
+    Some(
+        reply
+            .transport_sender
+            .filter(|s| !s.is_empty())
+            .unwrap_or(reply.sender),
+    )
 }
 
 /// A broker status message on a reply subject. nats-server sends a no-responders status (503,

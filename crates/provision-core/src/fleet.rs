@@ -149,6 +149,11 @@ struct Table {
     announced: VecDeque<LaneEntry>,
     /// Nodes the latest discovery found while the queue was full, not in the table yet.
     backlog: VecDeque<Box<str>>,
+    /// Keyed hashes of the nodes whose cycle ended held (provisioned, say) while a backlog
+    /// waits: a backlog entry of such a node, reached after its hold is over, is stale (the
+    /// node announced itself and was provisioned meanwhile) and is skipped. Emptied with the
+    /// backlog.
+    done: hashbrown::HashTable<u64>,
     /// Stale entries in `discovered` and `announced`.
     stale_discovered: usize,
     stale_announced: usize,
@@ -263,6 +268,7 @@ impl Table {
         self.discovered.clear();
         self.announced.clear();
         self.backlog = VecDeque::new();
+        self.done = hashbrown::HashTable::new();
         self.slots.shrink_to(1024);
         self.free.shrink_to(1024);
         self.index.shrink_to(1024, |_| 0);
@@ -311,12 +317,33 @@ impl Table {
             let Some(id) = self.backlog.pop_front() else {
                 break;
             };
+            let hash = self.hasher.hash_one(&*id);
+            if self.done.find(hash, |&h| h == hash).is_some() {
+                continue;
+            }
             if self.queue_discovered(&id, now) {
                 moved += 1;
             }
         }
-        if self.backlog.is_empty() && self.backlog.capacity() > 1024 {
-            self.backlog = VecDeque::new();
+        if self.backlog.is_empty() {
+            self.end_backlog();
+        }
+    }
+
+    /// Drops the backlog and what was remembered beside it.
+    fn end_backlog(&mut self) {
+        self.backlog = VecDeque::new();
+        self.done = hashbrown::HashTable::new();
+    }
+
+    /// Remembers that `identity`'s cycle ended held, while a backlog waits.
+    fn remember_done(&mut self, identity: &str) {
+        if self.backlog.is_empty() {
+            return;
+        }
+        let hash = self.hasher.hash_one(identity);
+        if self.done.find(hash, |&h| h == hash).is_none() {
+            self.done.insert_unique(hash, hash, |&h| h);
         }
     }
 
@@ -517,17 +544,26 @@ impl Fleet {
             return AddResult::Paused;
         }
         let mut promote = false;
+        let mut replace = false;
         if let Some(e) = t.get(identity) {
             let known = match e.state {
                 State::Working => true,
                 State::Held(until) => until > now,
-                State::Queued => now.duration_since(e.added) < interval,
+                // A discovered node's startup event does not move it to the event lane.
+                State::Queued => {
+                    now.duration_since(e.added) < interval
+                        || (e.lane == Source::Discovery && source == Source::Event)
+                }
                 // A node waiting for its next try is queued at once when discovery finds it or
                 // it announces itself again (a restarted server).
                 State::Retry(_) => false,
             };
             promote =
                 e.state == State::Queued && e.lane == Source::Event && source == Source::Discovery;
+            // Found again after an interval in the queue: its entry is renewed in place (it
+            // already has its place, so a full queue does not matter), and its wait counts
+            // from now, so a queue longer than two intervals of work does not drop it.
+            replace = e.state == State::Queued && e.lane == source;
             if known && !promote {
                 return AddResult::Known;
             }
@@ -536,7 +572,7 @@ impl Fleet {
             Source::Discovery => self.capacity,
             Source::Event => (self.capacity / 2).max(1),
         };
-        if !promote && (t.queued() >= self.capacity || t.live(source) >= lane_cap) {
+        if !promote && !replace && (t.queued() >= self.capacity || t.live(source) >= lane_cap) {
             let (queued, capacity) = (t.queued(), self.capacity);
             let backlog_cap = self.capacity.saturating_mul(BACKLOG_FACTOR);
             if source == Source::Discovery && t.backlog.len() < backlog_cap {
@@ -622,7 +658,7 @@ impl Fleet {
     /// dropped (every node in it that still waits has answered the new discovery too).
     pub fn new_discovery(&self) {
         let mut t = self.lock();
-        t.backlog = VecDeque::new();
+        t.end_backlog();
         self.report(&t);
     }
 
@@ -798,10 +834,14 @@ impl Fleet {
         }
         let interval = self.provisioner.config().interval();
         let mut retry = None;
+        let mut held = false;
         if let Some(e) = t.get_mut(identity) {
             if e.state == State::Working {
                 match after {
-                    After::Hold(d) => e.state = State::Held(Instant::now() + d),
+                    After::Hold(d) => {
+                        e.state = State::Held(Instant::now() + d);
+                        held = true;
+                    }
                     After::Retry if e.tries + 1 < ANNOUNCED_TRIES => {
                         e.tries += 1;
                         let wait = ANNOUNCED_RETRY
@@ -815,6 +855,9 @@ impl Fleet {
                     }
                 }
             }
+        }
+        if held {
+            t.remember_done(identity);
         }
         if let Some((tries, wait)) = retry {
             debug!(
@@ -1060,5 +1103,49 @@ impl Fleet {
             }
         });
         while set.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backlog_entry_of_a_node_done_meanwhile_is_skipped() {
+        let now = Instant::now();
+        let mut t = Table::default();
+        // Nothing is remembered without a backlog.
+        t.remember_done("x");
+        assert_eq!(t.done.len(), 0);
+        t.backlog.extend(["a", "b", "c"].map(Box::from));
+        // "b" announced itself, was provisioned and its hold is over (forgotten): its backlog
+        // entry is stale.
+        t.remember_done("b");
+        t.refill(10, now);
+        let queued: Vec<&str> = t
+            .discovered
+            .iter()
+            .filter_map(|&(s, _)| t.slot(s).map(|x| &*x.id))
+            .collect();
+        assert_eq!(queued, ["a", "c"]);
+        // The backlog is done: so is what was remembered beside it.
+        assert!(t.backlog.is_empty() && t.done.is_empty());
+    }
+
+    #[test]
+    fn slots_are_reused_and_the_index_follows_them() {
+        let now = Instant::now();
+        let mut t = Table::default();
+        for id in ["a", "b", "c"] {
+            assert!(t.queue_discovered(id, now));
+        }
+        assert!(!t.queue_discovered("b", now), "already queued");
+        let b = t.find("b").unwrap_or(u32::MAX);
+        assert!(t.remove("b").is_some());
+        assert_eq!((t.len, t.find("b")), (2, None));
+        assert!(t.queue_discovered("d", now));
+        assert_eq!(t.find("d"), Some(b), "the freed slot is used again");
+        assert_eq!(t.get("a").map(|e| e.lane), Some(Source::Discovery));
+        assert_eq!(t.len, 3);
     }
 }

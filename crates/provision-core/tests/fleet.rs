@@ -711,3 +711,38 @@ async fn an_announced_node_that_never_answers_is_not_kept() {
     stop.cancel();
     run.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_found_again_in_a_full_queue_is_renewed_not_dropped_as_stale() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let fleet = Fleet::with_capacity(
+        provisioner(
+            token().interval(Duration::from_secs(60)),
+            &node,
+            &FakeHelper::replying(good_reply()),
+            &obs,
+        ),
+        2,
+    );
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("b", Source::Discovery), AddResult::Queued);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    // The next discovery finds "a" again: renewed in its place, though the queue is full.
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    // Its startup event does not move a discovered node to the event lane.
+    assert_eq!(fleet.add("a", Source::Event), AddResult::Known);
+    assert_eq!(fleet.queued(), 2);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    wait_for("a provisioned and b dropped", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 1 && fleet.queued() == 0
+    })
+    .await;
+    // "b" waited two intervals without being found again: dropped as stale; "a" was not.
+    assert_eq!(node.count(Action::Configure), 1);
+    assert_eq!(obs.0.provision_errors.load(Ordering::SeqCst), 1);
+    stop.cancel();
+    run.await.unwrap();
+}

@@ -758,7 +758,9 @@ async fn discover(
                 Ok(nodes) => {
                     info!("discovered {} nodes waiting for provisioning", nodes.len());
                     fleet.new_discovery();
-                    for id in &nodes {
+                    // Each identity is freed once added (a million of them is 50 MB).
+                    for id in nodes {
+                        let id = id.as_str();
                         if add_node(&fleet, spreader.as_deref(), id, Source::Discovery)
                             == AddResult::Queued
                         {
@@ -794,8 +796,12 @@ async fn discover(
                     // for nodes that do not exist, or more restarts than the workers take):
                     // discover now rather than at the next interval, so the real nodes among
                     // them move to the discovery lane. At most once per EARLY_DISCOVERY_EVERY.
+                    // Not while the latest discovery's backlog is still being queued: a new
+                    // discovery would find those nodes again, and the backlog moves announced
+                    // nodes it reaches to the discovery lane itself.
                     let waited = fleet.announced_oldest_wait();
-                    if waited.is_some_and(|w| w >= EARLY_DISCOVERY_AFTER)
+                    if fleet.backlog() == 0
+                        && waited.is_some_and(|w| w >= EARLY_DISCOVERY_AFTER)
                         && early.is_none_or(|t| t.elapsed() >= EARLY_DISCOVERY_EVERY)
                     {
                         early = Some(tokio::time::Instant::now());
