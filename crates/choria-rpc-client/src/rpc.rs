@@ -688,7 +688,9 @@ impl RpcClient {
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(payload)) => {
-                    let Some(identity) = discovery_sender(&self.inner, &id_text, &payload) else {
+                    let Some(identity) =
+                        discovery_sender(&self.inner, &reply_to, &id_text, &payload)
+                    else {
                         continue;
                     };
                     if found.len() >= MAX_DISCOVERED {
@@ -934,29 +936,9 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
         tracing::debug!(subject, "dropping reply for no pending request");
         return;
     }
-    let reply = match protocol::parse_reply(&msg.payload) {
-        Ok(r) => r,
-        Err(e) => {
-            count(&c.dropped_malformed);
-            tracing::warn!(subject, error = %e, "dropping malformed reply");
-            return;
-        }
+    let Some(reply) = checked_reply(inner, subject, subject_id, &msg.payload) else {
+        return;
     };
-    if reply.version != inner.security.version() {
-        count(&c.dropped_malformed);
-        tracing::warn!(subject, sender = %reply.sender, "dropping reply in the wrong protocol version");
-        return;
-    }
-    if reply.request_id != subject_id {
-        count(&c.dropped_wrong_request);
-        tracing::warn!(
-            subject,
-            sender = %reply.sender,
-            request_id = %reply.request_id,
-            "dropping reply whose request id does not match its subject"
-        );
-        return;
-    }
     let mut pending = lock(&inner.pending);
     match pending.get(subject_id) {
         Some(Pending::Directed { target, .. }) => {
@@ -983,35 +965,41 @@ fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
     }
 }
 
-/// The sender of a reply to discovery `id`, when it is a well-formed reply of this client's
-/// protocol version to that request; anything else is counted and dropped as the dispatcher
-/// drops directed replies.
-fn discovery_sender(inner: &Inner, id: &str, payload: &[u8]) -> Option<String> {
+/// The reply in `payload`, received on `subject` for request `id`, when it parses, speaks this
+/// client's protocol version and answers that request; anything else is counted and dropped
+/// with a log line. The one check of directed and discovery replies alike.
+fn checked_reply(inner: &Inner, subject: &str, id: &str, payload: &[u8]) -> Option<Reply> {
     let c = &inner.counters;
     let reply = match protocol::parse_reply(payload) {
         Ok(r) => r,
         Err(e) => {
             c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(request_id = id, error = %e, "dropping malformed discovery reply");
+            tracing::warn!(subject, error = %e, "dropping malformed reply");
             return None;
         }
     };
     if reply.version != inner.security.version() {
         c.dropped_malformed.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(request_id = id, sender = %reply.sender, "dropping discovery reply in the wrong protocol version");
+        tracing::warn!(subject, sender = %reply.sender, "dropping reply in the wrong protocol version");
         return None;
     }
     if reply.request_id != id {
         c.dropped_wrong_request.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            request_id = id,
+            subject,
             sender = %reply.sender,
-            reply_request_id = %reply.request_id,
-            "dropping discovery reply whose request id does not match its subject"
+            request_id = %reply.request_id,
+            "dropping reply whose request id does not match its subject"
         );
         return None;
     }
-    c.replies.fetch_add(1, Ordering::Relaxed);
+    Some(reply)
+}
+
+/// The sender of a reply to discovery `id` ([`checked_reply`]), counted as a reply.
+fn discovery_sender(inner: &Inner, subject: &str, id: &str, payload: &[u8]) -> Option<String> {
+    let reply = checked_reply(inner, subject, id, payload)?;
+    inner.counters.replies.fetch_add(1, Ordering::Relaxed);
     Some(
         reply
             .transport_sender
