@@ -596,40 +596,17 @@ fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
     let policy = std::fs::canonicalize(policy)
         .with_context(|| format!("cannot read rego policy {}", policy.display()))?;
     let yaml = format!("rego_policy: {}\n", policy.display());
-    let (mut none, mut with) = (Vec::new(), Vec::new());
-    for round in 1..=3 {
-        let helper = args.helper.first().copied().unwrap_or(HelperKind::Exec);
-        let n = contender_with(
-            args,
-            bins,
-            None,
-            helper,
-            &format!("rust-no-policy-{round}"),
-            "",
-            0,
-        )?;
-        let w = contender_with(
-            args,
-            bins,
-            None,
-            helper,
-            &format!("rust-rego-policy-{round}"),
-            &yaml,
-            0,
-        )?;
-        for (f, label) in [(&n, "no policy"), (&w, "rego policy")] {
-            if f.provisioned < args.nodes || f.failures > 0.0 {
-                bail!(
-                    "{label} round {round}: {}/{} provisioned, {} failures",
-                    f.provisioned,
-                    args.nodes,
-                    f.failures
-                );
-            }
-        }
-        none.push(n.per_min);
-        with.push(w.per_min);
-    }
+    let (none, with) = alternate(
+        args,
+        bins,
+        ("no-policy", "", 0),
+        ("rego-policy", &yaml, 0),
+        true,
+    )?;
+    let (none, with): (Vec<f64>, Vec<f64>) = (
+        none.iter().map(|f| f.per_min).collect(),
+        with.iter().map(|f| f.per_min).collect(),
+    );
     let (n, w) = (median(none.clone()), median(with.clone()));
     let loss = if n > 0.0 { (n - w) / n * 100.0 } else { 0.0 };
     println!(
@@ -643,45 +620,56 @@ fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Three runs of contender `a` and three of `b` (label, extra YAML, forged events), alternating so
+/// that a change in the machine's load falls on both; fails when a run leaves nodes
+/// unprovisioned (or, with `no_failures`, counts a failure).
+fn alternate(
+    args: &Args,
+    bins: &Path,
+    a: (&str, &str, usize),
+    b: (&str, &str, usize),
+    no_failures: bool,
+) -> Result<(Vec<Figures>, Vec<Figures>)> {
+    let helper = args.helper.first().copied().unwrap_or(HelperKind::Exec);
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    for round in 1..=3 {
+        for ((label, yaml, forged), runs) in [(a, &mut ra), (b, &mut rb)] {
+            let f = contender_with(
+                args,
+                bins,
+                None,
+                helper,
+                &format!("rust-{label}-{round}"),
+                yaml,
+                forged,
+            )?;
+            if f.provisioned < args.nodes || (no_failures && f.failures > 0.0) {
+                bail!(
+                    "{label} round {round}: {}/{} provisioned, {} failures",
+                    f.provisioned,
+                    args.nodes,
+                    f.failures
+                );
+            }
+            runs.push(f);
+        }
+    }
+    Ok((ra, rb))
+}
+
 /// Three runs without a flood and three with `forged` forged startup events beside the fleet,
 /// alternating; the medians and the loss in nodes a minute (at most 20%).
 fn forged_probe(args: &Args, bins: &Path, forged: usize) -> Result<()> {
-    let helper = args.helper.first().copied().unwrap_or(HelperKind::Exec);
-    let (mut none, mut with, mut cpu_none, mut cpu_with) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for round in 1..=3 {
-        let n = contender_with(
-            args,
-            bins,
-            None,
-            helper,
-            &format!("rust-no-flood-{round}"),
-            "",
-            0,
-        )?;
-        let w = contender_with(
-            args,
-            bins,
-            None,
-            helper,
-            &format!("rust-flood-{round}"),
-            "",
-            forged,
-        )?;
-        for (f, label) in [(&n, "no flood"), (&w, "flood")] {
-            if f.provisioned < args.nodes {
-                bail!(
-                    "{label} round {round}: {}/{} provisioned",
-                    f.provisioned,
-                    args.nodes
-                );
-            }
-        }
-        none.push(n.per_min);
-        with.push(w.per_min);
-        cpu_none.push(n.cpu_s);
-        cpu_with.push(w.cpu_s);
-    }
+    let (a, b) = alternate(
+        args,
+        bins,
+        ("no-flood", "", 0),
+        ("flood", "", forged),
+        false,
+    )?;
+    let figures = |v: &[Figures], f: fn(&Figures) -> f64| v.iter().map(f).collect::<Vec<f64>>();
+    let (none, with) = (figures(&a, |f| f.per_min), figures(&b, |f| f.per_min));
+    let (cpu_none, cpu_with) = (figures(&a, |f| f.cpu_s), figures(&b, |f| f.cpu_s));
     let (n, w) = (median(none.clone()), median(with.clone()));
     let loss = if n > 0.0 { (n - w) / n * 100.0 } else { 0.0 };
     println!(
