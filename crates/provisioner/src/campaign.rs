@@ -25,7 +25,8 @@
 //! with its new configuration. Records are sealed as fleet control's are (the claims secret):
 //! a record that does not verify is ignored.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,11 @@ pub const HEARTBEAT: Duration = Duration::from_secs(2);
 pub const REPROVISION_TIMEOUT: Duration = Duration::from_secs(20);
 /// Tries of a reprovision request that gets no reply before the node is failed.
 pub const SEND_TRIES: u32 = 3;
+/// The wait before trying a node that did not answer again, times the tries so far (one
+/// minute, then two): a node an earlier request reached is in provisioning mode, off the main
+/// collective, until it is provisioned again, which may wait out go-choria's two-minute
+/// provisioning lock of a killed provisioner and then the next discovery.
+pub const RETRY_WAIT: Duration = Duration::from_secs(60);
 /// Failures kept in the campaign record for `rotate status`.
 pub const RECENT_FAILURES: usize = 20;
 /// The most nodes one campaign holds.
@@ -1061,6 +1067,13 @@ struct Run {
     /// their startup event arrived): a node is provisioned again within a moment of answering
     /// reprovision, and a busy driver may read that before it gets to the acknowledgement.
     early: HashMap<String, i64>,
+    /// Nodes still `pending` here that the audit trail shows provisioned since the campaign
+    /// began: credentials issued during the campaign. One that then does not answer was sent
+    /// reprovision by an earlier driver whose record of the acknowledgement was lost.
+    reissued: HashSet<String>,
+    /// Nodes that did not answer, with when to try them again: the wait grows with each try,
+    /// so a node restarting through provisioning mode has time to come back.
+    retry: BinaryHeap<Reverse<(Instant, String)>>,
     /// Node records changed since the last flush, written together (every tick) so that a
     /// driver reading thousands of acknowledgements a minute does not wait on each write.
     unwritten: HashMap<String, NodeRecord>,
@@ -1080,6 +1093,8 @@ impl Run {
             failed: 0,
             done_times: VecDeque::new(),
             early: HashMap::new(),
+            reissued: HashSet::new(),
+            retry: BinaryHeap::new(),
             unwritten: HashMap::new(),
         };
         for n in nodes {
@@ -1128,6 +1143,9 @@ impl Run {
     fn provisioned(&mut self, identity: &str, at: Option<i64>) -> Option<NodeRecord> {
         let n = self.nodes.get_mut(identity)?;
         if n.state == NodeRotation::Pending {
+            if at.is_some() {
+                self.reissued.insert(identity.to_string());
+            }
             let seen = at.unwrap_or_else(now_unix);
             let e = self.early.entry(identity.to_string()).or_insert(seen);
             *e = (*e).max(seen);
@@ -1142,6 +1160,38 @@ impl Run {
         self.done += 1;
         self.done_times.push_back(Instant::now());
         Some(n.clone())
+    }
+
+    /// `identity`, still `pending`, did not answer a request: done when the audit trail showed
+    /// it provisioned since the campaign began (an earlier driver's request reached it and
+    /// it is on its way back), else `None` and it is tried again.
+    fn unanswered_but_reissued(&mut self, identity: &str) -> Option<NodeRecord> {
+        if !self.reissued.contains(identity) {
+            return None;
+        }
+        let n = self.nodes.get_mut(identity)?;
+        if n.state != NodeRotation::Pending {
+            return None;
+        }
+        self.reissued.remove(identity);
+        self.early.remove(identity);
+        n.state = NodeRotation::Done;
+        n.finished_at = Some(now_unix());
+        self.done += 1;
+        self.done_times.push_back(Instant::now());
+        Some(n.clone())
+    }
+
+    /// Queues the nodes whose wait before another try is over.
+    fn due_retries(&mut self, now: Instant) {
+        while let Some(Reverse((due, _))) = self.retry.peek() {
+            if *due > now {
+                break;
+            }
+            if let Some(Reverse((_, identity))) = self.retry.pop() {
+                self.queue.push_front(identity);
+            }
+        }
     }
 
     fn count(&mut self) {
@@ -1288,13 +1338,23 @@ impl Driver {
                     let elapsed = last_refill.elapsed().as_secs_f64();
                     last_refill = Instant::now();
                     tokens = (tokens + elapsed * per_second).min(burst);
+                    run.due_retries(last_refill);
                     while run.rec.state == CampaignState::Running
                         && tokens >= 1.0
                         && run.in_flight() < u64::from(run.rec.limits.max_in_flight)
                     {
                         let Some(identity) = run.queue.pop_front() else { break };
-                        if run.nodes.get(&identity).is_none_or(|n| n.state != NodeRotation::Pending) {
-                            continue;
+                        match run.nodes.get(&identity) {
+                            Some(n) if n.state == NodeRotation::Pending => {
+                                // It did not answer before, and has been provisioned since.
+                                if n.tries > 0 {
+                                    if let Some(n) = run.unanswered_but_reissued(&identity) {
+                                        run.write_later(n);
+                                        continue;
+                                    }
+                                }
+                            }
+                            _ => continue,
                         }
                         tokens -= 1.0;
                         run.sending += 1;
@@ -1437,13 +1497,20 @@ impl Driver {
             }
             Sent::Refused(identity, why) => self.fail(run, &identity, &why).await?,
             Sent::NoReply(identity, why) => {
+                if let Some(n) = run.unanswered_but_reissued(&identity) {
+                    run.write_later(n);
+                    return Ok(());
+                }
                 let tries = run.nodes.get_mut(&identity).map(|n| {
                     n.tries += 1;
                     n.tries
                 });
                 match tries {
                     Some(t) if t >= SEND_TRIES => self.fail(run, &identity, &why).await?,
-                    Some(_) => run.queue.push_back(identity),
+                    Some(t) => {
+                        let due = Instant::now() + RETRY_WAIT * t;
+                        run.retry.push(Reverse((due, identity)));
+                    }
                     None => {}
                 }
             }
@@ -2270,5 +2337,40 @@ mod tests {
         assert!(run.acked("n4", 100).is_none());
         assert_eq!((run.done, run.sent), (4, 0));
         assert!(run.early.is_empty());
+    }
+
+    #[test]
+    fn a_node_that_does_not_answer_is_done_only_when_the_audit_trail_shows_it_provisioned() {
+        let nodes = ["n1", "n2", "n3"]
+            .map(|id| node(id, NodeRotation::Pending))
+            .to_vec();
+        let mut run = Run::new(record(3), 1, nodes);
+        // n1: provisioned during the campaign by the audit trail (an earlier driver's request
+        // reached it); n2: only a startup event, which any restart sends; n3: nothing.
+        assert!(run.provisioned("n1", Some(105)).is_none());
+        assert!(run.provisioned("n2", None).is_none());
+        let n1 = run.unanswered_but_reissued("n1").unwrap();
+        assert_eq!(n1.state, NodeRotation::Done);
+        assert!(run.unanswered_but_reissued("n2").is_none());
+        assert!(run.unanswered_but_reissued("n3").is_none());
+        assert!(run.unanswered_but_reissued("n1").is_none());
+        assert_eq!((run.done, run.sent, run.failed), (1, 0, 0));
+    }
+
+    #[test]
+    fn nodes_that_did_not_answer_are_queued_again_when_their_wait_is_over() {
+        let mut run = Run::new(record(0), 1, Vec::new());
+        let now = Instant::now();
+        run.retry
+            .push(Reverse((now + Duration::from_secs(60), "late".into())));
+        run.retry
+            .push(Reverse((now + Duration::from_secs(30), "soon".into())));
+        run.due_retries(now);
+        assert!(run.queue.is_empty());
+        run.due_retries(now + Duration::from_secs(31));
+        assert_eq!(run.queue, ["soon"]);
+        run.due_retries(now + Duration::from_secs(61));
+        assert_eq!(run.queue, ["late", "soon"]);
+        assert!(run.retry.is_empty());
     }
 }
