@@ -12,6 +12,7 @@ mod interop;
 mod peers;
 mod plot;
 mod stack;
+mod test_run;
 mod tools;
 
 use std::path::PathBuf;
@@ -50,10 +51,10 @@ enum Cmd {
         args: Vec<String>,
     },
     /// The fault-injection suite (the fault-suite crate): lying nodes, failing helpers, broker
-    /// and leader loss ([--list] [--release] [SCENARIO ...]).
+    /// and leader loss ([--list] [--release] [--bins DIR] [SCENARIO ...]).
     #[command(disable_help_flag = true)]
     Faults {
-        /// --list, --release and scenario names, passed to the suite.
+        /// --list, --release, --bins DIR and scenario names, passed to the suite.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -134,9 +135,14 @@ fn test(args: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    tools::run(
-        cargo(&["test", "--workspace"])
-            .args(args)
-            .env("NATS_SERVER_BIN", &nats),
-    )
+    if !args.is_empty() {
+        // A developer's selection: cargo test as given.
+        return tools::run(
+            cargo(&["test", "--workspace"])
+                .args(args)
+                .env("NATS_SERVER_BIN", &nats),
+        );
+    }
+    let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    test_run::run(&cargo_bin, &root, &nats)
 }

@@ -35,7 +35,7 @@ mod webhook_faults;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use harness::Env;
 use scenarios::{scenarios, Scenario};
@@ -48,13 +48,21 @@ fn main() {
     }
 }
 
-/// `[--release] [--list] [SCENARIO...]`: no scenario runs them all.
+/// `[--release] [--bins DIR] [--list] [SCENARIO...]`: no scenario runs them all. `--bins`
+/// runs the provisioner, the fleet simulator and the demo helper found in DIR (a release build
+/// made already, such as the packages' static one) instead of building them.
 fn run(args: &[String]) -> Result<()> {
     let mut release = false;
+    let mut prebuilt: Option<std::path::PathBuf> = None;
     let mut only = Vec::new();
-    for a in args {
+    let mut args = args.iter();
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--release" => release = true,
+            "--bins" => {
+                let dir = args.next().context("--bins needs a directory")?;
+                prebuilt = Some(dir.into());
+            }
             "--list" => {
                 for s in scenarios() {
                     println!("{:<22} {}", s.name, s.about);
@@ -62,7 +70,7 @@ fn run(args: &[String]) -> Result<()> {
                 return Ok(());
             }
             s if s.starts_with('-') => {
-                bail!("unknown faults flag {s:?} (--release, --list, SCENARIO...)")
+                bail!("unknown faults flag {s:?} (--release, --bins DIR, --list, SCENARIO...)")
             }
             s => only.push(s.to_string()),
         }
@@ -74,8 +82,29 @@ fn run(args: &[String]) -> Result<()> {
             "unknown scenario {o:?}; see --list"
         );
     }
-    eprintln!("faults: building the provisioner, the fleet simulator and the demo helper");
-    let bins = test_support::stack::build_binaries(release)?;
+    let bins = match prebuilt {
+        Some(dir) => {
+            for b in [
+                "choria-provisioner",
+                "choria-fleet-sim",
+                "choria-demo-helper",
+            ] {
+                ensure!(
+                    dir.join(b).is_file(),
+                    "--bins {}: there is no {b} there",
+                    dir.display()
+                );
+            }
+            // Built with optimisations: the scenarios' notes say so.
+            release = true;
+            eprintln!("faults: running the binaries in {}", dir.display());
+            std::fs::canonicalize(&dir)?
+        }
+        None => {
+            eprintln!("faults: building the provisioner, the fleet simulator and the demo helper");
+            test_support::stack::build_binaries(release)?
+        }
+    };
     let base = test_support::workspace_root().join("target/faults");
     let chosen: Vec<&Scenario> = all
         .iter()
