@@ -382,7 +382,7 @@ fn xtask_cli() -> Cli {
     }
     // The fault suite takes its own flags.
     if let Some(f) = cli.commands.get_mut("faults") {
-        f.extend(["--list".to_string(), "--release".to_string()]);
+        f.extend(["--list", "--release", "--bins"].map(String::from));
     }
     cli
 }

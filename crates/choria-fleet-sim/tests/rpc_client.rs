@@ -27,7 +27,7 @@ async fn the_rpc_client_discovers_and_provisions_the_whole_fleet() {
     let nats = NatsServer::start();
     let fleet = common::start(&nats.url(), 200).await;
     let rpc = client(&nats.url(), "provisioner").await;
-    let mut found = rpc.discover_provisionable().await.unwrap();
+    let mut found = rpc.discover_provisionable().await.unwrap().to_vec();
     found.sort();
     assert_eq!(found, fleet.identities());
 
@@ -68,7 +68,7 @@ async fn the_rpc_client_discovers_and_provisions_the_whole_fleet() {
     assert!(results.iter().any(|(id, r)| id == &found[0] && r.is_err()));
     assert!(fleet.wait_provisioned(199, Duration::from_secs(20)).await);
     assert_eq!(
-        rpc.discover_provisionable().await.unwrap(),
+        rpc.discover_provisionable().await.unwrap().to_vec(),
         [found[0].clone()]
     );
     fleet.shutdown().await;

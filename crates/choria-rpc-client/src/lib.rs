@@ -26,8 +26,8 @@
 //! let mut cfg = ChoriaConfig::load(&choria_rpc_client::config::user_config_path())?;
 //! cfg.apply_provisioner_overrides(&ProvisionerOverrides { insecure: true, ..Default::default() });
 //! let rpc = RpcClient::connect(&cfg).await?;
-//! for node in rpc.discover_provisionable().await? {
-//!     let inv = rpc.inventory(&node, Duration::from_secs(4)).await?;
+//! for node in rpc.discover_provisionable().await?.iter() {
+//!     let inv = rpc.inventory(node, Duration::from_secs(4)).await?;
 //!     println!("{node} runs {}", inv.version);
 //! }
 //! # Ok(())

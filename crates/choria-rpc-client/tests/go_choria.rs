@@ -97,7 +97,7 @@ async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
         .await
         .expect("connect to the real Choria broker over mTLS");
 
-    let mut found = client.discover_provisionable().await.unwrap();
+    let mut found = client.discover_provisionable().await.unwrap().to_vec();
     found.sort();
     let mut want = env.servers();
     want.sort();
