@@ -37,9 +37,10 @@ pub struct Args {
     /// The Go provisioner to run (implies --vs-go).
     #[arg(long, value_name = "PATH")]
     go_bin: Option<PathBuf>,
-    /// Give up after this many seconds.
-    #[arg(long, value_name = "S", default_value_t = 600)]
-    timeout: u64,
+    /// Give up after this many seconds (default: 600, or 1.2 ms a node when that is longer, so a
+    /// million nodes get 20 minutes).
+    #[arg(long, value_name = "S")]
+    timeout: Option<u64>,
     /// Instead: the memory of N nodes waiting behind a stuck helper.
     #[arg(long, value_name = "N")]
     waiting: Option<usize>,
@@ -85,6 +86,15 @@ pub struct Args {
     /// (`stack::static_helper`), else the demo helper beside the other binaries.
     #[arg(skip)]
     process_helper: Option<PathBuf>,
+}
+
+impl Args {
+    /// `--timeout`, or its default: 600 s, or 1.2 ms a node when that is longer.
+    fn timeout_s(&self) -> u64 {
+        self.timeout
+            .unwrap_or_else(|| (self.nodes as u64).saturating_mul(12) / 10_000)
+            .max(if self.timeout.is_some() { 1 } else { 600 })
+    }
 }
 
 /// What one contender achieved.
@@ -155,10 +165,39 @@ fn machine_busy_seconds() -> Option<f64> {
 
 /// Peak resident set size in MiB from /proc/<pid>/status.
 fn peak_rss_mib(pid: u32) -> Option<f64> {
+    status_mib(pid, "VmHWM:")
+}
+
+/// A memory figure of /proc/<pid>/status (`VmHWM:`, `VmRSS:`) in MiB.
+fn status_mib(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// How often a run prints where it is.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
+/// One progress line of a long run: nodes provisioned, the provisioner's memory now and at
+/// its peak, its CPU, what it holds (queue, waiting nodes) and the replies it dropped; the
+/// simulator's memory. Where the peak comes from is read off these lines.
+fn progress(label: &str, elapsed: Duration, sim_log: &Path, pid: u32, sim_pid: u32, metrics: &str) {
+    let mib = |pid, field| status_mib(pid, field).map_or("-".into(), |v| format!("{v:.1}"));
+    let gauge = |name| format!("{:.0}", stack::metric_sum(metrics, name));
+    eprintln!(
+        "bench: {label}: {:.0}s: {} provisioned; provisioner rss {} MiB (peak {}), cpu {:.1}s, queue {}, waiting {}, discovered {}, dropped replies {}; simulator rss {} MiB",
+        elapsed.as_secs_f64(),
+        sim_progress(sim_log).unwrap_or(0),
+        mib(pid, "VmRSS:"),
+        mib(pid, "VmHWM:"),
+        cpu_seconds(pid).unwrap_or(0.0),
+        gauge("choria_provisioner_work_queue_entries"),
+        gauge("choria_provisioner_waiting_nodes"),
+        gauge("choria_provisioner_discovered"),
+        gauge("choria_provisioner_dropped_messages"),
+        mib(sim_pid, "VmRSS:"),
+    );
 }
 
 /// Run one contender (`go_bin` None = ours) against a fresh fleet.
@@ -227,7 +266,7 @@ fn contender_with(
     sim_cmd.args([
         "--exit-when-done",
         "--timeout",
-        &format!("{}s", args.timeout),
+        &format!("{}s", args.timeout_s()),
         "--restart-delay",
         "0s",
         // Progress five times a second: the curve of --plot.
@@ -269,10 +308,22 @@ fn contender_with(
     let mut sim_cpu = sim_cpu_before;
     let mut children_cpu = 0.0f64;
     let mut series = vec![(0.0, 0.0)];
+    let mut next_report = PROGRESS_EVERY;
     let status = loop {
         std::thread::sleep(Duration::from_millis(200));
         if let Some(r) = peak_rss_mib(pid) {
             peak = peak.max(r);
+        }
+        if started.elapsed() >= next_report {
+            next_report += PROGRESS_EVERY;
+            progress(
+                label,
+                started.elapsed(),
+                &sim_log,
+                pid,
+                sim_pid,
+                &prov.metrics(),
+            );
         }
         if let Some(c) = cpu_seconds(pid) {
             cpu = c;
@@ -338,7 +389,7 @@ fn contender_with(
         machine_busy_s: machine_busy,
     };
     eprintln!(
-        "bench: {label}: {}/{} provisioned in {:.2}s = {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, helper share {:.0}%, failures {}, simulator cpu {:.2}s, simulator peak rss {:.1} MiB",
+        "bench: {label}: {}/{} provisioned in {:.2}s = {:.0}/min, cpu {:.2}s, peak rss {:.1} MiB, helper share {:.0}%, failures {}, dropped replies {}, simulator cpu {:.2}s, simulator peak rss {:.1} MiB",
         f.provisioned,
         args.nodes,
         f.wall.as_secs_f64(),
@@ -347,6 +398,7 @@ fn contender_with(
         f.rss_mib,
         f.helper_share * 100.0,
         f.failures,
+        stack::metric_sum(&metrics, "choria_provisioner_dropped_messages"),
         f.sim_cpu_s,
         f.sim_rss_mib,
     );
@@ -447,7 +499,7 @@ pub fn main(mut args: Args) -> Result<()> {
             args.helper_delay,
             args.nodes,
             args.replica_workers,
-            Duration::from_secs(args.timeout),
+            Duration::from_secs(args.timeout_s()),
         );
     }
     if args.runs == 0 {

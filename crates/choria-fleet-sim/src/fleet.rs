@@ -11,7 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use choria_rpc_client::lifecycle::LifecycleEvent;
-use choria_rpc_client::protocol::{self, NodeInfo, ProtocolVersion, Request, ServerRequest};
+use choria_rpc_client::protocol::{
+    self, Matcher, NodeInfo, ProtocolVersion, Request, ServerRequest,
+};
 use futures::StreamExt as _;
 use serde::Serialize;
 use tokio::sync::{mpsc, Notify, Semaphore};
@@ -899,9 +901,11 @@ impl Inner {
             };
             (Scope::Main(member), rest.strip_prefix("node."))
         };
+        // Compiled once: a broadcast is matched against every node.
+        let matcher = req.filter.matcher();
         if let Some(identity) = directed {
             match self.index.get(identity) {
-                Some(&i) => self.answer(i as usize, &req, &scope).await,
+                Some(&i) => self.answer(i as usize, &req, &matcher, &scope).await,
                 None => {
                     self.counters.ignored.fetch_add(1, Ordering::Relaxed);
                 }
@@ -912,11 +916,17 @@ impl Inner {
             if self.cancel.is_cancelled() {
                 return;
             }
-            self.answer(i, &req, &scope).await;
+            self.answer(i, &req, &matcher, &scope).await;
         }
     }
 
-    async fn answer(self: &Arc<Self>, idx: usize, req: &Arc<Request>, scope: &Scope) {
+    async fn answer(
+        self: &Arc<Self>,
+        idx: usize,
+        req: &Arc<Request>,
+        matcher: &Matcher<'_>,
+        scope: &Scope,
+    ) {
         let Some(identity) = self.identities.get(idx).cloned() else {
             return;
         };
@@ -926,7 +936,7 @@ impl Inner {
             classes: &[],
             facts: &self.facts,
         };
-        if !req.filter.matches(&info) {
+        if !matcher.matches(&info) {
             return;
         }
         let is_gencsr =

@@ -93,3 +93,28 @@ async fn provision(
     assert_eq!(r.message, "Restarting Choria Server after 2s");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_sharded_discovery_finds_every_node_once() {
+    let nats = NatsServer::start();
+    let fleet = common::start(&nats.url(), 200).await;
+    let rpc = client(&nats.url(), "provisioner").await;
+    let whole = rpc.discover_provisionable().await.unwrap();
+    assert_eq!(whole.len(), 200);
+    let mut replies = fleet.stats().discovery_replies;
+    assert_eq!(replies, 200);
+    for shards in [2, 7, 10] {
+        let mut found = rpc
+            .discover_provisionable_in(shards)
+            .await
+            .unwrap()
+            .to_vec();
+        found.sort();
+        assert_eq!(found, fleet.identities(), "{shards} shards");
+        // Each node answered one shard only: as many replies as one whole discovery.
+        let now = fleet.stats().discovery_replies;
+        assert_eq!(now - replies, 200, "{shards} shards");
+        replies = now;
+    }
+    fleet.shutdown().await;
+}

@@ -652,6 +652,20 @@ impl RpcClient {
         timeout: Duration,
         window: Option<Duration>,
     ) -> Result<Discovered, RequestError> {
+        let mut found = Collected::default();
+        self.discover_into(filter, timeout, window, &mut found)
+            .await?;
+        Ok(found.found)
+    }
+
+    /// One discovery whose answers are added to `found` (each identity once across calls).
+    async fn discover_into(
+        &self,
+        filter: &Filter,
+        timeout: Duration,
+        window: Option<Duration>,
+        collected: &mut Collected,
+    ) -> Result<(), RequestError> {
         let start = Instant::now();
         let hard_deadline = start + timeout;
         let id = protocol::new_request_id();
@@ -693,11 +707,12 @@ impl RpcClient {
             || "discovery#ping".to_string(),
         )
         .await?;
-        // Identities in arrival order, and an index of them (positions in `found`, hashed by
-        // identity) to drop repeats: each identity is held once, however many nodes answer.
-        let mut found = Discovered::default();
-        let mut seen: hashbrown::HashTable<u32> = hashbrown::HashTable::new();
-        let hasher = std::collections::hash_map::RandomState::new();
+        let Collected {
+            found,
+            seen,
+            hasher,
+        } = collected;
+        let before = found.len();
         let mut deadline = hard_deadline;
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -743,22 +758,50 @@ impl RpcClient {
             }
         }
         tracing::debug!(
-            nodes = found.len(),
+            nodes = found.len() - before,
             elapsed_ms = start.elapsed().as_millis() as u64,
             "discovery finished"
         );
-        Ok(found)
+        Ok(())
     }
 
     /// The provisioner's discovery: agent filter `choria_provision`, 2 s timeout, 300 ms
     /// sliding window (so at most [`DISCOVERY_MAX_TIME`] while replies keep coming).
     pub async fn discover_provisionable(&self) -> Result<Discovered, RequestError> {
-        self.discover_compact(
-            &Filter::with_agent("choria_provision"),
-            Duration::from_secs(2),
-            Some(Duration::from_millis(300)),
-        )
-        .await
+        self.discover_provisionable_in(1).await
+    }
+
+    /// [`RpcClient::discover_provisionable`] in `shards` discoveries one after another, each
+    /// for the identities of one [`Filter::identity_shard`]: a fleet of a million answers in
+    /// bursts of a tenth, so the replies waiting to be read stay a tenth as many. The shards
+    /// split every identity between them; an identity that answers more than one (a forged
+    /// reply) is still kept once. Below 2 shards, one discovery.
+    pub async fn discover_provisionable_in(
+        &self,
+        shards: usize,
+    ) -> Result<Discovered, RequestError> {
+        let mut collected = Collected::default();
+        let timeout = Duration::from_secs(2);
+        let window = Some(Duration::from_millis(300));
+        if shards < 2 {
+            self.discover_into(
+                &Filter::with_agent("choria_provision"),
+                timeout,
+                window,
+                &mut collected,
+            )
+            .await?;
+            return Ok(collected.found);
+        }
+        for shard in 0..shards {
+            let mut filter = Filter::with_agent("choria_provision");
+            filter
+                .identity
+                .extend(Filter::identity_shard(shard, shards));
+            self.discover_into(&filter, timeout, window, &mut collected)
+                .await?;
+        }
+        Ok(collected.found)
     }
 
     /// Publish a lifecycle event (Choria format) to its subject.
@@ -1014,6 +1057,16 @@ fn checked_reply(inner: &Inner, subject: &str, id: &str, payload: &[u8]) -> Opti
         return None;
     }
     Some(reply)
+}
+
+/// What discoveries have found so far: the identities in arrival order, and an index of them
+/// (positions in `found`, hashed by identity) to drop repeats: each identity is held once,
+/// however many nodes answer with it.
+#[derive(Default)]
+struct Collected {
+    found: Discovered,
+    seen: hashbrown::HashTable<u32>,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 /// The identities a discovery found, each once, in arrival order: their bytes in one buffer and

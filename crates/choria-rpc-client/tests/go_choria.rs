@@ -105,6 +105,17 @@ async fn real_go_choria_servers_answer_discovery_inventory_and_jwt() {
         found, want,
         "discovery must find every real provisioning-mode server"
     );
+    // go-choria matches `/.../` identity filters as expressions: the shards of a sharded
+    // discovery find the same servers between them.
+    for shards in [2, 3] {
+        let mut by_shards = client
+            .discover_provisionable_in(shards)
+            .await
+            .unwrap()
+            .to_vec();
+        by_shards.sort();
+        assert_eq!(by_shards, want, "a discovery in {shards} shards");
+    }
 
     let node = &want[0];
     let inv = client

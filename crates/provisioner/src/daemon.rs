@@ -47,6 +47,23 @@ const EARLY_DISCOVERY_EVERY: Duration = Duration::from_secs(20);
 const EARLY_DISCOVERY_AFTER: Duration = Duration::from_secs(10);
 /// How often the discovery loop looks at the announced lane.
 const CONGESTION_CHECK_EVERY: Duration = Duration::from_secs(2);
+/// A discovery that found more nodes than this is followed by discoveries in shards of about
+/// this many ([`discovery_shards`]).
+pub const DISCOVERY_SHARD_SIZE: usize = 100_000;
+/// The most shards a discovery is split into (host names ending in digits spread over ten).
+pub const MAX_DISCOVERY_SHARDS: usize = 10;
+
+/// How many shards the next discovery is split into, from what the previous one found: one up
+/// to [`DISCOVERY_SHARD_SIZE`] nodes, then one per that many, at most
+/// [`MAX_DISCOVERY_SHARDS`]. A million nodes answering at once are a million replies waiting
+/// to be read (about 300 MB); ten shards of a tenth each keep that a tenth as large. The first
+/// discovery of a daemon knows nothing of the fleet and is one.
+pub fn discovery_shards(previous: Option<usize>) -> usize {
+    previous.map_or(1, |n| {
+        n.div_ceil(DISCOVERY_SHARD_SIZE)
+            .clamp(1, MAX_DISCOVERY_SHARDS)
+    })
+}
 
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
@@ -748,14 +765,24 @@ async fn discover(
     let pause = fleet.provisioner().pause_state().clone();
     let mut early: Option<tokio::time::Instant> = None;
     let mut late_seen = client.stats().late_discovery;
+    let mut previous: Option<usize> = None;
     loop {
         if pause.paused() {
             warn!("Skipping discovery while paused");
         } else {
             metrics.discover_cycle();
-            info!("Looking for provisionable hosts");
-            match client.discover_provisionable().await {
+            let shards = discovery_shards(previous);
+            if shards > 1 {
+                info!(
+                    "Looking for provisionable hosts in {shards} shards of their identities (the last discovery found {})",
+                    previous.unwrap_or_default()
+                );
+            } else {
+                info!("Looking for provisionable hosts");
+            }
+            match client.discover_provisionable_in(shards).await {
                 Ok(nodes) => {
+                    previous = Some(nodes.len());
                     info!("discovered {} nodes waiting for provisioning", nodes.len());
                     fleet.new_discovery();
                     // The identities are one buffer (29 MB for a million), freed at the end.
@@ -960,4 +987,24 @@ async fn elect(
     };
     tokio::join!(campaign, follow);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{discovery_shards, DISCOVERY_SHARD_SIZE, MAX_DISCOVERY_SHARDS};
+
+    #[test]
+    fn discovery_is_sharded_by_what_the_previous_one_found() {
+        assert_eq!(discovery_shards(None), 1);
+        assert_eq!(discovery_shards(Some(0)), 1);
+        assert_eq!(discovery_shards(Some(DISCOVERY_SHARD_SIZE)), 1);
+        assert_eq!(discovery_shards(Some(DISCOVERY_SHARD_SIZE + 1)), 2);
+        assert_eq!(discovery_shards(Some(450_000)), 5);
+        assert_eq!(discovery_shards(Some(1_000_000)), 10);
+        assert_eq!(
+            discovery_shards(Some(4_000_000)),
+            MAX_DISCOVERY_SHARDS,
+            "never more than the most shards"
+        );
+    }
 }

@@ -109,32 +109,105 @@ impl Filter {
 
     /// Whether a node with `node`'s properties should act on a request with this filter.
     pub fn matches(&self, node: &NodeInfo<'_>) -> bool {
-        if !self.compound.is_empty() {
+        self.matcher().matches(node)
+    }
+
+    /// This filter with its identity expressions compiled once, for matching many nodes (a
+    /// broadcast reaches every node of a simulated fleet; a sharded discovery's identity
+    /// expression would otherwise be compiled once a node).
+    pub fn matcher(&self) -> Matcher<'_> {
+        Matcher {
+            filter: self,
+            identity: self
+                .identity
+                .iter()
+                .map(|f| match regex_body(f) {
+                    Some(re) => IdentityPattern::Regex(regex::Regex::new(re).ok()),
+                    None => IdentityPattern::Exact(f),
+                })
+                .collect(),
+        }
+    }
+
+    /// The discovery shard `shard` of `shards` (counted from 0): an identity expression that
+    /// matches a node by the character before the first dot of its identity (the last of its
+    /// host name), so the shards of one count split every identity between them, each to
+    /// exactly one. Characters are dealt out in turn (`0`, `1`, ... `9`, `a`, ... `z`, either
+    /// case), so host names ending in digits spread over up to ten shards; the last shard
+    /// also takes every other character. `None` when `shards` is below 2 or `shard` is out of
+    /// range.
+    pub fn identity_shard(shard: usize, shards: usize) -> Option<String> {
+        if shards < 2 || shard >= shards {
+            return None;
+        }
+        let mut class = String::new();
+        for (i, c) in SHARD_CHARS.chars().enumerate() {
+            if i % shards == shard {
+                class.push(c);
+                if c.is_ascii_lowercase() {
+                    class.push(c.to_ascii_uppercase());
+                }
+            }
+        }
+        let last = shard + 1 == shards;
+        let tail = match (class.is_empty(), last) {
+            (true, true) => "[^.0-9A-Za-z]".to_string(),
+            (true, false) => return None,
+            (false, true) => format!("([{class}]|[^.0-9A-Za-z])"),
+            (false, false) => format!("[{class}]"),
+        };
+        Some(format!("/^[^.]*{tail}(\\.|$)/"))
+    }
+}
+
+/// The characters [`Filter::identity_shard`] deals out to shards, in turn.
+const SHARD_CHARS: &str = "0123456789abcdefghijklmnopqrstuvwxyz";
+
+/// One identity entry of a filter, compiled.
+enum IdentityPattern<'a> {
+    Exact(&'a str),
+    /// `None`: not a valid expression, matches nothing (as go-choria).
+    Regex(Option<regex::Regex>),
+}
+
+/// A [`Filter`] ready to match many nodes ([`Filter::matcher`]).
+pub struct Matcher<'a> {
+    filter: &'a Filter,
+    identity: Vec<IdentityPattern<'a>>,
+}
+
+impl Matcher<'_> {
+    /// Whether a node with `node`'s properties should act on a request with this filter.
+    pub fn matches(&self, node: &NodeInfo<'_>) -> bool {
+        let filter = self.filter;
+        if !filter.compound.is_empty() {
             return false;
         }
         if !self.identity.is_empty()
-            && !self
-                .identity
-                .iter()
-                .any(|f| match_string(f, node.identity, false))
+            && !self.identity.iter().any(|p| match p {
+                IdentityPattern::Exact(f) => *f == node.identity,
+                IdentityPattern::Regex(re) => {
+                    re.as_ref().is_some_and(|r| r.is_match(node.identity))
+                }
+            })
         {
             return false;
         }
-        if !self
+        if !filter
             .agent
             .iter()
             .all(|f| node.agents.iter().any(|a| match_string(f, a, false)))
         {
             return false;
         }
-        if !self
+        if !filter
             .class
             .iter()
             .all(|f| node.classes.iter().any(|c| match_string(f, c, true)))
         {
             return false;
         }
-        self.fact.iter().all(|f| match_fact(f, node.facts))
+        filter.fact.iter().all(|f| match_fact(f, node.facts))
     }
 }
 

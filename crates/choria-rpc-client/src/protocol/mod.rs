@@ -19,7 +19,7 @@ use md5::{Digest as _, Md5};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-pub use filter::{FactFilter, Filter, NodeInfo};
+pub use filter::{FactFilter, Filter, Matcher, NodeInfo};
 pub use security::{RequestSecurity, Security, SecurityError};
 
 /// Protocol string of a version 1 transport.

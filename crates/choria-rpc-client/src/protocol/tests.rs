@@ -660,3 +660,75 @@ fn transport_written_directly_equals_the_serialised_envelope() {
         assert_eq!(direct, serialised, "v2, {len} bytes");
     }
 }
+
+fn node(identity: &str) -> NodeInfo<'_> {
+    NodeInfo {
+        identity,
+        agents: &[],
+        classes: &[],
+        facts: &serde_json::Value::Null,
+    }
+}
+
+#[test]
+fn identity_shards_give_every_identity_to_exactly_one_shard() {
+    let ids = [
+        "n-0000001.fleet.example.net",
+        "web01",
+        "DB-Z.example",
+        "a_b_.x",
+        "x-.y",
+        "host_",
+        "ALLCAPS.Example",
+        "q9.z",
+        "tail.9",
+        "ü",
+    ];
+    for shards in 2..=12 {
+        let filters: Vec<Filter> = (0..shards)
+            .map(|i| {
+                Filter::with_identity(Filter::identity_shard(i, shards).expect("a shard filter"))
+            })
+            .collect();
+        let matchers: Vec<Matcher<'_>> = filters.iter().map(Filter::matcher).collect();
+        for id in ids {
+            let hits: Vec<usize> = (0..shards)
+                .filter(|&i| matchers[i].matches(&node(id)))
+                .collect();
+            assert_eq!(hits.len(), 1, "{id} in {shards} shards: {hits:?}");
+        }
+    }
+    assert_eq!(Filter::identity_shard(0, 1), None);
+    assert_eq!(Filter::identity_shard(3, 3), None);
+}
+
+#[test]
+fn identity_shards_split_numbered_hosts_evenly() {
+    let filters: Vec<Filter> = (0..10)
+        .map(|i| Filter::with_identity(Filter::identity_shard(i, 10).expect("a shard filter")))
+        .collect();
+    let matchers: Vec<Matcher<'_>> = filters.iter().map(Filter::matcher).collect();
+    let mut counts = [0usize; 10];
+    for n in 0..10_000 {
+        let id = format!("n-{n:07}.fleet.example.net");
+        for (i, m) in matchers.iter().enumerate() {
+            if m.matches(&node(&id)) {
+                counts[i] += 1;
+            }
+        }
+    }
+    assert_eq!(counts, [1000; 10]);
+}
+
+#[test]
+fn a_matcher_matches_as_its_filter_does() {
+    let f = Filter {
+        identity: vec!["/^web/".into(), "db1".into(), "/[/".into()],
+        ..Filter::default()
+    };
+    let m = f.matcher();
+    for (id, want) in [("web3", true), ("db1", true), ("db2", false), ("[", false)] {
+        assert_eq!(m.matches(&node(id)), want, "{id}");
+        assert_eq!(f.matches(&node(id)), want, "{id}");
+    }
+}
