@@ -30,6 +30,11 @@ mod unit_security;
 use targets::{Arch, Target};
 
 const NAME: &str = "choria-provisioner";
+/// The fleet simulator, packaged beside the provisioner for load tests (`/usr/bin`).
+const FLEET_SIM: &str = "choria-fleet-sim";
+/// The demo helper: built with the packaged binaries for the tests that provision a fleet, not
+/// packaged.
+const DEMO_HELPER: &str = "choria-demo-helper";
 const HOMEPAGE: &str = "https://github.com/choria-io/provisioner-rs";
 const MAINTAINER_EMAIL: &str = "choria-provisioner@choria.io";
 
@@ -53,6 +58,7 @@ const FUNCTIONS_MARKER: &str = "@MAINTAINER_FUNCTIONS@";
 /// What the packages install, relative to `/`: path, mode, whether it is configuration.
 const LAYOUT: &[(&str, u32, bool)] = &[
     ("usr/sbin/choria-provisioner", 0o755, false),
+    ("usr/bin/choria-fleet-sim", 0o755, false),
     (
         "etc/choria-provisioner/choria-provisioner.yaml",
         0o640,
@@ -244,7 +250,8 @@ pub fn main(args: Args) -> Result<()> {
             Some(set) => set.target.clone(),
             None => Target::default_for_host()?,
         };
-        fleet_binaries(&root, &target, o.build)?
+        // Built with the packaged binary when there is a package set for this architecture.
+        fleet_binaries(&root, &target, o.build && native.is_none())?
     } else {
         None
     };
@@ -324,10 +331,9 @@ fn package(
     Ok(set)
 }
 
-/// The fleet simulator and the demo helper the tests provision fleets with, built in release
-/// for `target` (the host architecture's release target, so they reuse its build of the
-/// dependencies) after the packaged binary, in a separate build so that it is never rebuilt with
-/// their features; with `--no-build` whatever release build is there.
+/// The fleet simulator and the demo helper the tests provision fleets with: those built with the
+/// packaged binary (targets::build), or built here in release for `target` when `build` (no
+/// package set of the host's architecture); with `--no-build` whatever release build is there.
 fn fleet_binaries(root: &Path, target: &Target, build: bool) -> Result<Option<PathBuf>> {
     let dir = target_dir(root).join(target.triple()).join("release");
     let bins = ["choria-fleet-sim", "choria-demo-helper"];
@@ -434,6 +440,8 @@ fn source_of(root: &Path, binary: &Path, dest: &str) -> PathBuf {
     let file = dest.rsplit('/').next().unwrap_or(dest);
     match dest {
         "usr/sbin/choria-provisioner" => binary.to_path_buf(),
+        // Built beside the provisioner, in the same build (targets::build).
+        "usr/bin/choria-fleet-sim" => binary.with_file_name(FLEET_SIM),
         "etc/logrotate.d/choria-provisioner" => root.join("packaging/choria-provisioner.logrotate"),
         "usr/lib/tmpfiles.d/choria-provisioner.conf" => {
             root.join("packaging/choria-provisioner.tmpfiles")
@@ -465,7 +473,10 @@ fn stage_tree(root: &Path, binary: &Path, arch: Arch, stage: &Path) -> Result<()
     // the binary without them (function names stay, so backtraces still name the frames). The
     // host's strip reads only its own architecture: another one's binary is stripped by the
     // strip of Debian's binutils for that architecture (binutils-aarch64-linux-gnu).
-    let staged = stage.join("usr/sbin/choria-provisioner");
+    let staged = [
+        stage.join("usr/sbin/choria-provisioner"),
+        stage.join("usr/bin").join(FLEET_SIM),
+    ];
     let (strip, package) = if arch == Arch::host()? {
         ("strip".to_string(), "binutils".to_string())
     } else {
@@ -480,10 +491,10 @@ fn stage_tree(root: &Path, binary: &Path, arch: Arch, stage: &Path) -> Result<()
         targets::apt_install(&[&package]);
     }
     match which(&strip) {
-        Ok(strip) => run(Command::new(strip).arg("--strip-debug").arg(&staged))?,
+        Ok(strip) => run(Command::new(strip).arg("--strip-debug").args(&staged))?,
         Err(_) => println!(
             "dist: {strip} not found and could not be installed (apt-get install {package}): the \
-             packaged binary keeps its debug info"
+             packaged binaries keep their debug info"
         ),
     }
     // The documentation as Markdown, with the files its pages link to (the dashboard and the
@@ -733,12 +744,22 @@ fn linkage(binary: &Path) -> Result<elf::Linkage> {
 /// The packaged binary is for the target's architecture and runs on every supported system:
 /// static, or needing glibc [`MAX_GLIBC`] at most.
 fn verify_linkage(set: &PackageSet) -> Result<elf::Linkage> {
-    let binary = set.binary();
-    let l = linkage(&binary)?;
     let machine = match set.target.arch {
         Arch::X86_64 => elf::Machine::X86_64,
         Arch::Aarch64 => elf::Machine::Aarch64,
     };
+    // The packaged fleet simulator is held to what the provisioner is.
+    let sim = set.stage.join("usr/bin").join(FLEET_SIM);
+    let sim_linkage = linkage(&sim)?;
+    let binary = set.binary();
+    let l = linkage(&binary)?;
+    if sim_linkage != l {
+        bail!(
+            "{} is {sim_linkage}, not {l} as {} is",
+            sim.display(),
+            binary.display()
+        );
+    }
     if l.machine != machine {
         bail!(
             "{} is {l}, not {}",

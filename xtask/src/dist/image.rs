@@ -15,7 +15,7 @@ use test_support::webhook::WebhookPlan;
 use test_support::Mode;
 
 use super::targets::apt_install;
-use super::{capture, install_file, linkage, section, PackageSet, NAME};
+use super::{capture, install_file, linkage, section, PackageSet, FLEET_SIM, NAME};
 use crate::stack::{metric_sum, start_nats, write_run_files, Proc};
 use crate::tools::{root, run, which};
 
@@ -68,6 +68,12 @@ pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) ->
     let system = ctx.join("system");
     let user = ctx.join("user");
     install_file(&binary, &system.join("usr/sbin").join(NAME), 0o755)?;
+    // The fleet simulator, for load tests from the image (`--entrypoint`).
+    install_file(
+        &set.stage.join("usr/bin").join(FLEET_SIM),
+        &system.join("usr/bin").join(FLEET_SIM),
+        0o755,
+    )?;
     for (file, mode) in [("LICENSE", 0o644), ("README.md", 0o644)] {
         install_file(
             &root.join(file),
@@ -327,6 +333,7 @@ fn image_files(podman: &Path, name: &str) -> Result<()> {
     section("image files", &listing);
     for (path, want) in [
         ("usr/sbin/choria-provisioner", "-rwxr-xr-x 0/0"),
+        ("usr/bin/choria-fleet-sim", "-rwxr-xr-x 0/0"),
         ("etc/passwd", "-rw-r--r-- 0/0"),
         (CA_BUNDLE, "-rw-r--r-- 0/0"),
         ("etc/choria-provisioner/", "drwxr-x--- 2048/2048"),

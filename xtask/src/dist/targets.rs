@@ -17,7 +17,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use super::{cargo, target_dir, NAME};
+use super::{cargo, target_dir, DEMO_HELPER, FLEET_SIM, NAME};
 use crate::tools::{root, run, which};
 
 /// The pinned Zig toolchain (PyPI's `ziglang`) and cargo-zigbuild that cross builds use.
@@ -257,7 +257,8 @@ pub fn ensure_zig() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Builds the release binary for `target` with the version and commit compiled in; its path.
+/// Builds the release binaries for `target` (the provisioner, the fleet simulator and the demo
+/// helper) with the version and commit compiled in; the provisioner's path.
 pub fn build(target: &Target, version: &str, commit: &str) -> Result<PathBuf> {
     println!(
         "dist: release build of {NAME} {version} (commit {commit}) for {}",
@@ -267,7 +268,10 @@ pub fn build(target: &Target, version: &str, commit: &str) -> Result<PathBuf> {
         ("CHORIA_PROVISIONER_VERSION", version),
         ("CHORIA_PROVISIONER_COMMIT", commit),
     ];
-    cargo_build(target, &[NAME], &env)?;
+    // One build: the fleet simulator (packaged too) and the demo helper (for the tests that
+    // provision a fleet) share the provisioner's build of their dependencies, with the
+    // features the three need together.
+    cargo_build(target, &[NAME, FLEET_SIM, DEMO_HELPER], &env)?;
     Ok(target.binary(&root()))
 }
 
