@@ -118,3 +118,45 @@ async fn a_sharded_discovery_finds_every_node_once() {
     }
     fleet.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_probed_discovery_finds_every_node_once_and_sizes_its_shards_from_the_first() {
+    let nats = NatsServer::start();
+    let fleet = common::start(&nats.url(), 200).await;
+    let rpc = client(&nats.url(), "provisioner").await;
+    // The discovery broadcasts, counted on the broker by a client of its own.
+    let watcher = async_nats::connect(nats.url()).await.unwrap();
+    let mut broadcasts = watcher
+        .subscribe(choria_rpc_client::protocol::broadcast_subject(
+            "provisioning",
+            "discovery",
+        ))
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    let mut replies = 0;
+    // A fleet the first shard says is small (20 of 200 in the first of ten, 200 estimated, at
+    // most 1,000 a shard): that shard, then the rest in one. One it says is large (at most 50
+    // a shard): all ten shards one by one.
+    for (shard_size, asked) in [(1_000, 2), (50, 10)] {
+        let mut found = rpc
+            .discover_provisionable_probed(shard_size, 10)
+            .await
+            .unwrap()
+            .to_vec();
+        found.sort();
+        assert_eq!(found, fleet.identities(), "shards of {shard_size}");
+        let now = fleet.stats().discovery_replies;
+        assert_eq!(now - replies, 200, "each node answered once");
+        replies = now;
+        let mut seen = 0;
+        while tokio::time::timeout(Duration::from_millis(200), broadcasts.next())
+            .await
+            .is_ok_and(|m| m.is_some())
+        {
+            seen += 1;
+        }
+        assert_eq!(seen, asked, "discoveries for shards of {shard_size}");
+    }
+    fleet.shutdown().await;
+}

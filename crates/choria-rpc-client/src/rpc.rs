@@ -781,27 +781,71 @@ impl RpcClient {
         shards: usize,
     ) -> Result<Discovered, RequestError> {
         let mut collected = Collected::default();
-        let timeout = Duration::from_secs(2);
-        let window = Some(Duration::from_millis(300));
         if shards < 2 {
-            self.discover_into(
-                &Filter::with_agent("choria_provision"),
-                timeout,
-                window,
-                &mut collected,
-            )
-            .await?;
+            self.discover_part(None, &mut collected).await?;
             return Ok(collected.found);
         }
         for shard in 0..shards {
-            let mut filter = Filter::with_agent("choria_provision");
-            filter
-                .identity
-                .extend(Filter::identity_shard(shard, shards));
-            self.discover_into(&filter, timeout, window, &mut collected)
+            self.discover_part(Filter::identity_shard(shard, shards), &mut collected)
                 .await?;
         }
         Ok(collected.found)
+    }
+
+    /// [`RpcClient::discover_provisionable`] for a fleet of unknown size (a daemon's first
+    /// discovery), without a burst of every node's reply at once: the first of `max_shards`
+    /// shards ([`Filter::identity_shard`]) alone, then the rest in one discovery when that
+    /// shard's nodes times `max_shards` is at most `shard_size`, else one by one. A small fleet
+    /// is found in two discoveries; a million nodes answer in bursts of a tenth.
+    pub async fn discover_provisionable_probed(
+        &self,
+        shard_size: usize,
+        max_shards: usize,
+    ) -> Result<Discovered, RequestError> {
+        if max_shards < 2 {
+            return self.discover_provisionable_in(1).await;
+        }
+        let mut collected = Collected::default();
+        self.discover_part(Filter::identity_shard(0, max_shards), &mut collected)
+            .await?;
+        let estimate = collected.found.len().saturating_mul(max_shards);
+        if estimate <= shard_size {
+            self.discover_part(
+                Filter::identity_shards(1..max_shards, max_shards),
+                &mut collected,
+            )
+            .await?;
+        } else {
+            tracing::debug!(
+                found = collected.found.len(),
+                estimate,
+                shards = max_shards,
+                "a large fleet: discovering the rest shard by shard"
+            );
+            for shard in 1..max_shards {
+                self.discover_part(Filter::identity_shard(shard, max_shards), &mut collected)
+                    .await?;
+            }
+        }
+        Ok(collected.found)
+    }
+
+    /// One discovery of the provisioner's (agent `choria_provision`, 2 s timeout, 300 ms
+    /// sliding window), limited to the identities `identity` matches when there is one.
+    async fn discover_part(
+        &self,
+        identity: Option<String>,
+        collected: &mut Collected,
+    ) -> Result<(), RequestError> {
+        let mut filter = Filter::with_agent("choria_provision");
+        filter.identity.extend(identity);
+        self.discover_into(
+            &filter,
+            Duration::from_secs(2),
+            Some(Duration::from_millis(300)),
+            collected,
+        )
+        .await
     }
 
     /// Publish a lifecycle event (Choria format) to its subject.

@@ -57,12 +57,12 @@ pub const MAX_DISCOVERY_SHARDS: usize = 10;
 /// to [`DISCOVERY_SHARD_SIZE`] nodes, then one per that many, at most
 /// [`MAX_DISCOVERY_SHARDS`]. A million nodes answering at once are a million replies waiting
 /// to be read (about 300 MB); ten shards of a tenth each keep that a tenth as large. The first
-/// discovery of a daemon knows nothing of the fleet and is one.
-pub fn discovery_shards(previous: Option<usize>) -> usize {
-    previous.map_or(1, |n| {
-        n.div_ceil(DISCOVERY_SHARD_SIZE)
-            .clamp(1, MAX_DISCOVERY_SHARDS)
-    })
+/// discovery of a daemon knows nothing of the fleet: it asks the first of the most shards
+/// alone, and sizes the rest from that (`RpcClient::discover_provisionable_probed`).
+pub fn discovery_shards(previous: usize) -> usize {
+    previous
+        .div_ceil(DISCOVERY_SHARD_SIZE)
+        .clamp(1, MAX_DISCOVERY_SHARDS)
 }
 
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
@@ -771,16 +771,26 @@ async fn discover(
             warn!("Skipping discovery while paused");
         } else {
             metrics.discover_cycle();
-            let shards = discovery_shards(previous);
-            if shards > 1 {
-                info!(
-                    "Looking for provisionable hosts in {shards} shards of their identities (the last discovery found {})",
-                    previous.unwrap_or_default()
-                );
-            } else {
-                info!("Looking for provisionable hosts");
-            }
-            match client.discover_provisionable_in(shards).await {
+            let found = match previous {
+                None => {
+                    info!("Looking for provisionable hosts");
+                    client
+                        .discover_provisionable_probed(DISCOVERY_SHARD_SIZE, MAX_DISCOVERY_SHARDS)
+                        .await
+                }
+                Some(previous) => {
+                    let shards = discovery_shards(previous);
+                    if shards > 1 {
+                        info!(
+                            "Looking for provisionable hosts in {shards} shards of their identities (the last discovery found {previous})"
+                        );
+                    } else {
+                        info!("Looking for provisionable hosts");
+                    }
+                    client.discover_provisionable_in(shards).await
+                }
+            };
+            match found {
                 Ok(nodes) => {
                     previous = Some(nodes.len());
                     info!("discovered {} nodes waiting for provisioning", nodes.len());
@@ -995,14 +1005,13 @@ mod tests {
 
     #[test]
     fn discovery_is_sharded_by_what_the_previous_one_found() {
-        assert_eq!(discovery_shards(None), 1);
-        assert_eq!(discovery_shards(Some(0)), 1);
-        assert_eq!(discovery_shards(Some(DISCOVERY_SHARD_SIZE)), 1);
-        assert_eq!(discovery_shards(Some(DISCOVERY_SHARD_SIZE + 1)), 2);
-        assert_eq!(discovery_shards(Some(450_000)), 5);
-        assert_eq!(discovery_shards(Some(1_000_000)), 10);
+        assert_eq!(discovery_shards(0), 1);
+        assert_eq!(discovery_shards(DISCOVERY_SHARD_SIZE), 1);
+        assert_eq!(discovery_shards(DISCOVERY_SHARD_SIZE + 1), 2);
+        assert_eq!(discovery_shards(450_000), 5);
+        assert_eq!(discovery_shards(1_000_000), 10);
         assert_eq!(
-            discovery_shards(Some(4_000_000)),
+            discovery_shards(4_000_000),
             MAX_DISCOVERY_SHARDS,
             "never more than the most shards"
         );

@@ -137,19 +137,27 @@ impl Filter {
     /// also takes every other character. `None` when `shards` is below 2 or `shard` is out of
     /// range.
     pub fn identity_shard(shard: usize, shards: usize) -> Option<String> {
-        if shards < 2 || shard >= shards {
+        Self::identity_shards(shard..shard.saturating_add(1), shards)
+    }
+
+    /// The discovery shards `range` of `shards` together (see [`Filter::identity_shard`]): one
+    /// expression for the nodes of all of them, for example every shard but the first after
+    /// the first has been asked alone. `None` when `shards` is below 2 or the range is empty
+    /// or out of range.
+    pub fn identity_shards(range: std::ops::Range<usize>, shards: usize) -> Option<String> {
+        if shards < 2 || range.is_empty() || range.end > shards {
             return None;
         }
         let mut class = String::new();
         for (i, c) in SHARD_CHARS.chars().enumerate() {
-            if i % shards == shard {
+            if range.contains(&(i % shards)) {
                 class.push(c);
                 if c.is_ascii_lowercase() {
                     class.push(c.to_ascii_uppercase());
                 }
             }
         }
-        let last = shard + 1 == shards;
+        let last = range.end == shards;
         let tail = match (class.is_empty(), last) {
             (true, true) => "[^.0-9A-Za-z]".to_string(),
             (true, false) => return None,

@@ -703,6 +703,47 @@ fn identity_shards_give_every_identity_to_exactly_one_shard() {
 }
 
 #[test]
+fn a_range_of_shards_matches_what_its_shards_match() {
+    let ids = [
+        "n-0000001.fleet.example.net",
+        "n-0000010.fleet.example.net",
+        "web0a",
+        "DB-Z.example",
+        "host_",
+        "ALLCAPS.Example",
+        "ü",
+    ];
+    for shards in 2..=10 {
+        for start in 0..shards {
+            for end in start + 1..=shards {
+                let range = Filter::with_identity(
+                    Filter::identity_shards(start..end, shards).expect("a range filter"),
+                );
+                let range = range.matcher();
+                for id in ids {
+                    let in_one = (start..end).any(|i| {
+                        Filter::with_identity(Filter::identity_shard(i, shards).unwrap())
+                            .matcher()
+                            .matches(&node(id))
+                    });
+                    assert_eq!(
+                        range.matches(&node(id)),
+                        in_one,
+                        "{id} in shards {start}..{end} of {shards}"
+                    );
+                }
+            }
+        }
+    }
+    // Every shard is every identity.
+    let all = Filter::with_identity(Filter::identity_shards(0..10, 10).unwrap());
+    assert!(ids.iter().all(|id| all.matcher().matches(&node(id))));
+    assert_eq!(Filter::identity_shards(2..2, 10), None);
+    assert_eq!(Filter::identity_shards(9..11, 10), None);
+    assert_eq!(Filter::identity_shard(usize::MAX, 10), None);
+}
+
+#[test]
 fn identity_shards_split_numbered_hosts_evenly() {
     let filters: Vec<Filter> = (0..10)
         .map(|i| Filter::with_identity(Filter::identity_shard(i, 10).expect("a shard filter")))
