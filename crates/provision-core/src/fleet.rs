@@ -590,18 +590,31 @@ impl Fleet {
             promote =
                 e.state == State::Queued && e.lane == Source::Event && source == Source::Discovery;
             // Found again after an interval in the queue: its entry is renewed in place (it
-            // already has its place, so a full queue does not matter), and its wait counts
-            // from now, so a queue longer than two intervals of work does not drop it.
+            // keeps its place, so a full queue does not matter), and its wait counts from now,
+            // so a queue longer than two intervals of work does not drop it.
             replace = e.state == State::Queued && e.lane == source;
             if known && !promote {
                 return AddResult::Known;
             }
         }
+        if replace {
+            if let Some(e) = t.get_mut(identity) {
+                e.time = now;
+            }
+            drop(t);
+            let o = self.provisioner.observer();
+            match source {
+                Source::Discovery => o.discovered(),
+                Source::Event => o.event_discovered(),
+            }
+            o.node_event(identity, &NodeEvent::Queued { source });
+            return AddResult::Queued;
+        }
         let lane_cap = match source {
             Source::Discovery => self.capacity,
             Source::Event => (self.capacity / 2).max(1),
         };
-        if !promote && !replace && (t.queued() >= self.capacity || t.live(source) >= lane_cap) {
+        if !promote && (t.queued() >= self.capacity || t.live(source) >= lane_cap) {
             let (queued, capacity) = (t.queued(), self.capacity);
             let backlog_cap = self.capacity.saturating_mul(BACKLOG_FACTOR);
             if source == Source::Discovery && t.backlog.len() < backlog_cap {
@@ -636,7 +649,6 @@ impl Fleet {
         // A promoted node keeps the time it was first announced (staleness counts from then).
         let (added, replaced) = match t.get(identity) {
             Some(e) if promote => (e.time, Some(e.lane)),
-            Some(e) if e.state == State::Queued => (now, Some(e.lane)),
             _ => (now, None),
         };
         if let Some(lane) = replaced {

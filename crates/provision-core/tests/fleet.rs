@@ -38,11 +38,10 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
     assert_eq!(fleet.add("b", Source::Event), AddResult::Queued);
     assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 1);
     assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 1);
-    // Still waiting after a whole interval: the entry is replaced, the old one goes stale.
+    // Still waiting after a whole interval: the entry is renewed in place.
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
     assert_eq!(fleet.known(), 2);
-    // Two nodes wait; the stale entry is not counted.
     assert_eq!(fleet.queued(), 2);
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
@@ -50,7 +49,7 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
         obs.0.provisioned.load(Ordering::SeqCst) == 2
     })
     .await;
-    // The stale entry for "a" was skipped: two nodes, two configures.
+    // Two nodes, two configures.
     assert_eq!(node.count(Action::Configure), 2);
     assert_eq!(fleet.queued(), 0);
     stop.cancel();
@@ -173,6 +172,45 @@ async fn workers_provision_every_node_and_hold_it_for_a_minute() {
     tokio::time::sleep(Duration::from_secs(66)).await;
     assert_eq!(fleet.known(), 0, "holds expire");
     assert_eq!(fleet.add("n1", Source::Event), AddResult::Queued);
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_found_again_keeps_its_place_and_its_wait_counts_from_then() {
+    let node = FakeNode::new();
+    let obs = CountingObserver::default();
+    let helper = FakeHelper::replying(good_reply());
+    let fleet = Fleet::new(provisioner(
+        token().interval(Duration::from_secs(60)),
+        &node,
+        &helper,
+        &obs,
+    ));
+    for id in ["a", "b", "c"] {
+        assert_eq!(fleet.add(id, Source::Discovery), AddResult::Queued);
+    }
+    // The next discovery finds "a" and "c" again; "b" has gone quiet.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(fleet.add("c", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.queued(), 3);
+    // Past two intervals since the first discovery: "b", not found since, is dropped as
+    // stale; "a" and "c" were found a minute ago and are provisioned in their first order.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
+    wait_for("two nodes", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let order: Vec<String> = helper.inputs().into_iter().map(|i| i.identity).collect();
+    assert_eq!(order, ["a", "c"]);
+    assert_eq!(
+        obs.0.provision_errors.load(Ordering::SeqCst),
+        1,
+        "b was stale"
+    );
     stop.cancel();
     run.await.unwrap();
 }
