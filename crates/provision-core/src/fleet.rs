@@ -507,10 +507,11 @@ impl Fleet {
         o.waiting_nodes(t.len + t.backlog.len());
     }
 
-    /// Queues `identity` unless it is already known or not a valid identity. A node queued more
-    /// than one interval ago and still waiting is replaced by the new entry (the old queue entry
-    /// becomes stale); a node being provisioned or held after success is never queued twice. An
-    /// announced node still waiting that discovery now finds moves to the discovery lane.
+    /// Queues `identity` unless it is already known or not a valid identity. A node still
+    /// waiting in its lane is renewed in place (its wait counts from now) and is
+    /// [`AddResult::Known`]; a node being provisioned or held after success is never queued
+    /// twice. An announced node still waiting that discovery now finds moves to the discovery
+    /// lane.
     ///
     /// An invalid identity is refused (counted by [`Observer::invalid_identity`], logged escaped
     /// in a bounded summary) and never queued. Nothing is queued (or counted) while provisioning
@@ -545,13 +546,11 @@ impl Fleet {
             return AddResult::Refused(why);
         }
         let now = Instant::now();
-        let interval = self.provisioner.config().interval();
         let mut t = self.lock();
         if t.draining {
             return AddResult::Paused;
         }
         let mut promote = false;
-        let mut replace = false;
         // A held node that announces a fresh start in provisioning mode (a reprovision
         // request, a rotation, a rebuilt server) is queued as soon as its hold ends, not at the
         // next discovery after it: the hold still keeps it from being provisioned again at once
@@ -574,41 +573,28 @@ impl Fleet {
             );
             return AddResult::Known;
         }
-        if let Some(e) = t.get(identity) {
+        if let Some(e) = t.get_mut(identity) {
+            // Found again while it waits in its lane: renewed in place, silently (it keeps its
+            // place, so a full queue does not matter, and its wait counts from now, so a queue
+            // longer than two intervals of work does not drop a node that still answers).
+            if e.state == State::Queued && e.lane == source {
+                e.time = now;
+                return AddResult::Known;
+            }
             let known = match e.state {
                 State::Working => true,
                 State::Held | State::Deferred => e.time > now,
                 // A discovered node's startup event does not move it to the event lane.
-                State::Queued => {
-                    now.duration_since(e.time) < interval
-                        || (e.lane == Source::Discovery && source == Source::Event)
-                }
+                State::Queued => e.lane == Source::Discovery && source == Source::Event,
                 // A node waiting for its next try is queued at once when discovery finds it or
                 // it announces itself again (a restarted server).
                 State::Retry => false,
             };
             promote =
                 e.state == State::Queued && e.lane == Source::Event && source == Source::Discovery;
-            // Found again after an interval in the queue: its entry is renewed in place (it
-            // keeps its place, so a full queue does not matter), and its wait counts from now,
-            // so a queue longer than two intervals of work does not drop it.
-            replace = e.state == State::Queued && e.lane == source;
             if known && !promote {
                 return AddResult::Known;
             }
-        }
-        if replace {
-            if let Some(e) = t.get_mut(identity) {
-                e.time = now;
-            }
-            drop(t);
-            let o = self.provisioner.observer();
-            match source {
-                Source::Discovery => o.discovered(),
-                Source::Event => o.event_discovered(),
-            }
-            o.node_event(identity, &NodeEvent::Queued { source });
-            return AddResult::Queued;
         }
         let lane_cap = match source {
             Source::Discovery => self.capacity,

@@ -38,9 +38,11 @@ async fn add_deduplicates_within_one_interval_and_counts_sources() {
     assert_eq!(fleet.add("b", Source::Event), AddResult::Queued);
     assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 1);
     assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 1);
-    // Still waiting after a whole interval: the entry is renewed in place.
+    // Still waiting after a whole interval: the entry is renewed in place, and not counted
+    // again.
     tokio::time::advance(Duration::from_secs(61)).await;
-    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Known);
+    assert_eq!(obs.0.discovered.load(Ordering::SeqCst), 1);
     assert_eq!(fleet.known(), 2);
     assert_eq!(fleet.queued(), 2);
     let stop = CancellationToken::new();
@@ -192,8 +194,8 @@ async fn a_node_found_again_keeps_its_place_and_its_wait_counts_from_then() {
     }
     // The next discovery finds "a" and "c" again; "b" has gone quiet.
     tokio::time::advance(Duration::from_secs(61)).await;
-    assert_eq!(fleet.add("c", Source::Discovery), AddResult::Queued);
-    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("c", Source::Discovery), AddResult::Known);
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Known);
     assert_eq!(fleet.queued(), 3);
     // Past two intervals since the first discovery: "b", not found since, is dropped as
     // stale; "a" and "c" were found a minute ago and are provisioned in their first order.
@@ -811,7 +813,7 @@ async fn a_node_found_again_in_a_full_queue_is_renewed_not_dropped_as_stale() {
     assert_eq!(fleet.add("b", Source::Discovery), AddResult::Queued);
     tokio::time::advance(Duration::from_secs(61)).await;
     // The next discovery finds "a" again: renewed in its place, though the queue is full.
-    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Queued);
+    assert_eq!(fleet.add("a", Source::Discovery), AddResult::Known);
     // Its startup event does not move a discovered node to the event lane.
     assert_eq!(fleet.add("a", Source::Event), AddResult::Known);
     assert_eq!(fleet.queued(), 2);
