@@ -87,9 +87,6 @@ enum State {
     Queued,
     Working,
     Held,
-    /// A held node that announced a restart in provisioning mode: held still, and queued in
-    /// the event lane when the hold ends.
-    Deferred,
     /// An announced node waiting for its next try.
     Retry,
 }
@@ -97,7 +94,7 @@ enum State {
 #[derive(Debug)]
 struct Entry {
     /// When it was queued (`Queued`; what staleness and the wait count from), until when it is
-    /// held (`Held`, `Deferred`), or when its next try is due (`Retry`): one time, so that an entry is 24
+    /// held (`Held`), or when its next try is due (`Retry`): one time, so that an entry is 24
     /// bytes.
     time: Instant,
     generation: u32,
@@ -551,28 +548,6 @@ impl Fleet {
             return AddResult::Paused;
         }
         let mut promote = false;
-        // A held node that announces a fresh start in provisioning mode (a reprovision
-        // request, a rotation, a rebuilt server) is queued as soon as its hold ends, not at the
-        // next discovery after it: the hold still keeps it from being provisioned again at once
-        // (a node that is restarting, a startup event replayed or forged).
-        let deferred = match t.get_mut(identity) {
-            Some(e) if e.state == State::Held && e.time > now && source == Source::Event => {
-                e.state = State::Deferred;
-                e.lane = Source::Event;
-                Some(e.time)
-            }
-            _ => None,
-        };
-        if let Some(end) = deferred {
-            drop(t);
-            debug!(
-                identity = %escaped(identity),
-                "\"{}\" announced a restart in provisioning mode while held: queued when its hold ends in {:?}",
-                escaped(identity),
-                end.saturating_duration_since(now)
-            );
-            return AddResult::Known;
-        }
         if let Some(e) = t.get_mut(identity) {
             // Found again while it waits in its lane: renewed in place, silently (it keeps its
             // place, so a full queue does not matter, and its wait counts from now, so a queue
@@ -583,7 +558,7 @@ impl Fleet {
             }
             let known = match e.state {
                 State::Working => true,
-                State::Held | State::Deferred => e.time > now,
+                State::Held => e.time > now,
                 // A discovered node's startup event does not move it to the event lane.
                 State::Queued => e.lane == Source::Discovery && source == Source::Event,
                 // A node waiting for its next try is queued at once when discovery finds it or
@@ -914,7 +889,7 @@ impl Fleet {
             let Some(x) = x else { continue };
             match x.entry.state {
                 State::Held if x.entry.time <= now => over.push(s as u32),
-                State::Retry | State::Deferred if x.entry.time <= now => due.push(s as u32),
+                State::Retry if x.entry.time <= now => due.push(s as u32),
                 _ => {}
             }
         }
