@@ -134,6 +134,7 @@ struct Counters {
     discovery_replies: AtomicU64,
     ignored: AtomicU64,
     events: AtomicU64,
+    events_skipped: AtomicU64,
     configured: AtomicUsize,
     provisioned: AtomicUsize,
     broken: AtomicUsize,
@@ -159,6 +160,8 @@ pub struct Stats {
     pub ignored: u64,
     /// Lifecycle events published.
     pub events: u64,
+    /// Startup events not published because discovery had provisioned their node first.
+    pub events_skipped: u64,
     /// Successful `configure` calls.
     pub configured: usize,
     /// Nodes out of provisioning mode with a usable configuration.
@@ -561,6 +564,7 @@ impl SimFleet {
             discovery_replies: c.discovery_replies.load(Ordering::Relaxed),
             ignored: c.ignored.load(Ordering::Relaxed),
             events: c.events.load(Ordering::Relaxed),
+            events_skipped: c.events_skipped.load(Ordering::Relaxed),
             configured: c.configured.load(Ordering::Relaxed),
             provisioned: c.provisioned.load(Ordering::Relaxed),
             broken: c.broken.load(Ordering::Relaxed),
@@ -1278,10 +1282,23 @@ impl Inner {
                 _ = interval.tick() => {},
             }
             for (i, id) in chunk.iter().enumerate() {
+                let idx = c * per_tick + i;
                 // Nodes started provisioned come up as normal servers.
-                let component = if c * per_tick + i < self.cfg.preprovisioned {
+                let component = if idx < self.cfg.preprovisioned {
                     "server"
                 } else {
+                    // A node discovery has already provisioned is past its boot in
+                    // provisioning mode: a real server announces that boot before anything
+                    // can provision it, so an announcement now would be a stale one.
+                    let waiting = self
+                        .nodes
+                        .get(idx)
+                        .and_then(|n| n.lock().ok().map(|n| n.answers()))
+                        .unwrap_or(false);
+                    if !waiting {
+                        self.counters.events_skipped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     "provision_mode_server"
                 };
                 self.event(LifecycleEvent::startup(id, component, &self.cfg.version))

@@ -124,17 +124,8 @@ async fn a_probed_discovery_finds_every_node_once_and_sizes_its_shards_from_the_
     let nats = NatsServer::start();
     let fleet = common::start(&nats.url(), 200).await;
     let rpc = client(&nats.url(), "provisioner").await;
-    // The discovery broadcasts, counted on the broker by a client of its own.
-    let watcher = async_nats::connect(nats.url()).await.unwrap();
-    let mut broadcasts = watcher
-        .subscribe(choria_rpc_client::protocol::broadcast_subject(
-            "provisioning",
-            "discovery",
-        ))
-        .await
-        .unwrap();
-    watcher.flush().await.unwrap();
     let mut replies = 0;
+    let mut requests = fleet.stats().requests;
     // A fleet the first shard says is small (20 of 200 in the first of ten, 200 estimated, at
     // most 1,000 a shard): that shard, then the rest in one. One it says is large (at most 50
     // a shard): all ten shards one by one.
@@ -149,14 +140,54 @@ async fn a_probed_discovery_finds_every_node_once_and_sizes_its_shards_from_the_
         let now = fleet.stats().discovery_replies;
         assert_eq!(now - replies, 200, "each node answered once");
         replies = now;
-        let mut seen = 0;
-        while tokio::time::timeout(Duration::from_millis(200), broadcasts.next())
-            .await
-            .is_ok_and(|m| m.is_some())
-        {
-            seen += 1;
-        }
-        assert_eq!(seen, asked, "discoveries for shards of {shard_size}");
+        // Only discoveries are sent here: the requests the simulator took are the broadcasts.
+        let now = fleet.stats().requests;
+        assert_eq!(
+            now - requests,
+            asked,
+            "discoveries for shards of {shard_size}"
+        );
+        requests = now;
     }
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_provisioned_before_its_startup_event_is_not_announced_after_it() {
+    let nats = NatsServer::start();
+    let watcher = async_nats::connect(nats.url()).await.unwrap();
+    let mut events = watcher
+        .subscribe("choria.lifecycle.event.startup.provision_mode_server")
+        .await
+        .unwrap();
+    watcher.flush().await.unwrap();
+    // Ten nodes announced one a second, in order: the last one's turn comes after 9 s.
+    let mut cfg = common::config(&nats.url(), 10);
+    cfg.startup_rate = 1;
+    let fleet = choria_fleet_sim::SimFleet::start(cfg).await.unwrap();
+    let rpc = client(&nats.url(), "provisioner").await;
+    let last = fleet.identities()[9].clone();
+    let config = serde_json::json!({"plugin.choria.server.provision": "false"}).to_string();
+    provision(&rpc, &last, config).await.unwrap();
+    assert!(fleet.wait_provisioned(1, Duration::from_secs(10)).await);
+    let mut announced = Vec::new();
+    while announced.len() < 9 {
+        let m = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("nine startup events")
+            .unwrap();
+        let e = choria_rpc_client::lifecycle::LifecycleEvent::parse(&m.payload).unwrap();
+        announced.push(e.event.identity);
+    }
+    // Its turn passes in silence (it announces its restart as a provisioned server only): it
+    // is past its boot in provisioning mode.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), events.next())
+            .await
+            .is_err(),
+        "no tenth startup event"
+    );
+    assert!(!announced.contains(&last), "{announced:?}");
+    assert_eq!(fleet.stats().events_skipped, 1);
     fleet.shutdown().await;
 }
