@@ -336,7 +336,7 @@ fn package(
 /// package set of the host's architecture); with `--no-build` whatever release build is there.
 fn fleet_binaries(root: &Path, target: &Target, build: bool) -> Result<Option<PathBuf>> {
     let dir = target_dir(root).join(target.triple()).join("release");
-    let bins = ["choria-fleet-sim", "choria-demo-helper"];
+    let bins = [FLEET_SIM, DEMO_HELPER];
     if build {
         println!(
             "dist: release build of the fleet simulator and the demo helper for {}",
@@ -365,6 +365,11 @@ impl PackageSet {
     /// The packaged (stripped) binary.
     fn binary(&self) -> PathBuf {
         self.stage.join("usr/sbin").join(NAME)
+    }
+
+    /// The packaged (stripped) fleet simulator.
+    fn fleet_sim(&self) -> PathBuf {
+        self.stage.join("usr/bin").join(FLEET_SIM)
     }
 }
 
@@ -749,7 +754,7 @@ fn verify_linkage(set: &PackageSet) -> Result<elf::Linkage> {
         Arch::Aarch64 => elf::Machine::Aarch64,
     };
     // The packaged fleet simulator is held to what the provisioner is.
-    let sim = set.stage.join("usr/bin").join(FLEET_SIM);
+    let sim = set.fleet_sim();
     let sim_linkage = linkage(&sim)?;
     let binary = set.binary();
     let l = linkage(&binary)?;

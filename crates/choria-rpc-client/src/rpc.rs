@@ -781,11 +781,8 @@ impl RpcClient {
         shards: usize,
     ) -> Result<Discovered, RequestError> {
         let mut collected = Collected::default();
-        if shards < 2 {
-            self.discover_part(None, &mut collected).await?;
-            return Ok(collected.found);
-        }
-        for shard in 0..shards {
+        // Below 2 shards there is no shard filter: one discovery of every identity.
+        for shard in 0..shards.max(1) {
             self.discover_part(Filter::identity_shard(shard, shards), &mut collected)
                 .await?;
         }

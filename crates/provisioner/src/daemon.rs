@@ -771,23 +771,19 @@ async fn discover(
             warn!("Skipping discovery while paused");
         } else {
             metrics.discover_cycle();
-            let found = match previous {
+            let shards = previous.map(discovery_shards);
+            match (shards, previous) {
+                (Some(shards), Some(previous)) if shards > 1 => info!(
+                    "Looking for provisionable hosts in {shards} shards of their identities (the last discovery found {previous})"
+                ),
+                _ => info!("Looking for provisionable hosts"),
+            }
+            let found = match shards {
+                Some(shards) => client.discover_provisionable_in(shards).await,
                 None => {
-                    info!("Looking for provisionable hosts");
                     client
                         .discover_provisionable_probed(DISCOVERY_SHARD_SIZE, MAX_DISCOVERY_SHARDS)
                         .await
-                }
-                Some(previous) => {
-                    let shards = discovery_shards(previous);
-                    if shards > 1 {
-                        info!(
-                            "Looking for provisionable hosts in {shards} shards of their identities (the last discovery found {previous})"
-                        );
-                    } else {
-                        info!("Looking for provisionable hosts");
-                    }
-                    client.discover_provisionable_in(shards).await
                 }
             };
             match found {

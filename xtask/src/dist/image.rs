@@ -70,7 +70,7 @@ pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) ->
     install_file(&binary, &system.join("usr/sbin").join(NAME), 0o755)?;
     // The fleet simulator, for load tests from the image (`--entrypoint`).
     install_file(
-        &set.stage.join("usr/bin").join(FLEET_SIM),
+        &set.fleet_sim(),
         &system.join("usr/bin").join(FLEET_SIM),
         0o755,
     )?;
