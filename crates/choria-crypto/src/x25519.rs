@@ -36,9 +36,10 @@ pub fn public_key(private: &[u8; 32]) -> [u8; 32] {
     x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(*private)).to_bytes()
 }
 
-/// A fresh key pair from the operating system's generator: (private, public).
+/// A fresh key pair from the thread's CSPRNG (ChaCha, seeded and reseeded from the operating
+/// system) rather than a system call per key: (private, public).
 pub fn generate() -> ([u8; 32], [u8; 32]) {
-    let secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
+    let secret = x25519_dalek::StaticSecret::random_from_rng(rand::thread_rng());
     let public = x25519_dalek::PublicKey::from(&secret);
     (secret.to_bytes(), public.to_bytes())
 }

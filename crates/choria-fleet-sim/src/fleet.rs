@@ -1248,21 +1248,26 @@ impl Inner {
     /// Every node announces itself, `startup_rate` per second, as servers coming up would;
     /// first come `bogus_events` announcements of nodes that do not exist.
     async fn startup_events(self: Arc<Self>) {
-        for n in 0..self.cfg.bogus_events {
+        // A thousand at a time, all handed to the connection before any is awaited, so that
+        // they leave in large writes: a flood costs its sender little, as an attacker's would.
+        let mut start = 0;
+        while start < self.cfg.bogus_events {
             if self.cancel.is_cancelled() {
                 return;
             }
-            let id = crate::config::bogus_identity(n, &self.cfg.domain);
-            self.event(LifecycleEvent::startup(
-                &id,
-                "provision_mode_server",
-                &self.cfg.version,
-            ))
+            let end = (start + 1000).min(self.cfg.bogus_events);
+            futures::future::join_all((start..end).map(|n| {
+                let id = crate::config::bogus_identity(n, &self.cfg.domain);
+                self.event(LifecycleEvent::startup(
+                    &id,
+                    "provision_mode_server",
+                    &self.cfg.version,
+                ))
+            }))
             .await;
-            if n % 1000 == 999 {
-                // Let the broker keep up rather than dropping the connection as a slow one.
-                let _ = self.client.flush().await;
-            }
+            // Let the broker keep up rather than dropping the connection as a slow one.
+            let _ = self.client.flush().await;
+            start = end;
         }
         if self.cfg.bogus_events > 0 {
             let _ = self.client.flush().await;

@@ -325,7 +325,16 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     Ok(done && provisioned >= n)
 }
 
+/// mimalloc, as the provisioner uses: every simulated request allocates and frees short-lived
+/// buffers across the runtime's threads, where the C library's allocator was a twelfth of the
+/// simulator's CPU in a profile.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
+    // As the provisioner does: resident memory follows what is used, not 2 MiB pages.
+    #[cfg(target_os = "linux")]
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -138,6 +138,10 @@ pub struct ConnectionSettings {
     pub connect_timeout: Duration,
     /// Inbox prefix for library-level request/reply (`<main_collective>.reply`).
     pub inbox_prefix: String,
+    /// How many messages each subscription holds while they wait to be read
+    /// ([`SUBSCRIPTION_CAPACITY`] for the connection discovery replies arrive on); past that
+    /// the client drops them and counts a slow consumer.
+    pub subscription_capacity: usize,
 }
 
 impl std::fmt::Debug for ConnectionSettings {
@@ -314,6 +318,7 @@ impl ConnectionSettings {
             tls,
             connect_timeout: cfg.connect_timeout,
             inbox_prefix: format!("{}.reply", cfg.main_collective),
+            subscription_capacity: SUBSCRIPTION_CAPACITY,
         })
     }
 
@@ -520,6 +525,14 @@ pub async fn connect_observed(
 /// drops them (a slow consumer, counted in [`ConnectorSnapshot::slow_consumers`]).
 pub const SUBSCRIPTION_CAPACITY: usize = 1 << 20;
 
+/// The subscription capacity of a connection that only listens for lifecycle events: anyone
+/// holding a provisioning JWT can publish them by the million, so what the listener has not
+/// read yet is held in tens of MiB at most, and the rest dropped and counted.
+pub const EVENT_SUBSCRIPTION_CAPACITY: usize = 1 << 16;
+
+/// At most one slow-consumer line per connection in this long; the others are counted.
+const SLOW_CONSUMER_LOG_EVERY: Duration = Duration::from_secs(10);
+
 async fn connect_to(
     settings: &ConnectionSettings,
     brokers: &Brokers,
@@ -540,7 +553,9 @@ async fn connect_to(
     // Every reply to a discovery arrives on one subscription: room for a fleet of a million
     // answering at once. The queue holds messages only while they wait to be read, and takes
     // memory only for those.
-    opts = opts.subscription_capacity(SUBSCRIPTION_CAPACITY);
+    opts = opts.subscription_capacity(settings.subscription_capacity.max(1));
+    // Slow-consumer events come one per dropped message: one line per interval says how many.
+    let slow_log: Arc<std::sync::Mutex<(Option<std::time::Instant>, u64)>> = Arc::default();
     let name = settings.name.clone();
     let events = stats.clone();
     // The first Connected event is the initial connection; every later one a reconnection.
@@ -567,6 +582,7 @@ async fn connect_to(
             let name = name.clone();
             let stats = events.clone();
             let seen_connected = Arc::clone(&seen_connected);
+            let slow_log = Arc::clone(&slow_log);
             let server = client_slot
                 .get()
                 .map(|c| connected_url(&c.server_info(), &urls));
@@ -593,11 +609,30 @@ async fn connect_to(
                         stats.bump(|s| &s.connection_closed);
                         tracing::info!(connection = %name, "NATS client connection closed")
                     }
-                    e @ (Event::SlowConsumer(_) | Event::ServerError(_) | Event::ClientError(_)) => {
+                    Event::SlowConsumer(sid) => {
                         stats.bump(|s| &s.errors);
-                        if matches!(e, Event::SlowConsumer(_)) {
-                            stats.bump(|s| &s.slow_consumers);
+                        stats.bump(|s| &s.slow_consumers);
+                        let dropped = {
+                            let mut l = slow_log.lock().unwrap_or_else(|p| p.into_inner());
+                            l.1 += 1;
+                            let due = l.0.is_none_or(|t| t.elapsed() >= SLOW_CONSUMER_LOG_EVERY);
+                            if due {
+                                l.0 = Some(std::time::Instant::now());
+                                Some(std::mem::take(&mut l.1))
+                            } else {
+                                None
+                            }
+                        };
+                        if let Some(n) = dropped {
+                            tracing::error!(
+                                connection = %name,
+                                "NATS client dropped {n} messages of subscription {sid} that were not read in time (slow consumer); at most one such line every {}s",
+                                SLOW_CONSUMER_LOG_EVERY.as_secs()
+                            );
                         }
+                    }
+                    e @ (Event::ServerError(_) | Event::ClientError(_)) => {
+                        stats.bump(|s| &s.errors);
                         match &server {
                             Some(url) => tracing::error!(
                                 connection = %name,
@@ -758,6 +793,7 @@ mod tests {
             tls: None,
             connect_timeout: Duration::from_secs(1),
             inbox_prefix: "provisioning.reply".into(),
+            subscription_capacity: SUBSCRIPTION_CAPACITY,
         }
     }
 

@@ -60,17 +60,70 @@ pub struct ReceivedEvent {
     pub format: EventFormat,
 }
 
-#[derive(Serialize, Deserialize)]
-struct CloudEventJson<T> {
-    specversion: String,
-    id: String,
-    source: String,
+/// The CloudEvents v1.0 envelope, written from borrowed fields.
+#[derive(Serialize)]
+struct CloudEventJson<'a> {
+    specversion: &'static str,
+    id: &'a str,
+    source: &'static str,
     #[serde(rename = "type")]
-    kind: String,
-    subject: String,
-    datacontenttype: String,
+    kind: &'a str,
+    subject: &'a str,
+    datacontenttype: &'static str,
     time: String,
-    data: T,
+    data: &'a LifecycleEvent,
+}
+
+/// The fields of an event or of its envelope, read in one pass (anyone holding a provisioning
+/// JWT can publish events by the million, so no generic JSON tree is built for them). A
+/// Choria-format event fills the event fields; a CloudEvent fills `specversion`, `source` and
+/// `data`, the Choria event it carries.
+#[derive(Deserialize)]
+struct WireEvent {
+    #[serde(default)]
+    protocol: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    identity: Option<String>,
+    #[serde(default)]
+    component: Option<String>,
+    #[serde(default)]
+    timestamp: Option<i64>,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    new_version: Option<String>,
+    #[serde(default)]
+    specversion: Option<String>,
+    #[serde(default)]
+    source: Option<String>,
+    #[serde(default)]
+    data: Option<Box<WireEvent>>,
+}
+
+impl WireEvent {
+    fn is_lifecycle(&self) -> bool {
+        self.protocol
+            .as_deref()
+            .is_some_and(|p| p.starts_with("io.choria.lifecycle"))
+    }
+
+    /// The Choria event these fields make, if every required one is there.
+    fn into_event(self) -> Result<LifecycleEvent, LifecycleError> {
+        let missing = |field: &str| {
+            LifecycleError::Json(serde::de::Error::custom(format!("missing field `{field}`")))
+        };
+        Ok(LifecycleEvent {
+            protocol: self.protocol.ok_or_else(|| missing("protocol"))?,
+            id: self.id.ok_or_else(|| missing("id"))?,
+            identity: self.identity.ok_or_else(|| missing("identity"))?,
+            component: self.component.ok_or_else(|| missing("component"))?,
+            timestamp: self.timestamp.ok_or_else(|| missing("timestamp"))?,
+            version: self.version,
+            new_version: self.new_version,
+        })
+    }
 }
 
 impl LifecycleEvent {
@@ -82,7 +135,7 @@ impl LifecycleEvent {
             .unwrap_or(0);
         LifecycleEvent {
             protocol: format!("{PROTOCOL_PREFIX}{event_type}"),
-            id: uuid::Uuid::new_v4().to_string(),
+            id: crate::protocol::random_uuid().to_string(),
             identity: identity.to_string(),
             component: component.to_string(),
             timestamp,
@@ -122,12 +175,12 @@ impl LifecycleEvent {
     /// CloudEvents v1.0 JSON carrying the Choria event as `data`.
     pub fn to_cloudevent_json(&self) -> Result<Vec<u8>, serde_json::Error> {
         serde_json::to_vec(&CloudEventJson {
-            specversion: "1.0".into(),
-            id: self.id.clone(),
-            source: CLOUDEVENT_SOURCE.into(),
-            kind: self.protocol.clone(),
-            subject: self.identity.clone(),
-            datacontenttype: "application/json".into(),
+            specversion: "1.0",
+            id: &self.id,
+            source: CLOUDEVENT_SOURCE,
+            kind: &self.protocol,
+            subject: &self.identity,
+            datacontenttype: "application/json",
             time: rfc3339(self.timestamp),
             data: self,
         })
@@ -135,32 +188,21 @@ impl LifecycleEvent {
 
     /// Parse an event in either format, as go-choria's generic reader does.
     pub fn parse(body: &[u8]) -> Result<ReceivedEvent, LifecycleError> {
-        let v: serde_json::Value = serde_json::from_slice(body)?;
-        let is_choria = v
-            .get("protocol")
-            .and_then(|p| p.as_str())
-            .is_some_and(|p| p.starts_with("io.choria.lifecycle"));
-        if is_choria {
+        let wire: WireEvent = serde_json::from_slice(body)?;
+        if wire.is_lifecycle() {
             return Ok(ReceivedEvent {
-                event: serde_json::from_value(v)?,
+                event: wire.into_event()?,
                 format: EventFormat::Choria,
             });
         }
-        let is_cloud = v.get("specversion").and_then(|s| s.as_str()) == Some("1.0")
-            && v.get("source").and_then(|s| s.as_str()) == Some(CLOUDEVENT_SOURCE);
-        if !is_cloud {
-            return Err(LifecycleError::UnsupportedFormat);
-        }
-        let data = v.get("data").ok_or(LifecycleError::UnsupportedFormat)?;
-        let ok = data
-            .get("protocol")
-            .and_then(|p| p.as_str())
-            .is_some_and(|p| p.starts_with("io.choria.lifecycle"));
-        if !ok {
-            return Err(LifecycleError::UnsupportedFormat);
-        }
+        let is_cloud = wire.specversion.as_deref() == Some("1.0")
+            && wire.source.as_deref() == Some(CLOUDEVENT_SOURCE);
+        let data = match wire.data {
+            Some(d) if is_cloud && d.is_lifecycle() => d,
+            _ => return Err(LifecycleError::UnsupportedFormat),
+        };
         Ok(ReceivedEvent {
-            event: LifecycleEvent::deserialize(data)?,
+            event: data.into_event()?,
             format: EventFormat::CloudEvent,
         })
     }
@@ -207,5 +249,25 @@ mod tests {
         assert!(LifecycleEvent::parse(b"not json").is_err());
         let other_ce = br#"{"specversion":"1.0","source":"elsewhere","data":{}}"#;
         assert!(LifecycleEvent::parse(other_ce).is_err());
+        // A lifecycle event missing a required field, bare or carried, is refused.
+        let no_identity = br#"{"protocol":"io.choria.lifecycle.v1.startup","id":"x","component":"c","timestamp":1}"#;
+        assert!(matches!(
+            LifecycleEvent::parse(no_identity),
+            Err(LifecycleError::Json(e)) if e.to_string().contains("identity")
+        ));
+        let carried = br#"{"specversion":"1.0","source":"io.choria.lifecycle","data":{"protocol":"io.choria.lifecycle.v1.startup","identity":"n","component":"c","timestamp":1}}"#;
+        assert!(matches!(
+            LifecycleEvent::parse(carried),
+            Err(LifecycleError::Json(e)) if e.to_string().contains("`id`")
+        ));
+        // A CloudEvent whose data is not a lifecycle event, and a wrongly typed field.
+        let not_lifecycle =
+            br#"{"specversion":"1.0","source":"io.choria.lifecycle","data":{"protocol":"other"}}"#;
+        assert!(matches!(
+            LifecycleEvent::parse(not_lifecycle),
+            Err(LifecycleError::UnsupportedFormat)
+        ));
+        let typed = br#"{"protocol":"io.choria.lifecycle.v1.startup","id":"x","identity":"n","component":"c","timestamp":"1"}"#;
+        assert!(LifecycleEvent::parse(typed).is_err());
     }
 }

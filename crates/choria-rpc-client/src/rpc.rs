@@ -414,6 +414,11 @@ impl RpcClient {
         Ok(Self::new(nats, security, RpcOptions::from_config(cfg)).await?)
     }
 
+    /// The largest reply (and lifecycle event) accepted, in bytes.
+    pub fn max_reply_size(&self) -> usize {
+        self.inner.opts.max_reply_size
+    }
+
     /// The underlying NATS client (for JetStream, leader election...).
     pub fn nats(&self) -> &async_nats::Client {
         &self.inner.nats
@@ -883,15 +888,45 @@ impl RpcClient {
         component: &str,
         queue_group: Option<&str>,
     ) -> Result<LifecycleSubscription, RequestError> {
+        LifecycleSubscription::subscribe(
+            &self.inner.nats,
+            event_type,
+            component,
+            queue_group,
+            self.inner.opts.max_reply_size,
+        )
+        .await
+    }
+}
+
+/// A subscription yielding parsed lifecycle events.
+#[derive(Debug)]
+pub struct LifecycleSubscription {
+    sub: async_nats::Subscriber,
+    max_size: usize,
+    /// When a dropped event was last logged, and how many were dropped since.
+    dropped_log: (Option<Instant>, u64),
+}
+
+/// At most one line about dropped (oversized or unparsable) events in this long.
+const DROPPED_EVENT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl LifecycleSubscription {
+    /// Subscribe on `nats` to `choria.lifecycle.event.<event_type>.<component>` (in
+    /// `queue_group` when given), dropping events larger than `max_size` bytes. The connection
+    /// may be one of its own (see
+    /// [`EVENT_SUBSCRIPTION_CAPACITY`](crate::connection::EVENT_SUBSCRIPTION_CAPACITY)).
+    pub async fn subscribe(
+        nats: &async_nats::Client,
+        event_type: &str,
+        component: &str,
+        queue_group: Option<&str>,
+        max_size: usize,
+    ) -> Result<Self, RequestError> {
         let subject = format!("choria.lifecycle.event.{event_type}.{component}");
         let res = match queue_group {
-            Some(q) => {
-                self.inner
-                    .nats
-                    .queue_subscribe(subject.clone(), q.to_string())
-                    .await
-            }
-            None => self.inner.nats.subscribe(subject.clone()).await,
+            Some(q) => nats.queue_subscribe(subject.clone(), q.to_string()).await,
+            None => nats.subscribe(subject.clone()).await,
         };
         let transport = |e: Source| {
             RequestError::new(
@@ -902,40 +937,41 @@ impl RpcClient {
             .with_source(e)
         };
         let sub = res.map_err(|e| transport(e.into()))?;
-        crate::connection::round_trip(&self.inner.nats, ROUND_TRIP_TIMEOUT)
+        crate::connection::round_trip(nats, ROUND_TRIP_TIMEOUT)
             .await
             .map_err(|e| transport(e.into()))?;
         Ok(LifecycleSubscription {
             sub,
-            max_size: self.inner.opts.max_reply_size,
+            max_size,
+            dropped_log: (None, 0),
         })
     }
-}
 
-/// A subscription yielding parsed lifecycle events.
-#[derive(Debug)]
-pub struct LifecycleSubscription {
-    sub: async_nats::Subscriber,
-    max_size: usize,
-}
-
-impl LifecycleSubscription {
-    /// The next event that parses; `None` when the subscription ends.
+    /// The next event that parses; `None` when the subscription ends. Oversized and
+    /// unparsable events are dropped, with one line for them at most every ten seconds.
     pub async fn next(&mut self) -> Option<ReceivedEvent> {
         while let Some(msg) = self.sub.next().await {
-            if msg.payload.len() > self.max_size {
+            let why = if msg.payload.len() > self.max_size {
+                format!(
+                    "{} bytes, over the {} allowed",
+                    msg.payload.len(),
+                    self.max_size
+                )
+            } else {
+                match LifecycleEvent::parse(&msg.payload) {
+                    Ok(ev) => return Some(ev),
+                    Err(e) => e.to_string(),
+                }
+            };
+            let (last, count) = &mut self.dropped_log;
+            *count += 1;
+            if last.is_none_or(|t| t.elapsed() >= DROPPED_EVENT_LOG_EVERY) {
+                *last = Some(Instant::now());
                 tracing::warn!(
                     subject = %msg.subject,
-                    size = msg.payload.len(),
-                    "dropping oversized lifecycle event"
+                    "dropped {} lifecycle events that were oversized or unparsable, the latest: {why}",
+                    std::mem::take(count)
                 );
-                continue;
-            }
-            match LifecycleEvent::parse(&msg.payload) {
-                Ok(ev) => return Some(ev),
-                Err(e) => {
-                    tracing::warn!(subject = %msg.subject, error = %e, "dropping unparsable lifecycle event")
-                }
             }
         }
         None

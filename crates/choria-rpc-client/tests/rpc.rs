@@ -38,6 +38,7 @@ fn settings(url: &str) -> ConnectionSettings {
         tls: None,
         connect_timeout: Duration::from_secs(2),
         inbox_prefix: "provisioning.reply".to_string(),
+        subscription_capacity: choria_rpc_client::connection::SUBSCRIPTION_CAPACITY,
     }
 }
 
@@ -1176,4 +1177,52 @@ async fn choria_provider_signs_the_broker_nonce_with_its_seed() {
         .unwrap();
     let sig = ed25519_dalek::Signature::from_slice(&sig).unwrap();
     ed25519_dalek::Verifier::verify(&key.verifying_key(), b"abcNONCE123", &sig).unwrap();
+}
+
+#[tokio::test]
+async fn an_event_connection_holds_at_most_its_capacity_and_counts_what_it_drops() {
+    let server = NatsServer::start();
+    let mut events = settings(&server.url());
+    events.subscription_capacity = 16;
+    let stats = connection::ConnectorStats::new();
+    let nats = connection::connect_observed(&events, &stats).await.unwrap();
+    let mut sub = choria_rpc_client::rpc::LifecycleSubscription::subscribe(
+        &nats,
+        "startup",
+        "provision_mode_server",
+        None,
+        64 * 1024,
+    )
+    .await
+    .unwrap();
+    // A flood nobody reads yet: 200 events against room for 16.
+    let raw = async_nats::connect(server.url()).await.unwrap();
+    for n in 0..200 {
+        let ev = LifecycleEvent::startup(
+            &format!("n{n}.example.net"),
+            "provision_mode_server",
+            "0.30.0",
+        );
+        raw.publish(ev.subject(), ev.to_choria_json().unwrap().into())
+            .await
+            .unwrap();
+    }
+    raw.flush().await.unwrap();
+    // The echo comes after every event has reached the client.
+    connection::round_trip(&nats, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut read = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+        read += 1;
+    }
+    assert!((1..=16).contains(&read), "{read} events held");
+    // The NATS client reports each drop through a queue of 128 events, so a burst is counted
+    // in part: a lower bound, never more than was dropped.
+    let dropped = stats.snapshot().slow_consumers;
+    assert!(
+        dropped >= 100 && dropped <= 200 - read as u64,
+        "{dropped} drops counted of {}",
+        200 - read
+    );
 }

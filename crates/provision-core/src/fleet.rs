@@ -6,7 +6,9 @@
 //! nodes found by discovery, and nodes that only announced themselves. The event lane may hold
 //! at most half the queue and keep at most half the workers busy, and workers take from the two
 //! lanes in turn, so a flood of bogus startup events can slow other announced nodes but never
-//! starve the nodes discovery found. An announced node that discovery also finds moves to the
+//! starve the nodes discovery found. The event lane's share of the workers is halved each time
+//! one of its nodes does not answer its first request and grows by one for each that answers,
+//! so a flood of names that do not exist ends up holding a single worker. An announced node that discovery also finds moves to the
 //! discovery lane. Every identity is checked ([`crate::identity`]) before it is queued.
 //!
 //! An announced node that answered but whose cycle failed for a reason that may pass (an RPC
@@ -454,6 +456,11 @@ pub struct Fleet {
     in_flight: TaskTracker,
     /// How many workers may be busy with announced-only nodes at once (half of them).
     event_workers: AtomicUsize,
+    /// How many of those they may keep busy now: halved each time an announced node does not
+    /// answer its first request, one more for each that answers. A flood of announcements of
+    /// nodes that do not exist ends up holding one worker, while a storm of real restarts
+    /// earns its half back.
+    event_allowance: AtomicUsize,
     refusals: LogSummary,
     full: LogSummary,
     unanswered: LogSummary,
@@ -477,9 +484,10 @@ impl Fleet {
             busy: AtomicUsize::new(0),
             in_flight: TaskTracker::new(),
             event_workers: AtomicUsize::new(1),
+            event_allowance: AtomicUsize::new(1),
             refusals: LogSummary::new("node identities refused"),
             full: LogSummary::new("nodes dropped from a full work queue"),
-            unanswered: LogSummary::new("announced nodes that no server serves (no responders)"),
+            unanswered: LogSummary::new("announced nodes that did not answer their first request"),
             unclaimed: LogSummary::new("nodes not started because their claim failed"),
             backlogged: LogSummary::new(
                 "discovered nodes kept in the discovery backlog of a full work queue",
@@ -787,7 +795,7 @@ impl Fleet {
         let now = Instant::now();
         t.refill(self.capacity, now);
         let max_wait = self.provisioner.config().interval() * 2;
-        let event_workers = self.event_workers.load(Ordering::Relaxed);
+        let event_workers = self.event_allowance.load(Ordering::Relaxed);
         let order = if t.event_turn {
             [Source::Event, Source::Discovery]
         } else {
@@ -966,6 +974,11 @@ impl Fleet {
         let verdict = Verdict::of(&res, &host, began.elapsed());
         let id = host.identity();
         let source = host.source();
+        if source == Source::Event {
+            let answered =
+                !matches!(&res, Err(e) if matches!(e.kind, ProvisionErrorKind::FirstContact(_)));
+            self.adapt_event_allowance(answered);
+        }
         let after = match res {
             Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
                 o.provisioned();
@@ -1015,10 +1028,13 @@ impl Fleet {
                     .record(|| format!("Could not provision {id}: {}", e.kind));
                 After::Forget
             }
-            // Nothing at all serves an announced node's subject: no server of that name is
-            // connected. Anyone can announce such nodes by the thousand, so these are
-            // summarised; a node that is there but did not answer gets its own error line.
-            Err(e) if source == Source::Event && e.kind.is_unserved() => {
+            // An announced node that never answered: nothing serves its subject, or nothing
+            // answered its first request. Anyone can announce such nodes by the thousand, so
+            // these are summarised.
+            Err(e)
+                if source == Source::Event
+                    && matches!(e.kind, ProvisionErrorKind::FirstContact(_)) =>
+            {
                 o.provision_error();
                 self.unanswered
                     .record(|| format!("Could not provision {id}: {}", e.kind));
@@ -1039,12 +1055,34 @@ impl Fleet {
         self.finish(id, source, after);
     }
 
+    /// Halve the announced lane's workers when one of its nodes did not answer its first
+    /// request, or give it one more (up to half the workers) when one answered.
+    fn adapt_event_allowance(&self, answered: bool) {
+        let max = self.event_workers.load(Ordering::Relaxed);
+        let _ = self
+            .event_allowance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(if answered {
+                    (n + 1).min(max)
+                } else {
+                    (n / 2).max(1)
+                })
+            });
+    }
+
+    /// How many workers announced-only nodes may keep busy now (see the module
+    /// documentation): half the workers at most, one at least.
+    pub fn event_workers(&self) -> usize {
+        self.event_allowance.load(Ordering::Relaxed)
+    }
+
     /// Runs `workers` workers, the hold sweeper and the paused-gauge follower until `shutdown`
     /// is cancelled; in-flight
     /// cycles are abandoned at that point (the nodes are found again by a later discovery).
     pub async fn run(self: Arc<Self>, workers: usize, shutdown: CancellationToken) {
-        self.event_workers
-            .store((workers.max(1) / 2).max(1), Ordering::Relaxed);
+        let half = (workers.max(1) / 2).max(1);
+        self.event_workers.store(half, Ordering::Relaxed);
+        self.event_allowance.store(half, Ordering::Relaxed);
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..workers.max(1) {
             let fleet = self.clone();

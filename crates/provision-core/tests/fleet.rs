@@ -481,14 +481,16 @@ async fn a_flood_of_bogus_announcements_does_not_starve_discovered_nodes() {
     assert!(took < Duration::from_secs(60), "took {took:?}");
     assert!(bogus_tried < 50, "{bogus_tried} bogus nodes tried first");
     assert!(node.configured().is_some());
-    // Bogus nodes fail after one try of at most the first-contact timeout each.
+    // Bogus nodes fail after one try of at most the first-contact timeout each; once the
+    // first have failed, the lane keeps a single worker.
     tokio::time::sleep(provision_core::provision::FIRST_CONTACT_TIMEOUT * 3).await;
     let failed = obs.0.provision_errors.load(Ordering::SeqCst);
     assert!(failed >= 4, "{failed}");
+    assert_eq!(fleet.event_workers(), 1);
     assert_eq!(
         node.count(Action::Inventory) - 50,
-        failed + 2,
-        "one try each, two in flight"
+        failed + 1,
+        "one try each, one in flight"
     );
     stop.cancel();
     run.await.unwrap();
@@ -725,6 +727,50 @@ async fn a_node_waiting_for_its_next_try_is_queued_at_once_when_it_announces_its
 #[tokio::test(start_paused = true)]
 async fn discovery_finding_a_node_waiting_for_its_next_try_queues_it_at_once() {
     waiting_node_found_again_is_queued_at_once(Source::Discovery).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn announced_nodes_that_do_not_answer_shrink_their_lane_to_one_worker_and_answers_grow_it_back(
+) {
+    let node = FakeNode::new();
+    node.state.lock().unwrap().silent_prefix = Some("bogus".into());
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        token(),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    for i in 0..200 {
+        fleet.add(&format!("bogus-{i}.example.net"), Source::Event);
+    }
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(16, stop.clone()));
+    wait_for("the lane's half of the workers", || {
+        fleet.event_workers() == 8
+    })
+    .await;
+    let timeout = provision_core::provision::FIRST_CONTACT_TIMEOUT;
+    // Eight first tries at once; after they fail, one at a time.
+    tokio::time::sleep(timeout * 4 + Duration::from_millis(1)).await;
+    assert_eq!(fleet.event_workers(), 1);
+    let tried = node.count(Action::Inventory);
+    assert!(
+        (8..=8 + 4).contains(&tried),
+        "{tried} bogus nodes tried in four first-contact timeouts"
+    );
+    // Real nodes announcing themselves earn the lane its workers back, one per answer.
+    fleet.clear();
+    for i in 0..20 {
+        fleet.add(&format!("real-{i}.example.net"), Source::Event);
+    }
+    wait_for("the real nodes", || {
+        obs.0.provisioned.load(Ordering::SeqCst) == 20
+    })
+    .await;
+    assert_eq!(fleet.event_workers(), 8);
+    stop.cancel();
+    run.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

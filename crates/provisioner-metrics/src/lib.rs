@@ -172,6 +172,10 @@ pub struct Metrics {
     /// not read in time (slow consumer events), and discovery replies that came after their
     /// discovery had ended (not in the Go set). Zero means every discovery reply was read.
     pub dropped_messages: Counter,
+    /// `choria_provisioner_dropped_events`: startup events the lifecycle event connection
+    /// dropped because they were not read in time (more than 65,536 waiting: a flood of
+    /// announcements); a node among them is found by discovery (not in the Go set).
+    pub dropped_events: Counter,
     /// `choria_provisioner_campaign_nodes`: the nodes of the rotation campaign by state
     /// (`pending`, `in_flight`, `done`, `failed`, in [`CAMPAIGN_STATES`] order), as the campaign
     /// record last said; all 0 without a campaign (not in the Go set).
@@ -321,6 +325,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "How many messages the broker connection dropped because the provisioner did not read them in time (slow consumer), and discovery replies that came after their discovery had ended",
     ),
     (
+        "choria_provisioner_dropped_events",
+        "counter",
+        "How many startup events the lifecycle event connection dropped because the provisioner did not read them in time (slow consumer)",
+    ),
+    (
         "choria_provisioner_event_discovered",
         "counter",
         "How many nodes were found through receiving an event about them",
@@ -421,6 +430,7 @@ impl Metrics {
             audit_stream_errors: Counter::default(),
             audit_write_errors: Counter::default(),
             dropped_messages: Counter::default(),
+            dropped_events: Counter::default(),
             campaign_nodes: Default::default(),
             connector: ConnectorMetrics::default(),
             rpc: RwLock::new(BTreeMap::new()),
@@ -587,6 +597,9 @@ impl Metrics {
                 }
                 "choria_provisioner_dropped_messages" => {
                     plain(self.dropped_messages.get().to_string(), &mut out)
+                }
+                "choria_provisioner_dropped_events" => {
+                    plain(self.dropped_events.get().to_string(), &mut out)
                 }
                 "choria_provisioner_campaign_nodes" => {
                     for (state, g) in CAMPAIGN_STATES.iter().zip(&self.campaign_nodes) {
@@ -868,9 +881,9 @@ mod tests {
         assert!(text.contains("choria_provisioner_helper_time_sum{site=\"lon\"} 0.25\n"));
         assert!(text.contains("choria_provisioner_helper_time_count{site=\"lon\"} 1\n"));
         // The fifteen metrics of the Go provisioner, plus the lock-held, invalid-identity and
-        // policy-denied counters, the audit trail's three, the four active-active series and
-        // the dropped messages.
-        assert_eq!(HELP.len(), 27);
+        // policy-denied counters, the audit trail's three, the four active-active series, the
+        // dropped messages and the dropped events.
+        assert_eq!(HELP.len(), 28);
         m.audit_dropped.inc_by(2);
         m.audit_stream_errors.inc();
         let text = m.encode();

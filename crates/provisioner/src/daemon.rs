@@ -19,9 +19,10 @@ use std::time::Duration;
 use crate::claims::ClaimStore;
 use choria_rpc_client::connection::{
     connect_with_retry_observed, ConnectionError, ConnectionSettings, ConnectorSnapshot,
-    ConnectorStats,
+    ConnectorStats, EVENT_SUBSCRIPTION_CAPACITY,
 };
 use choria_rpc_client::election::{self, Election, ElectionEvent};
+use choria_rpc_client::rpc::LifecycleSubscription;
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
 use provision_core::{AddResult, Backoff, Fleet, Observer, PauseState, Provisioner, Source};
 use provisioner_metrics::{Metrics, Role};
@@ -314,6 +315,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     background.spawn(follow_connector(
         connector.watch(),
         Arc::clone(&metrics),
+        true,
         stopped.clone(),
     ));
     info!(
@@ -485,8 +487,19 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     workers_task.spawn(Arc::clone(&fleet).run(workers, work_stop.clone()));
 
     let mut tasks = JoinSet::new();
+    let events_connector = ConnectorStats::new();
+    background.spawn(follow_connector(
+        events_connector.watch(),
+        Arc::clone(&metrics),
+        false,
+        stopped.clone(),
+    ));
+    let mut events = connection.clone();
+    events.subscription_capacity = EVENT_SUBSCRIPTION_CAPACITY;
     tasks.spawn(listen(
         client.clone(),
+        events,
+        events_connector,
         Arc::clone(&config),
         Arc::clone(&fleet),
         spreader.clone(),
@@ -611,16 +624,24 @@ async fn follow_connection(client: RpcClient, metrics: Arc<Metrics>, stopped: Ca
 }
 
 /// Copy the connector's counts into go-choria's `choria_connector_*` series as they change,
-/// until `stopped`.
+/// until `stopped`. `main` is the daemon's connection; the lifecycle event connection (not
+/// `main`) adds its reconnections and errors, its drops go to `dropped_events`, and its first
+/// connection is not counted as the daemon's.
 async fn follow_connector(
     mut counts: tokio::sync::watch::Receiver<ConnectorSnapshot>,
     metrics: Arc<Metrics>,
+    main: bool,
     stopped: CancellationToken,
 ) {
     let mut seen = ConnectorSnapshot::default();
     loop {
         let now = *counts.borrow_and_update();
         let c = &metrics.connector;
+        if !main {
+            // The lifecycle event connection's first connection is not the daemon's.
+            seen.initial_connection_attempts = now.initial_connection_attempts;
+            seen.initial_connect_time = now.initial_connect_time;
+        }
         c.initial_connection_attempts.inc_by(
             now.initial_connection_attempts
                 .saturating_sub(seen.initial_connection_attempts),
@@ -630,9 +651,14 @@ async fn follow_connector(
         c.connection_closed
             .inc_by(now.connection_closed.saturating_sub(seen.connection_closed));
         c.errors.inc_by(now.errors.saturating_sub(seen.errors));
-        metrics
-            .dropped_messages
-            .inc_by(now.slow_consumers.saturating_sub(seen.slow_consumers));
+        // The main connection's drops may be discovery replies; the event connection's are
+        // startup events (a flood of them is expected to overflow).
+        let dropped = if main {
+            &metrics.dropped_messages
+        } else {
+            &metrics.dropped_events
+        };
+        dropped.inc_by(now.slow_consumers.saturating_sub(seen.slow_consumers));
         if let (Some(took), None) = (now.initial_connect_time, seen.initial_connect_time) {
             c.initial_connect_time.observe(took);
         }
@@ -649,17 +675,37 @@ async fn follow_connector(
 }
 
 /// Queue nodes announced by startup lifecycle events (the fleet queues nothing while paused).
+/// The events come on a connection of their own (`events`), whose subscription holds at most
+/// [`EVENT_SUBSCRIPTION_CAPACITY`] unread messages: a flood of forged events is dropped and
+/// counted there (`connector` feeds the metrics), never held in memory by the million nor
+/// queued ahead of discovery replies.
+#[allow(clippy::too_many_arguments)]
 async fn listen(
     client: RpcClient,
+    events: ConnectionSettings,
+    connector: ConnectorStats,
     config: Arc<Config>,
     fleet: Arc<Fleet>,
     spreader: Option<Arc<aa::Spreader>>,
     shutdown: CancellationToken,
 ) {
+    let nats = match connect_with_retry_observed(&events, &shutdown, &connector).await {
+        Ok(nats) => nats,
+        Err(ConnectionError::Cancelled { .. }) => return,
+        Err(e) => {
+            error!("Could not connect to listen for lifecycle events: {e}");
+            return;
+        }
+    };
     let mut sub = loop {
-        match client
-            .subscribe_lifecycle("startup", &config.lifecycle_component, None)
-            .await
+        match LifecycleSubscription::subscribe(
+            &nats,
+            "startup",
+            &config.lifecycle_component,
+            None,
+            client.max_reply_size(),
+        )
+        .await
         {
             Ok(s) => break s,
             Err(e) => {

@@ -121,7 +121,13 @@ impl ProtocolError {
 /// A fresh request id: a v4 UUID without dashes (32 lower-case hex characters), as go-choria
 /// makes for v1 and as v2 accepts.
 pub fn new_request_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    random_uuid().simple().to_string()
+}
+
+/// A v4 UUID from the thread's CSPRNG (ChaCha, seeded and reseeded from the OS) rather than a
+/// system call per id: ids are made for every request and every event.
+pub fn random_uuid() -> uuid::Uuid {
+    uuid::Builder::from_random_bytes(rand::random()).into_uuid()
 }
 
 /// Lower-case hex MD5 of a caller id, the `H` of reply subjects.
