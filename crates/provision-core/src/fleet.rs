@@ -7,8 +7,9 @@
 //! at most half the queue and keep at most half the workers busy, and workers take from the two
 //! lanes in turn, so a flood of bogus startup events can slow other announced nodes but never
 //! starve the nodes discovery found. The event lane's share of the workers is halved each time
-//! one of its nodes does not answer its first request and grows by one for each that answers,
-//! so a flood of names that do not exist ends up holding a single worker. An announced node that discovery also finds moves to the
+//! one of its nodes leaves its first request unanswered until the timeout and grows by one for
+//! each that answers, so a flood of names that something subscribes to but nothing answers ends
+//! up holding a single worker (names nothing serves fail at once and cost nothing). An announced node that discovery also finds moves to the
 //! discovery lane. Every identity is checked ([`crate::identity`]) before it is queued.
 //!
 //! An announced node that answered but whose cycle failed for a reason that may pass (an RPC
@@ -456,8 +457,8 @@ pub struct Fleet {
     in_flight: TaskTracker,
     /// How many workers may be busy with announced-only nodes at once (half of them).
     event_workers: AtomicUsize,
-    /// How many of those they may keep busy now: halved each time an announced node does not
-    /// answer its first request, one more for each that answers. A flood of announcements of
+    /// How many of those they may keep busy now: halved each time an announced node leaves its
+    /// first request unanswered until the timeout, one more for each that answers. A flood of announcements of
     /// nodes that do not exist ends up holding one worker, while a storm of real restarts
     /// earns its half back.
     event_allowance: AtomicUsize,
@@ -975,9 +976,15 @@ impl Fleet {
         let id = host.identity();
         let source = host.source();
         if source == Source::Event {
-            let answered =
-                !matches!(&res, Err(e) if matches!(e.kind, ProvisionErrorKind::FirstContact(_)));
-            self.adapt_event_allowance(answered);
+            // A node nothing serves fails at once and costs its worker nothing: only a first
+            // request left unanswered until its timeout shrinks the lane.
+            match &res {
+                Err(e) if e.kind.is_unserved() => {}
+                Err(e) if matches!(e.kind, ProvisionErrorKind::FirstContact(_)) => {
+                    self.adapt_event_allowance(false)
+                }
+                _ => self.adapt_event_allowance(true),
+            }
         }
         let after = match res {
             Ok(Outcome::Provisioned) | Ok(Outcome::ShutDown) => {
@@ -1055,8 +1062,9 @@ impl Fleet {
         self.finish(id, source, after);
     }
 
-    /// Halve the announced lane's workers when one of its nodes did not answer its first
-    /// request, or give it one more (up to half the workers) when one answered.
+    /// Halve the announced lane's workers when one of its nodes left its first request
+    /// unanswered until the timeout, or give it one more (up to half the workers) when one
+    /// answered.
     fn adapt_event_allowance(&self, answered: bool) {
         let max = self.event_workers.load(Ordering::Relaxed);
         let _ = self

@@ -122,6 +122,9 @@ pub struct NodeState {
     pub upgrade_to_version: bool,
     /// Identities starting with this never answer anything (bogus announced nodes).
     pub silent_prefix: Option<String>,
+    /// Identities starting with this are served by nothing: every request fails at once with
+    /// [`RpcErrorKind::NoResponders`].
+    pub unserved_prefix: Option<String>,
 }
 
 /// A node in provisioning mode, answering every node's RPCs from one scripted state. Requests
@@ -185,6 +188,12 @@ impl FakeNode {
     fn enter(&self, id: &str, action: Action, token: Option<&str>) -> Result<(), RpcError> {
         let mut s = lock(&self.state);
         s.calls.push(action);
+        if s.unserved_prefix
+            .as_deref()
+            .is_some_and(|p| id.starts_with(p))
+        {
+            return Err(RpcError::new(id, action, RpcErrorKind::NoResponders));
+        }
         if let Some((a, p)) = &s.pause_on {
             if *a == action {
                 p.pause();

@@ -734,6 +734,7 @@ async fn announced_nodes_that_do_not_answer_shrink_their_lane_to_one_worker_and_
 ) {
     let node = FakeNode::new();
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
+    node.state.lock().unwrap().unserved_prefix = Some("gone".into());
     let obs = CountingObserver::default();
     let fleet = Fleet::new(provisioner(
         token(),
@@ -741,20 +742,26 @@ async fn announced_nodes_that_do_not_answer_shrink_their_lane_to_one_worker_and_
         &FakeHelper::replying(good_reply()),
         &obs,
     ));
-    for i in 0..200 {
-        fleet.add(&format!("bogus-{i}.example.net"), Source::Event);
+    // Names nothing serves fail at once and cost nothing: the lane keeps its workers.
+    for i in 0..100 {
+        fleet.add(&format!("gone-{i}.example.net"), Source::Event);
     }
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(16, stop.clone()));
-    wait_for("the lane's half of the workers", || {
-        fleet.event_workers() == 8
+    wait_for("the unserved names", || {
+        obs.0.provision_errors.load(Ordering::SeqCst) == 100
     })
     .await;
+    assert_eq!(fleet.event_workers(), 8);
+    let unserved_calls = node.count(Action::Inventory);
+    for i in 0..200 {
+        fleet.add(&format!("bogus-{i}.example.net"), Source::Event);
+    }
     let timeout = provision_core::provision::FIRST_CONTACT_TIMEOUT;
     // Eight first tries at once; after they fail, one at a time.
     tokio::time::sleep(timeout * 4 + Duration::from_millis(1)).await;
     assert_eq!(fleet.event_workers(), 1);
-    let tried = node.count(Action::Inventory);
+    let tried = node.count(Action::Inventory) - unserved_calls;
     assert!(
         (8..=8 + 4).contains(&tried),
         "{tried} bogus nodes tried in four first-contact timeouts"
