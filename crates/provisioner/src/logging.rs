@@ -16,7 +16,9 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// The level for a `loglevel` value, exactly as the Go provisioner decides it (go-choria's
 /// `SetupLogging`): `debug`, `info`, `warn`, `error` and `fatal`, written in lower case, select
@@ -69,6 +71,12 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard, crat
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_target(false);
+    // The NATS client writes every connection event at info (`event: ...`), one per dropped
+    // message in a flood; the connection's own lines (above, in go-choria's words) say the
+    // same, counted and bounded, so the client's own are kept to warnings and errors.
+    let filter = tracing_subscriber::filter::Targets::new()
+        .with_default(level)
+        .with_target("async_nats", level.min(LevelFilter::WARN));
     // Colour only on a terminal: under systemd or with output redirected, escape codes would
     // end up in the journal and in files.
     match target(logfile) {
@@ -77,6 +85,8 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard, crat
             builder
                 .with_ansi(ansi)
                 .with_writer(Escaping::new(std::io::stdout, ansi))
+                .finish()
+                .with(filter)
                 .init()
         }
         Target::Stderr => {
@@ -84,9 +94,15 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard, crat
             builder
                 .with_ansi(ansi)
                 .with_writer(Escaping::new(std::io::stderr, ansi))
+                .finish()
+                .with(filter)
                 .init()
         }
-        Target::Discard => builder.with_writer(std::io::sink).init(),
+        Target::Discard => builder
+            .with_writer(std::io::sink)
+            .finish()
+            .with(filter)
+            .init(),
         Target::File(path) => {
             let file = std::fs::OpenOptions::new()
                 .create(true)
@@ -102,6 +118,8 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard, crat
                 .with_ansi(false)
                 .event_format(LogrusJson)
                 .with_writer(Escaping::new(batched, false))
+                .finish()
+                .with(filter)
                 .init();
             return Ok(guard);
         }
