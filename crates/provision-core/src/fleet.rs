@@ -657,10 +657,15 @@ impl Fleet {
         }
         let o = self.provisioner.observer();
         match source {
-            Source::Discovery => o.discovered(),
+            Source::Discovery => {
+                o.discovered();
+                o.node_event(identity, &NodeEvent::Queued { source });
+            }
+            // A node known only from its announcement is recorded when a worker starts it:
+            // anyone can announce names by the million, and recording each as it is queued
+            // would push the real fleet out of the bounded node history.
             Source::Event => o.event_discovered(),
         }
-        o.node_event(identity, &NodeEvent::Queued { source });
         self.wake.notify_one();
         AddResult::Queued
     }

@@ -413,6 +413,8 @@ pub struct Counts {
     pub max_busy: AtomicUsize,
     /// Every pause state reported, in order.
     pub paused: Mutex<Vec<bool>>,
+    /// Every node event: the identity and `queued`, `started`, `step` or `finished`.
+    pub node_events: Mutex<Vec<(String, &'static str)>>,
 }
 
 impl Counts {
@@ -427,6 +429,16 @@ impl Counts {
 pub struct CountingObserver(pub Arc<Counts>);
 
 impl Observer for CountingObserver {
+    fn node_event(&self, identity: &str, event: &crate::events::NodeEvent<'_>) {
+        use crate::events::NodeEvent;
+        let kind = match event {
+            NodeEvent::Queued { .. } => "queued",
+            NodeEvent::Started { .. } => "started",
+            NodeEvent::Step { .. } => "step",
+            NodeEvent::Finished(_) => "finished",
+        };
+        lock(&self.0.node_events).push((identity.to_string(), kind));
+    }
     fn rpc_time(&self, _l: &'static str, _e: Duration) {
         self.0.rpc_times.fetch_add(1, Ordering::SeqCst);
     }

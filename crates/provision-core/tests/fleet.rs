@@ -781,6 +781,54 @@ async fn announced_nodes_that_do_not_answer_shrink_their_lane_to_one_worker_and_
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_announced_node_enters_the_node_history_when_started_not_when_queued() {
+    let node = FakeNode::new();
+    node.state.lock().unwrap().silent_prefix = Some("bogus".into());
+    let obs = CountingObserver::default();
+    let fleet = Fleet::new(provisioner(
+        token(),
+        &node,
+        &FakeHelper::replying(good_reply()),
+        &obs,
+    ));
+    for i in 0..1000 {
+        fleet.add(&format!("bogus-{i}.example.net"), Source::Event);
+    }
+    fleet.add("real.example.net", Source::Discovery);
+    // Queued: only the discovered node is recorded; a flood of names records nothing.
+    assert_eq!(
+        *obs.0.node_events.lock().unwrap(),
+        vec![("real.example.net".to_string(), "queued")]
+    );
+    assert_eq!(obs.0.event_discovered.load(Ordering::SeqCst), 1000);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
+    wait_for("a bogus node started", || {
+        obs.0
+            .node_events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(id, kind)| id.starts_with("bogus-") && *kind == "started")
+    })
+    .await;
+    let recorded = obs
+        .0
+        .node_events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, _)| id.starts_with("bogus-"))
+        .count();
+    assert!(
+        recorded <= 2,
+        "{recorded} events of announced nodes before their cycles ended"
+    );
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_announced_node_that_never_answers_is_not_kept() {
     let node = FakeNode::new();
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
