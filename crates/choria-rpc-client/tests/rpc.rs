@@ -1208,10 +1208,17 @@ async fn an_event_connection_holds_at_most_its_capacity_and_counts_what_it_drops
             .unwrap();
     }
     raw.flush().await.unwrap();
-    // The echo comes after every event has reached the client.
-    connection::round_trip(&nats, Duration::from_secs(5))
-        .await
-        .unwrap();
+    // Nothing is read until the client has taken in all 200 events (held or dropped).
+    let taken = nats.statistics();
+    for _ in 0..500 {
+        if taken.in_messages.load(Ordering::Relaxed) >= 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(taken.in_messages.load(Ordering::Relaxed) >= 200);
+    // The count is taken just before a message is handed over (or dropped).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut read = 0;
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
         read += 1;
