@@ -488,7 +488,7 @@ impl Fleet {
             event_allowance: AtomicUsize::new(1),
             refusals: LogSummary::new("node identities refused"),
             full: LogSummary::new("nodes dropped from a full work queue"),
-            unanswered: LogSummary::new("announced nodes that did not answer their first request"),
+            unanswered: LogSummary::new("announced nodes that no server serves (no responders)"),
             unclaimed: LogSummary::new("nodes not started because their claim failed"),
             backlogged: LogSummary::new(
                 "discovered nodes kept in the discovery backlog of a full work queue",
@@ -1040,13 +1040,11 @@ impl Fleet {
                     .record(|| format!("Could not provision {id}: {}", e.kind));
                 After::Forget
             }
-            // An announced node that never answered: nothing serves its subject, or nothing
-            // answered its first request. Anyone can announce such nodes by the thousand, so
-            // these are summarised.
-            Err(e)
-                if source == Source::Event
-                    && matches!(e.kind, ProvisionErrorKind::FirstContact(_)) =>
-            {
+            // Nothing at all serves an announced node's subject: no server of that name is
+            // connected. Anyone can announce such nodes by the thousand, so these are
+            // summarised; a node that is there but did not answer gets its own error line
+            // (the event lane gives those one worker at a time once they pile up).
+            Err(e) if source == Source::Event && e.kind.is_unserved() => {
                 o.provision_error();
                 self.unanswered
                     .record(|| format!("Could not provision {id}: {}", e.kind));
