@@ -325,3 +325,102 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
     pb.stop_with("TERM").await;
     fleet.shutdown().await;
 }
+
+/// A provisioner killed between restarting a node and writing its audit record, while no
+/// driver listened for the node's startup event, leaves the campaign no sign that the node is
+/// back. Here no audit record is ever written (the replica that provisions the fleet has no
+/// audit stream) and the campaign's driver is stopped meanwhile: the resumed driver asks each
+/// node it holds `sent`, on its main collective, when it last started, and counts those
+/// restarted since they acknowledged done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_back_with_no_record_or_event_seen_are_found_done_by_asking_them() {
+    const N: usize = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let main = Main::new(dir.path());
+    let env = Env::with_broker_config(&main.broker);
+    main.point_at(env.nats.port());
+    // The replica whose files the operator uses makes the audit stream, then stops: nothing
+    // provisions the nodes while the campaign sends them reprovision.
+    let audited = pki_provisioner(&env, &main, "provisioner-a", "");
+    let mut pa = Prov::launch(&audited);
+    pa.wait_ready().await;
+    pa.stop_with("TERM").await;
+    let fleet = online_fleet(&env, N).await;
+    assert!(fleet.wait_for(|s| s.preprovisioned == N, WAIT).await);
+    let ids = fleet.identities();
+    let list = write_ids(dir.path(), &ids);
+    let campaign = rotate_cmd(
+        &audited,
+        &main,
+        &[
+            "--identities",
+            list.to_str().unwrap(),
+            "--rate",
+            "6000/min",
+            "--max-in-flight",
+            &N.to_string(),
+            "--node-timeout",
+            "2m",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    // Every node acknowledged and recorded `sent` (the campaign is written once it exists).
+    loop {
+        let o = rotate_cmd(&audited, &main, &["status", "--json"])
+            .output()
+            .unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if s["in_flight"].as_u64() == Some(N as u64) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{s} {}", text(&o));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Interrupted, the driver releases its lease; the campaign stays running.
+    let pid = campaign.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let o = tokio::task::spawn_blocking(move || campaign.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(text(&o).contains("0/10 done"), "{}", text(&o));
+
+    // Another replica, without the audit stream, provisions every node; their startup events
+    // reach no driver.
+    let mut quiet = env
+        .provisioner(example_helper("helper-pki.py"))
+        .env("CHORIA_CA_CERT", main.ca_cert.display().to_string())
+        .env("CHORIA_CA_KEY", main.ca_key.display().to_string())
+        .features(&["jwt", "pki"]);
+    quiet.identity = "provisioner-b".into();
+    let quiet = env.prepare(&quiet);
+    let mut pb = Prov::launch(&quiet);
+    pb.wait_ready().await;
+    assert!(fleet.wait_provisioned(N, WAIT).await, "{:?}", fleet.stats());
+    assert_rotated(&fleet, &ids);
+    pb.stop_with("TERM").await;
+
+    let started = Instant::now();
+    let o = rotate_cmd(&audited, &main, &["resume"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("10/10 done, 0 failed"), "{said}");
+    println!(
+        "rotation: {N} nodes with no record found done in {:?}",
+        started.elapsed()
+    );
+    let s = status(&audited, &main);
+    assert_eq!(s["state"], "completed", "{s}");
+    fleet.shutdown().await;
+}

@@ -186,6 +186,8 @@ pub struct Stats {
 
 struct Inner {
     cfg: FleetConfig,
+    /// When the fleet started, Unix seconds: the start of every node not restarted since.
+    started: i64,
     identities: Vec<Arc<str>>,
     index: HashMap<Arc<str>, u32>,
     nodes: Vec<Mutex<Node>>,
@@ -450,6 +452,7 @@ impl SimFleet {
         }
         let (new_subs, new_subs_rx) = mpsc::channel(64);
         let inner = Arc::new(Inner {
+            started: now,
             identities,
             index,
             nodes,
@@ -680,6 +683,7 @@ impl Inner {
             faults: &self.cfg.faults,
             now: Instant::now(),
             unix_now: unix_now(),
+            fleet_started: self.started,
             collectives,
             reprovision_delay: self.cfg.reprovision_delay,
             stay_online: self.cfg.stay_online,
@@ -1200,7 +1204,7 @@ impl Inner {
                 return;
             };
             let before = node.phase;
-            node.finish_reprovision();
+            node.finish_reprovision(unix_now());
             let after = node.phase;
             let v = node.version(&self.cfg.version).to_string();
             drop(node);

@@ -114,6 +114,9 @@ pub struct NodeEnv<'a> {
     pub now: Instant,
     /// Now in Unix seconds.
     pub unix_now: i64,
+    /// When the fleet started, Unix seconds (`rpcutil#daemon_stats` of a node not restarted
+    /// since).
+    pub fleet_started: i64,
     /// The collectives of a provisioned, online node, main collective first (`None` in
     /// provisioning mode).
     pub collectives: Option<&'a [String]>,
@@ -136,6 +139,8 @@ pub struct Node {
     csr_cn: Option<Box<str>>,
     drop_once_seen: u8,
     restarts: u16,
+    /// When it last restarted, Unix seconds (0: not since the fleet started).
+    started: i64,
     /// Times restarted out of provisioning mode with a usable configuration.
     provisions: u16,
     /// Times `reprovision` brought the node back into provisioning mode.
@@ -162,6 +167,7 @@ impl Default for Node {
             csr_cn: None,
             drop_once_seen: 0,
             restarts: 0,
+            started: 0,
             provisions: 0,
             reprovisions: 0,
             online: None,
@@ -371,6 +377,16 @@ impl Node {
                 }),
             ),
             "ping" => ok(action, json!({"pong": env.unix_now})),
+            // go-choria's DaemonStatsReply; the counters are not simulated.
+            "daemon_stats" => ok(
+                action,
+                json!({
+                    "agents": AGENTS,
+                    "pid": std::process::id(),
+                    "starttime": if self.started > 0 { self.started } else { env.fleet_started },
+                    "version": self.version(env.version),
+                }),
+            ),
             "collective_info" => ok(
                 action,
                 json!({"main_collective": main, "collectives": collectives}),

@@ -1,4 +1,4 @@
-//! Typed clients for `rpcutil#inventory` and every `choria_provision` action, with inputs and
+//! Typed clients for `rpcutil#inventory`, `rpcutil#daemon_stats` and every `choria_provision` action, with inputs and
 //! outputs as in the agents' DDL (input defaults that are not `null` are always sent, as the
 //! generated Go clients do). The types are named after the DDL's sides: `<Action>Input` is what a
 //! request carries, `<Action>Output` what the reply's data holds.
@@ -166,6 +166,17 @@ pub struct ConfigureInput {
     pub server_jwt: String,
 }
 
+/// What the provisioner reads of `rpcutil#daemon_stats`: when the server process started and
+/// its version (go-choria's `DaemonStatsReply` carries counters too, which are ignored).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DaemonStatsOutput {
+    /// When the server process started, Unix seconds.
+    pub starttime: i64,
+    /// Server version.
+    #[serde(default)]
+    pub version: String,
+}
+
 /// The `{message}` reply of configure, restart, shutdown, reprovision and release_update.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct MessageOutput {
@@ -245,6 +256,23 @@ impl RpcClient {
             upgradable: w.upgradable,
             raw,
         })
+    }
+
+    /// `rpcutil#daemon_stats`. A reply without a numeric `starttime` is a bad reply.
+    pub async fn daemon_stats(
+        &self,
+        identity: &str,
+        timeout: Duration,
+    ) -> Result<DaemonStatsOutput, RequestError> {
+        self.typed(
+            identity,
+            RPCUTIL_AGENT,
+            "daemon_stats",
+            &NoInputs {},
+            timeout,
+        )
+        .await
+        .map(|(o, _)| o)
     }
 
     /// `choria_provision#jwt`.

@@ -66,6 +66,13 @@ pub const SEND_TRIES: u32 = 3;
 /// collective, until it is provisioned again, which may wait out go-choria's two-minute
 /// provisioning lock of a killed provisioner and then the next discovery.
 pub const RETRY_WAIT: Duration = Duration::from_secs(60);
+/// How long after acknowledging a node with no news is asked, on its main collective, when
+/// it last started (`rpcutil#daemon_stats`), and how long between such questions.
+pub const CHECK_AFTER: Duration = Duration::from_secs(60);
+/// How long that question waits for its answer.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most such questions on their way at once.
+const MAX_CHECKS: usize = 64;
 /// Failures kept in the campaign record for `rotate status`.
 pub const RECENT_FAILURES: usize = 20;
 /// The most nodes one campaign holds.
@@ -906,6 +913,11 @@ pub async fn audit_next_sequence(
     js: &jetstream::Context,
     stream: &str,
 ) -> Result<u64, CampaignError> {
+    Ok(audit_bounds(js, stream).await?.1)
+}
+
+/// The sequence of the oldest record audit stream `stream` holds, and of the next it will have.
+async fn audit_bounds(js: &jetstream::Context, stream: &str) -> Result<(u64, u64), CampaignError> {
     let fail = |detail: String| CampaignError::Audit {
         stream: stream.to_string(),
         detail,
@@ -915,7 +927,8 @@ pub async fn audit_next_sequence(
         .await
         .map_err(|e| fail(e.to_string()))?;
     let info = s.info().await.map_err(|e| fail(e.to_string()))?;
-    Ok(info.state.last_sequence.saturating_add(1))
+    let next = info.state.last_sequence.saturating_add(1);
+    Ok((info.state.first_sequence.min(next), next))
 }
 
 /// Reads audit stream `stream` from sequence `from` to its end, calling `seen` for every record
@@ -930,8 +943,9 @@ pub async fn read_audit(
         stream: stream.to_string(),
         detail,
     };
-    let next = audit_next_sequence(js, stream).await?;
-    if from >= next {
+    let (first, next) = audit_bounds(js, stream).await?;
+    // Nothing new, or what was new was removed by the stream's limits since.
+    if from >= next || first >= next || first == 0 {
         return Ok(next);
     }
     let s = js
@@ -954,9 +968,10 @@ pub async fn read_audit(
         let msg = match tokio::time::timeout(REQUEST_TIMEOUT, messages.next()).await {
             Ok(Some(Ok(m))) => m,
             Ok(Some(Err(e))) => return Err(fail(e.to_string())),
-            // Records removed by the stream's limits leave nothing more to read; after some were
-            // read, the rest (a busy broker was slow to deliver) is read next time.
-            Ok(None) | Err(_) => return Ok(read_to.map_or(next, |s: u64| s + 1)),
+            // A busy broker was slow to deliver: what was not read is read next time, from
+            // where this read stopped (records the stream's limits remove meanwhile are
+            // skipped then).
+            Ok(None) | Err(_) => return Ok(read_to.map_or(from, |s: u64| s + 1)),
         };
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(last);
         read_to = Some(seq);
@@ -1077,6 +1092,16 @@ struct Run {
     /// Node records changed since the last flush, written together (every tick) so that a
     /// driver reading thousands of acknowledgements a minute does not wait on each write.
     unwritten: HashMap<String, NodeRecord>,
+    /// Nodes `sent`, with when (Unix seconds) to ask them on their main collective when they
+    /// last started. A provisioner killed between restarting a node and writing its audit
+    /// record, while no driver listened for the node's startup event, leaves no other sign
+    /// that the node is back: one that answers, restarted since it acknowledged, is done.
+    /// Nodes that acknowledged before this driver took over are asked at once.
+    next_check: HashMap<String, i64>,
+    /// Nodes being asked.
+    checking: HashSet<String>,
+    /// Nodes found done by asking them, since the last heartbeat.
+    checked_done: u64,
 }
 
 impl Run {
@@ -1096,11 +1121,17 @@ impl Run {
             reissued: HashSet::new(),
             retry: BinaryHeap::new(),
             unwritten: HashMap::new(),
+            next_check: HashMap::new(),
+            checking: HashSet::new(),
+            checked_done: 0,
         };
         for n in nodes {
             match n.state {
                 NodeRotation::Pending => run.queue.push_back(n.identity.clone()),
-                NodeRotation::Sent => run.sent += 1,
+                NodeRotation::Sent => {
+                    run.sent += 1;
+                    run.next_check.insert(n.identity.clone(), 0);
+                }
                 NodeRotation::Done => run.done += 1,
                 NodeRotation::Failed => run.failed += 1,
             }
@@ -1130,6 +1161,10 @@ impl Run {
         n.sent_at = Some(sent_at);
         self.sent += 1;
         let sent = n.clone();
+        self.next_check.insert(
+            identity.to_string(),
+            sent_at.saturating_add(CHECK_AFTER.as_secs() as i64),
+        );
         match self.early.remove(identity) {
             Some(seen) => self.provisioned(identity, Some(seen)).or(Some(sent)),
             None => Some(sent),
@@ -1180,6 +1215,37 @@ impl Run {
         self.done += 1;
         self.done_times.push_back(Instant::now());
         Some(n.clone())
+    }
+
+    /// The `sent` nodes to ask now whether they restarted since they acknowledged, at most
+    /// `room`; each is asked again [`CHECK_AFTER`] later if still `sent` then.
+    fn due_checks(&mut self, now: i64, room: usize) -> Vec<String> {
+        let nodes = &self.nodes;
+        self.next_check
+            .retain(|id, _| nodes.get(id).is_some_and(|n| n.state == NodeRotation::Sent));
+        let mut due = Vec::new();
+        for (id, when) in self.next_check.iter_mut() {
+            if due.len() >= room {
+                break;
+            }
+            if *when > now || self.checking.contains(id) {
+                continue;
+            }
+            *when = now.saturating_add(CHECK_AFTER.as_secs() as i64);
+            self.checking.insert(id.clone());
+            due.push(id.clone());
+        }
+        due
+    }
+
+    /// `identity` answered on its main collective that it started at `started` (`None`: no
+    /// answer). Returns its record to store when that makes it done: it started no earlier
+    /// than its acknowledged request was sent.
+    fn checked(&mut self, identity: &str, started: Option<i64>) -> Option<NodeRecord> {
+        self.checking.remove(identity);
+        let n = self.provisioned(identity, Some(started?))?;
+        self.checked_done += 1;
+        Some(n)
     }
 
     /// Queues the nodes whose wait before another try is over.
@@ -1313,6 +1379,7 @@ impl Driver {
         // What the audit trail says since the campaign began (a crash may have hidden it).
         self.poll_audit(&mut run).await?;
         let mut sends: JoinSet<Sent> = JoinSet::new();
+        let mut checks: JoinSet<(String, Option<i64>)> = JoinSet::new();
         let per_second = f64::from(run.rec.limits.rate_per_minute) / 60.0;
         let burst = per_second.max(1.0);
         let mut tokens = 1.0_f64.min(burst);
@@ -1331,6 +1398,11 @@ impl Driver {
                     run.sending = run.sending.saturating_sub(1);
                     if let Ok(done) = done {
                         self.sent(&mut run, done).await?;
+                    }
+                }
+                Some(Ok((identity, started))) = checks.join_next(), if !checks.is_empty() => {
+                    if let Some(n) = run.checked(&identity, started) {
+                        run.write_later(n);
                     }
                 }
                 _ = tick.tick() => {
@@ -1370,6 +1442,24 @@ impl Driver {
                         last_beat = Instant::now();
                         self.poll_audit(&mut run).await?;
                         self.time_out(&mut run).await?;
+                        for identity in run.due_checks(now_unix(), MAX_CHECKS.saturating_sub(checks.len())) {
+                            let rpc = self.rpc.clone();
+                            checks.spawn(async move {
+                                let started = rpc
+                                    .daemon_stats(&identity, CHECK_TIMEOUT)
+                                    .await
+                                    .ok()
+                                    .map(|s| s.starttime);
+                                (identity, started)
+                            });
+                        }
+                        if run.checked_done > 0 {
+                            info!(
+                                "rotation campaign {}: {} nodes done that were back on their main collective, restarted since they acknowledged, with no provisioning record or startup event seen",
+                                run.rec.id,
+                                std::mem::take(&mut run.checked_done)
+                            );
+                        }
                         let keep = self.beat(&mut run, &me).await?;
                         progress.update(&run.rec);
                         if !keep {
@@ -2337,6 +2427,45 @@ mod tests {
         assert!(run.acked("n4", 100).is_none());
         assert_eq!((run.done, run.sent), (4, 0));
         assert!(run.early.is_empty());
+    }
+
+    #[test]
+    fn a_sent_node_with_no_news_is_asked_and_done_only_when_it_restarted_since_it_acknowledged() {
+        let mut inherited = node("n1", NodeRotation::Sent);
+        inherited.sent_at = Some(100);
+        let nodes = vec![inherited, node("n2", NodeRotation::Pending)];
+        let mut run = Run::new(record(2), 1, nodes);
+        let after = CHECK_AFTER.as_secs() as i64;
+        // n1 acknowledged a request of an earlier driver: asked at once, once at a time.
+        assert_eq!(run.due_checks(150, 8), vec!["n1".to_string()]);
+        assert!(run.due_checks(150, 8).is_empty());
+        // No answer (in provisioning mode, off its main collective): asked again later.
+        assert!(run.checked("n1", None).is_none());
+        assert!(run.due_checks(150 + after - 1, 8).is_empty());
+        assert_eq!(run.due_checks(150 + after, 8), vec!["n1".to_string()]);
+        // It answers with the start before its request: the reprovision has not restarted it.
+        assert!(run.checked("n1", Some(99)).is_none());
+        // n2 acknowledges at 200: asked only after CHECK_AFTER, and never while none is room.
+        assert_eq!(
+            run.acked("n2", 200).map(|n| n.state),
+            Some(NodeRotation::Sent)
+        );
+        assert!(run.due_checks(200 + after - 1, 8).is_empty());
+        assert!(run.due_checks(200 + after, 0).is_empty());
+        let due = run.due_checks(150 + 2 * after, 8);
+        assert_eq!(due.len(), 2, "{due:?}");
+        // Restarted since: done, and no longer asked.
+        assert_eq!(
+            run.checked("n1", Some(160)).map(|n| n.state),
+            Some(NodeRotation::Done)
+        );
+        assert_eq!(
+            run.checked("n2", Some(200)).map(|n| n.state),
+            Some(NodeRotation::Done)
+        );
+        assert_eq!((run.done, run.sent, run.checked_done), (2, 0, 2));
+        assert!(run.due_checks(10_000, 8).is_empty());
+        assert!(run.next_check.is_empty() && run.checking.is_empty());
     }
 
     #[test]

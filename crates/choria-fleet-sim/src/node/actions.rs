@@ -496,9 +496,10 @@ impl Node {
     /// configuration go-choria wrote (`plugin.choria.server.provision=1`, `loglevel=debug`),
     /// leaves its main collective and forgets its keys, so the next `gen25519` or `gencsr`
     /// makes a new one (CSRs come from the next key of the RSA pool).
-    pub fn finish_reprovision(&mut self) {
+    pub fn finish_reprovision(&mut self, unix_now: i64) {
         self.restart_pending = false;
         self.restarts = self.restarts.saturating_add(1);
+        self.started = unix_now;
         self.reprovisions = self.reprovisions.saturating_add(1);
         self.lock = None;
         self.ecdh_private = None;
@@ -544,6 +545,7 @@ impl Node {
     fn restart_into(&mut self, env: &NodeEnv<'_>, identity: &str) -> Option<&'static str> {
         self.restart_pending = false;
         self.restarts = self.restarts.saturating_add(1);
+        self.started = env.unix_now;
         self.lock = None;
         self.ecdh_private = None;
         if self.phase == Phase::Provisioned && self.received.is_none() {
