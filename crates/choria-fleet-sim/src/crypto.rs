@@ -211,6 +211,33 @@ pub fn decrypt_legacy_pem(text: &str, password: &[u8]) -> Result<String, String>
     }
 }
 
+/// The most node key pairs made when a fleet starts; a larger fleet shares them.
+pub const NODE_KEY_POOL: usize = 16_384;
+
+/// Key pairs made when the fleet starts, before any request, so that `jwt` and `gen25519`
+/// answer with a key instead of making one (the keys a real server makes at that moment are
+/// random to the provisioner either way). Node `i` uses pair `i + reprovisions` of the pool,
+/// so a node has a new pair after each `reprovision`.
+pub struct NodeKeys {
+    /// The `jwt` action's X25519 pair (private, public).
+    pub ecdh: ([u8; 32], [u8; 32]),
+    /// The `gen25519` action's key (ed25519 fleets only).
+    pub ed25519: Option<ed25519_dalek::SigningKey>,
+}
+
+impl NodeKeys {
+    /// `n` pairs, with ed25519 keys when `ed25519`.
+    pub fn pool(n: usize, ed25519: bool) -> Vec<NodeKeys> {
+        let mut rng = rand::thread_rng();
+        (0..n)
+            .map(|_| NodeKeys {
+                ecdh: x25519_pair(),
+                ed25519: ed25519.then(|| ed25519_dalek::SigningKey::generate(&mut rng)),
+            })
+            .collect()
+    }
+}
+
 /// One pre-generated RSA key and what gencsr replies derive from it.
 pub struct PoolKey {
     signing: rsa::pkcs1v15::SigningKey<Sha256>,
@@ -517,5 +544,24 @@ mod csr_tests {
             })
             .collect();
         assert_eq!(got, names);
+    }
+
+    #[test]
+    fn a_key_pool_holds_distinct_pairs_and_ed25519_keys_only_when_asked() {
+        let pool = NodeKeys::pool(8, true);
+        let publics: std::collections::HashSet<_> = pool.iter().map(|k| k.ecdh.1).collect();
+        assert_eq!(publics.len(), 8);
+        let eds: std::collections::HashSet<_> = pool
+            .iter()
+            .map(|k| k.ed25519.as_ref().unwrap().verifying_key().to_bytes())
+            .collect();
+        assert_eq!(eds.len(), 8);
+        // Each private key belongs to its public key: both sides derive one secret.
+        let (a, b) = (pool[0].ecdh, pool[1].ecdh);
+        assert_eq!(
+            choria_crypto::x25519::shared_secret(&a.0, &b.1),
+            choria_crypto::x25519::shared_secret(&b.0, &a.1)
+        );
+        assert!(NodeKeys::pool(2, false).iter().all(|k| k.ed25519.is_none()));
     }
 }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{is_affected, FaultKind, FleetConfig, Mode, ProvisioningJwt};
-use crate::crypto::{self, CryptoError, PoolKey};
+use crate::crypto::{self, CryptoError, NodeKeys, PoolKey};
 use crate::node::{
     Call, Effect, Enrollment, EnrollmentSource, Node, NodeEnv, NodeOutcome, NodeReport, Phase,
     AGENTS,
@@ -196,6 +196,8 @@ struct Inner {
     agents: Vec<String>,
     facts: serde_json::Value,
     pool: OnceLock<Vec<PoolKey>>,
+    /// Key pairs made at start ([`NodeKeys`]).
+    keys: Vec<NodeKeys>,
     pool_ready: Notify,
     pool_started: std::sync::Once,
     client: async_nats::Client,
@@ -451,8 +453,13 @@ impl SimFleet {
             sets.push(Arc::from(vec![pre_collective.clone()]));
         }
         let (new_subs, new_subs_rx) = mpsc::channel(64);
+        let keys = NodeKeys::pool(
+            identities.len().min(crypto::NODE_KEY_POOL),
+            mode == Mode::Ed25519,
+        );
         let inner = Arc::new(Inner {
             started: now,
+            keys,
             identities,
             index,
             nodes,
@@ -669,6 +676,8 @@ impl Inner {
             .get()
             .filter(|p| !p.is_empty())
             .and_then(|p| p.get(idx.wrapping_add(key_generation) % p.len()));
+        let keys = (!self.keys.is_empty())
+            .then(|| &self.keys[idx.wrapping_add(key_generation) % self.keys.len()]);
         NodeEnv {
             token: &self.cfg.token,
             jwt: &self.jwt,
@@ -680,6 +689,7 @@ impl Inner {
             mode: self.cfg.mode,
             lock_window: self.cfg.lock_window,
             rsa_key,
+            keys,
             faults: &self.cfg.faults,
             now: Instant::now(),
             unix_now: unix_now(),

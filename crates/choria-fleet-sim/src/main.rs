@@ -343,8 +343,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // One worker: a simulated request is a few tens of microseconds of work, and with two
+    // workers waking each other the simulator spent a tenth of its CPU parking and unparking
+    // (one worker answers 200,000 nodes a minute; RSA work runs on blocking threads).
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()
     {

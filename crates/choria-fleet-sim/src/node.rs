@@ -108,6 +108,8 @@ pub struct NodeEnv<'a> {
     pub lock_window: Duration,
     /// The RSA key to use for this node's CSRs, when the pool is ready.
     pub rsa_key: Option<&'a PoolKey>,
+    /// The node's key pairs made at start (`None`: make them when asked).
+    pub keys: Option<&'a crate::crypto::NodeKeys>,
     /// Faults.
     pub faults: &'a crate::config::Faults,
     /// Now.

@@ -829,6 +829,15 @@ async fn ed25519_nodes_need_a_server_jwt_for_their_own_key() {
     let config =
         json!({"plugin.choria.server.provision": "false", "plugin.security.provider": "choria"})
             .to_string();
+    // Keys made at start: each node has its own.
+    let mut keys = std::collections::HashSet::new();
+    for id in &ids {
+        let r = client
+            .rpc(id, "gen25519", json!({"token": TOKEN, "nonce": "n"}))
+            .await;
+        keys.insert(r.data["public_key"].as_str().unwrap().to_string());
+    }
+    assert_eq!(keys.len(), ids.len());
     for (i, id) in ids.iter().enumerate() {
         let r = client
             .rpc(id, "gen25519", json!({"token": TOKEN, "nonce": "n"}))

@@ -20,7 +20,7 @@ impl Node {
         if let Err(r) = Self::args(env, "jwt", data, "JWTRequest", &[("token", GoKind::Str)]) {
             return r;
         }
-        let (private, public) = crypto::x25519_pair();
+        let (private, public) = env.keys.map_or_else(crypto::x25519_pair, |k| k.ecdh);
         self.ecdh_private = Some(private);
         ok(
             "jwt",
@@ -44,15 +44,22 @@ impl Node {
             Ok(a) => a,
             Err(r) => return r,
         };
-        // The thread's CSPRNG (seeded from the OS) rather than a system call per key.
-        let key = ed25519_dalek::SigningKey::generate(&mut rand::thread_rng());
+        let fresh;
+        let key = match env.keys.and_then(|k| k.ed25519.as_ref()) {
+            Some(k) => k,
+            None => {
+                // The thread's CSPRNG (seeded from the OS) rather than a system call per key.
+                fresh = ed25519_dalek::SigningKey::generate(&mut rand::thread_rng());
+                &fresh
+            }
+        };
         let public = key.verifying_key().to_bytes();
         let signed: Vec<u8> = if is_affected(FaultKind::BadNonce, identity, env.faults.bad_nonce) {
             format!("not-{}", args.str(1)).into_bytes()
         } else {
             args.str(1).as_bytes().to_vec()
         };
-        let (public_hex, signature) = choria_crypto::nonce::sign_nonce(&key, &signed);
+        let (public_hex, signature) = choria_crypto::nonce::sign_nonce(key, &signed);
         self.ed25519_public = Some(public);
         ok(
             "gen25519",
