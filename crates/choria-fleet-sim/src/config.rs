@@ -344,7 +344,8 @@ pub struct FleetConfig {
     pub bogus_events: usize,
     /// Publish lifecycle events in the Choria format instead of CloudEvents.
     pub legacy_lifecycle: bool,
-    /// Concurrent reply tasks.
+    /// CSRs made at once (`gencsr` signs on a blocking thread; other requests are answered
+    /// as they are read).
     pub workers: usize,
     /// Pre-generated RSA keys for `gencsr` (PEM text); generated at start when `None`.
     pub rsa_keys_pem: Option<String>,

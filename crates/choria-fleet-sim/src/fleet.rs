@@ -196,6 +196,8 @@ struct Inner {
     agents: Vec<String>,
     facts: serde_json::Value,
     pool: OnceLock<Vec<PoolKey>>,
+    /// CSRs being made at once, at most `workers`.
+    csr_permits: Arc<Semaphore>,
     /// Key pairs made at start ([`NodeKeys`]).
     keys: Vec<NodeKeys>,
     pool_ready: Notify,
@@ -458,6 +460,7 @@ impl SimFleet {
             mode == Mode::Ed25519,
         );
         let inner = Arc::new(Inner {
+            csr_permits: Arc::new(Semaphore::new(cfg.workers.max(1))),
             started: now,
             keys,
             identities,
@@ -851,7 +854,6 @@ impl Inner {
         subs: Vec<async_nats::Subscriber>,
         mut new_subs: mpsc::Receiver<async_nats::Subscriber>,
     ) {
-        let permits = Arc::new(Semaphore::new(self.cfg.workers.max(1)));
         let mut all = futures::stream::select_all(subs);
         loop {
             let msg = tokio::select! {
@@ -862,14 +864,11 @@ impl Inner {
                 }
                 m = all.next() => match m { Some(m) => m, None => break },
             };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                break;
-            };
-            let me = self.clone();
-            self.tracker.spawn(async move {
-                me.handle(msg.subject.as_str(), &msg.payload).await;
-                drop(permit);
-            });
+            // Answered here rather than in a task of its own: a request is tens of
+            // microseconds of work, and the replies of the requests read in a row go out in
+            // one write to the broker instead of a write and a task switch each. The one
+            // slow answer, a CSR, runs on a blocking thread (`answer`).
+            self.handle(msg.subject.as_str(), &msg.payload).await;
         }
     }
 
@@ -960,16 +959,26 @@ impl Inner {
         let is_gencsr =
             req.agent == "choria_provision" && req.payload.windows(6).any(|w| w == b"gencsr");
         if is_gencsr {
-            // CSRs need the key pool; RSA signing is slow, so keep it off the reactor.
-            self.wait_pool().await;
+            // CSRs need the key pool, and RSA signing is slow: at most `workers` at once, each
+            // in a task of its own that signs on a blocking thread, while other requests are
+            // answered.
+            let Ok(permit) = self.csr_permits.clone().acquire_owned().await else {
+                return;
+            };
             let me = self.clone();
             let r = req.clone();
-            let id = identity.clone();
             let sc = scope.clone();
-            let out = tokio::task::spawn_blocking(move || me.run_node(idx, &id, &r, &sc)).await;
-            if let Ok(Some(out)) = out {
-                self.deliver(idx, &identity, req, out).await;
-            }
+            self.tracker.spawn(async move {
+                me.wait_pool().await;
+                let signer = me.clone();
+                let (id, req) = (identity.clone(), r.clone());
+                let out =
+                    tokio::task::spawn_blocking(move || signer.run_node(idx, &id, &req, &sc)).await;
+                if let Ok(Some(out)) = out {
+                    me.deliver(idx, &identity, &r, out).await;
+                }
+                drop(permit);
+            });
             return;
         }
         if let Some(out) = self.run_node(idx, &identity, req, scope) {

@@ -76,7 +76,7 @@ struct Cli {
     /// Publish lifecycle events in the Choria format instead of CloudEvents.
     #[arg(long)]
     legacy_lifecycle: bool,
-    /// Concurrent reply tasks.
+    /// CSRs made at once (other requests are answered as they are read).
     #[arg(long, default_value_t = 64)]
     workers: usize,
     /// PEM file of RSA keys to make CSRs with (generated at start otherwise).
