@@ -68,17 +68,36 @@ impl Main {
     }
 }
 
-/// A provisioner signing CSRs with the test CA, writing its decisions to the audit stream.
-fn pki_provisioner(env: &Env, main: &Main, identity: &str, extra: &str) -> Launch {
+/// A scratch directory, the operator's files and a broker with their TLS.
+fn operator_broker() -> (tempfile::TempDir, Main, Env) {
+    let dir = tempfile::tempdir().unwrap();
+    let main = Main::new(dir.path());
+    let env = Env::with_broker_config(&main.broker);
+    main.point_at(env.nats.port());
+    (dir, main, env)
+}
+
+/// A provisioner signing CSRs with the test CA, with `extra` settings.
+fn pki_launch(env: &Env, main: &Main, identity: &str, extra: &str) -> Launch {
     let mut p = env
         .provisioner(example_helper("helper-pki.py"))
         .env("CHORIA_CA_CERT", main.ca_cert.display().to_string())
         .env("CHORIA_CA_KEY", main.ca_key.display().to_string())
         .features(&["jwt", "pki"])
-        .yaml(&format!("audit_stream: PROVISIONER_AUDIT\n{extra}"));
+        .yaml(extra);
     p.identity = identity.into();
     p.workers = 8;
     env.prepare(&p)
+}
+
+/// [`pki_launch`] writing its decisions to the audit stream.
+fn pki_provisioner(env: &Env, main: &Main, identity: &str, extra: &str) -> Launch {
+    pki_launch(
+        env,
+        main,
+        identity,
+        &format!("audit_stream: PROVISIONER_AUDIT\n{extra}"),
+    )
 }
 
 fn rotate_cmd(launch: &Launch, main: &Main, args: &[&str]) -> Command {
@@ -103,12 +122,19 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn status(launch: &Launch, main: &Main) -> serde_json::Value {
+/// `rotate status --json`, or why it failed (there is no campaign yet).
+fn try_status(launch: &Launch, main: &Main) -> Result<serde_json::Value, String> {
     let o = rotate_cmd(launch, main, &["status", "--json"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    if !o.status.success() {
+        return Err(text(&o));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("{e}: {}", text(&o)))
+}
+
+fn status(launch: &Launch, main: &Main) -> serde_json::Value {
+    try_status(launch, main).unwrap()
 }
 
 /// A fleet of `n` servers started provisioned (certificates from the pool), online on
@@ -145,10 +171,7 @@ fn assert_rotated(fleet: &choria_fleet_sim::SimFleet, ids: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_provisions_every_selected_node_again_and_no_other() {
-    let dir = tempfile::tempdir().unwrap();
-    let main = Main::new(dir.path());
-    let env = Env::with_broker_config(&main.broker);
-    main.point_at(env.nats.port());
+    let (dir, main, env) = operator_broker();
     let launch = pki_provisioner(&env, &main, "provisioner1", "fleet_control: true\n");
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
@@ -220,10 +243,7 @@ async fn a_campaign_provisions_every_selected_node_again_and_no_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
     const N: usize = 60;
-    let dir = tempfile::tempdir().unwrap();
-    let main = Main::new(dir.path());
-    let env = Env::with_broker_config(&main.broker);
-    main.point_at(env.nats.port());
+    let (dir, main, env) = operator_broker();
     let aa = "active_active: true\nclaim_lifetime: 10s\n";
     let a = pki_provisioner(&env, &main, "provisioner-a", aa);
     let b = pki_provisioner(&env, &main, "provisioner-b", aa);
@@ -335,10 +355,7 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_back_with_no_record_or_event_seen_are_found_done_by_asking_them() {
     const N: usize = 10;
-    let dir = tempfile::tempdir().unwrap();
-    let main = Main::new(dir.path());
-    let env = Env::with_broker_config(&main.broker);
-    main.point_at(env.nats.port());
+    let (dir, main, env) = operator_broker();
     // The replica whose files the operator uses makes the audit stream, then stops: nothing
     // provisions the nodes while the campaign sends them reprovision.
     let audited = pki_provisioner(&env, &main, "provisioner-a", "");
@@ -370,14 +387,13 @@ async fn nodes_back_with_no_record_or_event_seen_are_found_done_by_asking_them()
     let deadline = Instant::now() + WAIT;
     // Every node acknowledged and recorded `sent` (the campaign is written once it exists).
     loop {
-        let o = rotate_cmd(&audited, &main, &["status", "--json"])
-            .output()
-            .unwrap();
-        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        if s["in_flight"].as_u64() == Some(N as u64) {
+        let s = try_status(&audited, &main);
+        if s.as_ref()
+            .is_ok_and(|s| s["in_flight"].as_u64() == Some(N as u64))
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "{s} {}", text(&o));
+        assert!(Instant::now() < deadline, "{s:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // Interrupted, the driver releases its lease; the campaign stays running.
@@ -395,13 +411,7 @@ async fn nodes_back_with_no_record_or_event_seen_are_found_done_by_asking_them()
 
     // Another replica, without the audit stream, provisions every node; their startup events
     // reach no driver.
-    let mut quiet = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", main.ca_cert.display().to_string())
-        .env("CHORIA_CA_KEY", main.ca_key.display().to_string())
-        .features(&["jwt", "pki"]);
-    quiet.identity = "provisioner-b".into();
-    let quiet = env.prepare(&quiet);
+    let quiet = pki_launch(&env, &main, "provisioner-b", "");
     let mut pb = Prov::launch(&quiet);
     pb.wait_ready().await;
     assert!(fleet.wait_provisioned(N, WAIT).await, "{:?}", fleet.stats());

@@ -13,6 +13,16 @@ use provision_core::rpc::{Action, RpcErrorKind};
 use provision_core::{AddResult, Features, Fleet, Source};
 use tokio_util::sync::CancellationToken;
 
+/// A fleet of `node` with the default settings and a helper that approves every node.
+fn fleet_of(node: &FakeNode, obs: &CountingObserver) -> std::sync::Arc<Fleet> {
+    Fleet::new(provisioner(
+        token(),
+        node,
+        &FakeHelper::replying(good_reply()),
+        obs,
+    ))
+}
+
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..20_000 {
         if cond() {
@@ -126,12 +136,7 @@ async fn the_backlog_is_provisioned_as_the_queue_drains_without_another_discover
 #[tokio::test(start_paused = true)]
 async fn clear_forgets_everything() {
     let node = FakeNode::new();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &CountingObserver::default(),
-    ));
+    let fleet = fleet_of(&node, &CountingObserver::default());
     for n in ["a", "b", "c"] {
         fleet.add(n, Source::Discovery);
     }
@@ -149,12 +154,7 @@ async fn clear_forgets_everything() {
 async fn workers_provision_every_node_and_hold_it_for_a_minute() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(4, stop.clone()));
     for i in 0..50 {
@@ -240,12 +240,7 @@ async fn node_locked_by_another_provisioner_is_left_alone_for_the_lock_window() 
     let node = FakeNode::new();
     node.fail(Action::Configure, RpcErrorKind::LockHeld, 2);
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
     fleet.add("a", Source::Discovery);
@@ -324,12 +319,7 @@ async fn shutdown_stops_workers_mid_cycle() {
 async fn paused_gauge_follows_the_pause_state() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(1, stop.clone()));
     wait_for("initial state", || obs.0.paused.lock().unwrap().len() == 1).await;
@@ -346,12 +336,7 @@ async fn paused_gauge_follows_the_pause_state() {
 async fn paused_workers_leave_nodes_queued_until_resumed() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     fleet.add("a", Source::Discovery);
     fleet.provisioner().pause_state().pause();
     let stop = CancellationToken::new();
@@ -373,12 +358,7 @@ async fn paused_workers_leave_nodes_queued_until_resumed() {
 async fn invalid_identities_are_refused_counted_and_never_queued() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     let long = "a".repeat(5000);
     for bad in [
         ">",
@@ -442,12 +422,7 @@ async fn a_flood_of_bogus_announcements_does_not_starve_discovered_nodes() {
     let node = FakeNode::new();
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     for i in 0..500 {
         assert_eq!(
             fleet.add(&format!("bogus-{i}.example.net"), Source::Event),
@@ -500,12 +475,7 @@ async fn a_flood_of_bogus_announcements_does_not_starve_discovered_nodes() {
 async fn nothing_is_queued_while_paused() {
     let node = FakeNode::new();
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     fleet.provisioner().pause_state().pause();
     assert_eq!(fleet.add("a", Source::Discovery), AddResult::Paused);
     assert_eq!(fleet.add("b", Source::Event), AddResult::Paused);
@@ -736,12 +706,7 @@ async fn announced_nodes_that_do_not_answer_shrink_their_lane_to_one_worker_and_
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
     node.state.lock().unwrap().unserved_prefix = Some("gone".into());
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     // Names nothing serves fail at once and cost nothing: the lane keeps its workers.
     for i in 0..100 {
         fleet.add(&format!("gone-{i}.example.net"), Source::Event);
@@ -785,12 +750,7 @@ async fn an_announced_node_enters_the_node_history_when_started_not_when_queued(
     let node = FakeNode::new();
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     for i in 0..1000 {
         fleet.add(&format!("bogus-{i}.example.net"), Source::Event);
     }
@@ -833,12 +793,7 @@ async fn an_announced_node_that_never_answers_is_not_kept() {
     let node = FakeNode::new();
     node.state.lock().unwrap().silent_prefix = Some("bogus".into());
     let obs = CountingObserver::default();
-    let fleet = Fleet::new(provisioner(
-        token(),
-        &node,
-        &FakeHelper::replying(good_reply()),
-        &obs,
-    ));
+    let fleet = fleet_of(&node, &obs);
     assert_eq!(fleet.add("bogus-1", Source::Event), AddResult::Queued);
     let stop = CancellationToken::new();
     let run = tokio::spawn(fleet.clone().run(2, stop.clone()));
