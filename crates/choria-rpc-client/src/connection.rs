@@ -376,6 +376,12 @@ pub fn reconnect_delay(attempt: usize) -> Duration {
     base.mul_f64(1.0 - jitter)
 }
 
+/// The pause before try `attempt` (1 for the first) of a connection that was never up: none
+/// before the first, then [`reconnect_delay`] of the tries before it.
+pub fn first_connect_delay(attempt: usize) -> Duration {
+    reconnect_delay(attempt.saturating_sub(1))
+}
+
 /// The pause after failed initial connection try `try_number` (1 for the first): go-choria's
 /// `backoff.FiveSec` entry, randomised to between half and one and a half times its value
 /// (so never more than 7.5 s).
@@ -570,12 +576,21 @@ async fn connect_to(
         .custom_inbox_prefix(&settings.inbox_prefix)
         .connection_timeout(settings.connect_timeout)
         .max_reconnects(None)
-        .reconnect_delay_callback(|attempt| {
-            let d = reconnect_delay(attempt);
-            if attempt > 0 {
-                tracing::info!("Sleeping {d:.3?} till the next reconnection attempt");
+        .reconnect_delay_callback({
+            let connected_before = Arc::clone(&seen_connected);
+            move |attempt| {
+                // async-nats counts the first try of a new connection as attempt 1 and sleeps
+                // this long before it: a connection that was never up tries at once.
+                let d = if connected_before.load(Ordering::Relaxed) {
+                    reconnect_delay(attempt)
+                } else {
+                    first_connect_delay(attempt)
+                };
+                if !d.is_zero() {
+                    tracing::info!("Sleeping {d:.3?} till the next reconnection attempt");
+                }
+                d
             }
-            d
         })
         .ping_interval(Duration::from_secs(30))
         .event_callback(move |event| {
@@ -795,6 +810,19 @@ mod tests {
             inbox_prefix: "provisioning.reply".into(),
             subscription_capacity: SUBSCRIPTION_CAPACITY,
         }
+    }
+
+    #[test]
+    fn a_connection_never_up_tries_at_once_then_backs_off_as_a_reconnection() {
+        assert_eq!(first_connect_delay(1), Duration::ZERO);
+        assert_eq!(first_connect_delay(0), Duration::ZERO);
+        for attempt in 2..30 {
+            let d = first_connect_delay(attempt);
+            let base = Duration::from_secs((attempt as u64 - 1).min(20));
+            assert!(d <= base && d >= base.mul_f64(0.75), "{attempt}: {d:?}");
+        }
+        // A reconnection's first try waits.
+        assert!(reconnect_delay(1) >= Duration::from_millis(750));
     }
 
     #[test]

@@ -51,6 +51,25 @@ async fn client_with(server: &NatsServer, security: Security, opts: RpcOptions) 
     RpcClient::new(nc, security, opts).await.unwrap()
 }
 
+/// A new connection tries its broker at once. async-nats counts a connection's first try as
+/// attempt 1 and sleeps what the delay callback says before it; the callback answered as for a
+/// reconnection (at least 750 ms), so every daemon start and every CLI command waited about a
+/// second before its first connection.
+#[tokio::test]
+async fn a_new_connection_does_not_wait_before_its_first_try() {
+    let server = NatsServer::start();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let nc = connection::connect(&settings(&server.url())).await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(600),
+            "connecting took {took:?}: the shortest pause before a reconnection is 750 ms"
+        );
+        drop(nc);
+    }
+}
+
 /// Serve `identities` in the `provisioning` collective: directed requests on
 /// `provisioning.node.<identity>`, broadcasts on behalf of every identity.
 async fn responder(server: &NatsServer, identities: Vec<String>, handler: Handler) {
