@@ -116,8 +116,9 @@ thread_local! {
     /// The chain issuer credentials (org key, signed text, signature) the org issuer's
     /// signature last verified for: every server JWT one provisioner signs carries the same
     /// ones, so each node does not check the same signature again (the JWT's own signature and
-    /// the chain signature over its id are checked for every node).
-    static ORG_VERIFIED: std::cell::RefCell<Option<OrgSigned>> =
+    /// the chain signature over its id are checked for every node), with the chain issuer's key
+    /// they carry, decoded once.
+    static ORG_VERIFIED: std::cell::RefCell<Option<(OrgSigned, ed25519_dalek::VerifyingKey)>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -155,13 +156,23 @@ pub fn verify_server_jwt(
         ed25519_dalek::Signature::from_slice(&org_sig_bytes).map_err(|e| e.to_string())?;
     let signed = format!("{chain_id}.{chain_pub_hex}");
     let seen = (org.to_bytes(), signed, org_sig_bytes);
-    if !ORG_VERIFIED.with(|v| v.borrow().as_ref() == Some(&seen)) {
-        org.verify(seen.1.as_bytes(), &org_sig)
-            .map_err(|_| "chain issuer credentials not signed by org issuer")?;
-        ORG_VERIFIED.with(|v| *v.borrow_mut() = Some(seen));
-    }
-    let chain_key =
-        ed25519_dalek::VerifyingKey::from_bytes(&chain_pub).map_err(|e| e.to_string())?;
+    let known = ORG_VERIFIED.with(|v| {
+        v.borrow()
+            .as_ref()
+            .filter(|(s, _)| *s == seen)
+            .map(|(_, key)| *key)
+    });
+    let chain_key = match known {
+        Some(key) => key,
+        None => {
+            org.verify(seen.1.as_bytes(), &org_sig)
+                .map_err(|_| "chain issuer credentials not signed by org issuer")?;
+            let key =
+                ed25519_dalek::VerifyingKey::from_bytes(&chain_pub).map_err(|e| e.to_string())?;
+            ORG_VERIFIED.with(|v| *v.borrow_mut() = Some((seen, key)));
+            key
+        }
+    };
     let jti = str_claim("jti");
     let chain_sig =
         hex::decode(chain_sig_hex).map_err(|_| "invalid signature in chain signature")?;

@@ -638,11 +638,6 @@ impl SimFleet {
         }
     }
 
-    /// A future that resolves when the state of any node changes (configure, restart, shutdown).
-    pub async fn changed(&self) {
-        self.inner.changed.notified().await;
-    }
-
     /// Stop answering, wait (bounded) for pending replies and events, and close the connection.
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();

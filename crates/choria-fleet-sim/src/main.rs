@@ -269,6 +269,10 @@ fn progress_line(fleet: &SimFleet, started: Instant) -> String {
     )
 }
 
+/// How often `--exit-when-done` looks whether every node is provisioned: the exit comes at most
+/// this late.
+const DONE_CHECK: Duration = Duration::from_millis(20);
+
 async fn run(cli: Cli) -> anyhow::Result<bool> {
     let cfg = config(&cli)?;
     let started = Instant::now();
@@ -287,6 +291,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     tokio::pin!(term);
     let interrupt = tokio::signal::ctrl_c();
     tokio::pin!(interrupt);
+    let mut done_check = tokio::time::interval(DONE_CHECK);
+    done_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let done = loop {
         if cli.exit_when_done && fleet.provisioned() >= n {
             break true;
@@ -308,8 +314,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 break all;
             }
             _ = progress.tick() => eprintln!("{}", progress_line(&fleet, started)),
-            // Wake on node changes, and at least twice a second in case one was missed.
-            _ = tokio::time::timeout(Duration::from_millis(500), fleet.changed()) => {},
+            // Looks at the count every DONE_CHECK: waking on every node's change cost the
+            // simulator a thread wake-up (a system call and a context switch) twice a node.
+            _ = done_check.tick(), if cli.exit_when_done => {},
         }
     };
     eprintln!("{}", progress_line(&fleet, started));
@@ -343,11 +350,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    // One worker: a simulated request is a few tens of microseconds of work, and with two
+    // One thread: a simulated request is a few tens of microseconds of work, and with two
     // workers waking each other the simulator spent a tenth of its CPU parking and unparking
-    // (one worker answers 200,000 nodes a minute; RSA work runs on blocking threads).
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // (one thread answers 200,000 nodes a minute; RSA work runs on blocking threads). The
+    // main task runs on it too, so nothing wakes another thread but a CSR.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -184,14 +184,22 @@ impl Default for Node {
 /// Most enrollments kept per node (the oldest are dropped first).
 pub const MAX_ENROLLMENTS: usize = 32;
 
+/// go-choria's `mcorpc.Reply`, fields in its order.
+#[derive(Serialize)]
+struct ReplyOut<'a> {
+    statuscode: u8,
+    statusmsg: &'a str,
+    data: &'a Value,
+    action: &'a str,
+}
+
 fn reply_json(action: &str, code: StatusCode, msg: &str, data: Value) -> Vec<u8> {
-    // Field order as go-choria's mcorpc.Reply marshals it.
-    serde_json::to_vec(&json!({
-        "statuscode": code.code(),
-        "statusmsg": msg,
-        "data": data,
-        "action": action,
-    }))
+    serde_json::to_vec(&ReplyOut {
+        statuscode: code.code(),
+        statusmsg: msg,
+        data: &data,
+        action,
+    })
     .unwrap_or_default()
 }
 
@@ -290,7 +298,7 @@ impl Node {
 
     /// Dispatch an RPC request for `agent`.
     pub fn rpc(&mut self, env: &NodeEnv<'_>, agent: &str, call: &Call<'_>) -> NodeOutcome {
-        let body: Value = match serde_json::from_slice(call.payload) {
+        let mut body: Value = match serde_json::from_slice(call.payload) {
             Ok(v @ Value::Object(_)) => v,
             Ok(other) => {
                 return NodeOutcome {
@@ -315,8 +323,9 @@ impl Node {
                 }
             }
         };
+        // Taken, not copied: a configure request's data holds the whole configuration.
+        let data = body.get_mut("data").map(Value::take).unwrap_or(Value::Null);
         let action = body.get("action").and_then(|a| a.as_str()).unwrap_or("");
-        let data = body.get("data").cloned().unwrap_or(Value::Null);
         let wrong_identity = matches!(agent, "choria_provision" | "rpcutil")
             && is_affected(
                 FaultKind::WrongIdentity,
