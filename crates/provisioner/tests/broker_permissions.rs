@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use choria_rpc_client::election::{self, Election};
+use choria_rpc_client::election::{self, Election, ElectionError};
 use test_support::go_env::{self, EnvOptions, GoEnv};
 use test_support::Mode;
 use tokio_util::sync::CancellationToken;
@@ -146,7 +146,17 @@ async fn a_provisioning_client_cannot_touch_the_election_claims_or_audit() {
     );
 
     // The election bucket answers the provisioner: it opens and campaigns through the import.
-    let info = elected.open().await;
+    // The broker makes its buckets once it is up (the environment was not waited for), so a
+    // missing bucket is asked again, as the daemon's election does.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let info = loop {
+        match elected.open().await {
+            Err(ElectionError::BucketNotFound { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => break other,
+        }
+    };
     assert!(
         info.is_ok(),
         "the provisioner cannot open its election: {info:?}"

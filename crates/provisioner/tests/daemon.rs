@@ -207,7 +207,10 @@ async fn with_leader_election_wait_a_standby_says_why_it_cannot_campaign() {
                 .await
                 .unwrap();
         if let Some((503, body)) = &got {
-            if body.contains("leader election cannot campaign") {
+            // Until the first campaign the reason is "not started yet": wait for the bucket's.
+            if body.contains("leader election cannot campaign")
+                && body.contains("CHORIA_LEADER_ELECTION")
+            {
                 seen = got;
                 break;
             }

@@ -202,6 +202,33 @@ impl NatsServer {
 /// How a cluster that never placed a replicated stream is reported (and retried).
 const NO_PLACEMENT: &str = "the cluster placed no replicated stream";
 
+/// How a cluster whose servers never all routed to each other is reported (and retried).
+const NOT_FORMED: &str = "the cluster did not form";
+
+/// Whether the server with monitoring port `http` routes to the other `size - 1` servers and
+/// reports JetStream healthy; what is missing when not.
+fn server_state(http: u16, size: usize) -> std::result::Result<(), String> {
+    // The body may come chunked: read the one number rather than parse the JSON.
+    let routes = metrics::http_get(http, "/routez")
+        .ok_or_else(|| "monitoring port not answering".to_string())?
+        .1
+        .split_once("\"num_routes\":")
+        .and_then(|(_, rest)| rest.trim_start().split([',', '\n']).next())
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    if routes + 1 < size {
+        return Err(format!("{routes} routes"));
+    }
+    match metrics::http_get(http, "/healthz") {
+        Some((200, _)) => Ok(()),
+        Some((st, body)) => Err(format!(
+            "healthz {st}: {}",
+            body.trim().chars().take(160).collect::<String>()
+        )),
+        None => Err("healthz not answering".into()),
+    }
+}
+
 /// Creates and deletes a memory stream with `replicas` replicas through the server on `port`
 /// over a plain NATS connection; the JetStream API's answer when it is not a success.
 fn probe_placement(port: u16, replicas: usize) -> std::result::Result<(), String> {
@@ -275,7 +302,11 @@ impl NatsCluster {
         let mut last = None;
         for _ in 0..3 {
             match Self::start_once(size, extra) {
-                Err(Error::Failed(e)) if e.contains("exited early") || e.contains(NO_PLACEMENT) => {
+                Err(Error::Failed(e))
+                    if e.contains("exited early")
+                        || e.contains(NO_PLACEMENT)
+                        || e.contains(NOT_FORMED) =>
+                {
                     last = Some(e)
                 }
                 other => return other,
@@ -286,9 +317,15 @@ impl NatsCluster {
 
     fn start_once(size: usize, extra: &str) -> Result<Self> {
         let tmp = tempfile::tempdir().ctx(|| "creating a temporary directory".into())?;
-        let ports: Vec<(u16, u16, u16)> = (0..size)
-            .map(|_| (free_port(), free_port(), free_port()))
-            .collect();
+        // Nine distinct ports: the operating system may hand the same free port out twice.
+        let mut taken = std::collections::BTreeSet::new();
+        let mut port = || loop {
+            let p = free_port();
+            if taken.insert(p) {
+                return p;
+            }
+        };
+        let ports: Vec<(u16, u16, u16)> = (0..size).map(|_| (port(), port(), port())).collect();
         let routes: Vec<String> = ports
             .iter()
             .map(|(_, cluster, _)| format!("nats-route://127.0.0.1:{cluster}"))
@@ -307,21 +344,33 @@ impl NatsCluster {
             servers.push(spawn(&conf, Some(&dir.join("nats-server.log")))?);
         }
         let formed = crate::wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
-            ports.iter().all(|(_, _, http)| {
-                // The body may come chunked: read the one number rather than parse the JSON.
-                let routed = metrics::http_get(*http, "/routez").is_some_and(|(_, body)| {
-                    body.split_once("\"num_routes\":")
-                        .and_then(|(_, rest)| rest.trim_start().split([',', '\n']).next())
-                        .and_then(|n| n.trim().parse::<usize>().ok())
-                        .is_some_and(|n| n + 1 >= size)
-                });
-                routed && metrics::http_get(*http, "/healthz").is_some_and(|(st, _)| st == 200)
-            })
+            ports
+                .iter()
+                .all(|(_, _, http)| server_state(*http, size).is_ok())
         });
         if !formed {
+            // Each server's state and the end of its log go into the error, and the logs are
+            // kept: the temporary directory would otherwise go with the failed attempt.
+            let states: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .map(|(n, (_, _, http))| {
+                    let state = server_state(*http, size).err().unwrap_or("ready".into());
+                    let log =
+                        std::fs::read_to_string(tmp.path().join(format!("n{n}/nats-server.log")))
+                            .unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                    format!(
+                        "n{n}: {state}; log ends {:?}",
+                        tail.into_iter().rev().collect::<Vec<_>>()
+                    )
+                })
+                .collect();
+            let kept = tmp.keep();
             return Err(Error::Failed(format!(
-                "the {size}-server cluster did not form; logs under {}",
-                tmp.path().display()
+                "{NOT_FORMED} in 60 s ({}); logs under {}",
+                states.join("; "),
+                kept.display()
             )));
         }
         // JetStream places a replicated stream only once its meta leader has every peer
