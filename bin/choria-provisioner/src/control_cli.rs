@@ -25,9 +25,7 @@ fn with_settings<T>(
         choria_config: args.choria_config.clone(),
         debug,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = provisioner::runtime(1)?;
     runtime.block_on(async {
         let (c, settings) = control::connect_operator(&paths, Duration::from_secs(15)).await?;
         if !settings.config.fleet_control {

@@ -31,10 +31,7 @@ pub fn main(debug: bool, args: &RotateArgs) -> Result<()> {
         ),
     };
     let paths = paths(debug, files);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = provisioner::runtime(2)?;
     let out = runtime.block_on(rotate::run(&paths, files.choria_config.as_deref(), cmd))?;
     print!("{out}");
     Ok(())

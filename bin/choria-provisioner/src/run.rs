@@ -19,17 +19,14 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     // drops.
     let _log =
         provisioner::logging::init(&settings.config.loglevel, &settings.config.logfile, debug)?;
+    let threads = settings.config.threads;
     // Refused before the runtime starts or the pid file is written.
     let force = CancellationToken::new();
     let daemon = provisioner::Daemon::builder(settings)
         .force(force.clone())
         .build()
         .map_err(staged)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("provisioner")
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = provisioner::runtime(threads).context("cannot start the async runtime")?;
     // The handlers are in place before the pid file exists, so whoever reads it can always
     // stop the process cleanly.
     let signals = {

@@ -18,9 +18,7 @@ pub fn run(args: &ApiArgs, query: Query) -> Result<()> {
         args.token_file.as_deref(),
         std::path::Path::new(crate::cli::DEFAULT_CONFIG),
     )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = provisioner::runtime(1)?;
     let v = runtime.block_on(client.get(&path))?;
     print!("{}", query.render(&v, args.json));
     Ok(())

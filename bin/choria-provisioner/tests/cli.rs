@@ -266,7 +266,7 @@ fn check_on_a_good_setup_prints_the_plan() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     for want in [
         "features: jwt on pki off ed25519 off upgrades off",
-        "workers: 7 (queue 900)",
+        "workers: 7 (queue 900, threads 1)",
         "interval: 5m",
         "security: file",
         "helper-plain.py",

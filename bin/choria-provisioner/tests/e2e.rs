@@ -702,6 +702,29 @@ async fn the_provisioning_password_logs_in_as_the_provisioner_user() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_larger_fleet_found_by_discovery_and_events_at_once() {
+    larger_fleet(None).await;
+}
+
+/// The same fleet with the daemon's work spread over two runtime threads (`threads: 2`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_fleet_on_two_runtime_threads() {
+    larger_fleet(Some(2)).await;
+}
+
+/// The threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| t.ok())
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+async fn larger_fleet(threads: Option<usize>) {
     // Half the fleet is up before the provisioner (found by discovery), half comes up after it
     // (found by events): every node is provisioned exactly once.
     let env = Env::new();
@@ -711,8 +734,17 @@ async fn a_larger_fleet_found_by_discovery_and_events_at_once() {
     let mut opts = env.provisioner(test_helper("fast.sh"));
     opts.workers = 8;
     opts.loglevel = "info".into();
+    if let Some(n) = threads {
+        opts = opts.yaml(&format!("threads: {n}"));
+    }
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
+    if let Some(n) = threads {
+        // The runtime's worker threads carry its name (as do blocking threads, started on
+        // demand): with `threads: n` at least n of them are up.
+        let named = threads_named(prov.pid(), "provisioner");
+        assert!(named >= n, "{named} threads named provisioner");
+    }
     let mut second = env.fleet_config(100, Mode::Plain);
     second.identity_prefix = "late".into();
     let late = env.fleet(second).await;

@@ -35,6 +35,14 @@ pub const DEFAULT_CLAIM_LIFETIME: Duration = Duration::from_secs(30);
 pub const MIN_CLAIM_LIFETIME: Duration = Duration::from_secs(6);
 /// The longest `claim_lifetime`.
 pub const MAX_CLAIM_LIFETIME: Duration = Duration::from_secs(3600);
+/// The most `threads` accepted.
+pub const MAX_THREADS: u64 = 1024;
+
+/// What `workers: 0` and `threads: 0` mean: the CPUs the process may use (its affinity mask,
+/// lowered to its cgroup CPU quota), at least 1.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// The validated provisioner configuration: the Go provisioner's keys and ours. What the cycle of
 /// a node reads is [`Config::provision`]; the rest is the daemon's. Its `Debug` shows `token`
@@ -48,6 +56,12 @@ pub struct Config {
     pub provision: ProvisionConfig,
     /// Concurrent provisioning workers (the CPU count when configured as 0).
     pub workers: usize,
+    /// `threads` (not a Go key): the threads that run the daemon's asynchronous work. 1, the
+    /// default, runs every task on one thread, the least CPU a node (a node costs a few hundred
+    /// microseconds, so one core provisions thousands a second); more spread the work over that
+    /// many (the CPU count when configured as 0). Policy evaluation and audit writes run on
+    /// their own threads whatever this says.
+    pub threads: usize,
     /// How many nodes may wait in the work queue (`work_queue_size`, not a Go key); a node
     /// found while it is full is dropped with a warning and found again by a later discovery.
     pub work_queue_size: usize,
@@ -177,6 +191,7 @@ impl std::fmt::Debug for Config {
         let Config {
             provision,
             workers,
+            threads,
             work_queue_size,
             logfile,
             loglevel,
@@ -217,6 +232,7 @@ impl std::fmt::Debug for Config {
             // Its own Debug redacts the token.
             .field("provision", provision)
             .field("workers", workers)
+            .field("threads", threads)
             .field("work_queue_size", work_queue_size)
             .field("logfile", logfile)
             .field("loglevel", loglevel)
@@ -494,6 +510,7 @@ struct RawFeatures {
 #[derive(Default)]
 struct RawConfig {
     workers: u32,
+    threads: Option<u32>,
     work_queue_size: u32,
     interval: Option<String>,
     logfile: String,
@@ -557,13 +574,14 @@ const FEATURE_FIELDS: [Field; 4] = [
 
 /// Every key: the Go provisioner's (its `json` tags) and ours (`identity_pattern`,
 /// `csr_extra_dns_names`, `monitor_address`, `work_queue_size`).
-const FIELDS: [Field; 51] = [
+const FIELDS: [Field; 52] = [
     field(
         "workers",
         Kind::Int {
             max: u32::MAX as u64,
         },
     ),
+    field("threads", Kind::Int { max: MAX_THREADS }),
     field(
         "work_queue_size",
         Kind::Int {
@@ -671,6 +689,10 @@ impl RawConfig {
         RawConfig {
             // The schema bounds every integer to its type.
             workers: u32::try_from(int("workers")).unwrap_or(u32::MAX),
+            threads: match s.get("threads") {
+                Some(Value::Int(v)) => Some(u32::try_from(*v).unwrap_or(u32::MAX)),
+                _ => None,
+            },
             work_queue_size: u32::try_from(int("work_queue_size")).unwrap_or(u32::MAX),
             interval: match s.get("interval") {
                 Some(Value::Str(v)) => Some(v.clone()),
@@ -846,8 +868,13 @@ impl Config {
             )));
         }
         let workers = match raw.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => cpus(),
             n => n as usize,
+        };
+        let threads = match raw.threads {
+            None => 1,
+            Some(0) => cpus(),
+            Some(n) => n as usize,
         };
         let cert_deny_list = if raw.cert_deny_list.is_empty() {
             DEFAULT_CERT_DENY_LIST
@@ -1080,6 +1107,7 @@ impl Config {
         let config = Config {
             provision,
             workers,
+            threads,
             work_queue_size,
             logfile: raw.logfile,
             loglevel: raw.loglevel,
@@ -1355,6 +1383,20 @@ mod tests {
             load("work_queue_size: -1\n"),
             Err(ConfigError::Syntax { .. })
         ));
+    }
+
+    #[test]
+    fn threads_default_to_one_and_zero_means_the_cpu_count() {
+        assert_eq!(load("").unwrap().config.threads, 1);
+        assert_eq!(load("threads:\n").unwrap().config.threads, 1);
+        assert_eq!(load("threads: 4\n").unwrap().config.threads, 4);
+        assert_eq!(load("threads: 0\n").unwrap().config.threads, cpus());
+        for bad in ["threads: -1\n", "threads: 1025\n", "threads: many\n"] {
+            assert!(
+                matches!(load(bad), Err(ConfigError::Syntax { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

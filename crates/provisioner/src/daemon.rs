@@ -66,6 +66,23 @@ pub fn discovery_shards(previous: usize) -> usize {
         .clamp(1, MAX_DISCOVERY_SHARDS)
 }
 
+/// The tokio runtime for `threads` threads (the `threads` setting, [`Config::threads`]): a
+/// current-thread runtime for 0 or 1, the cheapest per node, since the tasks that wake each
+/// other (a worker and the broker connection's writer above all) then run in turn on one core
+/// and one write to the broker carries every message queued since the last; a multi-thread one
+/// with that many workers otherwise. Its threads are named `provisioner`. Tokio's blocking
+/// threads (policy evaluation, audit writes) come with either.
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    builder.enable_all().thread_name("provisioner").build()
+}
+
 /// How long in-flight nodes may take to finish after a shutdown signal before they are abandoned
 /// (an abandoned node is found again by the next discovery of whichever provisioner runs).
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -1043,7 +1060,26 @@ async fn elect(
 
 #[cfg(test)]
 mod tests {
-    use super::{discovery_shards, DISCOVERY_SHARD_SIZE, MAX_DISCOVERY_SHARDS};
+    use super::{discovery_shards, runtime, DISCOVERY_SHARD_SIZE, MAX_DISCOVERY_SHARDS};
+    use tokio::runtime::RuntimeFlavor;
+
+    #[test]
+    fn one_thread_is_a_current_thread_runtime_and_more_are_workers() {
+        for threads in [0, 1] {
+            let rt = runtime(threads).expect("a runtime");
+            assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        }
+        let rt = runtime(3).expect("a runtime");
+        assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(rt.metrics().num_workers(), 3);
+        let name = rt.block_on(async {
+            tokio::spawn(async { std::thread::current().name().map(str::to_string) })
+                .await
+                .ok()
+                .flatten()
+        });
+        assert_eq!(name.as_deref(), Some("provisioner"));
+    }
 
     #[test]
     fn discovery_is_sharded_by_what_the_previous_one_found() {

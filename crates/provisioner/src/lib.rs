@@ -35,7 +35,7 @@ pub mod status_client;
 pub mod status_text;
 pub mod text;
 
-pub use daemon::{Daemon, DaemonBuilder};
+pub use daemon::{runtime, Daemon, DaemonBuilder};
 pub use error::Error;
 pub use settings::{Paths, Settings};
 

@@ -914,7 +914,7 @@ fn plan(cfg: &Config) -> String {
     format!(
         "provisioner configuration {}\n  \
          features: jwt {} pki {} ed25519 {} upgrades {}\n  \
-         workers: {} (queue {})\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
+         workers: {} (queue {}, threads {})\n  interval: {}\n  helper: {}\n  lifecycle component: {}\n  \
          leader election: {}\n{}  monitoring: {}\n  site: {}\n  identities: {}\n  \
          extra CSR DNS names: {}\n",
         cfg.file.display(),
@@ -924,6 +924,7 @@ fn plan(cfg: &Config) -> String {
         on(f.upgrades),
         cfg.workers,
         cfg.work_queue_size,
+        cfg.threads,
         duration(cfg.provision.interval()),
         helper_plan(cfg),
         cfg.lifecycle_component,
