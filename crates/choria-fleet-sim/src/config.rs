@@ -320,6 +320,9 @@ pub struct FleetConfig {
     pub provisioning_jwt: ProvisioningJwt,
     /// Verify received server JWTs against this issuer (or direct signer) key.
     pub issuer_public: Option<crate::crypto::JwtVerifier>,
+    /// Verify the server JWT of one configure request in this many (the first always; at
+    /// least 1): a real server writes its JWT unchecked, so a load test may check a sample.
+    pub issuer_check_every: u64,
     /// Identities are `<prefix>-<n>.<domain>` (`<prefix>-<n>` with an empty domain), `n`
     /// counting from 1, zero-padded to the width of `nodes`.
     pub identity_prefix: String,
@@ -395,6 +398,7 @@ impl FleetConfig {
             token: token.into(),
             provisioning_jwt,
             issuer_public: None,
+            issuer_check_every: 1,
             identity_prefix: "sim".into(),
             domain: "fleet.example.net".into(),
             identities: None,

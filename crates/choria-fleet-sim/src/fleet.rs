@@ -23,8 +23,8 @@ use tokio_util::task::TaskTracker;
 use crate::config::{is_affected, FaultKind, FleetConfig, Mode, ProvisioningJwt};
 use crate::crypto::{self, CryptoError, NodeKeys, PoolKey};
 use crate::node::{
-    Call, Effect, Enrollment, EnrollmentSource, Node, NodeEnv, NodeOutcome, NodeReport, Phase,
-    AGENTS,
+    Call, Effect, Enrollment, EnrollmentSource, IssuerCheck, Node, NodeEnv, NodeOutcome,
+    NodeReport, Phase, AGENTS,
 };
 
 const COLLECTIVE: &str = "provisioning";
@@ -211,6 +211,8 @@ struct Inner {
     /// New subscriptions for the receive loop.
     new_subs: mpsc::Sender<async_nats::Subscriber>,
     counters: Counters,
+    /// Server JWTs received, for `issuer_check_every`.
+    issuer_seen: std::sync::atomic::AtomicU64,
     changed: Notify,
     cancel: CancellationToken,
     tracker: TaskTracker,
@@ -478,6 +480,7 @@ impl SimFleet {
             subscribed: tokio::sync::Mutex::new(HashSet::new()),
             new_subs,
             counters: Counters::default(),
+            issuer_seen: AtomicU64::new(0),
             changed: Notify::new(),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -683,7 +686,11 @@ impl Inner {
             upgradable: self.cfg.upgradable,
             config_file: &self.cfg.config_file,
             config_dir: &self.config_dir,
-            issuer: self.cfg.issuer_public.as_ref(),
+            issuer: self.cfg.issuer_public.as_ref().map(|key| IssuerCheck {
+                key,
+                every: self.cfg.issuer_check_every,
+                seen: &self.issuer_seen,
+            }),
             mode: self.cfg.mode,
             lock_window: self.cfg.lock_window,
             rsa_key,

@@ -39,6 +39,11 @@ struct Cli {
     /// Verify received server JWTs against this issuer key (hex, or a file with hex or a PEM).
     #[arg(long)]
     issuer_public: Option<String>,
+    /// With --issuer-public, verify the server JWT of one configure request in N (the first
+    /// always); the others are decoded unchecked, as a real server writes its JWT unchecked.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    issuer_check_every: u64,
     /// Identities are `<prefix>-<n>.<domain>`.
     #[arg(long, default_value = "sim")]
     identity_prefix: String,
@@ -193,6 +198,7 @@ fn config(cli: &Cli) -> anyhow::Result<FleetConfig> {
         .map(choria_fleet_sim::crypto::verifier_from_hex_or_file)
         .transpose()
         .context("invalid --issuer-public")?;
+    cfg.issuer_check_every = cli.issuer_check_every;
     cfg.identity_prefix = cli.identity_prefix.clone();
     cfg.domain = cli.domain.clone();
     cfg.version = cli.version.clone();

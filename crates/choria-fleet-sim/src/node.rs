@@ -100,8 +100,8 @@ pub struct NodeEnv<'a> {
     pub config_file: &'a str,
     /// Directory of the configuration file.
     pub config_dir: &'a str,
-    /// Issuer key for server JWTs.
-    pub issuer: Option<&'a JwtVerifier>,
+    /// Issuer key for server JWTs, and which are checked.
+    pub issuer: Option<IssuerCheck<'a>>,
     /// What counts as provisioned.
     pub mode: Mode,
     /// Provisioning lock duration.
@@ -178,6 +178,26 @@ impl Default for Node {
             received: None,
             problems: Vec::new(),
         }
+    }
+}
+
+/// Which received server JWTs are verified: one in `every` across the fleet, the first always.
+#[derive(Clone, Copy)]
+pub struct IssuerCheck<'a> {
+    /// The issuer (or direct signer) key.
+    pub key: &'a JwtVerifier,
+    /// Check one in this many.
+    pub every: u64,
+    /// Server JWTs received so far, fleet-wide.
+    pub seen: &'a std::sync::atomic::AtomicU64,
+}
+
+impl IssuerCheck<'_> {
+    /// Whether this server JWT is one to verify (counts it).
+    pub fn due(&self) -> bool {
+        self.seen
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .is_multiple_of(self.every.max(1))
     }
 }
 

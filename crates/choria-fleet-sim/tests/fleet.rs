@@ -931,3 +931,57 @@ async fn garbage_and_duplicate_replies_hit_rpcs_but_not_discovery() {
     assert!(serde_json::from_slice::<serde_json::Value>(&r[0].body).is_ok());
     fleet.shutdown().await;
 }
+
+#[tokio::test]
+async fn with_issuer_check_every_one_server_jwt_in_n_is_verified() {
+    // A real server writes its server JWT unchecked; a load test may check a sample. With
+    // one in three, forged JWTs are refused at the first and fourth configure and accepted
+    // (decoded, unverified) at the second and third.
+    let nats = NatsServer::start();
+    let org = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
+    let other = ed25519_dalek::SigningKey::from_bytes(&[2u8; 32]);
+    let mut cfg = common::config(&nats.url(), 4);
+    cfg.issuer_public = Some(
+        crypto::verifier_from_public_data(&hex::encode(org.verifying_key().as_bytes())).unwrap(),
+    );
+    cfg.issuer_check_every = 3;
+    let fleet = SimFleet::start(cfg).await.unwrap();
+    let client = Client::v1(&nats.url(), "prov").await;
+    let pk_hex = hex::encode([7u8; 32]);
+    let mut outcomes = Vec::new();
+    for id in fleet.identities() {
+        let forged = chain_server_jwt(&other, &id, &pk_hex);
+        let r = client
+            .rpc(
+                &id,
+                "configure",
+                json!({"token": TOKEN, "config": "{}", "server_jwt": forged}),
+            )
+            .await;
+        outcomes.push(r.statuscode);
+        if r.statuscode == StatusCode::Ok {
+            let received = fleet.node_report(&id).unwrap().received.unwrap();
+            assert!(received.server_jwt_trust.is_none(), "{id}: not verified");
+            assert_eq!(
+                received.server_jwt_claims.as_ref().unwrap()["identity"],
+                json!(id)
+            );
+        } else {
+            assert!(
+                r.statusmsg.starts_with("JWT Setup Failed: "),
+                "{}",
+                r.statusmsg
+            );
+        }
+    }
+    assert_eq!(
+        outcomes,
+        [
+            StatusCode::Aborted,
+            StatusCode::Ok,
+            StatusCode::Ok,
+            StatusCode::Aborted
+        ]
+    );
+    fleet.shutdown().await;
+}

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 
 use super::args::{config_bool, json_type, GoKind};
 use super::{
-    abort, ok, Effect, Enrollment, Node, NodeEnv, NodeOutcome, Phase, Received, MAX_ENROLLMENTS,
+    abort, ok, Effect, Enrollment, IssuerCheck, Node, NodeEnv, NodeOutcome, Phase, Received,
+    MAX_ENROLLMENTS,
 };
 use crate::config::{is_affected, FaultKind, Mode};
 use crate::crypto;
@@ -263,8 +264,9 @@ impl Node {
         }
         if !server_jwt.is_empty() {
             received.server_jwt = server_jwt.to_string();
-            match env.issuer {
-                Some(issuer) => match crypto::verify_server_jwt(server_jwt, issuer, env.unix_now) {
+            match env.issuer.filter(IssuerCheck::due) {
+                Some(check) => match crypto::verify_server_jwt(server_jwt, check.key, env.unix_now)
+                {
                     Ok((claims, trust)) => {
                         received.server_jwt_claims = Some(claims);
                         received.server_jwt_trust = Some(trust);
