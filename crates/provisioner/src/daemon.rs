@@ -70,8 +70,9 @@ pub fn discovery_shards(previous: usize) -> usize {
 /// current-thread runtime for 0 or 1, the cheapest per node, since the tasks that wake each
 /// other (a worker and the broker connection's writer above all) then run in turn on one core
 /// and one write to the broker carries every message queued since the last; a multi-thread one
-/// with that many workers otherwise. Its threads are named `provisioner`. Tokio's blocking
-/// threads (policy evaluation, audit writes) come with either.
+/// with that many workers otherwise. Tokio's blocking threads (policy evaluation, audit writes)
+/// come with either; they and a multi-thread runtime's workers are named `provisioner` (a
+/// current-thread runtime runs on the thread that calls `block_on`).
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()

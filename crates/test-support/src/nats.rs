@@ -307,6 +307,9 @@ impl NatsCluster {
                         || e.contains(NO_PLACEMENT)
                         || e.contains(NOT_FORMED) =>
                 {
+                    // Said even when the next try succeeds: a cluster that needed one is a
+                    // finding of its own (the logs of a cluster that did not form are kept).
+                    eprintln!("test-support: {e}; starting the cluster again on fresh ports");
                     last = Some(e)
                 }
                 other => return other,
