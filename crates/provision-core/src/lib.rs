@@ -93,6 +93,7 @@ pub mod fleet;
 pub mod identity;
 pub mod keyenc;
 pub mod keys;
+mod nonce_checks;
 pub mod observer;
 pub mod pacing;
 pub mod pause;

@@ -412,6 +412,7 @@ pub struct Provisioner {
     revocation: Option<Box<dyn Revocation>>,
     pacer: Option<Box<dyn Pacer>>,
     approval: Option<Box<dyn Approval>>,
+    nonce_checks: crate::nonce_checks::NonceChecks,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -543,6 +544,7 @@ impl ProvisionerBuilder {
             revocation: self.revocation,
             pacer: self.pacer,
             approval: self.approval,
+            nonce_checks: Default::default(),
         }
     }
 }
@@ -937,8 +939,11 @@ impl Provisioner {
                     }
                 })
                 .await?;
-            policy::verify_nonce_signature(&nonce, &r.public_key, &r.signature)
-                .map_err(ProvisionErrorKind::Ed25519)?;
+            // Checked with the proofs of the other nodes identified in the same turn.
+            self.nonce_checks
+                .verify(&nonce, &r.public_key, &r.signature)
+                .await
+                .map_err(|e| ProvisionErrorKind::Ed25519(PolicyError::Nonce(e.message())))?;
             host.ed25519 = Some(r);
         }
 
