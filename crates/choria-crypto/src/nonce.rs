@@ -215,6 +215,78 @@ pub fn sign_nonce(key: &ed25519_dalek::SigningKey, nonce: &[u8]) -> (String, Str
     )
 }
 
+/// A node's ed25519 key with the commitment of its first nonce signature made in advance.
+///
+/// An ed25519 signature is `(R, s)` with `R = [r]B` and `s = r + H(R || A || M) a`; the
+/// verifier cannot tell how `r` was chosen, only that the equation holds. The standard signer
+/// derives `r` from the key and the message; this one draws the first `r` at random when it is
+/// made (the one costly multiplication, `[r]B`), so the first signature costs a hash and two
+/// scalar operations. The prepared `r` is used once: every later signature is the standard
+/// one, so no `r` ever signs two messages.
+pub struct PreparedSigner {
+    key: ed25519_dalek::SigningKey,
+    r: curve25519_dalek::Scalar,
+    big_r: [u8; 32],
+    used: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for PreparedSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedSigner")
+            .field(
+                "public_key",
+                &hex::encode(self.key.verifying_key().as_bytes()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedSigner {
+    /// `key`, with a first commitment drawn from `rng`.
+    pub fn new(
+        key: ed25519_dalek::SigningKey,
+        rng: &mut (impl rand::RngCore + rand::CryptoRng),
+    ) -> Self {
+        let mut wide = [0u8; 64];
+        rng.fill_bytes(&mut wide);
+        let r = curve25519_dalek::Scalar::from_bytes_mod_order_wide(&wide);
+        let big_r = curve25519_dalek::EdwardsPoint::mul_base(&r)
+            .compress()
+            .to_bytes();
+        PreparedSigner {
+            key,
+            r,
+            big_r,
+            used: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &ed25519_dalek::SigningKey {
+        &self.key
+    }
+
+    /// `(public key, signature)` as hex for `nonce`, as [`sign_nonce`] gives them; the first
+    /// call uses the prepared commitment.
+    pub fn sign_nonce(&self, nonce: &[u8]) -> (String, String) {
+        use sha2::Digest as _;
+        if self.used.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return sign_nonce(&self.key, nonce);
+        }
+        let public = self.key.verifying_key().to_bytes();
+        let mut h = sha2::Sha512::new();
+        h.update(self.big_r);
+        h.update(public);
+        h.update(nonce);
+        let k = curve25519_dalek::Scalar::from_bytes_mod_order_wide(&h.finalize().into());
+        let s = self.r + k * self.key.to_scalar();
+        let mut sig = [0u8; 64];
+        sig[..32].copy_from_slice(&self.big_r);
+        sig[32..].copy_from_slice(s.as_bytes());
+        (hex::encode(public), hex::encode(sig))
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -364,5 +436,30 @@ mod tests {
             verify_nonce_signatures(&proofs[17..18]),
             vec![Err(NonceError::BadSignature)]
         );
+    }
+
+    #[test]
+    fn a_prepared_first_signature_verifies_and_its_commitment_is_never_used_again() {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[9u8; 32]);
+        let signer = PreparedSigner::new(key.clone(), &mut rand::thread_rng());
+        let (pk, first) = signer.sign_nonce(b"nonce-1");
+        assert_eq!(pk, hex::encode(key.verifying_key().to_bytes()));
+        assert_eq!(verify_nonce_signature("nonce-1", &pk, &first), Ok(()));
+        // Drawn, not derived: not the standard signature of the same nonce.
+        assert_ne!(first, sign_nonce(&key, b"nonce-1").1);
+        // Every later signature is the standard one, with its own commitment.
+        let (_, second) = signer.sign_nonce(b"nonce-2");
+        assert_eq!(second, sign_nonce(&key, b"nonce-2").1);
+        assert_eq!(verify_nonce_signature("nonce-2", &pk, &second), Ok(()));
+        assert_ne!(first[..64], second[..64]);
+        let (_, again) = signer.sign_nonce(b"nonce-1");
+        assert_eq!(again, sign_nonce(&key, b"nonce-1").1);
+        assert_eq!(
+            verify_nonce_signature("nonce-2", &pk, &first),
+            Err(NonceError::BadSignature)
+        );
+        // Two signers of one key draw different commitments.
+        let other = PreparedSigner::new(key, &mut rand::thread_rng());
+        assert_ne!(other.sign_nonce(b"nonce-1").1, first);
     }
 }

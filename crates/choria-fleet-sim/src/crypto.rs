@@ -232,8 +232,9 @@ pub const NODE_KEY_POOL: usize = 16_384;
 pub struct NodeKeys {
     /// The `jwt` action's X25519 pair (private, public).
     pub ecdh: ([u8; 32], [u8; 32]),
-    /// The `gen25519` action's key (ed25519 fleets only).
-    pub ed25519: Option<ed25519_dalek::SigningKey>,
+    /// The `gen25519` action's key (ed25519 fleets only), with the commitment of its first
+    /// signature made with it, so the node's reply costs no curve multiplication.
+    pub ed25519: Option<choria_crypto::nonce::PreparedSigner>,
 }
 
 impl NodeKeys {
@@ -243,7 +244,10 @@ impl NodeKeys {
         (0..n)
             .map(|_| NodeKeys {
                 ecdh: x25519_pair(),
-                ed25519: ed25519.then(|| ed25519_dalek::SigningKey::generate(&mut rng)),
+                ed25519: ed25519.then(|| {
+                    let key = ed25519_dalek::SigningKey::generate(&mut rng);
+                    choria_crypto::nonce::PreparedSigner::new(key, &mut rng)
+                }),
             })
             .collect()
     }
@@ -564,7 +568,7 @@ mod csr_tests {
         assert_eq!(publics.len(), 8);
         let eds: std::collections::HashSet<_> = pool
             .iter()
-            .map(|k| k.ed25519.as_ref().unwrap().verifying_key().to_bytes())
+            .map(|k| k.ed25519.as_ref().unwrap().key().verifying_key().to_bytes())
             .collect();
         assert_eq!(eds.len(), 8);
         // Each private key belongs to its public key: both sides derive one secret.

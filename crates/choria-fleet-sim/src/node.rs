@@ -318,34 +318,21 @@ impl Node {
 
     /// Dispatch an RPC request for `agent`.
     pub fn rpc(&mut self, env: &NodeEnv<'_>, agent: &str, call: &Call<'_>) -> NodeOutcome {
-        let mut body: Value = match serde_json::from_slice(call.payload) {
-            Ok(v @ Value::Object(_)) => v,
-            Ok(other) => {
+        let (action, data) = match parse_rpc_body(call.payload) {
+            Ok(parts) => parts,
+            Err(message) => {
                 return NodeOutcome {
                     reply: Some(reply_json(
                         "",
                         StatusCode::InvalidData,
-                        &format!("Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: json: cannot unmarshal {} into Go value of type mcorpc.Request", json_type(&other)),
-                        json!({}),
-                    )),
-                    ..NodeOutcome::default()
-                }
-            }
-            Err(e) => {
-                return NodeOutcome {
-                    reply: Some(reply_json(
-                        "",
-                        StatusCode::InvalidData,
-                        &format!("Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: {e}"),
+                        &format!("Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: {message}"),
                         json!({}),
                     )),
                     ..NodeOutcome::default()
                 }
             }
         };
-        // Taken, not copied: a configure request's data holds the whole configuration.
-        let data = body.get_mut("data").map(Value::take).unwrap_or(Value::Null);
-        let action = body.get("action").and_then(|a| a.as_str()).unwrap_or("");
+        let action = action.as_str().unwrap_or("");
         let wrong_identity = matches!(agent, "choria_provision" | "rpcutil")
             && is_affected(
                 FaultKind::WrongIdentity,
@@ -537,9 +524,71 @@ fn choria_util(action: &str) -> Vec<u8> {
     }
 }
 
+/// The `action` and `data` of an RPC request body; the other fields are skipped, not built.
+/// What go-choria's decoder refuses is refused with its words (the body's JSON type, or the
+/// parser's message).
+fn parse_rpc_body(payload: &[u8]) -> Result<(Value, Value), String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default)]
+        action: Value,
+        #[serde(default)]
+        data: Value,
+    }
+    let object = payload
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'{');
+    if object {
+        if let Ok(b) = serde_json::from_slice::<Body>(payload) {
+            return Ok((b.action, b.data));
+        }
+    }
+    // Not an object, or one the typed read refuses (a repeated key, bad JSON): read it whole
+    // as before, which keeps the last of a repeated key and words every error.
+    match serde_json::from_slice::<Value>(payload) {
+        Ok(Value::Object(mut m)) => Ok((
+            m.remove("action").unwrap_or(Value::Null),
+            m.remove("data").unwrap_or(Value::Null),
+        )),
+        Ok(other) => Err(format!(
+            "json: cannot unmarshal {} into Go value of type mcorpc.Request",
+            json_type(&other)
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_rpc_body_gives_its_action_and_data_or_go_choria_s_refusal() {
+        let (a, d) = parse_rpc_body(
+            br#" {"agent":"choria_provision","action":"gen25519","data":{"nonce":"n1"},"ttl":60}"#,
+        )
+        .unwrap();
+        assert_eq!(a, json!("gen25519"));
+        assert_eq!(d, json!({"nonce": "n1"}));
+        // No data, and a non-string action, read as before: absent and not a string.
+        let (a, d) = parse_rpc_body(br#"{"action":5}"#).unwrap();
+        assert_eq!((a, d), (json!(5), Value::Null));
+        // A repeated key keeps its last value, as a whole read does.
+        let (a, _) = parse_rpc_body(br#"{"action":"jwt","action":"restart"}"#).unwrap();
+        assert_eq!(a, json!("restart"));
+        assert_eq!(
+            parse_rpc_body(br#"["action","jwt"]"#).unwrap_err(),
+            "json: cannot unmarshal array into Go value of type mcorpc.Request"
+        );
+        assert_eq!(
+            parse_rpc_body(b"null").unwrap_err(),
+            "json: cannot unmarshal null into Go value of type mcorpc.Request"
+        );
+        assert!(parse_rpc_body(br#"{"action":"jwt""#)
+            .unwrap_err()
+            .contains("EOF"));
+    }
 
     #[test]
     fn an_idle_node_stays_small() {

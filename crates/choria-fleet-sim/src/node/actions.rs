@@ -45,22 +45,23 @@ impl Node {
             Ok(a) => a,
             Err(r) => return r,
         };
-        let fresh;
-        let key = match env.keys.and_then(|k| k.ed25519.as_ref()) {
-            Some(k) => k,
-            None => {
-                // The thread's CSPRNG (seeded from the OS) rather than a system call per key.
-                fresh = ed25519_dalek::SigningKey::generate(&mut rand::thread_rng());
-                &fresh
-            }
-        };
-        let public = key.verifying_key().to_bytes();
         let signed: Vec<u8> = if is_affected(FaultKind::BadNonce, identity, env.faults.bad_nonce) {
             format!("not-{}", args.str(1)).into_bytes()
         } else {
             args.str(1).as_bytes().to_vec()
         };
-        let (public_hex, signature) = choria_crypto::nonce::sign_nonce(key, &signed);
+        let (public, (public_hex, signature)) = match env.keys.and_then(|k| k.ed25519.as_ref()) {
+            // The pool's key signs its first nonce with the commitment made with it.
+            Some(k) => (k.key().verifying_key().to_bytes(), k.sign_nonce(&signed)),
+            None => {
+                // The thread's CSPRNG (seeded from the OS) rather than a system call per key.
+                let key = ed25519_dalek::SigningKey::generate(&mut rand::thread_rng());
+                (
+                    key.verifying_key().to_bytes(),
+                    choria_crypto::nonce::sign_nonce(&key, &signed),
+                )
+            }
+        };
         self.ed25519_public = Some(public);
         ok(
             "gen25519",

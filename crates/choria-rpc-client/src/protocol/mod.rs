@@ -237,6 +237,10 @@ impl Text<'_> {
     fn as_str(&self) -> &str {
         &self.0
     }
+
+    fn into_string(self) -> String {
+        self.0.into_owned()
+    }
 }
 
 /// The secure layer of a reply (v1 `message`, v2 `reply`), read in place where it can be.
@@ -361,23 +365,34 @@ struct V2SecureReplyOut<'a> {
     hash: &'a str,
 }
 
-/// The secure layer of a request (replies have [`SecureReplyIn`]).
+/// The secure layer of a request (replies have [`SecureReplyIn`]), read in place where it can
+/// be (v1's `message` is JSON in a string, so it is unescaped into a copy).
 #[derive(Deserialize)]
-struct SecureIn {
-    protocol: Option<String>,
+struct SecureIn<'a> {
+    #[serde(default, borrow = "'a")]
+    protocol: Option<Text<'a>>,
     // v1: the inner JSON as a string; v2: `request`.
-    message: Option<String>,
-    request: Option<String>,
-    signature: Option<String>,
-    pubcert: Option<String>,
-    caller: Option<String>,
-    signer: Option<String>,
+    #[serde(default, borrow = "'a")]
+    message: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    request: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    signature: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    pubcert: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    caller: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    signer: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
-struct V1RequestIn {
-    protocol: Option<String>,
-    message: Option<String>,
+struct V1RequestIn<'a> {
+    #[serde(default, borrow = "'a")]
+    protocol: Option<Text<'a>>,
+    /// The agent payload's base64, read in place.
+    #[serde(default, borrow = "'a")]
+    message: Option<Text<'a>>,
     envelope: Option<V1RequestEnvelopeIn>,
 }
 
@@ -394,9 +409,11 @@ struct V1RequestEnvelopeIn {
 }
 
 #[derive(Deserialize)]
-struct V2RequestIn {
-    protocol: Option<String>,
-    message: Option<String>,
+struct V2RequestIn<'a> {
+    #[serde(default, borrow = "'a")]
+    protocol: Option<Text<'a>>,
+    #[serde(default, borrow = "'a")]
+    message: Option<Text<'a>>,
     id: Option<String>,
     sender: Option<String>,
     caller: Option<String>,
@@ -495,6 +512,19 @@ fn transport_json<H: Serialize>(
 fn non_empty(layer: &'static str, field: &str, v: Option<String>) -> Result<String, ProtocolError> {
     match v {
         Some(s) if !s.is_empty() => Ok(s),
+        Some(_) => Err(ProtocolError::schema(layer, format!("{field} is empty"))),
+        None => Err(ProtocolError::schema(layer, format!("{field} is required"))),
+    }
+}
+
+/// [`non_empty`] for a field read in place.
+fn non_empty_text<'a>(
+    layer: &'static str,
+    field: &str,
+    v: Option<Text<'a>>,
+) -> Result<Text<'a>, ProtocolError> {
+    match v {
+        Some(s) if !s.as_str().is_empty() => Ok(s),
         Some(_) => Err(ProtocolError::schema(layer, format!("{field} is empty"))),
         None => Err(ProtocolError::schema(layer, format!("{field} is required"))),
     }
@@ -821,24 +851,37 @@ impl Request {
 
 /// go-choria's payload step: use the base64 decoding of a message if it is valid standard
 /// base64, else the message as it is.
-fn decode_payload(message: Vec<u8>) -> Vec<u8> {
+fn decode_payload(message: &str) -> Vec<u8> {
+    match B64.decode(message) {
+        Ok(decoded) if !message.is_empty() => decoded,
+        _ => message.as_bytes().to_vec(),
+    }
+}
+
+/// [`decode_payload`] of bytes already decoded from the v2 request's base64 (a second base64
+/// layer, when there is one, is go-choria's too).
+fn decode_payload_bytes(message: Vec<u8>) -> Vec<u8> {
     match B64.decode(&message) {
         Ok(decoded) if !message.is_empty() => decoded,
         _ => message,
     }
 }
 
-fn parse_v1_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, ProtocolError> {
+fn parse_v1_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request, ProtocolError> {
     const SL: &str = "secure request";
-    check_protocol(SL, secure.protocol.as_deref(), V1_SECURE_REQUEST)?;
-    let message = non_empty(SL, "message", secure.message)?;
-    let signature = non_empty(SL, "signature", secure.signature)?;
-    let pubcert = non_empty(SL, "pubcert", secure.pubcert)?;
+    check_protocol(
+        SL,
+        secure.protocol.as_ref().map(Text::as_str),
+        V1_SECURE_REQUEST,
+    )?;
+    let message = non_empty_text(SL, "message", secure.message)?.into_string();
+    let signature = non_empty_text(SL, "signature", secure.signature)?.into_string();
+    let pubcert = non_empty_text(SL, "pubcert", secure.pubcert)?.into_string();
 
     const L: &str = "request";
-    let r: V1RequestIn = serde_json::from_str(&message).map_err(ProtocolError::json(L))?;
-    check_protocol(L, r.protocol.as_deref(), V1_REQUEST)?;
-    let body = non_empty(L, "message", r.message)?;
+    let r: V1RequestIn<'_> = serde_json::from_str(&message).map_err(ProtocolError::json(L))?;
+    check_protocol(L, r.protocol.as_ref().map(Text::as_str), V1_REQUEST)?;
+    let payload = decode_payload(non_empty_text(L, "message", r.message)?.as_str());
     let env = required(L, "envelope", r.envelope)?;
     let id = required(L, "envelope.requestid", env.requestid)?;
     if id.chars().count() != 32 {
@@ -872,26 +915,33 @@ fn parse_v1_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, Pro
         ttl,
         time,
         filter,
-        payload: decode_payload(body.into_bytes()),
+        payload,
         signed_bytes: message.into_bytes(),
         security: RequestSecurity::V1 { signature, pubcert },
     })
 }
 
-fn parse_v2_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, ProtocolError> {
+fn parse_v2_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request, ProtocolError> {
     const SL: &str = "secure request";
-    check_protocol(SL, secure.protocol.as_deref(), V2_SECURE_REQUEST)?;
-    let request = b64_decode(SL, &non_empty(SL, "request", secure.request)?)?;
-    let signature = b64_decode(SL, &non_empty(SL, "signature", secure.signature)?)?;
+    check_protocol(
+        SL,
+        secure.protocol.as_ref().map(Text::as_str),
+        V2_SECURE_REQUEST,
+    )?;
+    let request = b64_decode(SL, non_empty_text(SL, "request", secure.request)?.as_str())?;
+    let signature = b64_decode(
+        SL,
+        non_empty_text(SL, "signature", secure.signature)?.as_str(),
+    )?;
     if signature.is_empty() {
         return Err(ProtocolError::schema(SL, "signature is empty"));
     }
-    let caller_jwt = non_empty(SL, "caller", secure.caller)?;
+    let caller_jwt = non_empty_text(SL, "caller", secure.caller)?.into_string();
 
     const L: &str = "request";
-    let r: V2RequestIn = serde_json::from_slice(&request).map_err(ProtocolError::json(L))?;
-    check_protocol(L, r.protocol.as_deref(), V2_REQUEST)?;
-    let body = b64_decode(L, &required(L, "message", r.message)?)?;
+    let r: V2RequestIn<'_> = serde_json::from_slice(&request).map_err(ProtocolError::json(L))?;
+    check_protocol(L, r.protocol.as_ref().map(Text::as_str), V2_REQUEST)?;
+    let body = b64_decode(L, required(L, "message", r.message)?.as_str())?;
     let id = non_empty(L, "id", r.id)?;
     let sender = required(L, "sender", r.sender)?;
     let caller = non_empty(L, "caller", r.caller)?;
@@ -918,12 +968,15 @@ fn parse_v2_request(secure: SecureIn, headers: HeadersIn) -> Result<Request, Pro
         ttl,
         time,
         filter,
-        payload: decode_payload(body),
+        payload: decode_payload_bytes(body),
         signed_bytes: request,
         security: RequestSecurity::V2 {
             signature,
             caller_jwt,
-            signer_jwt: secure.signer.filter(|s| !s.is_empty()),
+            signer_jwt: secure
+                .signer
+                .map(Text::into_string)
+                .filter(|s| !s.is_empty()),
         },
     })
 }
