@@ -507,8 +507,23 @@ pub fn json_line(level: Level, target: &str, record: Fields, time: &str) -> Stri
 /// [`MAX_VALUE_LEN`] bytes with the full length noted.
 pub fn json_string(out: &mut String, s: &str) {
     let cut = floor_char_boundary(s, MAX_VALUE_LEN);
+    let text = &s[..cut];
+    out.reserve(text.len() + 2);
     out.push('"');
-    for c in s[..cut].chars() {
+    // Runs of printable ASCII that need no escape are copied whole.
+    let bytes = text.as_bytes();
+    let (mut start, mut i) = (0, 0);
+    while i < bytes.len() {
+        let b = bytes[i];
+        if (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'<' | b'>' | b'&') {
+            i += 1;
+            continue;
+        }
+        out.push_str(&text[start..i]);
+        // `i` is a character boundary: every byte before it was ASCII or a whole character.
+        let Some(c) = text[i..].chars().next() else {
+            break;
+        };
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
@@ -525,7 +540,10 @@ pub fn json_string(out: &mut String, s: &str) {
             }
             c => out.push(c),
         }
+        i += c.len_utf8();
+        start = i;
     }
+    out.push_str(&text[start..]);
     if cut < s.len() {
         let _ = write!(out, "...({} bytes)", s.len());
     }
@@ -776,6 +794,18 @@ mod tests {
             Err(e) => panic!("not JSON: {e}: {out}"),
         };
         assert!(v.as_str().is_some_and(|s| s.starts_with("a\"b\\c\nd")));
+        // Plain runs around escapes, at either end, and none at all.
+        for (input, want) in [
+            ("", "\"\""),
+            ("plain text", "\"plain text\""),
+            ("<start", "\"\\u003cstart\""),
+            ("end&", "\"end\\u0026\""),
+            ("é<é", "\"é\\u003cé\""),
+        ] {
+            let mut out = String::new();
+            json_string(&mut out, input);
+            assert_eq!(out, want, "{input:?}");
+        }
     }
 
     #[test]
