@@ -74,6 +74,11 @@ pub struct NonceProof<'a> {
 /// `R` nor the key of small order. When the batch equation fails, every proof in it is checked
 /// on its own, so a bad proof costs its sender a refusal and the batch one more multiplication,
 /// never a wrong answer for its neighbours.
+///
+/// The one difference a batch can make is for a signature whose `R` carries a small torsion
+/// component that the random factors happen to cancel: a single check refuses it, a batch may
+/// not. Only the holder of the key's private scalar can make such a signature, so it still proves
+/// possession of the key, which is all a nonce proof is for.
 pub fn verify_nonce_signatures(proofs: &[NonceProof<'_>]) -> Vec<Result<(), NonceError>> {
     let mut results: Vec<Result<(), NonceError>> = Vec::with_capacity(proofs.len());
     let mut decoded = Vec::with_capacity(proofs.len());

@@ -152,6 +152,33 @@ mod tests {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cycles_on_several_threads_each_get_their_own_answer() {
+        let checks = Arc::new(NonceChecks::default());
+        let mut all = proofs(60);
+        for i in (0..60).step_by(7) {
+            all[i].0 = format!("not-{}", all[i].0);
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, (n, pk, sig)) in all.into_iter().enumerate() {
+            let checks = checks.clone();
+            tasks.spawn(async move { (i, checks.verify(&n, &pk, &sig).await) });
+        }
+        let mut seen = 0;
+        while let Some(r) = tasks.join_next().await {
+            let (i, answer) = r.unwrap();
+            let want = if i % 7 == 0 {
+                Err(NonceError::BadSignature)
+            } else {
+                Ok(())
+            };
+            assert_eq!(answer, want, "proof {i}");
+            seen += 1;
+        }
+        assert_eq!(seen, 60);
+        assert!(checks.queue.lock().unwrap().is_empty());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_leader_cancelled_while_it_waits_still_answers_the_others() {
         let checks = Arc::new(NonceChecks::default());
