@@ -849,21 +849,12 @@ impl Request {
     }
 }
 
-/// go-choria's payload step: use the base64 decoding of a message if it is valid standard
-/// base64, else the message as it is.
-fn decode_payload(message: &str) -> Vec<u8> {
+/// go-choria's payload step: the base64 decoding of a message if it is valid standard base64
+/// and not empty; `None` when the message is to be used as it is.
+fn decode_payload(message: &[u8]) -> Option<Vec<u8>> {
     match B64.decode(message) {
-        Ok(decoded) if !message.is_empty() => decoded,
-        _ => message.as_bytes().to_vec(),
-    }
-}
-
-/// [`decode_payload`] of bytes already decoded from the v2 request's base64 (a second base64
-/// layer, when there is one, is go-choria's too).
-fn decode_payload_bytes(message: Vec<u8>) -> Vec<u8> {
-    match B64.decode(&message) {
-        Ok(decoded) if !message.is_empty() => decoded,
-        _ => message,
+        Ok(decoded) if !message.is_empty() => Some(decoded),
+        _ => None,
     }
 }
 
@@ -881,7 +872,9 @@ fn parse_v1_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request,
     const L: &str = "request";
     let r: V1RequestIn<'_> = serde_json::from_str(&message).map_err(ProtocolError::json(L))?;
     check_protocol(L, r.protocol.as_ref().map(Text::as_str), V1_REQUEST)?;
-    let payload = decode_payload(non_empty_text(L, "message", r.message)?.as_str());
+    let body = non_empty_text(L, "message", r.message)?;
+    let payload = decode_payload(body.as_str().as_bytes())
+        .unwrap_or_else(|| body.as_str().as_bytes().to_vec());
     let env = required(L, "envelope", r.envelope)?;
     let id = required(L, "envelope.requestid", env.requestid)?;
     if id.chars().count() != 32 {
@@ -968,7 +961,7 @@ fn parse_v2_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request,
         ttl,
         time,
         filter,
-        payload: decode_payload_bytes(body),
+        payload: decode_payload(&body).unwrap_or(body),
         signed_bytes: request,
         security: RequestSecurity::V2 {
             signature,
