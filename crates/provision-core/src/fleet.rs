@@ -37,6 +37,9 @@ use crate::identity::{escaped, IdentityError, LogSummary};
 use crate::observer::Observer;
 use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
 
+mod names;
+use names::{Name, Names};
+
 /// The work queue's default capacity (`work_queue_size`). The Go provisioner stops at 50,000;
 /// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
 /// themselves at once still fits in a bounded queue.
@@ -118,9 +121,9 @@ enum After {
     Retry,
 }
 
-/// A known node: its identity and its entry.
+/// A known node: its identity (in [`Table::names`]) and its entry.
 struct Slot {
-    id: Arc<str>,
+    name: Name,
     entry: Entry,
 }
 
@@ -130,10 +133,11 @@ type LaneEntry = (u32, u32);
 /// The host table and the two lanes of the queue.
 ///
 /// Nodes live in a slab of slots found by identity through a hash index of slot numbers, and
-/// the lanes hold slot numbers: a waiting node costs its identity, one slot and a few bytes of
-/// index and lane (about 110 bytes a node with a 25-character identity: a 40-byte slot, the
-/// identity's 48-byte allocation, the index and a lane entry), so a queue sized to a
-/// million-node fleet fits in a bounded, predictable amount of memory. The index hashes with a
+/// the lanes hold slot numbers: a waiting node costs its identity's bytes (kept end to end in
+/// [`Names`], not allocated one by one), one slot and a few bytes of index and lane (about 85
+/// bytes a node with a 33-character identity: a 32-byte slot, the identity, the index and a
+/// lane entry), so a queue sized to a million-node fleet fits in a bounded, predictable amount
+/// of memory. The index hashes with a
 /// per-process random key, since identities come from the network.
 ///
 /// A lane may hold stale entries (a node queued again, promoted to the discovery lane, or
@@ -143,6 +147,8 @@ type LaneEntry = (u32, u32);
 #[derive(Default)]
 struct Table {
     slots: Vec<Option<Slot>>,
+    /// The slots' identities.
+    names: Names,
     /// Slots freed by forgotten nodes, used again first.
     free: Vec<u32>,
     /// Slot numbers by identity.
@@ -178,14 +184,19 @@ struct Table {
 impl Table {
     fn find(&self, identity: &str) -> Option<u32> {
         let hash = self.hasher.hash_one(identity);
-        let slots = &self.slots;
+        let (slots, names) = (&self.slots, &self.names);
         self.index
             .find(hash, |&s| {
                 slots[s as usize]
                     .as_ref()
-                    .is_some_and(|x| &*x.id == identity)
+                    .is_some_and(|x| names.get(x.name) == identity)
             })
             .copied()
+    }
+
+    /// The identity in `slot`.
+    fn name(&self, slot: u32) -> Option<&str> {
+        self.slot(slot).map(|x| self.names.get(x.name))
     }
 
     fn get(&self, identity: &str) -> Option<&Entry> {
@@ -217,7 +228,7 @@ impl Table {
             return s;
         }
         let slot = Slot {
-            id: Arc::from(identity),
+            name: self.names.add(identity),
             entry,
         };
         let s = match self.free.pop() {
@@ -236,6 +247,7 @@ impl Table {
         let Table {
             index,
             slots,
+            names,
             hasher,
             ..
         } = self;
@@ -243,33 +255,48 @@ impl Table {
         index.insert_unique(hash, s, |&k| {
             slots[k as usize]
                 .as_ref()
-                .map_or(0, |x| hasher.hash_one(&*x.id))
+                .map_or(0, |x| hasher.hash_one(names.get(x.name)))
         });
         self.len += 1;
         s
     }
 
-    /// Forgets the node in `slot`, returning its identity and entry.
-    fn remove_slot(&mut self, slot: u32) -> Option<(Arc<str>, Entry)> {
+    /// Forgets the node in `slot`, returning its entry.
+    fn remove_slot(&mut self, slot: u32) -> Option<Entry> {
         let x = self.slots.get_mut(slot as usize)?.take()?;
-        let hash = self.hasher.hash_one(&*x.id);
+        let hash = self.hasher.hash_one(self.names.get(x.name));
         if let Ok(found) = self.index.find_entry(hash, |&k| k == slot) {
             found.remove();
         }
+        self.names.remove(x.name);
+        if self.names.wants_compaction() {
+            self.compact_names();
+        }
         self.free.push(slot);
         self.len -= 1;
-        Some((x.id, x.entry))
+        Some(x.entry)
+    }
+
+    /// Stores the live identities again without the dead bytes between them (the slots keep
+    /// their numbers, so the index and the lanes stay as they are).
+    fn compact_names(&mut self) {
+        let mut names = self.names.for_live();
+        for x in self.slots.iter_mut().flatten() {
+            x.name = names.add(self.names.get(x.name));
+        }
+        self.names = names;
     }
 
     /// Forgets `identity`, returning its entry.
     fn remove(&mut self, identity: &str) -> Option<Entry> {
         let s = self.find(identity)?;
-        self.remove_slot(s).map(|(_, e)| e)
+        self.remove_slot(s)
     }
 
     /// Forgets every node and empties both lanes.
     fn clear(&mut self) {
         self.slots.clear();
+        self.names = Names::default();
         self.free.clear();
         self.index.clear();
         self.discovered.clear();
@@ -824,13 +851,15 @@ impl Fleet {
                 let added = x.entry.time;
                 let waited = now.duration_since(added);
                 if waited > max_wait {
-                    if let Some((id, _)) = t.remove_slot(ticket.0) {
+                    let id = t.name(ticket.0).map(Arc::from);
+                    if let (Some(id), Some(_)) = (id, t.remove_slot(ticket.0)) {
                         stale.push((id, waited, lane));
                     }
                     continue;
                 }
                 x.entry.state = State::Working;
-                let id = x.id.clone();
+                let name = x.name;
+                let id: Arc<str> = Arc::from(t.names.get(name));
                 if lane == Source::Event {
                     t.event_busy += 1;
                 }
@@ -928,7 +957,8 @@ impl Fleet {
                 x.entry.time = now;
                 x.entry.generation = generation;
                 x.entry.lane = Source::Event;
-                requeued.push(x.id.clone());
+                let name = x.name;
+                requeued.push(Arc::<str>::from(t.names.get(name)));
             }
             t.announced.push_back((s, generation));
         }
@@ -1164,10 +1194,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slot_is_forty_bytes() {
-        // A million waiting nodes: 40 MB of slots (56 when each entry held two times).
+    fn a_slot_is_thirty_two_bytes() {
+        // A million waiting nodes: 32 MB of slots (40 when each held a pointer to its identity,
+        // 56 when each entry held two times).
         assert_eq!(std::mem::size_of::<Entry>(), 24);
-        assert_eq!(std::mem::size_of::<Option<Slot>>(), 40);
+        assert_eq!(std::mem::size_of::<Option<Slot>>(), 32);
+    }
+
+    #[test]
+    fn identities_outlive_the_compaction_of_their_buffer() {
+        let now = Instant::now();
+        let mut t = Table::default();
+        let id = |i: usize| format!("node-{i:07}.example.net");
+        for i in 0..200_000 {
+            assert!(t.queue_discovered(&id(i), now));
+        }
+        let full = t.names.bytes();
+        // Forget every node but each tenth: the dead bytes become the majority on the way and
+        // the buffer is compacted, while the slots, the index and the lanes stay as they are.
+        for i in (0..200_000).filter(|i| i % 10 != 0) {
+            assert!(t.remove(&id(i)).is_some());
+        }
+        assert!(
+            t.names.bytes() < full / 2,
+            "compacted: {} of {full}",
+            t.names.bytes()
+        );
+        for i in 0..200_000 {
+            assert_eq!(t.find(&id(i)).is_some(), i % 10 == 0, "{}", id(i));
+        }
+        let queued: Vec<String> = t
+            .discovered
+            .iter()
+            .filter(|&&e| t.current(e))
+            .filter_map(|&(s, _)| t.name(s).map(String::from))
+            .collect();
+        assert_eq!(queued, (0..200_000).step_by(10).map(id).collect::<Vec<_>>());
+        // Added after the compaction, found beside the ones kept.
+        assert!(t.queue_discovered("late.example.net", now));
+        assert!(t.find("late.example.net").is_some() && t.find(&id(10)).is_some());
     }
 
     #[test]
@@ -1185,7 +1250,7 @@ mod tests {
         let queued: Vec<&str> = t
             .discovered
             .iter()
-            .filter_map(|&(s, _)| t.slot(s).map(|x| &*x.id))
+            .filter_map(|&(s, _)| t.name(s))
             .collect();
         assert_eq!(queued, ["a", "c"]);
         // The backlog is done: so is what was remembered beside it.
