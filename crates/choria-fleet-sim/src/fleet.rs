@@ -958,8 +958,8 @@ impl Inner {
         if !matcher.matches(&info) {
             return;
         }
-        let is_gencsr =
-            req.agent == "choria_provision" && req.payload.windows(6).any(|w| w == b"gencsr");
+        let is_gencsr = req.agent == "choria_provision"
+            && memchr::memmem::find(&req.payload, b"gencsr").is_some();
         if is_gencsr {
             // CSRs need the key pool, and RSA signing is slow: at most `workers` at once, each
             // in a task of its own that signs on a blocking thread, while other requests are

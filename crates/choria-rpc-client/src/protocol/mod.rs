@@ -459,11 +459,7 @@ fn b64_decode(layer: &'static str, s: &str) -> Result<Vec<u8>, ProtocolError> {
         .map_err(|_| ProtocolError::Base64 { layer })
 }
 
-fn to_json<T: Serialize>(layer: &'static str, v: &T) -> Result<Vec<u8>, ProtocolError> {
-    serde_json::to_vec(v).map_err(ProtocolError::json(layer))
-}
-
-/// [`to_json`] into a buffer made `capacity` bytes large at once: the envelopes' sizes are
+/// `v` as JSON, in a buffer made `capacity` bytes large at once: the envelopes' sizes are
 /// known within a few hundred bytes, so they are written without growing (and copying) it.
 fn to_json_sized<T: Serialize>(
     layer: &'static str,
@@ -1018,7 +1014,7 @@ pub fn build_reply_raw(
         ProtocolVersion::V1 => {
             // Go converts the body with string(body); JSON and `pong` are UTF-8 anyway.
             let message = String::from_utf8_lossy(body);
-            let reply = to_json(
+            let reply = to_json_sized(
                 "reply",
                 &V1ReplyOut {
                     protocol: V1_REPLY,
@@ -1030,17 +1026,20 @@ pub fn build_reply_raw(
                         time: v1_time(now),
                     },
                 },
+                // The body is escaped: a JSON body grows by its quotes' backslashes.
+                message.len() + message.len() / 4 + ENVELOPE_SLACK,
             )?;
             let hash = B64.encode(Sha256::digest(&reply));
             let reply_str =
                 std::str::from_utf8(&reply).map_err(|_| ProtocolError::Utf8 { layer: "reply" })?;
-            let secure = to_json(
+            let secure = to_json_sized(
                 "secure reply",
                 &V1SecureReplyOut {
                     protocol: V1_SECURE_REPLY,
                     message: reply_str,
                     hash: &hash,
                 },
+                reply_str.len() + reply_str.len() / 4 + ENVELOPE_SLACK,
             )?;
             Ok(Bytes::from(transport_json(
                 V1_TRANSPORT,
@@ -1053,7 +1052,7 @@ pub fn build_reply_raw(
         }
         ProtocolVersion::V2 => {
             let message = B64.encode(body);
-            let reply = to_json(
+            let reply = to_json_sized(
                 "reply",
                 &V2ReplyOut {
                     protocol: V2_REPLY,
@@ -1063,16 +1062,18 @@ pub fn build_reply_raw(
                     agent,
                     time: unix_nanos(now),
                 },
+                message.len() + ENVELOPE_SLACK,
             )?;
             let hash = B64.encode(Sha256::digest(&reply));
             let reply_b64 = B64.encode(&reply);
-            let secure = to_json(
+            let secure = to_json_sized(
                 "secure reply",
                 &V2SecureReplyOut {
                     protocol: V2_SECURE_REPLY,
                     reply: &reply_b64,
                     hash: &hash,
                 },
+                reply_b64.len() + ENVELOPE_SLACK,
             )?;
             Ok(Bytes::from(transport_json(
                 V2_TRANSPORT,

@@ -633,14 +633,11 @@ fn transport_written_directly_equals_the_serialised_envelope() {
         };
         let direct = transport_json(V1_TRANSPORT, &secure, &v1).unwrap();
         let data = B64.encode(&secure);
-        let serialised = to_json(
-            "transport",
-            &TransportOut {
-                protocol: V1_TRANSPORT,
-                data: &data,
-                headers: v1,
-            },
-        )
+        let serialised = serde_json::to_vec(&TransportOut {
+            protocol: V1_TRANSPORT,
+            data: &data,
+            headers: v1,
+        })
         .unwrap();
         assert_eq!(direct, serialised, "v1, {len} bytes");
         let v2 = V2HeadersOut {
@@ -648,14 +645,11 @@ fn transport_written_directly_equals_the_serialised_envelope() {
             sender: None,
         };
         let direct = transport_json(V2_TRANSPORT, &secure, &v2).unwrap();
-        let serialised = to_json(
-            "transport",
-            &TransportOut {
-                protocol: V2_TRANSPORT,
-                data: &data,
-                headers: v2,
-            },
-        )
+        let serialised = serde_json::to_vec(&TransportOut {
+            protocol: V2_TRANSPORT,
+            data: &data,
+            headers: v2,
+        })
         .unwrap();
         assert_eq!(direct, serialised, "v2, {len} bytes");
     }
