@@ -156,8 +156,8 @@ type LaneEntry = (u32, u32);
 ///
 /// Nodes live in a slab of slots found by identity through a hash index of slot numbers, and
 /// the lanes hold slot numbers: a waiting node costs its identity's bytes (kept end to end in
-/// [`Names`], not allocated one by one), one slot and a few bytes of index and lane (about 85
-/// bytes a node with a 33-character identity: a 32-byte slot, the identity, the index and a
+/// [`Names`], not allocated one by one), one slot and a few bytes of index and lane (about 77
+/// bytes a node with a 33-character identity: a 24-byte slot, the identity, the index and a
 /// lane entry), so a queue sized to a million-node fleet fits in a bounded, predictable amount
 /// of memory. The index hashes with a
 /// per-process random key, since identities come from the network.
