@@ -38,7 +38,7 @@ use crate::observer::Observer;
 use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
 
 mod names;
-use names::{Name, Names};
+use names::{Name, NameQueue, Names};
 
 /// The work queue's default capacity (`work_queue_size`). The Go provisioner stops at 50,000;
 /// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
@@ -185,7 +185,7 @@ struct Table {
     /// Nodes only known from a startup event.
     announced: VecDeque<LaneEntry>,
     /// Nodes the latest discovery found while the queue was full, not in the table yet.
-    backlog: VecDeque<Box<str>>,
+    backlog: NameQueue,
     /// Keyed hashes of the nodes whose cycle ended held (provisioned, say) while a backlog
     /// waits: a backlog entry of such a node, reached after its hold is over, is stale (the
     /// node announced itself and was provisioned meanwhile) and is skipped. Emptied with the
@@ -325,7 +325,7 @@ impl Table {
         self.index.clear();
         self.discovered.clear();
         self.announced.clear();
-        self.backlog = VecDeque::new();
+        self.backlog = NameQueue::default();
         self.done = hashbrown::HashTable::new();
         self.slots.shrink_to(1024);
         self.free.shrink_to(1024);
@@ -391,7 +391,7 @@ impl Table {
 
     /// Drops the backlog and what was remembered beside it.
     fn end_backlog(&mut self) {
-        self.backlog = VecDeque::new();
+        self.backlog = NameQueue::default();
         self.done = hashbrown::HashTable::new();
     }
 
@@ -640,7 +640,7 @@ impl Fleet {
             let (queued, capacity) = (t.queued(), self.capacity);
             let backlog_cap = self.capacity.saturating_mul(BACKLOG_FACTOR);
             if source == Source::Discovery && t.backlog.len() < backlog_cap {
-                t.backlog.push_back(Box::from(identity));
+                t.backlog.push_back(identity);
                 let backlog = t.backlog.len();
                 self.report(&t);
                 drop(t);
@@ -1279,7 +1279,9 @@ mod tests {
         // Nothing is remembered without a backlog.
         t.remember_done("x");
         assert_eq!(t.done.len(), 0);
-        t.backlog.extend(["a", "b", "c"].map(Box::from));
+        for id in ["a", "b", "c"] {
+            t.backlog.push_back(id);
+        }
         // "b" announced itself, was provisioned and its hold is over (forgotten): its backlog
         // entry is stale.
         t.remember_done("b");
