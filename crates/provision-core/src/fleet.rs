@@ -294,21 +294,13 @@ impl Table {
         }
         self.names.remove(x.name);
         if self.names.wants_compaction() {
-            self.compact_names();
+            // The slots keep their numbers, so the index and the lanes stay as they are.
+            let live = self.slots.iter_mut().flatten().map(|x| &mut x.name);
+            self.names.compact(live);
         }
         self.free.push(slot);
         self.len -= 1;
         Some(x.entry)
-    }
-
-    /// Stores the live identities again without the dead bytes between them (the slots keep
-    /// their numbers, so the index and the lanes stay as they are).
-    fn compact_names(&mut self) {
-        let mut names = self.names.for_live();
-        for x in self.slots.iter_mut().flatten() {
-            x.name = names.add(self.names.get(x.name));
-        }
-        self.names = names;
     }
 
     /// Forgets `identity`, returning its entry.

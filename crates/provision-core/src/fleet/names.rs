@@ -15,10 +15,12 @@ use std::collections::VecDeque;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Name(u64);
 
-/// The longest identity stored whole. Identities are checked before they reach the table
-/// ([`crate::identity::MAX_IDENTITY_LEN`] is far below this); a longer one is cut at a
-/// character boundary rather than refused, so that storing never fails.
+/// The longest identity stored whole. [`crate::fleet::Fleet::add`] checks every identity
+/// against [`crate::identity::MAX_IDENTITY_LEN`] before it reaches the table or the backlog,
+/// so none is longer; one that were would be cut at a character boundary (and so not found
+/// again) rather than refused, so that storing never fails.
 const MAX_LEN: usize = u16::MAX as usize;
+const _: () = assert!(crate::identity::MAX_IDENTITY_LEN <= MAX_LEN);
 
 impl Name {
     fn at(self) -> usize {
@@ -64,18 +66,23 @@ impl Names {
         self.dead += name.len();
     }
 
-    /// Whether dead bytes are the majority (and many): the caller then stores every live
-    /// identity again in a fresh [`Names`] and takes it in place of this one.
+    /// Whether dead bytes are the majority (and many): the caller then calls
+    /// [`Names::compact`] with every live name.
     pub(super) fn wants_compaction(&self) -> bool {
         self.dead > COMPACT_MIN && self.dead > self.text.len() - self.dead
     }
 
-    /// An empty buffer sized for what is live here, for the compaction.
-    pub(super) fn for_live(&self) -> Names {
-        Names {
+    /// Stores the `live` identities again, without the dead bytes between them, in a buffer
+    /// sized for them, and points each name at its new place.
+    pub(super) fn compact<'a>(&mut self, live: impl IntoIterator<Item = &'a mut Name>) {
+        let mut fresh = Names {
             text: String::with_capacity(self.text.len() - self.dead),
             dead: 0,
+        };
+        for name in live {
+            *name = fresh.add(self.get(*name));
         }
+        *self = fresh;
     }
 
     /// Bytes held, live and dead.
@@ -105,11 +112,7 @@ impl NameQueue {
         let identity = Box::from(self.names.get(name));
         self.names.remove(name);
         if self.names.wants_compaction() {
-            let mut fresh = self.names.for_live();
-            for x in &mut self.order {
-                *x = fresh.add(self.names.get(*x));
-            }
-            self.names = fresh;
+            self.names.compact(&mut self.order);
         }
         Some(identity)
     }
@@ -193,6 +196,9 @@ mod tests {
         assert!(!n.wants_compaction());
         names[140_000..160_000].iter().for_each(|&x| n.remove(x));
         assert!(n.wants_compaction());
-        assert!(n.for_live().text.capacity() >= 140_000 * 10);
+        let mut live = names[160_000..].to_vec();
+        n.compact(&mut live);
+        assert!(n.text.capacity() >= 140_000 * 10 && n.bytes() == 140_000 * 10);
+        assert_eq!(n.get(live[0]), "n000160000");
     }
 }
