@@ -123,8 +123,9 @@ impl Record {
 #[derive(Debug, Default)]
 struct Inner {
     nodes: HashMap<Arc<str>, Record>,
-    /// Identities by the sequence number of their last update, oldest first.
-    order: BTreeMap<u64, Arc<str>>,
+    /// Identities, with the time of their last update, by the sequence number of that update,
+    /// oldest first.
+    order: BTreeMap<u64, (Arc<str>, u64)>,
     seq: u64,
     bytes: usize,
     /// Cycles ended since start, by terminal state.
@@ -216,31 +217,35 @@ impl NodeTable {
         let t = &mut *t;
         t.seq += 1;
         let seq = t.seq;
-        let key: Arc<str> = match t.nodes.get_key_value(identity) {
-            Some((k, _)) => Arc::clone(k),
-            None => Arc::from(identity),
-        };
-        let before = match t.nodes.get(identity) {
+        // One lookup for a node already held: its name is taken back from the update order.
+        let (key, before, rec) = match t.nodes.get_mut(identity) {
             Some(r) => {
-                t.order.remove(&r.seq);
-                r.bytes(identity)
+                let key = match t.order.remove(&r.seq) {
+                    Some((k, _)) => k,
+                    None => Arc::from(identity),
+                };
+                let before = r.bytes(identity);
+                (key, before, r)
             }
-            None => 0,
+            None => {
+                let key: Arc<str> = Arc::from(identity);
+                let rec = t.nodes.entry(Arc::clone(&key)).or_insert_with(|| Record {
+                    seq,
+                    first_seen_ms: at_ms,
+                    updated_ms: at_ms,
+                    source: Source::Discovery,
+                    state: NodeState::Queued,
+                    step: "queue",
+                    cause: "".into(),
+                    helper_msg: "".into(),
+                    issued: Issued::default(),
+                    upgrade: None,
+                    cycles: 0,
+                    events: VecDeque::new(),
+                });
+                (key, 0, rec)
+            }
         };
-        let rec = t.nodes.entry(Arc::clone(&key)).or_insert_with(|| Record {
-            seq,
-            first_seen_ms: at_ms,
-            updated_ms: at_ms,
-            source: Source::Discovery,
-            state: NodeState::Queued,
-            step: "queue",
-            cause: "".into(),
-            helper_msg: "".into(),
-            issued: Issued::default(),
-            upgrade: None,
-            cycles: 0,
-            events: VecDeque::new(),
-        });
         rec.seq = seq;
         rec.updated_ms = at_ms;
         let ev = match *event {
@@ -334,7 +339,7 @@ impl NodeTable {
         rec.events.push_back(ev);
         let after = rec.bytes(identity);
         t.bytes = t.bytes.saturating_sub(before).saturating_add(after);
-        t.order.insert(seq, key);
+        t.order.insert(seq, (key, at_ms));
         self.prune(t, at_ms);
     }
 
@@ -371,9 +376,9 @@ impl NodeTable {
     /// Forgets the least recently updated nodes over the count and those older than the age.
     fn prune(&self, t: &mut Inner, now_ms: u64) {
         let oldest_kept = now_ms.saturating_sub(millis(self.limits.max_age));
-        while let Some((&seq, id)) = t.order.first_key_value() {
+        while let Some((&seq, (id, updated_ms))) = t.order.first_key_value() {
             let too_many = t.nodes.len() > self.limits.max_nodes;
-            let too_old = t.nodes.get(id).is_some_and(|r| r.updated_ms < oldest_kept);
+            let too_old = *updated_ms < oldest_kept;
             if !too_many && !too_old {
                 break;
             }
@@ -461,7 +466,7 @@ impl NodeTable {
         let t = self.lock();
         let mut total = 0;
         let mut page = Vec::new();
-        for id in t.order.values().rev() {
+        for (id, _) in t.order.values().rev() {
             let Some(r) = t.nodes.get(id) else { continue };
             if state.is_some_and(|s| s != r.state) {
                 continue;
@@ -487,7 +492,7 @@ impl NodeTable {
         t.order
             .values()
             .rev()
-            .filter_map(|id| {
+            .filter_map(|(id, _)| {
                 let r = t.nodes.get(id)?;
                 r.state.is_problem().then(|| NodeSummary {
                     identity: id.to_string(),

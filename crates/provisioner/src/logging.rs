@@ -6,7 +6,6 @@
 //! or standard error the lines are text for people.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::Path;
@@ -298,29 +297,47 @@ where
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let line = LOG_TIME.with(|cached| {
+        LINE.with(|cached| {
             let mut cached = cached.borrow_mut();
+            let cached = &mut *cached;
             let secs = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
-            if cached.0 != secs || cached.1.is_empty() {
-                *cached = (
-                    secs,
-                    chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                );
+            if cached.secs != secs || cached.time.is_empty() {
+                cached.secs = secs;
+                cached.time =
+                    chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
             }
-            json_line(*meta.level(), meta.target(), fields, &cached.1)
-        });
-        writer.write_str(&line)
+            cached.line.clear();
+            write_json_line(
+                &mut cached.line,
+                *meta.level(),
+                meta.target(),
+                &fields,
+                &cached.time,
+            );
+            let written = writer.write_str(&cached.line);
+            // A record that was cut at the limits can still be long: such a buffer is not kept.
+            if cached.line.capacity() > 4 * MAX_VALUE_LEN {
+                cached.line = String::new();
+            }
+            written
+        })
     }
 }
 
+/// What a thread keeps between the records it logs.
+#[derive(Default)]
+struct LineCache {
+    /// The second `time` was written for (the lines carry whole seconds).
+    secs: u64,
+    time: String,
+    /// The line being written, its buffer reused.
+    line: String,
+}
+
 thread_local! {
-    /// The time of the last record this thread logged, written once a second (the lines carry
-    /// whole seconds).
-    static LOG_TIME: std::cell::RefCell<(u64, String)> = const {
-        std::cell::RefCell::new((0, String::new()))
-    };
+    static LINE: std::cell::RefCell<LineCache> = std::cell::RefCell::new(LineCache::default());
 }
 
 /// A field value as logrus would encode it.
@@ -339,20 +356,31 @@ pub enum Value {
 pub struct Fields {
     /// The message.
     pub message: String,
-    /// The other fields by name.
-    pub fields: BTreeMap<Cow<'static, str>, Value>,
+    /// The other fields, in the order they were recorded, each name once.
+    pub fields: Vec<(Cow<'static, str>, Value)>,
 }
 
 impl Fields {
     fn put(&mut self, field: &Field, value: Value) {
-        if field.name() == "message" {
+        let name = field.name();
+        if name == "message" {
             self.message = match value {
                 Value::Str(s) | Value::Num(s) => s,
                 Value::Bool(b) => b.to_string(),
             };
+        } else if let Some(slot) = self.fields.iter_mut().find(|(k, _)| k == name) {
+            slot.1 = value;
         } else {
-            self.fields.insert(Cow::Borrowed(field.name()), value);
+            self.fields.push((Cow::Borrowed(name), value));
         }
+    }
+
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.fields
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
     }
 }
 
@@ -444,13 +472,13 @@ pub fn level_name(level: Level) -> &'static str {
 }
 
 /// The Go logger's name for a record of `target` (see [`LogrusJson`]).
-fn component(target: &str, fields: &BTreeMap<Cow<'static, str>, Value>) -> Option<Value> {
+fn component<'a>(target: &str, fields: &'a Fields) -> Text<'a> {
     if let Some(c) = fields.get("component") {
-        return Some(c.clone());
+        return Text::Field(c);
     }
     if target.starts_with("provision_core::provision") {
         if let Some(id @ Value::Str(_)) = fields.get("identity") {
-            return Some(id.clone());
+            return Text::Field(id);
         }
     }
     // The work queue, discovery, events and the election, and the summaries of their
@@ -461,43 +489,74 @@ fn component(target: &str, fields: &BTreeMap<Cow<'static, str>, Value>) -> Optio
         "provisioner::daemon",
     ];
     if hosts.iter().any(|h| target.starts_with(h)) {
-        return Some(Value::Str("hosts".into()));
+        return Text::Str("hosts");
     }
-    Some(Value::Str("provisioner".into()))
+    Text::Str("provisioner")
 }
+
+/// A value of a line: a record's field, or text of the line's own.
+#[derive(Clone, Copy)]
+enum Text<'a> {
+    Field(&'a Value),
+    Str(&'a str),
+}
+
+/// logrus' own keys, and the names a record's fields of those names are written under.
+const OWN_KEYS: [(&str, &str); 4] = [
+    ("time", "fields.time"),
+    ("msg", "fields.msg"),
+    ("level", "fields.level"),
+    ("logrus_error", "fields.logrus_error"),
+];
 
 /// One JSON line (with its newline) for a record: see [`LogrusJson`].
 pub fn json_line(level: Level, target: &str, record: Fields, time: &str) -> String {
-    let component = component(target, &record.fields);
-    let mut data = record.fields;
-    // logrus keeps its own keys and moves a clashing field aside.
-    for own in ["time", "msg", "level", "logrus_error"] {
-        if let Some(v) = data.remove(own) {
-            data.insert(Cow::Owned(format!("fields.{own}")), v);
+    let mut out = String::with_capacity(256);
+    write_json_line(&mut out, level, target, &record, time);
+    out
+}
+
+/// [`json_line`], appended to `out`.
+fn write_json_line(out: &mut String, level: Level, target: &str, record: &Fields, time: &str) {
+    let mut keys: Vec<(&str, Text<'_>)> = Vec::with_capacity(record.fields.len() + 4);
+    // The record's fields, then those moved aside from logrus' keys, then logrus' own: where
+    // two share a name the later one is written, as logrus' map would keep it.
+    for (k, v) in &record.fields {
+        if k != "component" && !OWN_KEYS.iter().any(|(own, _)| k == own) {
+            keys.push((k, Text::Field(v)));
         }
     }
-    if let Some(c) = component {
-        data.insert(Cow::Borrowed("component"), c);
+    for (own, aside) in OWN_KEYS {
+        if let Some(v) = record.get(own) {
+            keys.push((aside, Text::Field(v)));
+        }
     }
-    data.insert(Cow::Borrowed("level"), Value::Str(level_name(level).into()));
-    data.insert(Cow::Borrowed("msg"), Value::Str(record.message));
-    data.insert(Cow::Borrowed("time"), Value::Str(time.into()));
-    let mut out = String::with_capacity(256);
+    keys.push(("component", component(target, record)));
+    keys.push(("level", Text::Str(level_name(level))));
+    keys.push(("msg", Text::Str(&record.message)));
+    keys.push(("time", Text::Str(time)));
+    // A stable sort keeps equal names in the order above.
+    keys.sort_by(|a, b| a.0.cmp(b.0));
     out.push('{');
-    for (i, (k, v)) in data.iter().enumerate() {
-        if i > 0 {
+    let mut first = true;
+    for (i, (k, v)) in keys.iter().enumerate() {
+        if keys.get(i + 1).is_some_and(|next| next.0 == *k) {
+            continue;
+        }
+        if !first {
             out.push(',');
         }
-        json_string(&mut out, k);
+        first = false;
+        json_string(out, k);
         out.push(':');
         match v {
-            Value::Str(s) => json_string(&mut out, s),
-            Value::Num(n) => out.push_str(n),
-            Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Text::Str(s) => json_string(out, s),
+            Text::Field(Value::Str(s)) => json_string(out, s),
+            Text::Field(Value::Num(n)) => out.push_str(n),
+            Text::Field(Value::Bool(b)) => out.push_str(if *b { "true" } else { "false" }),
         }
     }
     out.push_str("}\n");
-    out
 }
 
 /// `s` as a JSON string the way Go's encoding/json writes it with HTML escaping on (logrus'
@@ -775,6 +834,24 @@ mod tests {
         assert!(
             line.starts_with("{\"component\":\"provisioner\","),
             "{line}"
+        );
+        // Each key once: a field moved aside wins over a field already of that name, and a
+        // field recorded twice keeps its later value.
+        let mut fields = record(
+            "x",
+            &[
+                ("fields.msg", Value::Str("literal".into())),
+                ("msg", Value::Str("moved".into())),
+                ("b", Value::Num("1".into())),
+                ("a", Value::Bool(true)),
+            ],
+        );
+        fields.fields.push(("b".into(), Value::Num("2".into())));
+        let line = json_line(Level::INFO, "provision_core::fleet", fields, "t");
+        assert_eq!(
+            line,
+            "{\"a\":true,\"b\":2,\"component\":\"hosts\",\"fields.msg\":\"moved\",\
+             \"level\":\"info\",\"msg\":\"x\",\"time\":\"t\"}\n"
         );
     }
 

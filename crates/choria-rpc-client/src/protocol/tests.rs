@@ -767,3 +767,102 @@ fn a_matcher_matches_as_its_filter_does() {
         assert_eq!(f.matches(&node(id)), want, "{id}");
     }
 }
+
+/// `Text` reads a string exactly as serde_json reads it into a `String`, and refuses what
+/// serde_json refuses, in place when there is nothing to unescape.
+#[test]
+fn text_reads_strings_as_serde_json_does() {
+    #[derive(Deserialize)]
+    struct Holder<'a> {
+        #[serde(borrow)]
+        v: Text<'a>,
+    }
+    let cases: &[&str] = &[
+        r#""""#,
+        r#""plain""#,
+        r#""a\"b\\c\/d\be\ff\ng\rh\ti""#,
+        r#""{\"message\":\"{\\\"agent\\\":\\\"rpcutil\\\"}\"}""#,
+        r#""\u0041\u00e9\u20ac\ud83d\ude00 é😀""#,
+        r#""\u0000 \u001f \u007f""#,
+        r#""trailing \\""#,
+        r#""\"""#,
+        // What serde_json refuses in a string: unpaired surrogates, bad escapes, control bytes.
+        r#""\ud800""#,
+        r#""\ud800x""#,
+        r#""\ud800\u0041""#,
+        r#""\udc00""#,
+        r#""\ud800\n""#,
+        r#""\x""#,
+        r#""\u12g4""#,
+        "\"tab\there\"",
+        "\"line\nbreak\"",
+        r#""unterminated"#,
+        // Other types.
+        "12",
+        "null",
+        "{}",
+        "[\"a\"]",
+        "true",
+    ];
+    for case in cases {
+        let doc = format!("{{\"v\":{case}}}");
+        let want = serde_json::from_str::<serde_json::Value>(&doc)
+            .ok()
+            .and_then(|v| v["v"].as_str().map(str::to_owned));
+        let got = serde_json::from_str::<Holder<'_>>(&doc).map(|h| h.v.into_string());
+        assert_eq!(got.as_ref().ok(), want.as_ref(), "{case}: {got:?}");
+        let got = serde_json::from_slice::<Holder<'_>>(doc.as_bytes());
+        assert_eq!(got.is_ok(), want.is_some(), "{case} from bytes");
+    }
+    // No escape: read in place.
+    let doc = r#"{"v":"no escapes here"}"#;
+    let h: Holder<'_> = serde_json::from_str(doc).unwrap();
+    assert!(matches!(h.v.0, std::borrow::Cow::Borrowed(_)));
+}
+
+/// `write_json_str` writes the bytes serde_json writes for a string, whatever the string holds
+/// and wherever in an eight-byte chunk the characters to escape fall.
+#[test]
+fn json_strings_are_written_as_serde_json_writes_them() {
+    let mut cases: Vec<String> = vec![
+        String::new(),
+        "plain".into(),
+        "exactly8".into(),
+        "{\"agent\":\"rpcutil\",\"data\":{\"k\":\"v\\\\w\"}}".into(),
+        "é😀€ mixed \u{7f} \u{80} \u{2028}".into(),
+        "-----BEGIN CERTIFICATE-----\nMIIB\r\n-----END CERTIFICATE-----\n".into(),
+    ];
+    // Every ASCII character at every position of a 17-byte string.
+    for c in 0u8..0x80 {
+        for at in 0..17 {
+            let mut s: Vec<u8> = b"abcdefghijklmnopq".to_vec();
+            s[at] = c;
+            cases.push(String::from_utf8(s).unwrap());
+        }
+    }
+    // Pseudo-random strings over a mix of characters that need escaping and characters that do
+    // not.
+    let alphabet = [
+        'a', 'Z', '"', '\\', '\n', '\u{1}', '\u{1f}', ' ', 'é', '😀', '/', '\u{7f}',
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for len in 0..200 {
+        let mut s = String::new();
+        for _ in 0..len {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            s.push(alphabet[(seed % alphabet.len() as u64) as usize]);
+        }
+        cases.push(s);
+    }
+    for case in &cases {
+        let mut out = Vec::new();
+        write_json_str(&mut out, case);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            serde_json::to_string(case).unwrap(),
+            "{case:?}"
+        );
+    }
+}
