@@ -208,91 +208,29 @@ struct TransportIn<'a> {
 
 /// A JSON string read in place when it holds no escape (the transport's base64, protocol names,
 /// hashes), copied only when it must be unescaped. Every reply is decoded in three layers, so
-/// this saves an allocation and a copy of each large field of each layer. A string with
-/// escapes (a v1 layer's `message`: JSON inside JSON) is read as its raw text, which serde_json
-/// has checked, and unescaped once into its own buffer ([`unescape`]) rather than into
-/// serde_json's scratch buffer and then copied out of it.
+/// this saves an allocation and a copy of each large field of each layer.
 struct Text<'a>(std::borrow::Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = <&'de serde_json::value::RawValue>::deserialize(d)?;
-        unescape(raw.get())
-            .map(Text)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// The text of the JSON string literal `raw` (quotes included), as serde_json reads a string:
-/// borrowed when it holds no escape. `raw` comes from serde_json, which has checked that it is
-/// one JSON value with valid escapes and is UTF-8; what it leaves to the string's reader is
-/// refused here as serde_json refuses it: another type of value, and an unpaired UTF-16
-/// surrogate.
-fn unescape(raw: &str) -> Result<std::borrow::Cow<'_, str>, &'static str> {
-    let inner = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-        Some(inner) if raw.len() >= 2 => inner,
-        _ => return Err("invalid type: expected a string"),
-    };
-    let bytes = inner.as_bytes();
-    let Some(mut at) = memchr::memchr(b'\\', bytes) else {
-        return Ok(std::borrow::Cow::Borrowed(inner));
-    };
-    const BAD: &str = "invalid escape";
-    let mut out = String::with_capacity(inner.len());
-    let mut start = 0;
-    loop {
-        // `at` is a backslash, an ASCII byte, so a character boundary.
-        out.push_str(&inner[start..at]);
-        let esc = *bytes.get(at + 1).ok_or(BAD)?;
-        start = at + 2;
-        match esc {
-            b'"' => out.push('"'),
-            b'\\' => out.push('\\'),
-            b'/' => out.push('/'),
-            b'b' => out.push('\u{8}'),
-            b'f' => out.push('\u{c}'),
-            b'n' => out.push('\n'),
-            b'r' => out.push('\r'),
-            b't' => out.push('\t'),
-            b'u' => {
-                let n = hex4(bytes, at + 2).ok_or(BAD)?;
-                start = at + 6;
-                let c = match n {
-                    0xDC00..=0xDFFF => return Err("lone leading surrogate in hex escape"),
-                    0xD800..=0xDBFF => {
-                        if bytes.get(start) != Some(&b'\\') || bytes.get(start + 1) != Some(&b'u') {
-                            return Err("unexpected end of hex escape");
-                        }
-                        let low = hex4(bytes, start + 2).ok_or(BAD)?;
-                        if !(0xDC00..=0xDFFF).contains(&low) {
-                            return Err("lone leading surrogate in hex escape");
-                        }
-                        start += 6;
-                        0x1_0000 + ((u32::from(n) - 0xD800) << 10) + (u32::from(low) - 0xDC00)
-                    }
-                    n => u32::from(n),
-                };
-                out.push(char::from_u32(c).ok_or(BAD)?);
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
             }
-            _ => return Err(BAD),
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(std::borrow::Cow::Owned(v)))
+            }
         }
-        match memchr::memchr(b'\\', &bytes[start..]) {
-            Some(next) => at = start + next,
-            None => break,
-        }
+        d.deserialize_str(Visitor(std::marker::PhantomData))
     }
-    out.push_str(&inner[start..]);
-    Ok(std::borrow::Cow::Owned(out))
-}
-
-/// The four hexadecimal digits at `at` of `bytes`.
-fn hex4(bytes: &[u8], at: usize) -> Option<u16> {
-    let digits = bytes.get(at..at + 4)?;
-    let text = std::str::from_utf8(digits).ok()?;
-    if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u16::from_str_radix(text, 16).ok()
 }
 
 impl Text<'_> {
