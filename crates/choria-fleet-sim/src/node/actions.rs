@@ -194,7 +194,15 @@ impl Node {
                 "EDCH Public Key not supplied while providing a private key",
             );
         }
-        let settings: BTreeMap<String, String> = match serde_json::from_str::<Value>(config) {
+        // The common case, every value a string, read straight into the map; anything else is
+        // read again as a value for Go's words about it.
+        let direct = serde_json::from_str::<BTreeMap<String, Option<String>>>(config).ok();
+        let settings: BTreeMap<String, String> = match direct {
+            Some(m) => m
+                .into_iter()
+                .map(|(k, v)| (k, v.unwrap_or_default()))
+                .collect(),
+            None => match serde_json::from_str::<Value>(config) {
             Ok(Value::Object(m)) => {
                 let mut s = BTreeMap::new();
                 for (k, v) in m {
@@ -228,6 +236,7 @@ impl Node {
                 )
             }
             Err(e) => return abort(A, &format!("Could not decode configuration data: {e}")),
+            },
         };
         let mut received = Received {
             configuration: settings,
