@@ -278,6 +278,21 @@ struct HeadersIn {
 }
 
 #[derive(Serialize)]
+struct V1SecureRequestOut<'a> {
+    protocol: &'static str,
+    message: &'a str,
+    signature: &'a str,
+    pubcert: &'a str,
+}
+
+#[derive(Serialize)]
+struct V1RequestOut<'a> {
+    protocol: &'static str,
+    message: &'a str,
+    envelope: V1RequestEnvelopeOut<'a>,
+}
+
+#[derive(Serialize)]
 struct V1RequestEnvelopeOut<'a> {
     requestid: &'a str,
     senderid: &'a str,
@@ -312,11 +327,25 @@ struct V2RequestOut<'a> {
 }
 
 #[derive(Serialize)]
+struct V1ReplyOut<'a> {
+    protocol: &'static str,
+    message: &'a str,
+    envelope: V1ReplyEnvelopeOut<'a>,
+}
+
+#[derive(Serialize)]
 struct V1ReplyEnvelopeOut<'a> {
     requestid: &'a str,
     senderid: &'a str,
     agent: &'a str,
     time: i64,
+}
+
+#[derive(Serialize)]
+struct V1SecureReplyOut<'a> {
+    protocol: &'static str,
+    message: &'a str,
+    hash: &'a str,
 }
 
 #[derive(Serialize)]
@@ -440,112 +469,6 @@ fn to_json_sized<T: Serialize>(
     let mut out = Vec::with_capacity(capacity);
     serde_json::to_writer(&mut out, v).map_err(ProtocolError::json(layer))?;
     Ok(out)
-}
-
-/// A JSON object written field by field into one buffer: the bytes serde_json writes for a
-/// struct of the same fields in the same order. Its string fields are escaped by
-/// [`write_json_str`], which skips the runs that need no escape eight bytes at a time: the v1
-/// layers carry JSON inside JSON, escaped once per layer.
-struct JsonObject {
-    out: Vec<u8>,
-}
-
-impl JsonObject {
-    fn with_capacity(capacity: usize) -> Self {
-        let mut out = Vec::with_capacity(capacity);
-        out.push(b'{');
-        JsonObject { out }
-    }
-
-    /// `"key":` after a comma when a field came before. Keys are this module's own names,
-    /// which need no escaping.
-    fn key(&mut self, key: &'static str) {
-        if self.out.len() > 1 {
-            self.out.push(b',');
-        }
-        self.out.push(b'"');
-        self.out.extend_from_slice(key.as_bytes());
-        self.out.extend_from_slice(b"\":");
-    }
-
-    fn str(&mut self, key: &'static str, value: &str) {
-        self.key(key);
-        write_json_str(&mut self.out, value);
-    }
-
-    fn value<T: Serialize>(
-        &mut self,
-        layer: &'static str,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), ProtocolError> {
-        self.key(key);
-        serde_json::to_writer(&mut self.out, value).map_err(ProtocolError::json(layer))
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        self.out.push(b'}');
-        self.out
-    }
-}
-
-/// `s` as a JSON string, quotes included: the bytes serde_json writes (`"`, `\\` and the
-/// control characters escaped, `\b`, `\f`, `\n`, `\r` and `\t` short, the others as `\u00xx`).
-pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH: u64 = ONES * 0x80;
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = s.as_bytes();
-    out.reserve(bytes.len() + 2);
-    out.push(b'"');
-    let (mut start, mut i) = (0, 0);
-    while i < bytes.len() {
-        // Eight bytes at a time while none of them needs an escape: the lowest flagged byte
-        // of a chunk is exact (a borrow only ever flags bytes above a real match).
-        if let Some(chunk) = bytes.get(i..i + 8) {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            let v = u64::from_le_bytes(word);
-            let quote = v ^ (ONES * u64::from(b'"'));
-            let slash = v ^ (ONES * u64::from(b'\\'));
-            let flags = ((v.wrapping_sub(ONES * 0x20) & !v)
-                | (quote.wrapping_sub(ONES) & !quote)
-                | (slash.wrapping_sub(ONES) & !slash))
-                & HIGH;
-            if flags == 0 {
-                i += 8;
-                continue;
-            }
-            i += (flags.trailing_zeros() / 8) as usize;
-        }
-        let b = bytes[i];
-        let short = match b {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            b'\n' => b'n',
-            b'\r' => b'r',
-            b'\t' => b't',
-            0x08 => b'b',
-            0x0c => b'f',
-            0x00..=0x1f => b'u',
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        out.push(b'\\');
-        out.push(short);
-        if short == b'u' {
-            out.extend_from_slice(b"00");
-            out.push(HEX[usize::from(b >> 4)]);
-            out.push(HEX[usize::from(b & 0xf)]);
-        }
-        i += 1;
-        start = i;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
 }
 
 /// Room for an envelope's own fields beside its largest value.
@@ -674,43 +597,44 @@ pub fn encode_request(
         ProtocolVersion::V1 => {
             let message = std::str::from_utf8(req.payload)
                 .map_err(|_| ProtocolError::Utf8 { layer: "request" })?;
-            // The message is escaped: a JSON payload grows by its quotes' backslashes.
-            let mut request =
-                JsonObject::with_capacity(message.len() + message.len() / 4 + ENVELOPE_SLACK);
-            request.str("protocol", V1_REQUEST);
-            request.str("message", message);
-            request.value(
+            let request = to_json_sized(
                 "request",
-                "envelope",
-                &V1RequestEnvelopeOut {
-                    requestid: req.id,
-                    senderid: req.sender,
-                    callerid: security.caller_id(),
-                    collective: req.collective,
-                    agent: req.agent,
-                    ttl: req.ttl,
-                    time: v1_time(now),
-                    filter: req.filter,
+                &V1RequestOut {
+                    protocol: V1_REQUEST,
+                    message,
+                    envelope: V1RequestEnvelopeOut {
+                        requestid: req.id,
+                        senderid: req.sender,
+                        callerid: security.caller_id(),
+                        collective: req.collective,
+                        agent: req.agent,
+                        ttl: req.ttl,
+                        time: v1_time(now),
+                        filter: req.filter,
+                    },
                 },
+                // The message is escaped: a JSON payload grows by its quotes' backslashes.
+                message.len() + message.len() / 4 + ENVELOPE_SLACK,
             )?;
-            let request = request.finish();
             let (signature, pubcert) = security.sign_v1(req.agent, &request)?;
-            // The object's text is UTF-8: it was written from strings.
+            // serde_json output is always UTF-8.
             let request_str = std::str::from_utf8(&request)
                 .map_err(|_| ProtocolError::Utf8 { layer: "request" })?;
-            let mut secure = JsonObject::with_capacity(
+            let secure = to_json_sized(
+                "secure request",
+                &V1SecureRequestOut {
+                    protocol: V1_SECURE_REQUEST,
+                    message: request_str,
+                    signature: &signature,
+                    pubcert,
+                },
                 request_str.len()
                     + request_str.len() / 4
                     + signature.len()
                     + pubcert.len()
                     + pubcert.len() / 16
                     + ENVELOPE_SLACK,
-            );
-            secure.str("protocol", V1_SECURE_REQUEST);
-            secure.str("message", request_str);
-            secure.str("signature", &signature);
-            secure.str("pubcert", pubcert);
-            let secure = secure.finish();
+            )?;
             let t = transport_json(
                 V1_TRANSPORT,
                 &secure,
@@ -1090,31 +1014,33 @@ pub fn build_reply_raw(
         ProtocolVersion::V1 => {
             // Go converts the body with string(body); JSON and `pong` are UTF-8 anyway.
             let message = String::from_utf8_lossy(body);
-            // The body is escaped: a JSON body grows by its quotes' backslashes.
-            let mut reply =
-                JsonObject::with_capacity(message.len() + message.len() / 4 + ENVELOPE_SLACK);
-            reply.str("protocol", V1_REPLY);
-            reply.str("message", &message);
-            reply.value(
+            let reply = to_json_sized(
                 "reply",
-                "envelope",
-                &V1ReplyEnvelopeOut {
-                    requestid: request_id,
-                    senderid: sender_identity,
-                    agent,
-                    time: v1_time(now),
+                &V1ReplyOut {
+                    protocol: V1_REPLY,
+                    message: &message,
+                    envelope: V1ReplyEnvelopeOut {
+                        requestid: request_id,
+                        senderid: sender_identity,
+                        agent,
+                        time: v1_time(now),
+                    },
                 },
+                // The body is escaped: a JSON body grows by its quotes' backslashes.
+                message.len() + message.len() / 4 + ENVELOPE_SLACK,
             )?;
-            let reply = reply.finish();
             let hash = B64.encode(Sha256::digest(&reply));
             let reply_str =
                 std::str::from_utf8(&reply).map_err(|_| ProtocolError::Utf8 { layer: "reply" })?;
-            let mut secure =
-                JsonObject::with_capacity(reply_str.len() + reply_str.len() / 4 + ENVELOPE_SLACK);
-            secure.str("protocol", V1_SECURE_REPLY);
-            secure.str("message", reply_str);
-            secure.str("hash", &hash);
-            let secure = secure.finish();
+            let secure = to_json_sized(
+                "secure reply",
+                &V1SecureReplyOut {
+                    protocol: V1_SECURE_REPLY,
+                    message: reply_str,
+                    hash: &hash,
+                },
+                reply_str.len() + reply_str.len() / 4 + ENVELOPE_SLACK,
+            )?;
             Ok(Bytes::from(transport_json(
                 V1_TRANSPORT,
                 &secure,
