@@ -107,13 +107,15 @@ fn main() {
         .unwrap();
     let filter = Filter::with_agent("choria_provision");
     let mut total = [0.0f64; 2];
-    for (i, (name, security)) in [
+    for (i, (name, version, security)) in [
         (
             "v1",
+            ProtocolVersion::V1,
             Security::insecure("choria=provisioner.mcollective".to_string()),
         ),
         (
             "v2",
+            ProtocolVersion::V2,
             Security::choria(testdata("v2_caller.jwt").trim().to_string(), seed).unwrap(),
         ),
     ]
@@ -133,10 +135,6 @@ fn main() {
             reply_to: &reply_to,
         };
         let encoded = encode_request(&security, &req, now).unwrap();
-        let version = match name {
-            "v1" => ProtocolVersion::V1,
-            _ => ProtocolVersion::V2,
-        };
         let reply =
             build_reply_raw(version, id, "rpcutil", "node1.example.net", &body, now).unwrap();
         let steps = [

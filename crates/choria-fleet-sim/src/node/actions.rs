@@ -194,50 +194,16 @@ impl Node {
                 "EDCH Public Key not supplied while providing a private key",
             );
         }
-        // The common case, every value a string, read straight into the map; anything else is
-        // read again as a value for Go's words about it.
-        let direct = serde_json::from_str::<BTreeMap<String, Option<String>>>(config).ok();
-        let settings: BTreeMap<String, String> = match direct {
-            Some(m) => m
-                .into_iter()
-                .map(|(k, v)| (k, v.unwrap_or_default()))
-                .collect(),
-            None => match serde_json::from_str::<Value>(config) {
-            Ok(Value::Object(m)) => {
-                let mut s = BTreeMap::new();
-                for (k, v) in m {
-                    match v {
-                        Value::String(v) => {
-                            s.insert(k, v);
-                        }
-                        Value::Null => {
-                            s.insert(k, String::new());
-                        }
-                        other => {
-                            return abort(
-                                A,
-                                &format!(
-                                    "Could not decode configuration data: json: cannot unmarshal {} into Go value of type string",
-                                    json_type(&other)
-                                ),
-                            )
-                        }
-                    }
-                }
-                s
-            }
-            Ok(other) => {
-                return abort(
-                    A,
-                    &format!(
-                        "Could not decode configuration data: json: cannot unmarshal {} into Go value of type map[string]string",
-                        json_type(&other)
-                    ),
-                )
-            }
-            Err(e) => return abort(A, &format!("Could not decode configuration data: {e}")),
-            },
-        };
+        // Go decodes the settings into a map[string]string: null is the empty string, and
+        // anything else is refused in Go's words (`config_refusal`).
+        let settings: BTreeMap<String, String> =
+            match serde_json::from_str::<BTreeMap<String, Option<String>>>(config) {
+                Ok(m) => m
+                    .into_iter()
+                    .map(|(k, v)| (k, v.unwrap_or_default()))
+                    .collect(),
+                Err(e) => return abort(A, &config_refusal(config, &e)),
+            };
         let mut received = Received {
             configuration: settings,
             ..Received::default()
@@ -722,10 +688,62 @@ pub(crate) fn go_duration(d: Duration) -> String {
     out
 }
 
+/// Why Go refuses `config` as a map[string]string, in its words, for a configuration that was
+/// not read as one (`direct` is the reason that read gave).
+fn config_refusal(config: &str, direct: &serde_json::Error) -> String {
+    const WHY: &str = "Could not decode configuration data";
+    match serde_json::from_str::<Value>(config) {
+        Err(e) => format!("{WHY}: {e}"),
+        Ok(Value::Object(m)) => match m
+            .values()
+            .find(|v| !matches!(v, Value::String(_) | Value::Null))
+        {
+            Some(other) => format!(
+                "{WHY}: json: cannot unmarshal {} into Go value of type string",
+                json_type(other)
+            ),
+            None => format!("{WHY}: {direct}"),
+        },
+        Ok(other) => format!(
+            "{WHY}: json: cannot unmarshal {} into Go value of type map[string]string",
+            json_type(&other)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::go_duration;
+    use super::{config_refusal, go_duration};
+    use std::collections::BTreeMap;
     use std::time::Duration;
+
+    /// Every configuration the direct read refuses gets Go's words for why.
+    #[test]
+    fn a_configuration_that_is_not_a_string_map_is_refused_in_go_s_words() {
+        let refuse = |config: &str| {
+            let Err(e) = serde_json::from_str::<BTreeMap<String, Option<String>>>(config) else {
+                panic!("{config} was read as a map of strings");
+            };
+            config_refusal(config, &e)
+        };
+        assert_eq!(
+            refuse(r#"{"a":"x","b":1}"#),
+            "Could not decode configuration data: json: cannot unmarshal number into Go value of type string"
+        );
+        assert_eq!(
+            refuse(r#"["a"]"#),
+            "Could not decode configuration data: json: cannot unmarshal array into Go value of type map[string]string"
+        );
+        let syntax = refuse("{\"a\":");
+        assert!(
+            syntax.starts_with("Could not decode configuration data: EOF while parsing"),
+            "{syntax}"
+        );
+        // Null is the empty string, as Go decodes it: read directly.
+        let m: BTreeMap<String, Option<String>> =
+            serde_json::from_str(r#"{"a":null,"b":"x"}"#).unwrap_or_default();
+        assert_eq!(m.len(), 2);
+    }
 
     #[test]
     fn durations_print_as_go_prints_them() {
