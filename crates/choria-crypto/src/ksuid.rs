@@ -15,17 +15,20 @@ pub fn ksuid(unix_secs: i64) -> String {
 /// The KSUID of `unix_secs` and `payload`, for callers that choose their own randomness. A time
 /// before the KSUID epoch or past its range is written as the epoch.
 pub fn ksuid_with(unix_secs: i64, payload: &[u8; 16]) -> String {
-    let mut num = [0u8; 20];
     let ts = u32::try_from(unix_secs - EPOCH).unwrap_or(0);
-    num[..4].copy_from_slice(&ts.to_be_bytes());
-    num[4..].copy_from_slice(payload);
-    // Repeated division of the 160-bit big-endian number by 62, filling from the right.
+    // The 160-bit big-endian number as five 32-bit limbs, most significant first.
+    let mut num = [ts, 0, 0, 0, 0];
+    for (limb, chunk) in num[1..].iter_mut().zip(payload.chunks_exact(4)) {
+        *limb = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    }
+    // Repeated division by 62, filling from the right.
     let mut digits = [b'0'; 27];
     for slot in digits.iter_mut().rev() {
-        let mut rem = 0u32;
-        for byte in num.iter_mut() {
-            let acc = (rem << 8) | u32::from(*byte);
-            *byte = (acc / 62) as u8;
+        let mut rem = 0u64;
+        for limb in num.iter_mut() {
+            let acc = (rem << 32) | u64::from(*limb);
+            // acc < 62 << 32, so the quotient fits in 32 bits.
+            *limb = (acc / 62) as u32;
             rem = acc % 62;
         }
         *slot = ALPHABET[rem as usize];
@@ -88,5 +91,43 @@ mod tests {
             "aWgEPTl1tmebfsQzFP4bxwgy80V"
         );
         assert_eq!(ksuid_with(0, &[0; 16]), "000000000000000000000000000");
+    }
+
+    /// The reference's `0ujtsYcgvSTl8PAuAdqWYSMnLOv` is its payload
+    /// `B5A1CD34B5F99D1154FB6853345C9735` at 1507608047; every id read back gives its time and
+    /// its payload, whatever the payload's bytes.
+    #[test]
+    fn ids_carry_their_payload_and_time() {
+        let payload: [u8; 16] = [
+            0xB5, 0xA1, 0xCD, 0x34, 0xB5, 0xF9, 0x9D, 0x11, 0x54, 0xFB, 0x68, 0x53, 0x34, 0x5C,
+            0x97, 0x35,
+        ];
+        assert_eq!(
+            ksuid_with(1_507_608_047, &payload),
+            "0ujtsYcgvSTl8PAuAdqWYSMnLOv"
+        );
+        for seed in 0u8..=255 {
+            let p: [u8; 16] =
+                std::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8 * 17));
+            let t = EPOCH + i64::from(seed) * 86_400 * 97;
+            let id = ksuid_with(t, &p);
+            assert_eq!(ksuid_time(&id), Some(t), "{id}");
+            assert_eq!(decode(&id), p, "{id}");
+        }
+    }
+
+    /// The payload of a KSUID, by multiplying the digits back.
+    fn decode(id: &str) -> [u8; 16] {
+        let mut num = [0u8; 20];
+        for c in id.bytes() {
+            let v = ALPHABET.iter().position(|&a| a == c).unwrap() as u32;
+            let mut carry = v;
+            for b in num.iter_mut().rev() {
+                let acc = u32::from(*b) * 62 + carry;
+                *b = (acc & 0xff) as u8;
+                carry = acc >> 8;
+            }
+        }
+        num[4..].try_into().unwrap()
     }
 }

@@ -32,13 +32,14 @@ pub(super) enum GoKind {
 /// Request data decoded the way Go's `encoding/json` fills a struct: keys matched exactly,
 /// else case-insensitively; unknown keys ignored; `null` leaves the zero value; a type
 /// mismatch is an error worded like Go's.
-pub(super) struct GoData {
-    values: Vec<Option<Value>>,
+/// The values are borrowed from the request's data, which outlives the action.
+pub(super) struct GoData<'a> {
+    values: Vec<Option<&'a Value>>,
 }
 
-impl GoData {
+impl<'a> GoData<'a> {
     pub(super) fn parse(
-        data: &Value,
+        data: &'a Value,
         go_struct: &str,
         fields: &[(&str, GoKind)],
     ) -> Result<Self, String> {
@@ -86,7 +87,7 @@ impl GoData {
                 },
             };
             match valid {
-                Ok(()) => values[idx] = Some(v.clone()),
+                Ok(()) => values[idx] = Some(v),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -138,13 +139,13 @@ pub(super) fn config_bool(v: &str) -> bool {
 
 impl Node {
     /// Parse `data` and check the token; `Err` carries the failure reply.
-    pub(super) fn args(
+    pub(super) fn args<'a>(
         env: &NodeEnv<'_>,
         action: &str,
-        data: &Value,
+        data: &'a Value,
         go_struct: &str,
         fields: &[(&str, GoKind)],
-    ) -> Result<GoData, Vec<u8>> {
+    ) -> Result<GoData<'a>, Vec<u8>> {
         let args = GoData::parse(data, go_struct, fields).map_err(|e| {
             reply_json(
                 action,
@@ -158,5 +159,64 @@ impl Node {
             return Err(abort(action, "Incorrect provision token supplied"));
         }
         Ok(args)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const FIELDS: &[(&str, GoKind)] = &[
+        ("token", GoKind::Str),
+        ("config", GoKind::Str),
+        ("splay", GoKind::Int),
+        ("action_policies", GoKind::StrMap),
+    ];
+
+    fn parse(text: &str) -> Result<(String, String, i64, BTreeMap<String, String>), String> {
+        let data = match text {
+            "absent" => Value::Null,
+            _ => serde_json::from_str(text).unwrap(),
+        };
+        let d = GoData::parse(&data, "Req", FIELDS)?;
+        Ok((d.str(0).into(), d.str(1).into(), d.int(2), d.map(3)))
+    }
+
+    #[test]
+    fn request_data_is_read_as_go_fills_its_struct() {
+        let (token, config, splay, policies) =
+            parse(r#"{"token":"t","Config":"a\"b","splay":7,"x":[1],"action_policies":{"p.policy":"body","q.policy":null}}"#).unwrap();
+        assert_eq!((token.as_str(), config.as_str(), splay), ("t", "a\"b", 7));
+        assert_eq!(policies.get("p.policy").map(String::as_str), Some("body"));
+        assert_eq!(policies.get("q.policy").map(String::as_str), Some(""));
+        // A key matches its field in any case; null changes nothing.
+        let (_, config, ..) = parse(r#"{"CONFIG":"y","config":null}"#).unwrap();
+        assert_eq!(config, "y");
+        // Absent or null data is every field's zero value.
+        for empty in ["absent", "null", "{}"] {
+            assert_eq!(
+                parse(empty).unwrap(),
+                (String::new(), String::new(), 0, BTreeMap::new())
+            );
+        }
+    }
+
+    #[test]
+    fn request_data_of_the_wrong_type_is_refused_in_go_s_words() {
+        let cases = [
+            (r#""x""#, "json: cannot unmarshal string into Go value of type provision.Req"),
+            ("[1]", "json: cannot unmarshal array into Go value of type provision.Req"),
+            (r#"{"token":5}"#, "json: cannot unmarshal number into Go struct field Req.token of type string"),
+            (r#"{"token":{}}"#, "json: cannot unmarshal object into Go struct field Req.token of type string"),
+            (r#"{"splay":1.5}"#, "json: cannot unmarshal number 1.5 into Go struct field Req.splay of type int"),
+            (r#"{"splay":"1"}"#, "json: cannot unmarshal string into Go struct field Req.splay of type int"),
+            (r#"{"splay":true}"#, "json: cannot unmarshal bool into Go struct field Req.splay of type int"),
+            (r#"{"action_policies":{"a":"b","c":[2]}}"#, "json: cannot unmarshal array into Go struct field Req.action_policies of type string"),
+            (r#"{"action_policies":"a"}"#, "json: cannot unmarshal string into Go struct field Req.action_policies of type map[string]string"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse(text).unwrap_err(), want, "{text}");
+        }
     }
 }
