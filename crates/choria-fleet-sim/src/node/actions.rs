@@ -739,10 +739,11 @@ mod tests {
             syntax.starts_with("Could not decode configuration data: EOF while parsing"),
             "{syntax}"
         );
-        // Null is the empty string, as Go decodes it: read directly.
+        // Null is read directly (as no value, which becomes the empty string, as Go has it).
         let m: BTreeMap<String, Option<String>> =
             serde_json::from_str(r#"{"a":null,"b":"x"}"#).unwrap_or_default();
         assert_eq!(m.len(), 2);
+        assert_eq!((m["a"].as_deref(), m["b"].as_deref()), (None, Some("x")));
     }
 
     #[test]
