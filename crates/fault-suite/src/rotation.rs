@@ -36,7 +36,9 @@ const IN_FLIGHT: &str = "300";
 
 /// The broker's TLS block and the operator's main collective configuration (without the
 /// broker's address, added once it is known).
-fn operator_files(dir: &Path, port: u16) -> Result<(String, PathBuf)> {
+/// The broker's TLS settings, and a writer of the operator's client configuration for the
+/// broker's port (known once the broker has started).
+fn operator_files(dir: &Path) -> Result<(String, impl Fn(u16) -> Result<PathBuf>)> {
     let ca_dir = dir.join("ca");
     std::fs::create_dir_all(&ca_dir)?;
     let ca = TestCa::new(&ca_dir)?;
@@ -49,7 +51,8 @@ fn operator_files(dir: &Path, port: u16) -> Result<(String, PathBuf)> {
         ca.cert.display()
     );
     let main = dir.join("main.cfg");
-    std::fs::write(
+    let write_main = move |port: u16| -> Result<PathBuf> {
+        std::fs::write(
         &main,
         format!(
             "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
@@ -61,7 +64,9 @@ fn operator_files(dir: &Path, port: u16) -> Result<(String, PathBuf)> {
             ca.cert.display()
         ),
     )?;
-    Ok((tls, main))
+        Ok(main.clone())
+    };
+    Ok((tls, write_main))
 }
 
 /// `choria-provisioner rotate ARGS` against `replica`'s files as the operator of `main`.
@@ -142,9 +147,10 @@ fn count_before(line: &str, label: &str) -> Option<u64> {
 pub fn rotation_kills(env: &Env, name: &str) -> Result<String> {
     let dir = env.base.join(name);
     std::fs::create_dir_all(&dir)?;
-    let port = test_support::free_port();
-    let (tls, main) = operator_files(&dir, port)?;
-    let _nats = NatsServer::start_in(&dir, port, &tls, true)?;
+    let (tls, write_main) = operator_files(&dir)?;
+    let nats = NatsServer::start_in_free_port(&dir, |_| tls.clone(), true)?;
+    let port = nats.port();
+    let main = write_main(port)?;
     let url = format!("nats://127.0.0.1:{port}");
     let files = write_run_files(&dir, &env.bins)?;
     // The demo helper as a webhook: no process per node.

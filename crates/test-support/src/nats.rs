@@ -137,6 +137,31 @@ impl NatsServer {
         started.unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// As [`NatsServer::start_in`] on a free port, with `extra` made for that port.
+    ///
+    /// The port is free when chosen and taken only when the server starts, so a process
+    /// starting beside it (another scenario, an outgoing connection) may take it first: a server
+    /// that exits at start is tried again on a fresh port, three times in all (the exits are
+    /// kept in its log when `log` is set).
+    pub fn start_in_free_port(
+        dir: &Path,
+        extra: impl Fn(u16) -> String,
+        log: bool,
+    ) -> Result<Self> {
+        let mut last = None;
+        for _ in 0..3 {
+            let port = free_port();
+            match Self::start_in(dir, port, &extra(port), log) {
+                Err(Error::Failed(e)) if e.contains("exited early") => {
+                    eprintln!("test-support: {e}; starting it again on a fresh port");
+                    last = Some(e)
+                }
+                other => return other,
+            }
+        }
+        Err(Error::Failed(last.unwrap_or_default()))
+    }
+
     /// Start a nats-server with its configuration, JetStream store and (with `log`) its
     /// `nats-server.log` in `dir`, on `port`, so that a restart keeps both.
     pub fn start_in(dir: &Path, port: u16, extra: &str, log: bool) -> Result<Self> {
