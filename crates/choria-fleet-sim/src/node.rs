@@ -214,7 +214,7 @@ struct ReplyOut<'a> {
 }
 
 fn reply_json(action: &str, code: StatusCode, msg: &str, data: Value) -> Vec<u8> {
-    serde_json::to_vec(&ReplyOut {
+    sonic_rs::to_vec(&ReplyOut {
         statuscode: code.code(),
         statusmsg: msg,
         data: &data,
@@ -540,7 +540,7 @@ fn parse_rpc_body(payload: &[u8]) -> Result<(Value, Value), String> {
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'{');
     if object {
-        if let Ok(b) = serde_json::from_slice::<Body>(payload) {
+        if let Ok(b) = sonic_rs::from_slice::<Body>(payload) {
             return Ok((b.action, b.data));
         }
     }

@@ -94,11 +94,14 @@ pub fn encode_request<T: Serialize>(
     action: &str,
     data: &T,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&RpcRequestRef {
+    let r = RpcRequestRef {
         agent,
         action,
         data,
-    })
+    };
+    // The wire's fast writer (sonic-rs: the same bytes as serde_json, escaped a block at a
+    // time); what it cannot write (a map with non-string keys), serde_json words.
+    sonic_rs::to_vec(&r).or_else(|_| serde_json::to_vec(&r))
 }
 
 impl RpcRequest {
@@ -173,6 +176,41 @@ impl RpcReply {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_bodies_are_the_bytes_serde_json_writes() {
+        let values = [
+            serde_json::json!({}),
+            serde_json::json!({
+                "config": r#"{"plugin.choria.x":"C:\\p \"q\" <a>&b","n":null}"#,
+                "token": "s3cret\u{0}\u{1f}\u{7f}\u{2028}é😀",
+                "numbers": [0, -1, u64::MAX, i64::MIN, 0.1, -0.0, 1e21, 1.5e-300, 5e-324, 1e15],
+                "nested": {"a": [true, false, null, {"b": []}]},
+            }),
+        ];
+        for data in &values {
+            let fast = encode_request("choria_provision", "configure", data).unwrap();
+            let reference = serde_json::to_vec(&RpcRequestRef {
+                agent: "choria_provision",
+                action: "configure",
+                data,
+            })
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                String::from_utf8(reference).unwrap()
+            );
+        }
+        // Keys serde_json writes as strings, and keys it refuses in its own words.
+        let numbered: std::collections::BTreeMap<u32, &str> = [(7, "x")].into();
+        assert_eq!(
+            encode_request("a", "b", &numbered).unwrap(),
+            br#"{"agent":"a","action":"b","data":{"7":"x"}}"#
+        );
+        let tupled: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let e = encode_request("a", "b", &tupled).unwrap_err().to_string();
+        assert!(e.contains("key must be a string"), "{e}");
+    }
 
     #[test]
     fn reply_defaults_apply_when_keys_are_missing() {

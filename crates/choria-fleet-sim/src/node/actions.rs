@@ -196,14 +196,17 @@ impl Node {
         }
         // Go decodes the settings into a map[string]string: null is the empty string, and
         // anything else is refused in Go's words (`config_refusal`).
-        let settings: BTreeMap<String, String> =
-            match serde_json::from_str::<BTreeMap<String, Option<String>>>(config) {
-                Ok(m) => m
-                    .into_iter()
-                    .map(|(k, v)| (k, v.unwrap_or_default()))
-                    .collect(),
-                Err(e) => return abort(A, &config_refusal(config, &e)),
-            };
+        // Read with the wire's decoder; what it refuses is read again by serde_json, whose
+        // verdict and words decide.
+        let read = sonic_rs::from_str::<BTreeMap<String, Option<String>>>(config)
+            .or_else(|_| serde_json::from_str::<BTreeMap<String, Option<String>>>(config));
+        let settings: BTreeMap<String, String> = match read {
+            Ok(m) => m
+                .into_iter()
+                .map(|(k, v)| (k, v.unwrap_or_default()))
+                .collect(),
+            Err(e) => return abort(A, &config_refusal(config, &e)),
+        };
         let mut received = Received {
             configuration: settings,
             ..Received::default()

@@ -67,7 +67,7 @@ pub enum ProtocolError {
         layer: &'static str,
         /// The decoder's error.
         #[source]
-        source: serde_json::Error,
+        source: JsonError,
     },
     /// A layer carries a protocol string this layer does not accept.
     #[error("unexpected protocol {found:?} in {layer}")]
@@ -105,9 +105,38 @@ pub enum ProtocolError {
     Security(String),
 }
 
+/// What the JSON decoder said about a message, in one line of at most [`JsonError::MAX`] bytes.
+///
+/// The decoder's own message goes on to quote the input around the fault (a request's token,
+/// a node's facts): only its first line, the fault and its position, is kept, so that a hostile
+/// message can neither leak a secret into a log nor flood it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct JsonError(String);
+
+impl JsonError {
+    /// The longest message kept, in bytes.
+    pub const MAX: usize = 200;
+}
+
+impl From<&sonic_rs::Error> for JsonError {
+    fn from(e: &sonic_rs::Error) -> Self {
+        let full = e.to_string();
+        let line = full.lines().next().unwrap_or_default();
+        let mut end = line.len().min(Self::MAX);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        JsonError(line[..end].to_string())
+    }
+}
+
 impl ProtocolError {
-    fn json(layer: &'static str) -> impl FnOnce(serde_json::Error) -> Self {
-        move |source| ProtocolError::Json { layer, source }
+    fn json(layer: &'static str) -> impl FnOnce(sonic_rs::Error) -> Self {
+        move |e| ProtocolError::Json {
+            layer,
+            source: JsonError::from(&e),
+        }
     }
 
     fn schema(layer: &'static str, reason: impl Into<String>) -> Self {
@@ -467,7 +496,7 @@ fn to_json_sized<T: Serialize>(
     capacity: usize,
 ) -> Result<Vec<u8>, ProtocolError> {
     let mut out = Vec::with_capacity(capacity);
-    serde_json::to_writer(&mut out, v).map_err(ProtocolError::json(layer))?;
+    sonic_rs::to_writer(&mut out, v).map_err(ProtocolError::json(layer))?;
     Ok(out)
 }
 
@@ -491,7 +520,7 @@ fn transport_json<H: Serialize>(
     })?;
     let mut out = Vec::with_capacity(encoded + ENVELOPE_SLACK);
     out.extend_from_slice(b"{\"protocol\":");
-    serde_json::to_writer(&mut out, protocol).map_err(ProtocolError::json("transport"))?;
+    sonic_rs::to_writer(&mut out, protocol).map_err(ProtocolError::json("transport"))?;
     out.extend_from_slice(b",\"data\":\"");
     let start = out.len();
     out.resize(start + encoded, 0);
@@ -500,7 +529,7 @@ fn transport_json<H: Serialize>(
         .map_err(|e| ProtocolError::schema("transport", e.to_string()))?;
     out.truncate(start + written);
     out.extend_from_slice(b"\",\"headers\":");
-    serde_json::to_writer(&mut out, headers).map_err(ProtocolError::json("transport"))?;
+    sonic_rs::to_writer(&mut out, headers).map_err(ProtocolError::json("transport"))?;
     out.push(b'}');
     Ok(out)
 }
@@ -532,7 +561,7 @@ fn required<T>(layer: &'static str, field: &str, v: Option<T>) -> Result<T, Prot
 
 fn parse_transport(bytes: &[u8]) -> Result<(ProtocolVersion, Vec<u8>, HeadersIn), ProtocolError> {
     let t: TransportIn<'_> =
-        serde_json::from_slice(bytes).map_err(ProtocolError::json("transport"))?;
+        sonic_rs::from_slice(bytes).map_err(ProtocolError::json("transport"))?;
     let version = match t.protocol.as_str() {
         V1_TRANSPORT => ProtocolVersion::V1,
         V2_TRANSPORT => ProtocolVersion::V2,
@@ -715,7 +744,7 @@ pub struct Reply {
 pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
     let (version, data, headers) = parse_transport(bytes)?;
     let secure: SecureReplyIn<'_> =
-        serde_json::from_slice(&data).map_err(ProtocolError::json("secure reply"))?;
+        sonic_rs::from_slice(&data).map_err(ProtocolError::json("secure reply"))?;
     let protocol = secure.protocol.as_ref().map(Text::as_str);
     match version {
         ProtocolVersion::V1 => {
@@ -726,7 +755,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
                 return Err(ProtocolError::HashMismatch);
             }
             let r: V1ReplyIn<'_> =
-                serde_json::from_str(message.as_str()).map_err(ProtocolError::json("reply"))?;
+                sonic_rs::from_str(message.as_str()).map_err(ProtocolError::json("reply"))?;
             check_protocol("reply", Some(r.protocol.as_str()), V1_REPLY)?;
             Ok(Reply {
                 version,
@@ -747,7 +776,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ProtocolError> {
                 return Err(ProtocolError::HashMismatch);
             }
             let r: V2ReplyIn<'_> =
-                serde_json::from_slice(&reply).map_err(ProtocolError::json("reply"))?;
+                sonic_rs::from_slice(&reply).map_err(ProtocolError::json("reply"))?;
             check_protocol("reply", Some(r.protocol.as_str()), V2_REPLY)?;
             Ok(Reply {
                 version,
@@ -775,7 +804,7 @@ impl ServerRequest {
     pub fn parse(bytes: &[u8]) -> Result<Request, ProtocolError> {
         let (version, data, headers) = parse_transport(bytes)?;
         let secure: SecureIn =
-            serde_json::from_slice(&data).map_err(ProtocolError::json("secure request"))?;
+            sonic_rs::from_slice(&data).map_err(ProtocolError::json("secure request"))?;
         match version {
             ProtocolVersion::V1 => parse_v1_request(secure, headers),
             ProtocolVersion::V2 => parse_v2_request(secure, headers),
@@ -866,7 +895,7 @@ fn parse_v1_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request,
     let pubcert = non_empty_text(SL, "pubcert", secure.pubcert)?.into_string();
 
     const L: &str = "request";
-    let r: V1RequestIn<'_> = serde_json::from_str(&message).map_err(ProtocolError::json(L))?;
+    let r: V1RequestIn<'_> = sonic_rs::from_str(&message).map_err(ProtocolError::json(L))?;
     check_protocol(L, r.protocol.as_ref().map(Text::as_str), V1_REQUEST)?;
     let body = non_empty_text(L, "message", r.message)?;
     let payload = decode_payload(body.as_str().as_bytes())
@@ -928,7 +957,7 @@ fn parse_v2_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request,
     let caller_jwt = non_empty_text(SL, "caller", secure.caller)?.into_string();
 
     const L: &str = "request";
-    let r: V2RequestIn<'_> = serde_json::from_slice(&request).map_err(ProtocolError::json(L))?;
+    let r: V2RequestIn<'_> = sonic_rs::from_slice(&request).map_err(ProtocolError::json(L))?;
     check_protocol(L, r.protocol.as_ref().map(Text::as_str), V2_REQUEST)?;
     let body = b64_decode(L, required(L, "message", r.message)?.as_str())?;
     let id = non_empty(L, "id", r.id)?;

@@ -370,6 +370,40 @@ fn transport_garbage_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn json_errors_are_one_bounded_line_without_the_input() {
+    let secret = "tok-5ecr3t-".repeat(40);
+    let long = "y".repeat(100_000);
+    for bytes in [
+        // A syntax error beside a secret: the decoder would quote the input around it.
+        format!(r#"{{"protocol":"choria:transport:1","token":"{secret}" "data":""}}"#),
+        // A wrong type carrying a huge value, and trailing garbage after a whole document.
+        format!(r#"{{"protocol":{{"x":"{secret}"}},"data":"{long}"}}"#),
+        format!(r#"{{"protocol":"choria:transport:1","data":""}} {secret}"#),
+        // Invalid UTF-8 and a control character inside strings.
+        format!("{{\"protocol\":\"\u{1}{secret}\",\"data\":\"\"}}"),
+    ] {
+        for e in [
+            ServerRequest::parse(bytes.as_bytes()).unwrap_err(),
+            parse_reply(bytes.as_bytes()).unwrap_err(),
+        ] {
+            let text = e.to_string();
+            assert!(matches!(e, ProtocolError::Json { .. }), "{text}");
+            assert!(!text.contains('\n'), "one line: {text}");
+            assert!(!text.contains("5ecr3t"), "the input is not quoted: {text}");
+            assert!(text.len() <= JsonError::MAX + 40, "{} bytes", text.len());
+        }
+    }
+    let mut bad_utf8 = br#"{"protocol":""#.to_vec();
+    bad_utf8.extend_from_slice(b"\xff\xfe");
+    bad_utf8.extend_from_slice(br#"","data":""}"#);
+    let e = ServerRequest::parse(&bad_utf8).unwrap_err().to_string();
+    assert!(
+        e.starts_with("invalid transport json: ") && !e.contains('\n'),
+        "{e}"
+    );
+}
+
+#[test]
 fn reply_with_a_wrong_hash_is_rejected() {
     let secure = json!({
         "protocol": V1_SECURE_REPLY,
