@@ -481,9 +481,14 @@ impl Node {
                 ),
             }
         };
-        let code = serde_json::from_slice::<Value>(&body)
+        // Only the status code is read back from the reply (the rest is skipped, not built).
+        #[derive(serde::Deserialize)]
+        struct Status {
+            statuscode: Option<u64>,
+        }
+        let code = sonic_rs::from_slice::<Status>(&body)
             .ok()
-            .and_then(|v| v.get("statuscode").and_then(|c| c.as_u64()))
+            .and_then(|s| s.statuscode)
             .and_then(|c| u8::try_from(c).ok());
         self.record(action, code);
         // An empty body means the server died before replying.

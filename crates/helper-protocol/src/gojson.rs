@@ -28,21 +28,34 @@ impl Formatter for GoFormatter {
         writer: &mut W,
         fragment: &str,
     ) -> io::Result<()> {
-        let mut start = 0;
-        for (i, c) in fragment.char_indices() {
-            let esc = match c {
-                '<' => "\\u003c",
-                '>' => "\\u003e",
-                '&' => "\\u0026",
-                '\u{2028}' => "\\u2028",
-                '\u{2029}' => "\\u2029",
-                _ => continue,
+        // Scanned as bytes: `<`, `>`, `&`, and 0xE2, the first byte of U+2028 and U+2029 (and
+        // of other characters, which are written as they are).
+        let bytes = fragment.as_bytes();
+        let (mut start, mut from) = (0, 0);
+        while let Some(off) = bytes[from..]
+            .iter()
+            .position(|b| matches!(b, b'<' | b'>' | b'&' | 0xE2))
+        {
+            let at = from + off;
+            let (esc, len) = match bytes[at] {
+                b'<' => ("\\u003c", 1),
+                b'>' => ("\\u003e", 1),
+                b'&' => ("\\u0026", 1),
+                _ => match bytes.get(at + 1..at + 3) {
+                    Some([0x80, 0xA8]) => ("\\u2028", 3),
+                    Some([0x80, 0xA9]) => ("\\u2029", 3),
+                    _ => {
+                        from = at + 1;
+                        continue;
+                    }
+                },
             };
-            writer.write_all(&fragment.as_bytes()[start..i])?;
+            writer.write_all(&bytes[start..at])?;
             writer.write_all(esc.as_bytes())?;
-            start = i + c.len_utf8();
+            start = at + len;
+            from = start;
         }
-        writer.write_all(&fragment.as_bytes()[start..])
+        writer.write_all(&bytes[start..])
     }
 }
 
@@ -373,6 +386,45 @@ mod tests {
                 ("a".into(), Tree::String("x".into())),
             ])
         );
+    }
+
+    #[test]
+    fn go_escapes_only_its_five_characters_among_their_neighbours() {
+        // The characters Go escapes, beside others that share their first UTF-8 byte (0xE2),
+        // at the ends of strings and next to each other.
+        let alphabet = [
+            "<", ">", "&", "\u{2028}", "\u{2029}", "\u{2027}", "\u{202a}", "€", "\u{2000}", "a",
+            "é", "😀", "\"", "\\", "\n",
+        ];
+        let escaped = |c: &str| match c {
+            "<" => "\\u003c".to_string(),
+            ">" => "\\u003e".to_string(),
+            "&" => "\\u0026".to_string(),
+            "\u{2028}" => "\\u2028".to_string(),
+            "\u{2029}" => "\\u2029".to_string(),
+            other => {
+                let json = serde_json::to_string(other).unwrap();
+                json[1..json.len() - 1].to_string()
+            }
+        };
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for len in 0..400 {
+            let picks: Vec<&str> = (0..len % 13)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    alphabet[(seed % alphabet.len() as u64) as usize]
+                })
+                .collect();
+            let text: String = picks.concat();
+            let want: String = picks.iter().map(|c| escaped(c)).collect();
+            assert_eq!(
+                to_go_json_string(&text).unwrap(),
+                format!("\"{want}\""),
+                "{text:?}"
+            );
+        }
     }
 
     #[test]
