@@ -20,7 +20,7 @@ pub fn start_nats_with(dir: &Path, extra: &str) -> Result<(NatsServer, String)> 
     crate::tools::ensure_nats_server()?;
     // Simulator reports and large fleets need big messages.
     let conf = format!("max_payload: 4MB\n{extra}");
-    let nats = NatsServer::start_in_free_port(dir, |_| conf.clone(), true)?;
+    let nats = NatsServer::start_in_free_port(dir, &conf, true)?;
     let url = nats.url();
     Ok((nats, url))
 }

@@ -86,7 +86,7 @@ impl Default for Setup<'_> {
 pub fn setup(env: &Env, name: &str, s: Setup<'_>) -> Result<Run> {
     let dir = env.base.join(name);
     std::fs::create_dir_all(&dir)?;
-    let nats = NatsServer::start_in_free_port(&dir, |_| NATS_EXTRA.into(), true)?;
+    let nats = NatsServer::start_in_free_port(&dir, NATS_EXTRA, true)?;
     let nats_port = nats.port();
     let url = format!("nats://127.0.0.1:{nats_port}");
     let helper = s

@@ -9,7 +9,7 @@
 //! TLS with a client certificate from the operator, whose `main.cfg` uses the file security
 //! provider with a certificate from the scenario's CA (as bin/choria-provisioner/tests/rotation.rs).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,11 +34,9 @@ const LIFETIME_SECS: u64 = 9;
 const RATE: &str = "30000/min";
 const IN_FLIGHT: &str = "300";
 
-/// The broker's TLS block and the operator's main collective configuration (without the
-/// broker's address, added once it is known).
-/// The broker's TLS settings, and a writer of the operator's client configuration for the
-/// broker's port (known once the broker has started).
-fn operator_files(dir: &Path) -> Result<(String, impl Fn(u16) -> Result<PathBuf>)> {
+/// The broker's TLS block and the operator's main collective configuration without the
+/// broker's address (added once the broker has started on its port).
+fn operator_files(dir: &Path) -> Result<(String, String)> {
     let ca_dir = dir.join("ca");
     std::fs::create_dir_all(&ca_dir)?;
     let ca = TestCa::new(&ca_dir)?;
@@ -50,23 +48,15 @@ fn operator_files(dir: &Path) -> Result<(String, impl Fn(u16) -> Result<PathBuf>
         broker.key.display(),
         ca.cert.display()
     );
-    let main = dir.join("main.cfg");
-    let write_main = move |port: u16| -> Result<PathBuf> {
-        std::fs::write(
-        &main,
-        format!(
-            "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
-             plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-             plugin.security.file.key = {}\nplugin.security.file.ca = {}\n\
-             plugin.choria.middleware_hosts = 127.0.0.1:{port}\n",
-            operator.cert.display(),
-            operator.key.display(),
-            ca.cert.display()
-        ),
-    )?;
-        Ok(main.clone())
-    };
-    Ok((tls, write_main))
+    let main = format!(
+        "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
+         plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+         plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+        operator.cert.display(),
+        operator.key.display(),
+        ca.cert.display()
+    );
+    Ok((tls, main))
 }
 
 /// `choria-provisioner rotate ARGS` against `replica`'s files as the operator of `main`.
@@ -147,10 +137,14 @@ fn count_before(line: &str, label: &str) -> Option<u64> {
 pub fn rotation_kills(env: &Env, name: &str) -> Result<String> {
     let dir = env.base.join(name);
     std::fs::create_dir_all(&dir)?;
-    let (tls, write_main) = operator_files(&dir)?;
-    let nats = NatsServer::start_in_free_port(&dir, |_| tls.clone(), true)?;
+    let (tls, main_cfg) = operator_files(&dir)?;
+    let nats = NatsServer::start_in_free_port(&dir, &tls, true)?;
     let port = nats.port();
-    let main = write_main(port)?;
+    let main = dir.join("main.cfg");
+    std::fs::write(
+        &main,
+        format!("{main_cfg}plugin.choria.middleware_hosts = 127.0.0.1:{port}\n"),
+    )?;
     let url = format!("nats://127.0.0.1:{port}");
     let files = write_run_files(&dir, &env.bins)?;
     // The demo helper as a webhook: no process per node.

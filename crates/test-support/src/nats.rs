@@ -116,42 +116,36 @@ impl NatsServer {
     /// # Panics
     /// When the server cannot be started.
     pub fn start_with_config(extra: &str) -> Self {
-        let once = || {
-            tempfile::tempdir()
-                .ctx(|| "creating a temporary directory".into())
-                .and_then(|tmp| {
-                    let mut s = Self::start_in(tmp.path(), free_port(), extra, false)?;
-                    s._tmp = Some(tmp);
-                    Ok(s)
-                })
-        };
-        // The port is free when chosen and taken only when the server starts: a server that
-        // exits at start (another process took it) is tried again on a fresh port.
-        let mut started = once();
-        for _ in 0..2 {
-            match &started {
-                Err(Error::Failed(e)) if e.contains("exited early") => started = once(),
-                _ => break,
-            }
-        }
-        started.unwrap_or_else(|e| panic!("{e}"))
+        tempfile::tempdir()
+            .ctx(|| "creating a temporary directory".into())
+            .and_then(|tmp| {
+                let mut s = Self::start_in_free_port(tmp.path(), extra, false)?;
+                s._tmp = Some(tmp);
+                Ok(s)
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// As [`NatsServer::start_in`] on a free port, with `extra` made for that port.
+    /// As [`NatsServer::start_in`] on a free port.
     ///
     /// The port is free when chosen and taken only when the server starts, so a process
     /// starting beside it (another scenario, an outgoing connection) may take it first: a server
     /// that exits at start is tried again on a fresh port, three times in all (the exits are
     /// kept in its log when `log` is set).
-    pub fn start_in_free_port(
+    pub fn start_in_free_port(dir: &Path, extra: &str, log: bool) -> Result<Self> {
+        Self::start_in_free_port_with(dir, extra, log, free_port)
+    }
+
+    /// [`NatsServer::start_in_free_port`] with the ports drawn from `pick`.
+    fn start_in_free_port_with(
         dir: &Path,
-        extra: impl Fn(u16) -> String,
+        extra: &str,
         log: bool,
+        mut pick: impl FnMut() -> u16,
     ) -> Result<Self> {
         let mut last = None;
         for _ in 0..3 {
-            let port = free_port();
-            match Self::start_in(dir, port, &extra(port), log) {
+            match Self::start_in(dir, pick(), extra, log) {
                 Err(Error::Failed(e)) if e.contains("exited early") => {
                     eprintln!("test-support: {e}; starting it again on a fresh port");
                     last = Some(e)
@@ -662,5 +656,42 @@ impl LeafNats {
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_whose_port_is_taken_at_start_moves_to_a_fresh_one() {
+        let dir = tempfile::tempdir().unwrap();
+        // The first port drawn is taken by another listener before the server binds it.
+        let mut taken = Vec::new();
+        let nats = NatsServer::start_in_free_port_with(dir.path(), "", true, || {
+            let port = free_port();
+            if taken.is_empty() {
+                taken.push((
+                    port,
+                    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
+                ));
+            }
+            port
+        })
+        .unwrap();
+        let first = taken[0].0;
+        assert_ne!(nats.port(), first);
+        // The server answers on its port with its INFO line.
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut info = String::new();
+        BufReader::new(&mut s).read_line(&mut info).unwrap();
+        assert!(info.starts_with("INFO "), "{info}");
+        let log = std::fs::read_to_string(dir.path().join("nats-server.log")).unwrap();
+        assert!(
+            log.contains(&format!("{first}")),
+            "the failed start is in the log: {log}"
+        );
     }
 }

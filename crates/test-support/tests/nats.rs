@@ -1,5 +1,5 @@
-//! The harness's brokers are real: a single server restarts on its port with its store, moves
-//! to a fresh port when its first is taken, and the three-server cluster forms and holds a KV bucket with three replicas.
+//! The harness's brokers are real: a single server restarts on its port with its store, and the
+//! three-server cluster forms and holds a KV bucket with three replicas.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -29,37 +29,6 @@ async fn a_server_in_a_directory_stops_gracefully_and_starts_again_with_its_log(
     assert_eq!(nc.server_info().max_payload, 4 * 1024 * 1024);
     let log = std::fs::read_to_string(dir.path().join("nats-server.log")).unwrap();
     assert_eq!(log.matches("Server is ready").count(), 2, "{log}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_whose_port_is_taken_at_start_moves_to_a_fresh_one() {
-    let dir = tempfile::tempdir().unwrap();
-    // The first port chosen is taken by another listener before the server binds it.
-    let taken = std::sync::Mutex::new(Vec::new());
-    let nats = NatsServer::start_in_free_port(
-        dir.path(),
-        |port| {
-            let mut t = taken.lock().unwrap();
-            if t.is_empty() {
-                t.push((
-                    port,
-                    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
-                ));
-            }
-            String::new()
-        },
-        true,
-    )
-    .unwrap();
-    let first = taken.lock().unwrap()[0].0;
-    assert_ne!(nats.port(), first);
-    let nc = async_nats::connect(nats.url()).await.unwrap();
-    nc.flush().await.unwrap();
-    let log = std::fs::read_to_string(dir.path().join("nats-server.log")).unwrap();
-    assert!(
-        log.contains(&format!("{first}")),
-        "the failed start is in the log: {log}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,8 @@ pub(super) enum GoKind {
 
 /// Request data decoded the way Go's `encoding/json` fills a struct: keys matched exactly,
 /// else case-insensitively; unknown keys ignored; `null` leaves the zero value; a type
-/// mismatch is an error worded like Go's. The values are borrowed from the request's data, which outlives the action.
+/// mismatch is an error worded like Go's. The values are borrowed from the request's data,
+/// which outlives the action.
 pub(super) struct GoData<'a> {
     values: Vec<Option<&'a Value>>,
 }
