@@ -14,6 +14,13 @@ use choria_crypto::jwt;
 use crate::harness::{ensure_refused, setup, Env, NodeReport, Run, Setup};
 use crate::jwt_faults::signer;
 
+/// The provisioner looks at its key files at most every 0.1 s
+/// (`helper_protocol::changed_file::RECHECK`): a file replaced is used from the first node
+/// after that, so a fleet started at once could still meet the last look's content.
+fn wait_out_recheck() {
+    std::thread::sleep(Duration::from_millis(250));
+}
+
 pub fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::in_mode(Mode::Ed25519))?;
     let p = run.start_provisioner("provisioner")?;
@@ -81,6 +88,7 @@ pub fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
     let prov_signer = run.dir.join("provisioning-signer.seed");
     std::fs::copy(&run.files.signer_seed, &prov_signer)?;
     std::fs::copy(newdir.join("signer.seed"), &run.files.signer_seed)?;
+    wait_out_recheck();
     let flags = vec![
         "--issuer-public".to_string(),
         new_pub,
@@ -258,6 +266,7 @@ pub fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     make_chain_issuer(&run, &org_seed, &next, "chaintwo")?;
     std::fs::copy(next.join("signer.seed"), chain.join("signer.seed"))?;
     std::fs::copy(next.join("provisioner.jwt"), &token)?;
+    wait_out_recheck();
     let sim = run.start_sim("rotated", "b", nodes, &[])?;
     let t2 = run.wait_metric(
         p,

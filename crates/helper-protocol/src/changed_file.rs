@@ -1,11 +1,17 @@
-//! A small file (a key, a token, a webhook secret) read again only when it changed: one `stat`
-//! per use instead of opening and reading it, so a file rotated by a rename or rewritten in
-//! place takes effect at the next use without a restart.
+//! A small file (a key, a token, a webhook secret) read again only when it changed: at most one
+//! `stat` every [`RECHECK`] instead of opening and reading it for every use, so a file rotated by
+//! a rename or rewritten in place takes effect within [`RECHECK`] without a restart.
 
 use std::io::Read as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a file's last look stands before the next use looks again: a rotated file is used
+/// at most this long after it changed. At thousands of uses a second a `stat` per use was a
+/// measurable part of a node's cycle; once in a tenth of a second is not.
+pub const RECHECK: Duration = Duration::from_millis(100);
 
 /// What identifies one version of a file without reading it: device and inode (a file replaced
 /// by a rename), size, and modification and change times to the nanosecond (a file rewritten in
@@ -25,12 +31,22 @@ pub fn file_stamp(m: &std::fs::Metadata) -> FileStamp {
     )
 }
 
-/// A file and what was last made of its content, kept until its [`FileStamp`] changes. Its
-/// `Debug` shows the path only: the content may be a secret.
+/// A file and what was last made of its content, kept until its [`FileStamp`] changes, and
+/// served without looking at the file for [`RECHECK`] after the last look. Its `Debug` shows the
+/// path only: the content may be a secret.
 pub struct ChangedFile<T> {
     path: PathBuf,
     max_len: u64,
-    last: Mutex<Option<(FileStamp, T)>>,
+    recheck: Duration,
+    last: Mutex<Option<Last<T>>>,
+}
+
+/// The last successful load: the stamp it was made from, what was made of it, and when the file
+/// was last found to still have that stamp.
+struct Last<T> {
+    stamp: FileStamp,
+    value: T,
+    looked: Instant,
 }
 
 impl<T> std::fmt::Debug for ChangedFile<T> {
@@ -38,16 +54,24 @@ impl<T> std::fmt::Debug for ChangedFile<T> {
         f.debug_struct("ChangedFile")
             .field("path", &self.path)
             .field("max_len", &self.max_len)
+            .field("recheck", &self.recheck)
             .finish_non_exhaustive()
     }
 }
 
 impl<T: Clone> ChangedFile<T> {
-    /// `path`, of which at most `max_len` bytes are read; a longer file is an error.
+    /// `path`, of which at most `max_len` bytes are read; a longer file is an error. Looked at
+    /// again at most every [`RECHECK`].
     pub fn new(path: impl Into<PathBuf>, max_len: u64) -> Self {
+        Self::with_recheck(path, max_len, RECHECK)
+    }
+
+    /// As [`ChangedFile::new`], looked at again at most every `recheck` (zero: at every use).
+    pub fn with_recheck(path: impl Into<PathBuf>, max_len: u64, recheck: Duration) -> Self {
         ChangedFile {
             path: path.into(),
             max_len,
+            recheck,
             last: Mutex::new(None),
         }
     }
@@ -58,18 +82,28 @@ impl<T: Clone> ChangedFile<T> {
     }
 
     /// What `load` made of the file's bytes, loaded again only when the file changed since the
-    /// last successful load. A failed `stat`, open or read, or a file longer than the limit,
-    /// is `io` of the error (never cached: the next use looks again).
+    /// last successful load; within `recheck` of the last look, the last load without looking.
+    /// A failed `stat`, open or read, or a file longer than the limit, is `io` of the error
+    /// (never cached: the next use looks again).
     pub fn get<E>(
         &self,
         load: impl FnOnce(Vec<u8>) -> Result<T, E>,
         io: impl Fn(std::io::Error) -> E,
     ) -> Result<T, E> {
-        let stamp = file_stamp(&std::fs::metadata(&self.path).map_err(&io)?);
         if let Ok(last) = self.last.lock() {
-            if let Some((s, value)) = last.as_ref() {
-                if *s == stamp {
-                    return Ok(value.clone());
+            if let Some(l) = last.as_ref() {
+                if l.looked.elapsed() < self.recheck {
+                    return Ok(l.value.clone());
+                }
+            }
+        }
+        let looked = Instant::now();
+        let stamp = file_stamp(&std::fs::metadata(&self.path).map_err(&io)?);
+        if let Ok(mut last) = self.last.lock() {
+            if let Some(l) = last.as_mut() {
+                if l.stamp == stamp {
+                    l.looked = looked;
+                    return Ok(l.value.clone());
                 }
             }
         }
@@ -89,7 +123,11 @@ impl<T: Clone> ChangedFile<T> {
         }
         let value = load(data)?;
         if let Ok(mut last) = self.last.lock() {
-            *last = Some((stamp, value.clone()));
+            *last = Some(Last {
+                stamp,
+                value: value.clone(),
+                looked,
+            });
         }
         Ok(value)
     }
@@ -106,7 +144,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");
         std::fs::write(&path, "one").unwrap();
-        let file = ChangedFile::<String>::new(&path, 16);
+        let file = ChangedFile::<String>::with_recheck(&path, 16, Duration::ZERO);
         let loads = Cell::new(0);
         let get = || {
             file.get(
@@ -136,7 +174,7 @@ mod tests {
     fn a_missing_or_oversized_file_is_an_error_every_time() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");
-        let file = ChangedFile::<Vec<u8>>::new(&path, 4);
+        let file = ChangedFile::<Vec<u8>>::with_recheck(&path, 4, Duration::ZERO);
         let get = || file.get(Ok::<_, std::io::Error>, |e| e);
         assert_eq!(get().unwrap_err().kind(), std::io::ErrorKind::NotFound);
         std::fs::write(&path, "12345").unwrap();
@@ -148,6 +186,40 @@ mod tests {
         assert!(
             get().is_err(),
             "a removed file is not served from the cache"
+        );
+    }
+
+    #[test]
+    fn a_file_is_trusted_for_the_recheck_window_and_looked_at_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, "one").unwrap();
+        let loads = Cell::new(0);
+        let text = |b: Vec<u8>| {
+            loads.set(loads.get() + 1);
+            Ok::<_, std::io::Error>(String::from_utf8_lossy(&b).into_owned())
+        };
+        // A window no test run outlasts: the change is not seen, nor the removal.
+        let long = ChangedFile::<String>::with_recheck(&path, 16, Duration::from_secs(3600));
+        assert_eq!(long.get(text, |e| e).unwrap(), "one");
+        std::fs::write(&path, "two!").unwrap();
+        assert_eq!(long.get(text, |e| e).unwrap(), "one");
+        // A short one: the change is seen once the window has passed.
+        let short = ChangedFile::<String>::with_recheck(&path, 16, Duration::from_millis(30));
+        assert_eq!(short.get(text, |e| e).unwrap(), "two!");
+        std::fs::write(&path, "three").unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(short.get(text, |e| e).unwrap(), "three");
+        // A look that finds the file unchanged serves what was loaded, without loading it.
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(short.get(text, |e| e).unwrap(), "three");
+        assert_eq!(loads.get(), 3);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(long.get(text, |e| e).unwrap(), "one");
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(
+            short.get(text, |e| e).is_err(),
+            "a removed file is an error after the window"
         );
     }
 }

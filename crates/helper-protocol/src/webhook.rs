@@ -454,7 +454,12 @@ impl WebhookClient {
     /// The headers of one request over `body`: content type, request id, timestamp and, with a
     /// secret, both signatures; with the id and the secret its reply is checked against.
     fn request(&self, method: reqwest::Method, body: &[u8]) -> Result<Prepared, HelperError> {
-        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        // A version 4 UUID from the thread's CSPRNG (reseeded from the system): the same ids as
+        // `Uuid::new_v4`, without a `getrandom` call for every request.
+        let request_id = uuid::Builder::from_random_bytes(rand::random())
+            .into_uuid()
+            .simple()
+            .to_string();
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -344,6 +344,10 @@ async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
     assert!(id
         .bytes()
         .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    // A random (version 4, RFC 4122 variant) UUID.
+    let parsed = uuid::Uuid::parse_str(id).unwrap();
+    assert_eq!(parsed.get_version(), Some(uuid::Version::Random));
+    assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
     let ts: u64 = got.header(TIMESTAMP_HEADER).unwrap().parse().unwrap();
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -402,6 +406,8 @@ async fn a_rotated_secret_is_used_without_a_new_client() {
     .unwrap();
     client.run(&input()).await.unwrap();
     std::fs::write(&secret_file, "second-secret\r\n").unwrap();
+    // A rotated file is looked at again once the last look is older than the window.
+    tokio::time::sleep(helper_protocol::changed_file::RECHECK).await;
     client.run(&input()).await.unwrap();
     let reqs = seen.requests.lock().unwrap().clone();
     for (req, secret) in reqs.iter().zip(["first-secret", "second-secret"]) {
@@ -419,6 +425,7 @@ async fn a_rotated_secret_is_used_without_a_new_client() {
     }
     // An empty secret file fails the request before anything is sent, naming the file only.
     std::fs::write(&secret_file, "\n").unwrap();
+    tokio::time::sleep(helper_protocol::changed_file::RECHECK).await;
     let e = client.run(&input()).await.unwrap_err();
     assert_eq!(e.kind(), HelperErrorKind::Setup, "{e}");
     assert!(e.to_string().contains("is empty"), "{e}");

@@ -4,14 +4,16 @@
 //! `jwt_verify_cert` is a file when a file by that name exists (RSA PEM or hex ed25519), else
 //! itself a hex ed25519 public key, as the Go provisioner decides. Its parsed key is kept and
 //! parsed again only when the file changes (the same stamp as below). `jwt_signing_key` and
-//! `jwt_signing_token` are looked at for every server JWT: their content is read again whenever
-//! the file's inode, size, modification or change time differ from the last read, so a key
-//! replaced by a rename or rewritten in place takes effect at the next node, without reading
-//! both files for every node.
+//! `jwt_signing_token` are read again whenever the file's inode, size, modification or change
+//! time differ from the last read. All three are looked at (one `stat`) at most every
+//! [`RECHECK`], so a key replaced by a rename or rewritten in place takes effect within a tenth
+//! of a second, without reading the files, or even looking at them, for every node.
 
 use std::sync::{Arc, Mutex};
 
-use helper_protocol::changed_file::{file_stamp, ChangedFile, FileStamp};
+use std::time::Instant;
+
+use helper_protocol::changed_file::{file_stamp, ChangedFile, FileStamp, RECHECK};
 
 use provision_core::jwt::VerifyingKey;
 use provision_core::policy::{self, PolicyError};
@@ -26,7 +28,8 @@ type KeyStamp = Option<FileStamp>;
 /// Key material from the files of a provisioner configuration.
 pub struct FileKeys {
     config: Arc<Config>,
-    verify_key_cache: Mutex<Option<(KeyStamp, VerifyingKey)>>,
+    /// The verification key, the stamp it was parsed from, and when that stamp was last seen.
+    verify_key_cache: Mutex<Option<(KeyStamp, VerifyingKey, Instant)>>,
     signing_key: TextFile,
     signing_token: TextFile,
 }
@@ -94,13 +97,22 @@ fn read_verify_cert(verify_cert: &str) -> Result<Option<Vec<u8>>, PolicyError> {
 
 impl KeyMaterial for FileKeys {
     /// The provisioning JWT verification key, parsed once and parsed again only when the file
-    /// named by `jwt_verify_cert` changes.
+    /// named by `jwt_verify_cert` changes, looked at at most every [`RECHECK`].
     fn verify_key(&self) -> Result<VerifyingKey, PolicyError> {
-        let name = &self.config.jwt_verify_cert;
-        let stamp = std::fs::metadata(name).ok().map(|m| file_stamp(&m));
         if let Ok(cache) = self.verify_key_cache.lock() {
-            if let Some((s, k)) = cache.as_ref() {
+            if let Some((_, k, looked)) = cache.as_ref() {
+                if looked.elapsed() < RECHECK {
+                    return Ok(k.clone());
+                }
+            }
+        }
+        let name = &self.config.jwt_verify_cert;
+        let looked = Instant::now();
+        let stamp = std::fs::metadata(name).ok().map(|m| file_stamp(&m));
+        if let Ok(mut cache) = self.verify_key_cache.lock() {
+            if let Some((s, k, seen)) = cache.as_mut() {
                 if *s == stamp {
+                    *seen = looked;
                     return Ok(k.clone());
                 }
             }
@@ -108,7 +120,7 @@ impl KeyMaterial for FileKeys {
         let data = read_verify_cert(name)?;
         let key = policy::verify_key(name, data.as_deref())?;
         if let Ok(mut cache) = self.verify_key_cache.lock() {
-            *cache = Some((stamp, key.clone()));
+            *cache = Some((stamp, key.clone(), looked));
         }
         Ok(key)
     }
@@ -161,9 +173,19 @@ mod tests {
         // Unchanged file: the cached key.
         assert_eq!(ed25519(keys.verify_key().unwrap()), first);
         // Rotated (a different size, so the change is seen within the file system's timestamp
-        // granularity).
+        // granularity): seen once the last look is older than the recheck window.
         std::fs::write(&file, format!("{}\n", hex_key(1))).unwrap();
+        std::thread::sleep(RECHECK);
         assert_eq!(hex::encode(ed25519(keys.verify_key().unwrap())), hex_key(1));
+        // Damaged: refused from the next look on, the file named; nothing of it is cached.
+        std::fs::write(&file, "not a key").unwrap();
+        std::thread::sleep(RECHECK);
+        assert!(keys.verify_key().is_err());
+        std::fs::write(&file, hex_key(42)).unwrap();
+        assert_eq!(
+            hex::encode(ed25519(keys.verify_key().unwrap())),
+            hex_key(42)
+        );
     }
 
     #[test]
@@ -186,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn signing_key_and_token_changes_are_seen_at_the_next_call() {
+    fn signing_key_and_token_changes_are_seen_once_the_recheck_window_passes() {
         let dir = tempfile::tempdir().unwrap();
         let seed = dir.path().join("signer.seed");
         let token = dir.path().join("signer.jwt");
@@ -213,6 +235,9 @@ mod tests {
         };
         rewrite(&seed, "two", 1_000_000);
         rewrite(&token, "t2", 1_000_000);
+        // Within the window of the last look the files are not looked at.
+        assert_eq!(keys.signing_key().unwrap(), "one");
+        std::thread::sleep(RECHECK);
         assert_eq!(keys.signing_key().unwrap(), "two");
         assert_eq!(keys.signing_token().unwrap(), "t2");
         // Unchanged: the same content again.
@@ -221,8 +246,10 @@ mod tests {
         let new = dir.path().join("signer.seed.new");
         std::fs::write(&new, "six").unwrap();
         std::fs::rename(&new, &seed).unwrap();
+        std::thread::sleep(RECHECK);
         assert_eq!(keys.signing_key().unwrap(), "six");
         std::fs::remove_file(&seed).unwrap();
+        std::thread::sleep(RECHECK);
         assert!(matches!(
             keys.signing_key(),
             Err(PolicyError::File { path, .. }) if path == seed.to_string_lossy()
