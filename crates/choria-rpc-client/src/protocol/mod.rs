@@ -7,13 +7,12 @@
 //! replies ([`build_reply`]). Signatures and hashes are always computed over the exact bytes that
 //! get embedded, never over a re-serialisation.
 
+mod b64;
 pub mod filter;
 pub mod security;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
 use bytes::Bytes;
 use md5::{Digest as _, Md5};
 use serde::{Deserialize, Serialize};
@@ -287,11 +286,7 @@ struct SecureReplyIn<'a> {
 
 /// Whether `hash` is the standard base64 of the SHA-256 digest of `data`, without allocating.
 fn hash_matches(data: &[u8], hash: &str) -> bool {
-    let mut encoded = [0u8; 44];
-    matches!(
-        B64.encode_slice(Sha256::digest(data), &mut encoded),
-        Ok(44) if encoded.as_slice() == hash.as_bytes()
-    )
+    b64::is_encoding_of(&Sha256::digest(data), hash.as_bytes())
 }
 
 #[derive(Deserialize, Default)]
@@ -484,8 +479,7 @@ struct V2ReplyIn<'a> {
 }
 
 fn b64_decode(layer: &'static str, s: &str) -> Result<Vec<u8>, ProtocolError> {
-    B64.decode(s.as_bytes())
-        .map_err(|_| ProtocolError::Base64 { layer })
+    b64::decode(s.as_bytes()).ok_or(ProtocolError::Base64 { layer })
 }
 
 /// `v` as JSON, in a buffer made `capacity` bytes large at once: the envelopes' sizes are
@@ -512,7 +506,7 @@ fn transport_json<H: Serialize>(
     secure: &[u8],
     headers: &H,
 ) -> Result<Vec<u8>, ProtocolError> {
-    let encoded = base64::encoded_len(secure.len(), true).ok_or_else(|| {
+    let encoded = b64::encoded_len(secure.len()).ok_or_else(|| {
         ProtocolError::schema(
             "transport",
             "secure request too large to encode".to_string(),
@@ -522,12 +516,7 @@ fn transport_json<H: Serialize>(
     out.extend_from_slice(b"{\"protocol\":");
     sonic_rs::to_writer(&mut out, protocol).map_err(ProtocolError::json("transport"))?;
     out.extend_from_slice(b",\"data\":\"");
-    let start = out.len();
-    out.resize(start + encoded, 0);
-    let written = B64
-        .encode_slice(secure, &mut out[start..])
-        .map_err(|e| ProtocolError::schema("transport", e.to_string()))?;
-    out.truncate(start + written);
+    b64::encode_into(secure, &mut out);
     out.extend_from_slice(b"\",\"headers\":");
     sonic_rs::to_writer(&mut out, headers).map_err(ProtocolError::json("transport"))?;
     out.push(b'}');
@@ -675,7 +664,7 @@ pub fn encode_request(
             Ok(Bytes::from(t))
         }
         ProtocolVersion::V2 => {
-            let message = B64.encode(req.payload);
+            let message = b64::encode(req.payload);
             let request = to_json_sized(
                 "request",
                 &V2RequestOut {
@@ -693,8 +682,8 @@ pub fn encode_request(
                 message.len() + ENVELOPE_SLACK,
             )?;
             let (signature, jwt) = security.sign_v2(&request)?;
-            let request_b64 = B64.encode(&request);
-            let signature_b64 = B64.encode(signature);
+            let request_b64 = b64::encode(&request);
+            let signature_b64 = b64::encode(&signature);
             let secure = to_json_sized(
                 "secure request",
                 &V2SecureRequestOut {
@@ -877,10 +866,10 @@ impl Request {
 /// go-choria's payload step: the base64 decoding of a message if it is valid standard base64
 /// and not empty; `None` when the message is to be used as it is.
 fn decode_payload(message: &[u8]) -> Option<Vec<u8>> {
-    match B64.decode(message) {
-        Ok(decoded) if !message.is_empty() => Some(decoded),
-        _ => None,
+    if message.is_empty() {
+        return None;
     }
+    b64::decode(message)
 }
 
 fn parse_v1_request(secure: SecureIn<'_>, headers: HeadersIn) -> Result<Request, ProtocolError> {
@@ -1058,7 +1047,7 @@ pub fn build_reply_raw(
                 // The body is escaped: a JSON body grows by its quotes' backslashes.
                 message.len() + message.len() / 4 + ENVELOPE_SLACK,
             )?;
-            let hash = B64.encode(Sha256::digest(&reply));
+            let hash = b64::encode(&Sha256::digest(&reply));
             let reply_str =
                 std::str::from_utf8(&reply).map_err(|_| ProtocolError::Utf8 { layer: "reply" })?;
             let secure = to_json_sized(
@@ -1080,7 +1069,7 @@ pub fn build_reply_raw(
             )?))
         }
         ProtocolVersion::V2 => {
-            let message = B64.encode(body);
+            let message = b64::encode(body);
             let reply = to_json_sized(
                 "reply",
                 &V2ReplyOut {
@@ -1093,8 +1082,8 @@ pub fn build_reply_raw(
                 },
                 message.len() + ENVELOPE_SLACK,
             )?;
-            let hash = B64.encode(Sha256::digest(&reply));
-            let reply_b64 = B64.encode(&reply);
+            let hash = b64::encode(&Sha256::digest(&reply));
+            let reply_b64 = b64::encode(&reply);
             let secure = to_json_sized(
                 "secure reply",
                 &V2SecureReplyOut {

@@ -10,8 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
+use super::b64;
 use ed25519_dalek::{Signer as _, Verifier as _};
 use rsa::pkcs8::DecodePublicKey as _;
 use rsa::signature::SignatureEncoding as _;
@@ -197,7 +196,7 @@ impl Security {
             // go-choria never signs requests to the aaa_signer agent.
             Security::X509 { cert_pem, key, .. } if agent != "aaa_signer" => {
                 let sig = key.sign(request);
-                Ok((B64.encode(sig.to_bytes()), cert_pem.as_str()))
+                Ok((b64::encode(&sig.to_bytes()), cert_pem.as_str()))
             }
             Security::Choria { .. } => Err(ProtocolError::Security(
                 "the choria security provider cannot send version 1 requests".into(),
@@ -253,9 +252,8 @@ pub fn verify_request(req: &Request) -> Result<(), ProtocolError> {
                 .map_err(|e| fail(&format!("invalid certificate key: {e}")))?;
             let key = rsa::RsaPublicKey::from_public_key_der(&spki)
                 .map_err(|e| fail(&format!("certificate key is not rsa: {e}")))?;
-            let sig_bytes = B64
-                .decode(signature.as_bytes())
-                .map_err(|_| fail("signature is not base64"))?;
+            let sig_bytes =
+                b64::decode(signature.as_bytes()).ok_or_else(|| fail("signature is not base64"))?;
             let sig = rsa::pkcs1v15::Signature::try_from(sig_bytes.as_slice())
                 .map_err(|_| fail("malformed signature"))?;
             rsa::pkcs1v15::VerifyingKey::<Sha256>::new(key)

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
 use serde_json::json;
 
 use super::*;
