@@ -484,6 +484,8 @@ fn b64_decode(layer: &'static str, s: &str) -> Result<Vec<u8>, ProtocolError> {
 
 /// `v` as JSON, in a buffer made `capacity` bytes large at once: the envelopes' sizes are
 /// known within a few hundred bytes, so they are written without growing (and copying) it.
+/// sonic-rs asks for [`string_room`] of every string before writing it, so that is what a
+/// capacity counts for each.
 fn to_json_sized<T: Serialize>(
     layer: &'static str,
     v: &T,
@@ -497,14 +499,23 @@ fn to_json_sized<T: Serialize>(
 /// Room for an envelope's own fields beside its largest value.
 const ENVELOPE_SLACK: usize = 512;
 
+/// The room sonic-rs makes sure of before it writes a string of `len` bytes: every byte escaped
+/// as `\u00XX`, and the quotes. A buffer with less left grows first, copying what it holds; the
+/// envelopes' buffers are dropped once the next layer is written, so the room costs no memory
+/// that stays.
+fn string_room(len: usize) -> usize {
+    len.saturating_mul(6).saturating_add(35)
+}
+
 /// The transport envelope `{"protocol":..,"data":..,"headers":..}` with `data` the base64 of
 /// `secure`, written straight into the one buffer: the same bytes as serialising
 /// [`TransportOut`] (base64 needs no JSON escaping), without the intermediate base64 string
-/// and its escaping pass.
+/// and its escaping pass. `headers_room` is the [`string_room`] of the headers' strings.
 fn transport_json<H: Serialize>(
     protocol: &'static str,
     secure: &[u8],
     headers: &H,
+    headers_room: usize,
 ) -> Result<Vec<u8>, ProtocolError> {
     let encoded = b64::encoded_len(secure.len()).ok_or_else(|| {
         ProtocolError::schema(
@@ -512,7 +523,7 @@ fn transport_json<H: Serialize>(
             "secure request too large to encode".to_string(),
         )
     })?;
-    let mut out = Vec::with_capacity(encoded + ENVELOPE_SLACK);
+    let mut out = Vec::with_capacity(encoded + headers_room + ENVELOPE_SLACK);
     out.extend_from_slice(b"{\"protocol\":");
     sonic_rs::to_writer(&mut out, protocol).map_err(ProtocolError::json("transport"))?;
     out.extend_from_slice(b",\"data\":\"");
@@ -631,8 +642,7 @@ pub fn encode_request(
                         filter: req.filter,
                     },
                 },
-                // The message is escaped: a JSON payload grows by its quotes' backslashes.
-                message.len() + message.len() / 4 + ENVELOPE_SLACK,
+                string_room(message.len()) + ENVELOPE_SLACK,
             )?;
             let (signature, pubcert) = security.sign_v1(req.agent, &request)?;
             // serde_json output is always UTF-8.
@@ -646,11 +656,9 @@ pub fn encode_request(
                     signature: &signature,
                     pubcert,
                 },
-                request_str.len()
-                    + request_str.len() / 4
-                    + signature.len()
-                    + pubcert.len()
-                    + pubcert.len() / 16
+                string_room(request_str.len())
+                    + string_room(signature.len())
+                    + string_room(pubcert.len())
                     + ENVELOPE_SLACK,
             )?;
             let t = transport_json(
@@ -660,6 +668,7 @@ pub fn encode_request(
                     reply_to: Some(req.reply_to),
                     mc_sender: Some(req.sender),
                 },
+                string_room(req.reply_to.len()) + string_room(req.sender.len()),
             )?;
             Ok(Bytes::from(t))
         }
@@ -679,7 +688,7 @@ pub fn encode_request(
                     time: unix_nanos(now),
                     filter: req.filter,
                 },
-                message.len() + ENVELOPE_SLACK,
+                string_room(message.len()) + ENVELOPE_SLACK,
             )?;
             let (signature, jwt) = security.sign_v2(&request)?;
             let request_b64 = b64::encode(&request);
@@ -692,7 +701,10 @@ pub fn encode_request(
                     signature: &signature_b64,
                     caller: jwt,
                 },
-                request_b64.len() + signature_b64.len() + jwt.len() + ENVELOPE_SLACK,
+                string_room(request_b64.len())
+                    + string_room(signature_b64.len())
+                    + string_room(jwt.len())
+                    + ENVELOPE_SLACK,
             )?;
             let t = transport_json(
                 V2_TRANSPORT,
@@ -701,6 +713,7 @@ pub fn encode_request(
                     reply: Some(req.reply_to),
                     sender: Some(req.sender),
                 },
+                string_room(req.reply_to.len()) + string_room(req.sender.len()),
             )?;
             Ok(Bytes::from(t))
         }
@@ -1044,8 +1057,7 @@ pub fn build_reply_raw(
                         time: v1_time(now),
                     },
                 },
-                // The body is escaped: a JSON body grows by its quotes' backslashes.
-                message.len() + message.len() / 4 + ENVELOPE_SLACK,
+                string_room(message.len()) + ENVELOPE_SLACK,
             )?;
             let hash = b64::encode(&Sha256::digest(&reply));
             let reply_str =
@@ -1057,7 +1069,7 @@ pub fn build_reply_raw(
                     message: reply_str,
                     hash: &hash,
                 },
-                reply_str.len() + reply_str.len() / 4 + ENVELOPE_SLACK,
+                string_room(reply_str.len()) + string_room(hash.len()) + ENVELOPE_SLACK,
             )?;
             Ok(Bytes::from(transport_json(
                 V1_TRANSPORT,
@@ -1066,6 +1078,7 @@ pub fn build_reply_raw(
                     reply_to: None,
                     mc_sender: Some(sender_identity),
                 },
+                string_room(sender_identity.len()),
             )?))
         }
         ProtocolVersion::V2 => {
@@ -1080,7 +1093,7 @@ pub fn build_reply_raw(
                     agent,
                     time: unix_nanos(now),
                 },
-                message.len() + ENVELOPE_SLACK,
+                string_room(message.len()) + ENVELOPE_SLACK,
             )?;
             let hash = b64::encode(&Sha256::digest(&reply));
             let reply_b64 = b64::encode(&reply);
@@ -1091,7 +1104,7 @@ pub fn build_reply_raw(
                     reply: &reply_b64,
                     hash: &hash,
                 },
-                reply_b64.len() + ENVELOPE_SLACK,
+                string_room(reply_b64.len()) + string_room(hash.len()) + ENVELOPE_SLACK,
             )?;
             Ok(Bytes::from(transport_json(
                 V2_TRANSPORT,
@@ -1100,6 +1113,7 @@ pub fn build_reply_raw(
                     reply: None,
                     sender: Some(sender_identity),
                 },
+                string_room(sender_identity.len()),
             )?))
         }
     }
