@@ -663,11 +663,19 @@ fn transport_written_directly_equals_the_serialised_envelope() {
     // Every length around base64's padding boundaries, and bytes of every value.
     for len in [0usize, 1, 2, 3, 4, 5, 63, 64, 65, 1000, 4099] {
         let secure: Vec<u8> = (0..len).map(|i| (i * 131 % 256) as u8).collect();
+        // A sender as long as an identity may be, so the headers' room counts.
+        let sender = format!("{}.example.net", "n".repeat(241));
         let v1 = V1HeadersOut {
             reply_to: Some("_INBOX.a\"b"),
-            mc_sender: Some("n1.example.net"),
+            mc_sender: Some(&sender),
         };
-        let direct = transport_json(V1_TRANSPORT, &secure, &v1).unwrap();
+        let room = string_room(10) + string_room(sender.len());
+        let direct = transport_json(V1_TRANSPORT, &secure, &v1, room).unwrap();
+        assert_eq!(
+            direct.capacity(),
+            b64::encoded_len(len).unwrap() + room + ENVELOPE_SLACK,
+            "written without growing, {len} bytes"
+        );
         let data = B64.encode(&secure);
         let serialised = serde_json::to_vec(&TransportOut {
             protocol: V1_TRANSPORT,
@@ -680,7 +688,7 @@ fn transport_written_directly_equals_the_serialised_envelope() {
             reply: Some("r"),
             sender: None,
         };
-        let direct = transport_json(V2_TRANSPORT, &secure, &v2).unwrap();
+        let direct = transport_json(V2_TRANSPORT, &secure, &v2, string_room(1)).unwrap();
         let serialised = serde_json::to_vec(&TransportOut {
             protocol: V2_TRANSPORT,
             data: &data,
