@@ -113,10 +113,12 @@ pub fn init(loglevel: &str, logfile: &str, debug: bool) -> Result<LogGuard, crat
                     what: "the log file's writer",
                     source,
                 })?;
+            // No [`Escaping`] backstop: a JSON line has every control character escaped in its
+            // strings already (tested below), so scanning it again would find nothing.
             builder
                 .with_ansi(false)
                 .event_format(LogrusJson)
-                .with_writer(Escaping::new(batched, false))
+                .with_writer(batched)
                 .finish()
                 .with(filter)
                 .init();
@@ -776,6 +778,34 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (Cow::Owned(k.to_string()), v.clone()))
                 .collect(),
+        }
+    }
+
+    /// The log file is written without the [`Escaping`] backstop: a JSON line must leave it
+    /// nothing to escape, whatever text a node got into the message, a field or a field's name.
+    #[test]
+    fn a_json_line_leaves_the_backstop_nothing_to_escape() {
+        let every: String = (0u32..=0x3000).filter_map(char::from_u32).collect();
+        let fields = [
+            ("identity", Value::Str(every.clone())),
+            ("msg", Value::Str(every.clone())),
+            (every.as_str(), Value::Str("x".into())),
+            ("n", Value::Num("12".into())),
+            ("ok", Value::Bool(true)),
+        ];
+        for target in ["provision_core::provision", "provisioner::daemon", "other"] {
+            let line = json_line(
+                Level::WARN,
+                target,
+                record(&every, &fields),
+                "2026-12-01T06:00:00Z",
+            );
+            assert!(line.ends_with('\n'));
+            assert!(
+                matches!(escape_record(line.as_bytes(), false), Cow::Borrowed(_)),
+                "{line:?}"
+            );
+            assert_eq!(line.lines().count(), 1);
         }
     }
 
