@@ -224,7 +224,7 @@ impl RpcClient {
         rest: I,
         timeout: Duration,
     ) -> Result<O, RequestError> {
-        self.typed(
+        self.call_as(
             identity,
             PROVISION_AGENT,
             action,
@@ -232,7 +232,6 @@ impl RpcClient {
             timeout,
         )
         .await
-        .map(|(o, _)| o)
     }
 
     /// `rpcutil#inventory`. A reply without a string `version` is a bad reply.
@@ -264,7 +263,7 @@ impl RpcClient {
         identity: &str,
         timeout: Duration,
     ) -> Result<DaemonStatsOutput, RequestError> {
-        self.typed(
+        self.call_as(
             identity,
             RPCUTIL_AGENT,
             "daemon_stats",
@@ -272,7 +271,6 @@ impl RpcClient {
             timeout,
         )
         .await
-        .map(|(o, _)| o)
     }
 
     /// `choria_provision#jwt`.

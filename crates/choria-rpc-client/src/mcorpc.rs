@@ -166,6 +166,32 @@ impl RpcReply {
         Ok(r)
     }
 
+    /// The `data` of a successful reply read straight into `O`, without the
+    /// [`serde_json::Value`] that [`RpcReply::parse`] builds: `None` unless the body parses, its
+    /// status is OK and `O` reads from its `data` (absent or `null` data reads as `{}`). Where it
+    /// answers, it answers what [`RpcReply::parse`] and reading `O` from the value would; a
+    /// failed status, a repeated key inside `data` (which the value keeps the last of) and every
+    /// error are left to that path, so they end exactly as they did.
+    pub fn parse_ok_as<O: serde::de::DeserializeOwned>(body: &[u8]) -> Option<O> {
+        /// The fields of [`RpcReply`] with their types checked, `data` left unread.
+        #[derive(Deserialize)]
+        struct Head<'a> {
+            #[serde(rename = "action", default)]
+            _action: String,
+            #[serde(default = "default_status")]
+            statuscode: StatusCode,
+            #[serde(rename = "statusmsg", default)]
+            _statusmsg: String,
+            #[serde(default, borrow)]
+            data: Option<&'a serde_json::value::RawValue>,
+        }
+        let head: Head<'_> = serde_json::from_slice(body).ok()?;
+        if head.statuscode != StatusCode::Ok {
+            return None;
+        }
+        serde_json::from_str(head.data.map_or("{}", |d| d.get())).ok()
+    }
+
     /// Encode the reply body (server side).
     pub fn to_vec(&self) -> Result<Vec<u8>, serde_json::Error> {
         serde_json::to_vec(self)
@@ -210,6 +236,67 @@ mod tests {
         let tupled: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
         let e = encode_request("a", "b", &tupled).unwrap_err().to_string();
         assert!(e.contains("key must be a string"), "{e}");
+    }
+
+    /// The typed fast path answers exactly what the value path answers, or leaves the reply to it.
+    #[test]
+    fn replies_read_as_a_type_agree_with_the_value_path() {
+        #[derive(Debug, PartialEq, Deserialize)]
+        struct Out {
+            #[serde(default)]
+            message: String,
+            #[serde(default)]
+            n: f64,
+        }
+        let value_path = |body: &[u8]| -> Option<Out> {
+            let r = RpcReply::parse(body).ok()?;
+            if r.statuscode != StatusCode::Ok {
+                return None;
+            }
+            Out::deserialize(&r.data).ok()
+        };
+        let bodies: &[&[u8]] = &[
+            br#"{"action":"restart","statuscode":0,"statusmsg":"OK","data":{"message":"ok \u00e9\n"}}"#,
+            br#"{"statuscode":0,"data":{"message":"x","n":1,"other":[1,{"a":null}]}}"#,
+            br#"{"statuscode":0,"data":{"n":-0.0}}"#,
+            br#"{"statuscode":0,"data":{"n":1e400}}"#,
+            br#"{"statuscode":0,"data":{"n":18446744073709551616}}"#,
+            br#"{"statuscode":0,"data":null}"#,
+            br#"{"statuscode":0}"#,
+            br#"{}"#,
+            br#"{"statuscode":0,"data":[]}"#,
+            br#"{"statuscode":0,"data":"text"}"#,
+            br#"{"statuscode":1,"statusmsg":"no","data":{"message":"x"}}"#,
+            br#"{"statuscode":4,"data":{}}"#,
+            br#"{"statuscode":9,"data":{}}"#,
+            br#"{"statuscode":"0","data":{}}"#,
+            br#"{"action":5,"statuscode":0,"data":{"message":"x"}}"#,
+            br#"{"statusmsg":null,"statuscode":0,"data":{"message":"x"}}"#,
+            br#"{"statuscode":0,"data":{"message":"first","message":"last"}}"#,
+            br#"{"statuscode":0,"statuscode":0,"data":{}}"#,
+            br#"{"statuscode":0,"data":{"message":5}}"#,
+            br#"{"statuscode":0,"data":{"message":"x"}} trailing"#,
+            br#"{"statuscode":0,"data":{"message":"\ud800"}}"#,
+            b"{\"statuscode\":0,\"data\":{\"message\":\"\xff\"}}",
+            br#"[]"#,
+            b"",
+        ];
+        for body in bodies {
+            let want = value_path(body);
+            let got = RpcReply::parse_ok_as::<Out>(body);
+            if got.is_some() {
+                assert_eq!(got, want, "{}", String::from_utf8_lossy(body));
+            }
+        }
+        // The path answers the common replies itself.
+        assert_eq!(
+            RpcReply::parse_ok_as::<Out>(bodies[0]).map(|o| o.message),
+            Some("ok \u{e9}\n".to_string())
+        );
+        assert!(RpcReply::parse_ok_as::<Out>(bodies[5]).is_some());
+        // A repeated key inside data is left to the value path, which keeps the last.
+        assert!(RpcReply::parse_ok_as::<Out>(bodies[16]).is_none());
+        assert_eq!(value_path(bodies[16]).unwrap().message, "last");
     }
 
     #[test]

@@ -358,6 +358,26 @@ fn action_label(agent: &str, payload: &[u8]) -> String {
     }
 }
 
+/// The data of a reply body on statuscode 0; a typed error naming `identity` and the action
+/// otherwise.
+fn reply_data(
+    identity: &str,
+    label: impl Fn() -> String,
+    body: &[u8],
+) -> Result<serde_json::Value, RequestError> {
+    let rpc = RpcReply::parse(body).map_err(|e| {
+        RequestError::new(identity, label(), RequestErrorKind::BadReply).with_source(e)
+    })?;
+    if rpc.statuscode != StatusCode::Ok {
+        return Err(RequestError::new(
+            identity,
+            label(),
+            RequestErrorKind::from_status(rpc.statuscode, rpc.statusmsg),
+        ));
+    }
+    Ok(rpc.data)
+}
+
 impl RpcClient {
     /// Start the client on an open connection: subscribes once to this caller's reply
     /// subjects and starts the reply dispatcher.
@@ -615,17 +635,32 @@ impl RpcClient {
             RequestError::new(identity, label(), RequestErrorKind::Encode).with_source(e)
         })?;
         let reply = self.request(identity, agent, &body, timeout).await?;
-        let rpc = RpcReply::parse(&reply.body).map_err(|e| {
-            RequestError::new(identity, label(), RequestErrorKind::BadReply).with_source(e)
+        reply_data(identity, label, &reply.body)
+    }
+
+    /// [`RpcClient::call`] with the reply's data read as `O`: a successful reply is read
+    /// straight into `O` ([`RpcReply::parse_ok_as`]); anything else goes the way of
+    /// [`RpcClient::call`] and reading `O` from its value, with the same errors.
+    pub async fn call_as<T: Serialize, O: serde::de::DeserializeOwned>(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: &T,
+        timeout: Duration,
+    ) -> Result<O, RequestError> {
+        let label = || format!("{agent}#{action}");
+        let body = crate::mcorpc::encode_request(agent, action, data).map_err(|e| {
+            RequestError::new(identity, label(), RequestErrorKind::Encode).with_source(e)
         })?;
-        if rpc.statuscode != StatusCode::Ok {
-            return Err(RequestError::new(
-                identity,
-                label(),
-                RequestErrorKind::from_status(rpc.statuscode, rpc.statusmsg),
-            ));
+        let reply = self.request(identity, agent, &body, timeout).await?;
+        if let Some(out) = RpcReply::parse_ok_as(&reply.body) {
+            return Ok(out);
         }
-        Ok(rpc.data)
+        let data = reply_data(identity, label, &reply.body)?;
+        O::deserialize(&data).map_err(|e| {
+            RequestError::new(identity, label(), RequestErrorKind::BadReply).with_source(e)
+        })
     }
 
     /// Broadcast `discovery#ping` with `filter` and collect the identities that answer
