@@ -91,6 +91,9 @@ struct Record {
     upgrade: Option<Box<(String, String)>>,
     cycles: u32,
     events: VecDeque<Event>,
+    /// The bytes of the events' details, kept as events come and go so that accounting for an
+    /// update does not walk the history.
+    detail_bytes: usize,
 }
 
 impl Record {
@@ -109,8 +112,8 @@ impl Record {
         let upgrade = self.upgrade.as_ref().map_or(0, |u| {
             std::mem::size_of::<(String, String)>() + u.0.capacity() + u.1.capacity()
         });
-        let events: usize = self.events.capacity() * std::mem::size_of::<Event>()
-            + self.events.iter().map(|e| e.detail.len()).sum::<usize>();
+        let events: usize =
+            self.events.capacity() * std::mem::size_of::<Event>() + self.detail_bytes;
         // The identity is one Arc<str> (two counters and the text) shared by both maps; the
         // hash map holds (key, record) plus a control byte, the order map (seq, key).
         let arc = 2 * std::mem::size_of::<usize>() + identity.len();
@@ -242,6 +245,7 @@ impl NodeTable {
                     upgrade: None,
                     cycles: 0,
                     events: VecDeque::new(),
+                    detail_bytes: 0,
                 });
                 (key, 0, rec)
             }
@@ -334,8 +338,11 @@ impl NodeTable {
             _ => return,
         };
         if rec.events.len() >= MAX_EVENTS {
-            rec.events.pop_front();
+            if let Some(old) = rec.events.pop_front() {
+                rec.detail_bytes = rec.detail_bytes.saturating_sub(old.detail.len());
+            }
         }
+        rec.detail_bytes += ev.detail.len();
         rec.events.push_back(ev);
         let after = rec.bytes(identity);
         t.bytes = t.bytes.saturating_sub(before).saturating_add(after);
@@ -679,6 +686,32 @@ mod tests {
         assert_eq!((total, page.len()), (1, 1));
         assert_eq!(t.list(Some(NodeState::Provisioned), 0, 10).0, 0);
         assert_eq!(t.recent_problems(5)[0].identity, id);
+    }
+
+    /// The running count of the details' bytes is what walking the history gives, as events
+    /// of every length come and the oldest go.
+    #[test]
+    fn the_details_count_follows_the_history() {
+        let t = NodeTable::new(HistoryLimits::default());
+        for i in 0..(3 * MAX_EVENTS) {
+            let detail = "d".repeat(i * 37 % (MAX_DETAIL + 50));
+            t.record_at(
+                "n1.example.net",
+                &NodeEvent::Step {
+                    step: "choria_provision#jwt",
+                    ok: i % 2 == 0,
+                    tries: 1,
+                    elapsed: Duration::from_millis(1),
+                    detail: &detail,
+                },
+                1_000 + i as u64,
+            );
+            let inner = t.lock();
+            let rec = &inner.nodes["n1.example.net"];
+            let walked: usize = rec.events.iter().map(|e| e.detail.len()).sum();
+            assert_eq!(rec.detail_bytes, walked, "after {} events", i + 1);
+            assert_eq!(inner.bytes, rec.bytes("n1.example.net"));
+        }
     }
 
     #[test]
