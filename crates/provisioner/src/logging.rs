@@ -437,8 +437,10 @@ fn bounded_format(args: std::fmt::Arguments<'_>) -> String {
             Ok(())
         }
     }
+    // Most messages and values fit: written in pieces, they would otherwise grow the buffer a
+    // few times each.
     let mut c = Capped {
-        out: String::new(),
+        out: String::with_capacity(128),
         total: 0,
     };
     let _ = c.write_fmt(args);
