@@ -274,7 +274,7 @@ fn hmac_sha256(secret: &[u8], data: &[u8]) -> [u8; 32] {
 }
 
 /// Registered time claims, read for validation.
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct TimeClaims {
     #[serde(default)]
     exp: Option<f64>,
@@ -293,19 +293,29 @@ pub fn verify<C: DeserializeOwned>(
     key: &VerifyingKey,
     now: i64,
 ) -> Result<C, JwtError> {
-    verify_inner(token, key, now, None)
+    verify_inner(token, key, now, None).map(|(claims, _)| claims)
 }
 
 /// [`verify`], skipping the signature check of a token whose signature already verified with
-/// the same key (the very same bytes) and is still in `memo`. Everything else is checked on
-/// every call: the sections, the header's algorithm against the key, `exp` and `nbf`.
-pub fn verify_remembered<C: DeserializeOwned>(
+/// the same key (the very same bytes) and is still in `memo`, and the decoding of one whose
+/// claims were read as `C` since: the same bytes hold the same header and claims. `exp` and
+/// `nbf` are checked against `now` on every call.
+pub fn verify_remembered<C: DeserializeOwned + Clone + Send + Sync + 'static>(
     token: &str,
     key: &VerifyingKey,
     now: i64,
     memo: &VerifiedTokens,
 ) -> Result<C, JwtError> {
-    verify_inner(token, key, now, Some(memo))
+    let trimmed = token.trim();
+    if let Some((times, claims)) = memo.recall(trimmed, key) {
+        if let Some(c) = claims.downcast_ref::<C>() {
+            check_times(&times, now)?;
+            return Ok(c.clone());
+        }
+    }
+    let (claims, times) = verify_inner::<C>(token, key, now, Some(memo))?;
+    memo.attach(trimmed, key, times, std::sync::Arc::new(claims.clone()));
+    Ok(claims)
 }
 
 /// How many tokens a [`VerifiedTokens`] holds.
@@ -320,8 +330,19 @@ pub const VERIFIED_TOKEN_MAX_LEN: usize = 8 * 1024;
 /// most [`VERIFIED_TOKEN_MAX_LEN`] bytes, the oldest forgotten first.
 #[derive(Default)]
 pub struct VerifiedTokens {
-    seen: std::sync::Mutex<std::collections::VecDeque<(Box<str>, VerifyingKey)>>,
+    seen: std::sync::Mutex<std::collections::VecDeque<Remembered>>,
 }
+
+/// A token whose signature verified with `key`, and, once read as some type, its time claims
+/// and what it was read as.
+struct Remembered {
+    token: Box<str>,
+    key: VerifyingKey,
+    read: Option<(TimeClaims, Claims)>,
+}
+
+/// Claims read as the caller's type.
+type Claims = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 impl std::fmt::Debug for VerifiedTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -337,9 +358,7 @@ impl VerifiedTokens {
         VerifiedTokens::default()
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Box<str>, VerifyingKey)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Remembered>> {
         // Entries are pushed and popped whole: a panic elsewhere cannot leave one half made.
         self.seen
             .lock()
@@ -357,9 +376,7 @@ impl VerifiedTokens {
     }
 
     fn contains(&self, token: &str, key: &VerifyingKey) -> bool {
-        self.lock()
-            .iter()
-            .any(|(t, k)| &**t == token && same_key(k, key))
+        self.lock().iter().any(|r| r.is(token, key))
     }
 
     fn remember(&self, token: &str, key: &VerifyingKey) {
@@ -367,13 +384,40 @@ impl VerifiedTokens {
             return;
         }
         let mut seen = self.lock();
-        if seen.iter().any(|(t, k)| &**t == token && same_key(k, key)) {
+        if seen.iter().any(|r| r.is(token, key)) {
             return;
         }
         if seen.len() >= VERIFIED_TOKENS {
             seen.pop_front();
         }
-        seen.push_back((token.into(), key.clone()));
+        seen.push_back(Remembered {
+            token: token.into(),
+            key: key.clone(),
+            read: None,
+        });
+    }
+
+    /// The time claims and the claims `token` was last read as, if its signature verified
+    /// with `key` and it was read since.
+    fn recall(&self, token: &str, key: &VerifyingKey) -> Option<(TimeClaims, Claims)> {
+        self.lock()
+            .iter()
+            .find(|r| r.is(token, key))
+            .and_then(|r| r.read.as_ref())
+            .map(|(t, c)| (t.clone(), std::sync::Arc::clone(c)))
+    }
+
+    /// Keeps what a remembered `token` was read as.
+    fn attach(&self, token: &str, key: &VerifyingKey, times: TimeClaims, claims: Claims) {
+        if let Some(r) = self.lock().iter_mut().find(|r| r.is(token, key)) {
+            r.read = Some((times, claims));
+        }
+    }
+}
+
+impl Remembered {
+    fn is(&self, token: &str, key: &VerifyingKey) -> bool {
+        &*self.token == token && same_key(&self.key, key)
     }
 }
 
@@ -385,12 +429,13 @@ fn same_key(a: &VerifyingKey, b: &VerifyingKey) -> bool {
     }
 }
 
+/// The claims of a verified token, and its time claims.
 fn verify_inner<C: DeserializeOwned>(
     token: &str,
     key: &VerifyingKey,
     now: i64,
     memo: Option<&VerifiedTokens>,
-) -> Result<C, JwtError> {
+) -> Result<(C, TimeClaims), JwtError> {
     let token = token.trim();
     let mut parts = token.split('.');
     let (Some(h), Some(c), Some(s), None) =
@@ -434,6 +479,14 @@ fn verify_inner<C: DeserializeOwned>(
     let body = b64(c)?;
     let times: TimeClaims = serde_json::from_slice(&body)
         .map_err(|e| JwtError::Malformed(format!("invalid claims: {e}")))?;
+    check_times(&times, now)?;
+    let claims = serde_json::from_slice(&body)
+        .map_err(|e| JwtError::Malformed(format!("invalid claims: {e}")))?;
+    Ok((claims, times))
+}
+
+/// `exp` and `nbf` against `now` (Unix seconds, no leeway, as golang-jwt v5).
+fn check_times(times: &TimeClaims, now: i64) -> Result<(), JwtError> {
     let now = now as f64;
     if let Some(exp) = times.exp {
         if now >= exp {
@@ -445,7 +498,7 @@ fn verify_inner<C: DeserializeOwned>(
             return Err(JwtError::NotYetValid);
         }
     }
-    serde_json::from_slice(&body).map_err(|e| JwtError::Malformed(format!("invalid claims: {e}")))
+    Ok(())
 }
 
 /// Decodes the claims without checking the signature: only for the provisioner's own signing
@@ -500,6 +553,55 @@ mod tests {
             "{shown}"
         );
         assert!(format!("{:?}", TokenSignature::Key(&sk)).contains("<redacted>"));
+    }
+
+    /// A remembered token's claims are decoded once per type they are read as; its times are
+    /// still checked on every call.
+    #[test]
+    fn a_remembered_token_is_decoded_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static DECODED: AtomicUsize = AtomicUsize::new(0);
+        #[derive(Clone, Debug, PartialEq)]
+        struct Counted(i64);
+        impl<'de> Deserialize<'de> for Counted {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                struct A {
+                    a: i64,
+                }
+                DECODED.fetch_add(1, Ordering::Relaxed);
+                A::deserialize(d).map(|a| Counted(a.a))
+            }
+        }
+        let (sk, vk) = ed_key();
+        let memo = VerifiedTokens::new();
+        let t = sign(&serde_json::json!({"a": 5, "exp": 200}), &sk).unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                verify_remembered::<Counted>(&t, &vk, 150, &memo).unwrap(),
+                Counted(5)
+            );
+        }
+        assert_eq!(DECODED.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            verify_remembered::<Counted>(&t, &vk, 200, &memo).unwrap_err(),
+            JwtError::Expired
+        );
+        // Read as another type: decoded as that type, then remembered as it.
+        let v: serde_json::Value = verify_remembered(&t, &vk, 150, &memo).unwrap();
+        assert_eq!(v["a"], 5);
+        assert_eq!(
+            verify_remembered::<Counted>(&t, &vk, 150, &memo).unwrap(),
+            Counted(5)
+        );
+        assert_eq!(DECODED.load(Ordering::Relaxed), 2);
+        // Surrounding whitespace is the same token.
+        assert_eq!(
+            verify_remembered::<Counted>(&format!(" {t}\n"), &vk, 150, &memo).unwrap(),
+            Counted(5)
+        );
+        assert_eq!(DECODED.load(Ordering::Relaxed), 2);
+        assert_eq!(memo.len(), 1);
     }
 
     #[test]
