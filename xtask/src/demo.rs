@@ -175,28 +175,13 @@ impl MainCollective {
     fn new(dir: &std::path::Path) -> Result<MainCollective> {
         let ca_dir = dir.join("main-ca");
         std::fs::create_dir_all(&ca_dir)?;
-        let ca = test_support::ca::TestCa::new(&ca_dir)?;
-        let broker = ca.issue("localhost", &["127.0.0.1", "localhost"])?;
-        let operator = ca.issue("operator.mcollective", &[])?;
-        let broker_tls = format!(
-            "allow_non_tls: true\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 5\n}}\n",
-            broker.cert.display(),
-            broker.key.display(),
-            ca.cert.display()
-        );
+        let main = test_support::ca::TestCa::new(&ca_dir)?.main_collective()?;
         let config = dir.join("main.cfg");
-        std::fs::write(
-            &config,
-            format!(
-                "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
-                 plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-                 plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
-                operator.cert.display(),
-                operator.key.display(),
-                ca.cert.display()
-            ),
-        )?;
-        Ok(MainCollective { broker_tls, config })
+        std::fs::write(&config, &main.operator_config)?;
+        Ok(MainCollective {
+            broker_tls: main.broker_tls,
+            config,
+        })
     }
 
     fn point_at(&self, port: u16) -> Result<()> {

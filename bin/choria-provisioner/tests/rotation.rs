@@ -29,29 +29,11 @@ struct Main {
 impl Main {
     fn new(dir: &Path) -> Main {
         let ca = test_ca(dir);
-        let broker = ca.issue("localhost", &["127.0.0.1", "localhost"]).unwrap();
-        let operator = ca.issue("operator.mcollective", &[]).unwrap();
-        let broker = format!(
-            "allow_non_tls: true\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 5\n}}\n",
-            broker.cert.display(),
-            broker.key.display(),
-            ca.cert.display()
-        );
+        let main = ca.main_collective().unwrap();
         let config = dir.join("main.cfg");
-        std::fs::write(
-            &config,
-            format!(
-                "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
-                 plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-                 plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
-                operator.cert.display(),
-                operator.key.display(),
-                ca.cert.display()
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, &main.operator_config).unwrap();
         Main {
-            broker,
+            broker: main.broker_tls,
             config,
             ca_cert: ca.cert.clone(),
             ca_key: ca.key.clone(),

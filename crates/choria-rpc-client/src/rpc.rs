@@ -630,12 +630,30 @@ impl RpcClient {
         data: &T,
         timeout: Duration,
     ) -> Result<serde_json::Value, RequestError> {
-        let label = || format!("{agent}#{action}");
+        let body = self
+            .reply_body(identity, agent, action, data, timeout)
+            .await?;
+        reply_data(identity, || format!("{agent}#{action}"), &body)
+    }
+
+    /// The body of `agent#action`'s reply from one node, its request encoded from `data`.
+    async fn reply_body<T: Serialize>(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: &T,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RequestError> {
         let body = crate::mcorpc::encode_request(agent, action, data).map_err(|e| {
-            RequestError::new(identity, label(), RequestErrorKind::Encode).with_source(e)
+            RequestError::new(
+                identity,
+                format!("{agent}#{action}"),
+                RequestErrorKind::Encode,
+            )
+            .with_source(e)
         })?;
-        let reply = self.request(identity, agent, &body, timeout).await?;
-        reply_data(identity, label, &reply.body)
+        Ok(self.request(identity, agent, &body, timeout).await?.body)
     }
 
     /// [`RpcClient::call`] with the reply's data read as `O`: a successful reply is read
@@ -650,14 +668,13 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<O, RequestError> {
         let label = || format!("{agent}#{action}");
-        let body = crate::mcorpc::encode_request(agent, action, data).map_err(|e| {
-            RequestError::new(identity, label(), RequestErrorKind::Encode).with_source(e)
-        })?;
-        let reply = self.request(identity, agent, &body, timeout).await?;
-        if let Some(out) = RpcReply::parse_ok_as(&reply.body) {
+        let body = self
+            .reply_body(identity, agent, action, data, timeout)
+            .await?;
+        if let Some(out) = RpcReply::parse_ok_as(&body) {
             return Ok(out);
         }
-        let data = reply_data(identity, label, &reply.body)?;
+        let data = reply_data(identity, label, &body)?;
         O::deserialize(&data).map_err(|e| {
             RequestError::new(identity, label(), RequestErrorKind::BadReply).with_source(e)
         })

@@ -39,24 +39,11 @@ const IN_FLIGHT: &str = "300";
 fn operator_files(dir: &Path) -> Result<(String, String)> {
     let ca_dir = dir.join("ca");
     std::fs::create_dir_all(&ca_dir)?;
-    let ca = TestCa::new(&ca_dir)?;
-    let broker = ca.issue("localhost", &["127.0.0.1", "localhost"])?;
-    let operator = ca.issue("operator.mcollective", &[])?;
-    let tls = format!(
-        "max_payload: 4MB\nallow_non_tls: true\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 5\n}}\n",
-        broker.cert.display(),
-        broker.key.display(),
-        ca.cert.display()
-    );
-    let main = format!(
-        "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
-         plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-         plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
-        operator.cert.display(),
-        operator.key.display(),
-        ca.cert.display()
-    );
-    Ok((tls, main))
+    let main = TestCa::new(&ca_dir)?.main_collective()?;
+    Ok((
+        format!("max_payload: 4MB\n{}", main.broker_tls),
+        main.operator_config,
+    ))
 }
 
 /// `choria-provisioner rotate ARGS` against `replica`'s files as the operator of `main`.

@@ -202,6 +202,41 @@ impl TestCa {
         )?;
         Ok(Issued { cert, key: req.key })
     }
+
+    /// A main collective secured by this CA: a certificate for the broker (`localhost`,
+    /// `127.0.0.1`) and one for the operator `operator.mcollective`, with the broker's `tls`
+    /// block for its nats-server configuration (a client certificate required of TLS clients,
+    /// plain connections allowed) and the operator's Choria client configuration (the file
+    /// security provider), which names no broker: the caller adds its address.
+    pub fn main_collective(&self) -> Result<MainCollective> {
+        let broker = self.issue("localhost", &["127.0.0.1", "localhost"])?;
+        let operator = self.issue("operator.mcollective", &[])?;
+        Ok(MainCollective {
+            broker_tls: format!(
+                "allow_non_tls: true\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 5\n}}\n",
+                broker.cert.display(),
+                broker.key.display(),
+                self.cert.display()
+            ),
+            operator_config: format!(
+                "identity = operator.mcollective\nmain_collective = mcollective\ncollectives = mcollective\n\
+                 plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+                 plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+                operator.cert.display(),
+                operator.key.display(),
+                self.cert.display()
+            ),
+        })
+    }
+}
+
+/// See [`TestCa::main_collective`].
+#[derive(Debug, Clone)]
+pub struct MainCollective {
+    /// nats-server configuration lines: `allow_non_tls` and the `tls` block.
+    pub broker_tls: String,
+    /// The operator's Choria client configuration, without `plugin.choria.middleware_hosts`.
+    pub operator_config: String,
 }
 
 #[cfg(test)]
