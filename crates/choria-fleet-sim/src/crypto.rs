@@ -7,7 +7,7 @@
 use std::str::FromStr as _;
 
 use choria_crypto::jwt::{self, JwtError};
-use choria_crypto::keyenc::LegacyPemError;
+use choria_crypto::keyenc::{KeyEncError, LegacyPemError};
 use choria_crypto::x25519::EcdhError;
 use der::asn1::{Any, SetOfVec};
 use der::{Encode as _, Tag};
@@ -195,30 +195,32 @@ pub fn verify_server_jwt(
     Ok((claims, TrustPath::Chain))
 }
 
-/// X25519 shared secret of our private key and the peer's hex public key. As go-choria's
-/// X25519 (Go's `crypto/ecdh`, whose wording the errors use), a key that is not 32 bytes and a
-/// low-order key (all-zero shared secret, not contributory) are refused.
-pub fn x25519_shared(private: &[u8; 32], peer_hex: &str) -> Result<[u8; 32], String> {
-    let peer = hex::decode(peer_hex).map_err(|e| format!("encoding/hex: {e}"))?;
-    let peer: [u8; 32] = peer
-        .try_into()
-        .map_err(|_| "crypto/ecdh: invalid public key".to_string())?;
-    choria_crypto::x25519::contributory_shared_secret("peer", private, &peer).map_err(|e| match e {
-        EcdhError::LowOrder { .. } => {
-            "crypto/ecdh: bad X25519 remote ECDH input: low order point".to_string()
-        }
-        other => other.to_string(),
-    })
+/// The node's side of a key delivery, as go-choria's server does it: the encrypted PEM block
+/// `key` decrypted with the X25519 secret of the node's private key and the provisioner's hex
+/// `ecdh_public` ([`choria_crypto::keyenc::decrypt_private_key`]), returned re-wrapped as an
+/// unencrypted `RSA PRIVATE KEY` PEM. A failure is worded as go-choria's server words it.
+pub fn decrypt_delivered_key(
+    key: &str,
+    private: &[u8; 32],
+    ecdh_public: &str,
+) -> Result<String, String> {
+    match choria_crypto::keyenc::decrypt_private_key(key, private, ecdh_public) {
+        Ok(der) => Ok(choria_crypto::pem::encode("RSA PRIVATE KEY", der)),
+        Err(e) => Err(go_words(&e)),
+    }
 }
 
-/// Decrypt a legacy (RFC 1423) encrypted PEM block with `password`, as Go's
-/// `x509.DecryptPEMBlock` does, and return it re-wrapped as an unencrypted `RSA PRIVATE KEY`
-/// PEM. Errors use go-choria's wording.
-pub fn decrypt_legacy_pem(text: &str, password: &[u8]) -> Result<String, String> {
-    match choria_crypto::keyenc::decrypt_legacy_pem(text, password) {
-        Ok(der) => Ok(choria_crypto::pem::encode("RSA PRIVATE KEY", der)),
-        Err(LegacyPemError::NotPem) => Err("bad key received".into()),
-        Err(e) => Err(e.to_string()),
+/// What go-choria's server says of a key delivery that failed: Go's `crypto/ecdh` and
+/// `encoding/hex` for the peer's key, `x509.DecryptPEMBlock` for the block.
+fn go_words(e: &KeyEncError) -> String {
+    match e {
+        KeyEncError::Ecdh(EcdhError::LowOrder { .. }) => {
+            "crypto/ecdh: bad X25519 remote ECDH input: low order point".into()
+        }
+        KeyEncError::Ecdh(EcdhError::Length { .. }) => "crypto/ecdh: invalid public key".into(),
+        KeyEncError::Ecdh(EcdhError::NotHex { .. }) => "encoding/hex: invalid byte".into(),
+        KeyEncError::Pem(LegacyPemError::NotPem) | KeyEncError::BadKey => "bad key received".into(),
+        other => other.to_string(),
     }
 }
 
@@ -377,67 +379,71 @@ impl PoolKey {
 mod tests {
     use super::*;
 
+    /// The node's X25519 private key of these tests.
+    const NODE_PRIVATE: [u8; 32] = [0x5a; 32];
+
+    /// The provisioner's side of go-choria's scheme for the node of [`NODE_PRIVATE`], with a
+    /// fixed key pair and IV so that every outcome is reproducible.
+    fn delivered(der: &[u8]) -> choria_crypto::keyenc::EncryptedKey {
+        let pem = choria_crypto::pem::encode("RSA PRIVATE KEY", der.to_vec());
+        let node_public = hex::encode(choria_crypto::x25519::public_key(&NODE_PRIVATE));
+        choria_crypto::keyenc::encrypt_private_key_with(&pem, &node_public, &[0x11; 32], &[4; 16])
+            .unwrap()
+    }
+
     #[test]
-    fn go_choria_x25519_vector_gives_the_shared_secret() {
-        let server: [u8; 32] =
-            hex::decode("67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb")
-                .unwrap()
-                .try_into()
-                .unwrap();
-        let shared = x25519_shared(
-            &server,
-            "c25fab933b16b2a4589e2c2d297669b818c82881f2f9bfd08cb8fd298924a41b",
-        )
-        .unwrap();
+    fn a_delivered_key_is_decrypted_and_rewrapped() {
+        let private = NODE_PRIVATE;
+        let sent = delivered(&[1u8; 20]);
+        let clear = decrypt_delivered_key(&sent.pem, &private, &sent.ecdh_public).unwrap();
         assert_eq!(
-            hex::encode(shared),
-            "53a4887b448755a3f0a0618b289eb2369ec4b2461d44890abdfa3084ef080c55"
+            clear,
+            choria_crypto::pem::encode("RSA PRIVATE KEY", vec![1u8; 20])
         );
     }
 
     #[test]
     fn peer_keys_are_refused_in_go_choria_words() {
-        let private = [0x5a; 32];
+        let private = NODE_PRIVATE;
+        let sent = delivered(&[1u8; 20]);
         for point in [
             "0000000000000000000000000000000000000000000000000000000000000000",
             "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800",
             "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
         ] {
             assert_eq!(
-                x25519_shared(&private, point).unwrap_err(),
+                decrypt_delivered_key(&sent.pem, &private, point).unwrap_err(),
                 "crypto/ecdh: bad X25519 remote ECDH input: low order point",
                 "{point}"
             );
         }
-        let good = "c25fab933b16b2a4589e2c2d297669b818c82881f2f9bfd08cb8fd298924a41b";
-        assert!(x25519_shared(&private, good).is_ok());
         assert_eq!(
-            x25519_shared(&private, &good[..62]).unwrap_err(),
+            decrypt_delivered_key(&sent.pem, &private, &sent.ecdh_public[..62]).unwrap_err(),
             "crypto/ecdh: invalid public key"
         );
-        assert!(x25519_shared(&private, "zz")
+        assert!(decrypt_delivered_key(&sent.pem, &private, "zz")
             .unwrap_err()
             .starts_with("encoding/hex: "));
     }
 
     #[test]
     fn legacy_pem_errors_are_go_choria_words() {
+        let private = NODE_PRIVATE;
+        let sent = delivered(&[1u8; 20]);
+        let peer = &sent.ecdh_public;
         assert_eq!(
-            decrypt_legacy_pem("x", b"").unwrap_err(),
+            decrypt_delivered_key("x", &private, peer).unwrap_err(),
             "bad key received"
         );
         let plain = choria_crypto::pem::encode("RSA PRIVATE KEY", vec![1u8; 16]);
         assert_eq!(
-            decrypt_legacy_pem(&plain, b"").unwrap_err(),
+            decrypt_delivered_key(&plain, &private, peer).unwrap_err(),
             "key is not encrypted"
         );
-        let enc = choria_crypto::keyenc::encrypt_legacy_pem(&[1u8; 20], b"pw", &[4u8; 16]);
         assert_eq!(
-            decrypt_legacy_pem(&enc, b"other").unwrap_err(),
+            decrypt_delivered_key(&sent.pem, &[0x33; 32], peer).unwrap_err(),
             "x509: decryption password incorrect"
         );
-        let clear = decrypt_legacy_pem(&enc, b"pw").unwrap();
-        assert!(clear.starts_with("-----BEGIN RSA PRIVATE KEY-----\n"));
     }
 
     #[test]

@@ -20,7 +20,8 @@
 //! * [`provision`]: the cycle of one node ([`Provisioner::provision`]), built with
 //!   [`Provisioner::builder`].
 //! * [`fleet`]: the host table, the bounded work queue and the worker pool ([`Fleet`]).
-//! * [`policy`], [`jwt`], [`keyenc`]: the checks and the cryptography of enrolment.
+//! * [`policy`]: the checks of enrolment; [`jwt`] and [`choria_crypto::keyenc`] its
+//!   cryptography.
 //! * [`testing`] (feature `testing`): in-memory fakes of every collaborator.
 //!
 //! # Embedding
@@ -91,7 +92,6 @@ mod erased;
 pub mod events;
 pub mod fleet;
 pub mod identity;
-pub mod keyenc;
 pub mod keys;
 mod nonce_checks;
 pub mod observer;

@@ -110,6 +110,12 @@ pub enum PolicyError {
     Key(String),
 }
 
+impl From<choria_crypto::keyenc::KeyEncError> for PolicyError {
+    fn from(e: choria_crypto::keyenc::KeyEncError) -> Self {
+        PolicyError::Key(e.to_string())
+    }
+}
+
 /// The compiled `cert_deny_list`.
 #[derive(Debug, Clone, Default)]
 pub struct DenyList {

@@ -21,7 +21,6 @@ use crate::erased::{DynHelper, DynNodeRpc};
 use crate::events::{CertificateId, Issued, NodeEvent, ServerJwtId};
 use crate::fleet::Source;
 use crate::identity::{escaped, IdentityError};
-use crate::keyenc::encrypt_private_key_with;
 use crate::keys::{KeyMaterial, StaticKeys};
 use crate::observer::{NoopObserver, Observer};
 use crate::pacing::Pacer;
@@ -29,6 +28,7 @@ use crate::pause::PauseState;
 use crate::policy::{self, PolicyError, ServerJwtRequest};
 use crate::revocation::{key_fingerprints, Revocation};
 use crate::rpc::{Action, ConfigureRequest, Helper, Inventory, NodeRpc, RpcError, RpcErrorKind};
+use choria_crypto::keyenc::encrypt_private_key_with;
 
 /// Delays between tries of an RPC: a table of steps, the last repeated, each jittered to between
 /// half and one and a half times its value. The table is the caller's: the daemon passes

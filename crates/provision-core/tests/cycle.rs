@@ -400,8 +400,12 @@ async fn helper_key_is_encrypted_for_the_node() {
     p.provision(&mut host()).await.unwrap();
     let c = node.configured().unwrap();
     assert!(c.key.contains("Proc-Type: 4,ENCRYPTED"));
-    let plain =
-        provision_core::keyenc::decrypt_private_key(&c.key, &[9u8; 32], &c.ecdh_public).unwrap();
+    let plain = provision_core::choria_crypto::keyenc::decrypt_private_key(
+        &c.key,
+        &[9u8; 32],
+        &c.ecdh_public,
+    )
+    .unwrap();
     assert_eq!(plain, der);
 }
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use common::*;
 use ed25519_dalek::Signer as _;
+use provision_core::choria_crypto::keyenc;
 use provision_core::helper_protocol::{ServerClaims, ServerPermissions, StandardClaims};
 use provision_core::jwt::{self, SigningKey, VerifyingKey};
-use provision_core::keyenc;
 use provision_core::policy::*;
 
 const ID: &str = "ginkgo.example.net";

@@ -222,9 +222,7 @@ impl Node {
                         "TLS Setup Failed: could not decrypt private key: private key not set",
                     );
                 };
-                let plain = crypto::x25519_shared(&private, ecdh)
-                    .and_then(|secret| crypto::decrypt_legacy_pem(key, &secret));
-                match plain {
+                match crypto::decrypt_delivered_key(key, &private, ecdh) {
                     Ok(pem_text) => {
                         received.key_received = true;
                         received.certificate_matches_key = Some(cert_matches_key(cert, &pem_text));
