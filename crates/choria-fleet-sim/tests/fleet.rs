@@ -6,7 +6,6 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aes::cipher::{block_padding::Pkcs7, BlockEncryptMut as _, KeyIvInit as _};
 use choria_fleet_sim::config::{is_affected, FaultKind};
 use choria_fleet_sim::crypto::{self, JwtSigner, TrustPath};
 use choria_fleet_sim::{Mode, Phase, SimFleet};
@@ -16,7 +15,6 @@ use choria_rpc_client::protocol::{Filter, ProtocolVersion};
 use common::{Client, TOKEN};
 use ed25519_dalek::{Signer as _, Verifier as _};
 use futures::StreamExt as _;
-use md5::Digest as _;
 use serde_json::json;
 use test_support::NatsServer;
 
@@ -27,36 +25,6 @@ fn now() -> i64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
-}
-
-/// Legacy PEM encryption as the Go provisioner does it (AES-256-CBC, EVP_BytesToKey MD5).
-fn encrypt_legacy_pem(der: &[u8], password: &[u8]) -> String {
-    let iv: [u8; 16] = rand::random();
-    let d1 = md5::Md5::new()
-        .chain_update(password)
-        .chain_update(&iv[..8])
-        .finalize();
-    let d2 = md5::Md5::new()
-        .chain_update(d1)
-        .chain_update(password)
-        .chain_update(&iv[..8])
-        .finalize();
-    let key: Vec<u8> = d1.iter().chain(d2.iter()).copied().collect();
-    let ct = cbc::Encryptor::<aes::Aes256>::new_from_slices(&key, &iv)
-        .unwrap()
-        .encrypt_padded_vec_mut::<Pkcs7>(der);
-    let mut p = pem::Pem::new("RSA PRIVATE KEY", ct);
-    p.headers_mut().add("Proc-Type", "4,ENCRYPTED").unwrap();
-    p.headers_mut()
-        .add(
-            "DEK-Info",
-            &format!("AES-256-CBC,{}", hex::encode_upper(iv)),
-        )
-        .unwrap();
-    pem::encode_config(
-        &p,
-        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-    )
 }
 
 /// A server JWT issued through a chain issuer, as the Go provisioner does with
@@ -381,16 +349,15 @@ async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
         .starts_with("-----BEGIN PUBLIC KEY-----\n"));
 
     // configure: an encrypted key for the certificate, and a chain-issued server JWT.
-    let (prov_private, prov_public) = crypto::x25519_pair();
-    let secret = crypto::x25519_shared(&prov_private, &server_ecdh).unwrap();
-    let key_der = pem::parse(common::read("node-key.pem")).unwrap();
-    let encrypted = encrypt_legacy_pem(key_der.contents(), &secret);
+    let encrypted =
+        choria_crypto::keyenc::encrypt_private_key(&common::read("node-key.pem"), &server_ecdh)
+            .unwrap();
     let server_jwt = chain_server_jwt(&org, &id, &pk_hex);
     let config = json!({"plugin.choria.server.provision": "false", "identity": id}).to_string();
     let data = json!({
         "token": TOKEN, "config": config, "certificate": common::read("node-cert.pem"),
-        "ca": common::read("node-cert.pem"), "ssldir": "/etc/choria/ssl", "key": encrypted,
-        "ecdh_public": hex::encode(prov_public), "server_jwt": server_jwt,
+        "ca": common::read("node-cert.pem"), "ssldir": "/etc/choria/ssl", "key": encrypted.pem,
+        "ecdh_public": encrypted.ecdh_public, "server_jwt": server_jwt,
         "action_policies": {"rpcutil.policy": "policy default allow"}, "opa_policies": {},
     });
     let r = client.rpc(&id, "configure", data).await;
