@@ -1,10 +1,12 @@
-//! `pause`, `resume`, `deny`, `approve` and `reject`: fleet control through `provisioner::control`, with the
-//! provisioner's own configuration for the broker. The binary parses and prints.
+//! `pause`, `resume`, `deny`, `approve` and `reject`: fleet control
+//! (`provisioner::fleet_lifecycle::control`) opened with the provisioner's own configuration
+//! (`provisioner::operator`). The binary parses and prints.
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use provisioner::control::{self, rfc3339, Control};
+use provisioner::fleet_lifecycle::control::{self, Control};
+use provisioner::fleet_lifecycle::{now_unix, rfc3339};
 use provisioner::settings::Paths;
 
 use crate::cli::{ControlArgs, DecideArgs, DenyCommand, PauseArgs};
@@ -27,7 +29,7 @@ fn with_settings<T>(
     };
     let runtime = provisioner::runtime(1)?;
     runtime.block_on(async {
-        let (c, settings) = control::connect_operator(&paths, Duration::from_secs(15)).await?;
+        let (c, settings) = provisioner::operator::control_from_files(&paths, Duration::from_secs(15)).await?;
         if !settings.config.fleet_control {
             eprintln!("warning: {} does not set fleet_control: true; a provisioner started from it does not follow pause or deny", config.display());
         }
@@ -106,7 +108,10 @@ pub fn deny(debug: bool, cmd: &DenyCommand) -> Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&entries)?);
             } else {
-                print!("{}", control::deny_table(&entries, control::now_unix()));
+                print!(
+                    "{}",
+                    provisioner::status_text::deny_table(&entries, now_unix())
+                );
             }
             if forged > 0 {
                 eprintln!("warning: {forged} entries in the bucket are malformed or not signed with the provisioners' secret, and are ignored");

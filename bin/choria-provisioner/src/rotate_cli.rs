@@ -1,7 +1,7 @@
 //! `rotate`: rotation campaigns through `provisioner::rotate`. The binary parses and prints.
 
 use anyhow::Result;
-use provisioner::campaign::CampaignState;
+use provisioner::fleet_lifecycle::campaign::CampaignState;
 use provisioner::rotate::{self, RotateCommand, StartFlags};
 use provisioner::settings::Paths;
 

@@ -213,23 +213,11 @@ pub fn parse_share(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A duration such as `250ms`, `2s`, `1m`, `1h`, `5d` or a plain number of seconds.
+/// A duration such as `250ms`, `2s`, `1m`, `1h`, `5d` or a plain number of seconds
+/// ([`choria_rpc_client::duration::parse_seconds_or_unit`]).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86_400.0,
-        _ => return Err(format!("invalid duration unit in {s:?}")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
+    choria_rpc_client::duration::parse_seconds_or_unit(s)
+        .map_err(|e| format!("invalid duration {:?}: {e}", s.trim()))
 }
 
 /// go-choria's default collective (`build.DefaultCollectives`).

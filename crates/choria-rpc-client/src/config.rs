@@ -554,44 +554,6 @@ pub fn parse_bool(v: &str) -> bool {
     )
 }
 
-/// A duration: a plain integer is seconds, else a number with a unit (`ms`, `s`, `m`, `h`,
-/// `d`, `w`), possibly several (`1m30s`).
-pub fn parse_duration(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = v;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let n: f64 = rest.get(..num_end)?.parse().ok()?;
-        rest = rest.get(num_end..)?;
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = rest.get(..unit_end)?;
-        rest = rest.get(unit_end..)?;
-        let secs = match unit {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "d" => 86_400.0,
-            "w" => 604_800.0,
-            _ => return None,
-        };
-        // A sum too large for a Duration is an invalid value, not a panic.
-        total = total.checked_add(Duration::try_from_secs_f64(n * secs).ok()?)?;
-    }
-    Some(total)
-}
-
 fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
@@ -837,7 +799,8 @@ impl ChoriaConfig {
             None => 60,
         };
         let duration = |key: &str, default: Duration| match get(key) {
-            Some(v) => parse_duration(v).ok_or_else(|| invalid(key, v, "not a duration")),
+            Some(v) => crate::duration::parse_seconds_or_unit(v)
+                .map_err(|_| invalid(key, v, "not a duration")),
             None => Ok(default),
         };
         let discovery_timeout = duration("discovery_timeout", Duration::from_secs(2))?;
@@ -1654,12 +1617,6 @@ ttl = 120
         for f in ["0", "no", "false", "n", "f", "maybe"] {
             assert!(!parse_bool(f));
         }
-        assert_eq!(parse_duration("2"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1h1m"), Some(Duration::from_secs(3660)));
-        assert_eq!(parse_duration("x"), None);
-        assert_eq!(parse_duration(""), None);
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub mod agents;
 pub mod brokers;
 pub mod config;
 pub mod connection;
+pub mod duration;
 pub mod election;
 pub mod lifecycle;
 pub mod mcorpc;

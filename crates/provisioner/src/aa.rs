@@ -36,7 +36,7 @@ use tracing::{debug, error, info, warn};
 
 /// The seal of the claims bucket's values: `claims_secret_file` when set, else the provisioners'
 /// broker password (which every replica has and no node does), else none.
-pub fn seal(config: &Config) -> Result<crate::claims::Seal, crate::Error> {
+pub fn seal(config: &Config) -> Result<fleet_lifecycle::seal::Seal, crate::Error> {
     if !config.claims_secret_file.is_empty() {
         let secret = std::fs::read(&config.claims_secret_file).map_err(|e| {
             crate::Error::file("read", "claims_secret_file", &config.claims_secret_file, e)
@@ -48,14 +48,14 @@ pub fn seal(config: &Config) -> Result<crate::claims::Seal, crate::Error> {
                 path: config.claims_secret_file.clone().into(),
             });
         }
-        return Ok(crate::claims::Seal::with_secret(secret));
+        return Ok(fleet_lifecycle::seal::Seal::with_secret(secret));
     }
     if !config.broker_provisioning_password.is_empty() {
-        return Ok(crate::claims::Seal::with_secret(
+        return Ok(fleet_lifecycle::seal::Seal::with_secret(
             config.broker_provisioning_password.as_bytes(),
         ));
     }
-    Ok(crate::claims::Seal::none())
+    Ok(fleet_lifecycle::seal::Seal::none())
 }
 
 /// How often the delayed nodes are looked at.

@@ -256,12 +256,14 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
     };
     // Fleet control: the operator's pause, the deny list and the approval queue, followed from
     // the bucket.
-    let control_view = config.fleet_control.then(crate::control::ControlView::new);
-    let control_slot = crate::approval::ControlSlot::new();
-    let campaign_slot = crate::campaign::CampaignSlot::new();
+    let control_view = config
+        .fleet_control
+        .then(fleet_lifecycle::control::ControlView::new);
+    let control_slot = fleet_lifecycle::approval::ControlSlot::new();
+    let campaign_slot = fleet_lifecycle::campaign::CampaignSlot::new();
     let approvals = control_view.as_ref().map(|view| {
         Arc::new(
-            crate::approval::ApprovalQueue::new(
+            fleet_lifecycle::approval::ApprovalQueue::new(
                 Arc::clone(view),
                 Arc::clone(&control_slot),
                 config.approval_manual,
@@ -296,7 +298,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
                 .as_ref()
                 .map(|a| provisioner_status::ControlPanel {
                     view: Arc::clone(a) as Arc<dyn provisioner_status::FleetControlView>,
-                    csrf: crate::approval::csrf_token(),
+                    csrf: fleet_lifecycle::approval::csrf_token(),
                 }),
         };
         let serving = provisioner_status::serve_monitor(&[addr], api, shutdown.clone()).await?;
@@ -475,7 +477,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
                 "max_per_minute: {} nodes a minute reach the helper, shared by every replica with fleet_control",
                 config.max_per_minute
             );
-            provisioner = provisioner.pacer(crate::pacing::SharedBucket::new(
+            provisioner = provisioner.pacer(fleet_lifecycle::pacing::SharedBucket::new(
                 client.nats().clone(),
                 &choria.identity,
                 crate::aa::seal(&config)?,
@@ -545,7 +547,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
         tasks.spawn(policy.watch(POLICY_POLL, shutdown.clone()));
     }
     if let Some(view) = control_view {
-        let follower = crate::control::Follower {
+        let follower = fleet_lifecycle::control::Follower {
             client: client.nats().clone(),
             by: choria.identity.clone(),
             seal: crate::aa::seal(&config)?,
@@ -557,7 +559,7 @@ async fn run(daemon: Daemon, outer: CancellationToken) -> Result<(), Error> {
         };
         tasks.spawn(follower.run(shutdown.clone()));
         // The rotation campaign, when its bucket is in this account, for the status API.
-        let campaign = crate::campaign::CampaignFollower {
+        let campaign = fleet_lifecycle::campaign::CampaignFollower {
             client: client.nats().clone(),
             by: choria.identity.clone(),
             seal: crate::aa::seal(&config)?,

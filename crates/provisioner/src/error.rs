@@ -78,10 +78,10 @@ pub enum Error {
     Claims(#[from] crate::claims::ClaimsError),
     /// Fleet control (pause, deny list) cannot be used.
     #[error(transparent)]
-    Control(#[from] crate::control::ControlError),
+    Control(#[from] fleet_lifecycle::control::ControlError),
     /// A rotation campaign cannot be started, read or driven.
     #[error(transparent)]
-    Campaign(#[from] crate::campaign::CampaignError),
+    Campaign(#[from] fleet_lifecycle::campaign::CampaignError),
     /// A client of the main collective could not be started.
     #[error("cannot connect to the main collective with {}", path.display())]
     MainCollective {

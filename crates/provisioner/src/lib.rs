@@ -9,16 +9,16 @@
 //!   material over the real Choria network, helper processes or webhooks, and key files.
 //! * [`aa`] and [`claims`]: active-active replicas; [`audit`] and [`audit_stream`]: the audit
 //!   trail; [`rego`]: admission by a Rego policy; [`logging`]: the Go provisioner's log format.
+//! * [`operator`] and [`rotate`]: an operator's commands on the fleet lifecycle
+//!   ([`fleet_lifecycle`]: pause, deny list, approvals, rotation campaigns) with the
+//!   provisioner's own files.
 
 #![deny(missing_docs)]
 pub mod aa;
-pub mod approval;
 pub mod audit;
 pub mod audit_stream;
-pub mod campaign;
 pub mod claims;
 pub mod config;
-pub mod control;
 pub mod daemon;
 mod error;
 mod goyaml;
@@ -26,7 +26,7 @@ pub mod helper;
 pub mod keys;
 pub mod logging;
 pub mod node_rpc;
-pub mod pacing;
+pub mod operator;
 pub mod preflight;
 pub mod rego;
 pub mod rotate;
@@ -41,6 +41,7 @@ pub use settings::{Paths, Settings};
 
 // The crates whose types appear in this one's signatures.
 pub use choria_rpc_client;
+pub use fleet_lifecycle;
 pub use provision_core;
 pub use provision_core::CancellationToken;
 pub use provisioner_metrics;

@@ -1020,7 +1020,8 @@ fn status_plan(cfg: &Config) -> String {
 /// The active-active line: what the replicas share on the broker and what to create when the
 /// account may not.
 fn active_active(cfg: &Config) -> String {
-    use crate::claims::{create_command, CLAIMS_BUCKET, MAX_BUCKET_REPLICAS};
+    use crate::claims::{create_command, CLAIMS_BUCKET};
+    use choria_rpc_client::streams::MAX_BUCKET_REPLICAS;
     if !cfg.active_active {
         return "  active-active: off\n".to_string();
     }

@@ -12,7 +12,7 @@
 //!
 //! The rule read is `data.choria.provisioner.decision`, an object
 //! `{"allow": bool, "defer": bool, "pending": bool, "reason": string}` (`pending`: the node waits
-//! for an operator's approval, see [`crate::approval`]; a policy without it reads as before);
+//! for an operator's approval, see [`fleet_lifecycle::approval`]; a policy without it reads as before);
 //! the input is the helper's input with the inventory parsed, the provisioning token removed,
 //! `now_ns` (the time of the decision) and `denied: false` (the deny list is checked before the
 //! policy, so a denied node never reaches it: the field is there for policies that want to

@@ -1,4 +1,4 @@
-//! The operator's `rotate` commands over [`crate::campaign`]: each connects with the
+//! The operator's `rotate` commands over [`fleet_lifecycle::campaign`]: each connects with the
 //! provisioner's files (and the main collective's client configuration where it needs one),
 //! does one thing and returns what to print, so the binary only parses and prints.
 
@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::campaign::{
+use crate::settings::Paths;
+use fleet_lifecycle::campaign::{
     self, CampaignError, CampaignRecord, CampaignState, Limits, Operator, Selection,
 };
-use crate::control::{now_unix, parse_expiry};
-use crate::settings::Paths;
+use fleet_lifecycle::control::parse_expiry;
+use fleet_lifecycle::now_unix;
 
 /// How long a command waits for its broker connections.
 pub const CONNECT: Duration = Duration::from_secs(15);
@@ -96,7 +97,7 @@ pub async fn run(
 ) -> Result<String, crate::Error> {
     let needs_main = matches!(cmd, RotateCommand::Start { .. } | RotateCommand::Resume);
     let rpc = match main {
-        Some(p) => Some(campaign::main_client(p, CONNECT).await?),
+        Some(p) => Some(crate::operator::main_client(p, CONNECT).await?),
         None if needs_main => {
             return Err(CampaignError::Invalid(
                 "--choria-config MAIN.cfg is required: the main collective's Choria client configuration, where provisioned servers answer".into(),
@@ -106,7 +107,7 @@ pub async fn run(
         None => None,
     };
     let create = matches!(cmd, RotateCommand::Start { .. });
-    let op = campaign::connect_operator(paths, rpc.as_ref(), create, CONNECT).await?;
+    let op = crate::operator::campaigns(paths, rpc.as_ref(), create, CONNECT).await?;
     match cmd {
         RotateCommand::Status { json } => {
             let (rec, _) = op

@@ -4,6 +4,9 @@
 
 use serde_json::Value;
 
+use fleet_lifecycle::control::DenyRecord;
+use fleet_lifecycle::rfc3339;
+
 use crate::text::table;
 
 /// A JSON value as one cell: strings without control characters, `-` for null.
@@ -279,6 +282,31 @@ impl Query {
             Query::Node(_) => node(v),
         }
     }
+}
+
+/// The deny entries as a table for people, expired ones marked.
+pub fn deny_table(entries: &[DenyRecord], now: i64) -> String {
+    if entries.is_empty() {
+        return "No deny entries\n".to_string();
+    }
+    let mut rows = vec![["ENTRY", "BY", "ADDED", "EXPIRES", "REASON"]
+        .map(String::from)
+        .to_vec()];
+    for e in entries {
+        let expires = match e.expires {
+            None => "never".into(),
+            Some(x) if x <= now => format!("{} (expired)", rfc3339(x)),
+            Some(x) => rfc3339(x),
+        };
+        rows.push(vec![
+            e.entry.clone(),
+            e.by.clone(),
+            rfc3339(e.at),
+            expires,
+            e.reason.clone(),
+        ]);
+    }
+    table(&rows)
 }
 
 #[cfg(test)]

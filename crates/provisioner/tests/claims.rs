@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use choria_rpc_client::streams::StreamsApi;
-use provisioner::claims::{node_key, Claim, ClaimStore, Seal, CLAIMS_BUCKET};
+use provisioner::claims::{node_key, Claim, ClaimStore, CLAIMS_BUCKET};
+use provisioner::fleet_lifecycle::seal::Seal;
 use test_support::NatsCluster;
 
 const LIFETIME: Duration = Duration::from_secs(6);

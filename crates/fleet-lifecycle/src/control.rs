@@ -33,9 +33,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::kv::{self, Operation};
-use async_nats::jetstream::ErrorCode;
 use futures::StreamExt;
 use provision_core::identity::escaped;
 use provision_core::{PauseState, Revocation};
@@ -43,9 +41,12 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use choria_rpc_client::streams::{first_answering, Probe, StreamsApi};
+use choria_rpc_client::streams::{
+    first_answering, open_bucket, route_errors, BucketError, Probe, StreamsApi,
+};
 
-use crate::claims::Seal;
+use crate::seal::Seal;
+use crate::{bounded_to, now_unix, rfc3339};
 
 /// The bucket fleet control lives in.
 pub const CONTROL_BUCKET: &str = "CHORIA_PROVISIONER_CONTROL";
@@ -282,18 +283,6 @@ fn deny_key(entry: &str) -> String {
     format!("{DENY_PREFIX}{}", hex::encode(entry.as_bytes()))
 }
 
-/// Now, in Unix seconds.
-pub fn now_unix() -> i64 {
-    chrono::Utc::now().timestamp()
-}
-
-/// `unix` (seconds) as RFC 3339 in UTC, as records are shown.
-pub fn rfc3339(unix: i64) -> String {
-    chrono::DateTime::from_timestamp(unix, 0)
-        .map(|t| t.to_rfc3339())
-        .unwrap_or_else(|| unix.to_string())
-}
-
 /// What every replica knows of fleet control: the operator's pause and the deny list. It is the
 /// provisioner's [`Revocation`].
 #[derive(Debug, Default)]
@@ -446,72 +435,6 @@ impl Control {
         seal: Seal,
         create: bool,
     ) -> Result<Control, ControlError> {
-        let probe = first_answering(
-            |api| Self::open_via(client.clone(), api, create),
-            |e| matches!(e, ControlError::Unreachable { .. }),
-        )
-        .await;
-        let (api, store) = match probe {
-            Probe::Opened(api, store) => (api, store),
-            Probe::Answered(_, e) => return Err(e),
-            Probe::Unreachable(errors) => {
-                return Err(ControlError::Unreachable {
-                    detail: errors
-                        .iter()
-                        .map(|(api, e)| match e {
-                            ControlError::Unreachable { detail } => format!("{api}: {detail}"),
-                            other => format!("{api}: {other}"),
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                })
-            }
-        };
-        Ok(Control {
-            store,
-            api,
-            seal,
-            by: by.to_string(),
-        })
-    }
-
-    async fn open_via(
-        client: async_nats::Client,
-        api: StreamsApi,
-        create: bool,
-    ) -> Result<kv::Store, ControlError> {
-        let js = api.context(client, REQUEST_TIMEOUT);
-        let unreachable = |detail: String| ControlError::Unreachable { detail };
-        match js.get_stream(format!("KV_{CONTROL_BUCKET}")).await {
-            Ok(_) => {}
-            Err(e) => match e.kind() {
-                GetStreamErrorKind::JetStream(j)
-                    if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
-                {
-                    if !create {
-                        return Err(ControlError::BucketMissing {
-                            bucket: CONTROL_BUCKET.to_string(),
-                            detail: "no provisioner with fleet_control has created it yet"
-                                .to_string(),
-                        });
-                    }
-                    Self::create(&js).await?;
-                }
-                GetStreamErrorKind::JetStream(j) => {
-                    return Err(ControlError::Request {
-                        action: "open the bucket",
-                        detail: j.to_string(),
-                    })
-                }
-                _ => return Err(unreachable(e.to_string())),
-            },
-        }
-        js.get_key_value(CONTROL_BUCKET)
-            .await
-            .map_err(|e| unreachable(e.to_string()))
-    }
-
-    async fn create(js: &jetstream::Context) -> Result<(), ControlError> {
         let config = kv::Config {
             bucket: CONTROL_BUCKET.to_string(),
             description: "Choria provisioner fleet control: pause and deny list".to_string(),
@@ -520,14 +443,50 @@ impl Control {
             storage: jetstream::stream::StorageType::File,
             ..Default::default()
         };
-        let replicas = crate::claims::create_bucket(js, config)
-            .await
-            .map_err(|detail| ControlError::BucketMissing {
-                bucket: CONTROL_BUCKET.to_string(),
-                detail,
-            })?;
-        info!("created fleet control bucket {CONTROL_BUCKET} with {replicas} replicas");
-        Ok(())
+        let probe = first_answering(
+            |api| {
+                let config = &config;
+                let js = api.context(client.clone(), REQUEST_TIMEOUT);
+                async move { open_bucket(&js, config, create).await }
+            },
+            BucketError::unreachable,
+        )
+        .await;
+        let (api, opened) = match probe {
+            Probe::Opened(api, opened) => (api, opened),
+            Probe::Answered(_, BucketError::Missing) => {
+                return Err(ControlError::BucketMissing {
+                    bucket: CONTROL_BUCKET.to_string(),
+                    detail: "no provisioner with fleet_control has created it yet".to_string(),
+                })
+            }
+            Probe::Answered(_, BucketError::Create(detail)) => {
+                return Err(ControlError::BucketMissing {
+                    bucket: CONTROL_BUCKET.to_string(),
+                    detail,
+                })
+            }
+            Probe::Answered(_, e) => {
+                return Err(ControlError::Request {
+                    action: "open the bucket",
+                    detail: e.to_string(),
+                })
+            }
+            Probe::Unreachable(errors) => {
+                return Err(ControlError::Unreachable {
+                    detail: route_errors(&errors),
+                })
+            }
+        };
+        if let Some(replicas) = opened.created {
+            info!("created fleet control bucket {CONTROL_BUCKET} with {replicas} replicas");
+        }
+        Ok(Control {
+            store: opened.store,
+            api,
+            seal,
+            by: by.to_string(),
+        })
     }
 
     /// The bucket, for the shared rate limit ([`crate::pacing`]).
@@ -961,20 +920,6 @@ fn bounded(text: &str) -> String {
     bounded_to(text, MAX_ENTRY)
 }
 
-/// `text` without control characters, cut to at most `max` bytes at a character boundary:
-/// what an operator's reason or a node's error may be when stored.
-pub(crate) fn bounded_to(text: &str, max: usize) -> String {
-    let mut s: String = text.chars().filter(|c| !c.is_control()).collect();
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
-
 fn verified<T: Serialize + Clone>(
     seal: &Seal,
     key: &str,
@@ -1179,79 +1124,17 @@ fn apply(
     false
 }
 
-/// Opens fleet control for a one-off command (`pause`, `resume`, `deny`): connects with the
-/// provisioner's broker settings (its provisioning credentials, as the daemon does), bounded by
-/// `timeout`, and opens the bucket, creating it when missing. `by` names the operator in the
-/// records written.
-pub async fn connect(
-    settings: &crate::settings::Settings,
-    by: &str,
-    timeout: Duration,
-) -> Result<Control, crate::Error> {
-    let connection =
-        choria_rpc_client::connection::ConnectionSettings::from_config(&settings.choria)?;
-    connection.validate()?;
-    let seal = crate::aa::seal(&settings.config)?;
-    let open = async {
-        let nats = choria_rpc_client::connection::connect(&connection).await?;
-        Ok::<_, crate::Error>(Control::open(nats, by, seal, true).await?)
-    };
-    tokio::time::timeout(timeout, open)
-        .await
-        .map_err(|_| crate::Error::ConnectTimeout(timeout))?
-}
-
-/// Opens fleet control for an operator's command from the provisioner's files: the bucket, and
-/// the settings (a daemon started from them follows the bucket only with `fleet_control`). Records name the operator as `USER@IDENTITY` (`SUDO_USER` first).
-pub async fn connect_operator(
-    paths: &crate::settings::Paths,
-    timeout: Duration,
-) -> Result<(Control, crate::settings::Settings), crate::Error> {
-    let settings = crate::settings::Settings::load(paths)?;
-    let user = std::env::var("SUDO_USER")
-        .or_else(|_| std::env::var("USER"))
-        .unwrap_or_else(|_| "unknown".into());
-    let by = format!("{user}@{}", settings.choria.identity);
-    let control = connect(&settings, &by, timeout).await?;
-    Ok((control, settings))
-}
-
 /// Parses `deny add --expires` (`30d`, `12h`, `90m`): a duration longer than zero.
 pub fn parse_expiry(text: &str) -> Result<Duration, ControlError> {
     let invalid = |reason: String| ControlError::InvalidEntry {
         entry: format!("--expires {}", escaped(text)),
         reason,
     };
-    match crate::config::parse_duration(text) {
+    match choria_rpc_client::duration::parse(text) {
         Ok(d) if d.is_zero() => Err(invalid("it must be longer than zero".into())),
         Ok(d) => Ok(d),
         Err(e) => Err(invalid(e.to_string())),
     }
-}
-
-/// The deny entries as a table for people, expired ones marked.
-pub fn deny_table(entries: &[DenyRecord], now: i64) -> String {
-    if entries.is_empty() {
-        return "No deny entries\n".to_string();
-    }
-    let mut rows = vec![["ENTRY", "BY", "ADDED", "EXPIRES", "REASON"]
-        .map(String::from)
-        .to_vec()];
-    for e in entries {
-        let expires = match e.expires {
-            None => "never".into(),
-            Some(x) if x <= now => format!("{} (expired)", rfc3339(x)),
-            Some(x) => rfc3339(x),
-        };
-        rows.push(vec![
-            e.entry.clone(),
-            e.by.clone(),
-            rfc3339(e.at),
-            expires,
-            e.reason.clone(),
-        ]);
-    }
-    crate::text::table(&rows)
 }
 
 /// The daemon's side: opens (creating) the bucket and follows it for as long as `stop` allows,

@@ -31,12 +31,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::kv;
-use async_nats::jetstream::ErrorCode;
 use choria_rpc_client::protocol::{FactFilter, Filter};
 use choria_rpc_client::rpc::RpcClient;
-use choria_rpc_client::streams::{first_answering, Probe, StreamsApi};
+use choria_rpc_client::streams::{
+    first_answering, open_bucket, route_errors, BucketError, Probe, StreamsApi,
+};
 use futures::StreamExt;
 use provision_core::identity::{escaped, IdentityRule};
 use serde::{Deserialize, Serialize};
@@ -44,8 +44,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::claims::Seal;
-use crate::control::{bounded_to as bounded, now_unix, REQUEST_TIMEOUT};
+use crate::control::REQUEST_TIMEOUT;
+use crate::seal::Seal;
+use crate::{bounded_to as bounded, now_unix};
 
 /// The bucket campaigns live in.
 pub const CAMPAIGN_BUCKET: &str = "CHORIA_PROVISIONER_CAMPAIGN";
@@ -403,26 +404,41 @@ impl Campaigns {
         seal: Seal,
         create: bool,
     ) -> Result<Campaigns, CampaignError> {
+        let config = kv::Config {
+            bucket: CAMPAIGN_BUCKET.to_string(),
+            description: "Choria provisioner rotation campaigns".to_string(),
+            history: 1,
+            max_value_size: MAX_RECORD as i32,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
         let probe = first_answering(
-            |api| Self::open_via(client.clone(), api, create),
-            |e| matches!(e, CampaignError::Unreachable { .. }),
+            |api| {
+                let config = &config;
+                let js = api.context(client.clone(), REQUEST_TIMEOUT);
+                async move { open_bucket(&js, config, create).await.map(|b| (js, b)) }
+            },
+            BucketError::unreachable,
         )
         .await;
-        let (js, store) = match probe {
+        let (js, opened) = match probe {
             Probe::Opened(_, opened) => opened,
-            Probe::Answered(_, e) => return Err(e),
+            Probe::Answered(_, BucketError::Missing) => return Err(CampaignError::NoCampaign),
+            Probe::Answered(_, BucketError::Create(d)) => {
+                return Err(request("create the bucket", d))
+            }
+            Probe::Answered(_, e) => return Err(request("open the bucket", e)),
             Probe::Unreachable(errors) => {
                 return Err(CampaignError::Unreachable {
-                    detail: errors
-                        .iter()
-                        .map(|(api, e)| format!("{api}: {e}"))
-                        .collect::<Vec<_>>()
-                        .join("; "),
+                    detail: route_errors(&errors),
                 })
             }
         };
+        if let Some(replicas) = opened.created {
+            info!("created campaign bucket {CAMPAIGN_BUCKET} with {replicas} replicas");
+        }
         Ok(Campaigns {
-            store,
+            store: opened.store,
             js,
             seal,
             by: by.to_string(),
@@ -430,50 +446,11 @@ impl Campaigns {
         })
     }
 
-    async fn open_via(
-        client: async_nats::Client,
-        api: StreamsApi,
-        create: bool,
-    ) -> Result<(jetstream::Context, kv::Store), CampaignError> {
-        let js = api.context(client, REQUEST_TIMEOUT);
-        let unreachable = |detail: String| CampaignError::Unreachable { detail };
-        match js.get_stream(format!("KV_{CAMPAIGN_BUCKET}")).await {
-            Ok(_) => {}
-            Err(e) => match e.kind() {
-                GetStreamErrorKind::JetStream(j)
-                    if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
-                {
-                    if !create {
-                        return Err(CampaignError::NoCampaign);
-                    }
-                    let config = kv::Config {
-                        bucket: CAMPAIGN_BUCKET.to_string(),
-                        description: "Choria provisioner rotation campaigns".to_string(),
-                        history: 1,
-                        max_value_size: MAX_RECORD as i32,
-                        storage: jetstream::stream::StorageType::File,
-                        ..Default::default()
-                    };
-                    let replicas = crate::claims::create_bucket(&js, config)
-                        .await
-                        .map_err(|d| request("create the bucket", d))?;
-                    info!("created campaign bucket {CAMPAIGN_BUCKET} with {replicas} replicas");
-                }
-                GetStreamErrorKind::JetStream(j)
-                    if j.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
-                        || j.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED =>
-                {
-                    return Err(unreachable(j.to_string()))
-                }
-                GetStreamErrorKind::JetStream(j) => return Err(request("open the bucket", j)),
-                _ => return Err(unreachable(e.to_string())),
-            },
-        }
-        let store = js
-            .get_key_value(CAMPAIGN_BUCKET)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        Ok((js, store))
+    /// The same bucket, with the provisioners' own connection for the audit stream (when the
+    /// bucket was reached over another, the main collective's).
+    pub fn with_provisioning(mut self, client: async_nats::Client) -> Self {
+        self.provisioning = Some(client);
+        self
     }
 
     /// The JetStream API the bucket was reached through (the audit stream is read through it).
@@ -1725,81 +1702,18 @@ impl Driver {
     }
 }
 
-/// An operator's handle on campaigns: the bucket, reached with the provisioner's files, and
-/// those files.
+/// An operator's handle on campaigns: the bucket, and what of the provisioner's settings a
+/// campaign reads (the provisioner crate's `operator::campaigns` makes one from its files).
 #[derive(Debug)]
 pub struct Operator {
     /// The campaign bucket.
     pub campaigns: Campaigns,
-    /// The provisioner's settings (token, audit stream, identity rule).
-    pub settings: crate::settings::Settings,
-}
-
-/// Opens the campaign bucket for an operator's command from the provisioner's files, as
-/// [`crate::control::connect_operator`] opens fleet control; `create` makes the bucket when
-/// missing (starting a campaign), else a missing bucket means there is no campaign.
-///
-/// The bucket is looked for in the provisioning account first (beside fleet control, where
-/// the provisioners' status API shows it). Behind a Choria broker the provisioning account
-/// reaches no streams but the election's; then, with `main` (a client of the main
-/// collective), the bucket lives in the main collective's Choria Streams.
-pub async fn connect_operator(
-    paths: &crate::settings::Paths,
-    main: Option<&RpcClient>,
-    create: bool,
-    timeout: Duration,
-) -> Result<Operator, crate::Error> {
-    let settings = crate::settings::Settings::load(paths)?;
-    let user = std::env::var("SUDO_USER")
-        .or_else(|_| std::env::var("USER"))
-        .unwrap_or_else(|_| "unknown".into());
-    let by = format!("{user}@{}", settings.choria.identity);
-    let connection =
-        choria_rpc_client::connection::ConnectionSettings::from_config(&settings.choria)?;
-    connection.validate()?;
-    let seal = crate::aa::seal(&settings.config)?;
-    let open = async {
-        let nats = choria_rpc_client::connection::connect(&connection).await?;
-        let here = Campaigns::open(nats.clone(), &by, seal.clone(), create).await;
-        match (here, main) {
-            (Err(CampaignError::Unreachable { detail }), Some(rpc)) => {
-                info!("campaign: the provisioning account has no Choria Streams for it ({detail}); using the main collective's");
-                let mut c = Campaigns::open(rpc.nats().clone(), &by, seal, create).await?;
-                c.provisioning = Some(nats);
-                Ok::<_, crate::Error>(c)
-            }
-            (here, _) => {
-                let mut c = here?;
-                c.provisioning = Some(nats);
-                Ok(c)
-            }
-        }
-    };
-    let campaigns = tokio::time::timeout(timeout, open)
-        .await
-        .map_err(|_| crate::Error::ConnectTimeout(timeout))??;
-    Ok(Operator {
-        campaigns,
-        settings,
-    })
-}
-
-/// A client of the main collective from the Choria configuration `path` (the servers' own
-/// collective, where provisioned servers answer), bounded by `timeout`.
-pub async fn main_client(path: &Path, timeout: Duration) -> Result<RpcClient, crate::Error> {
-    let cfg = choria_rpc_client::config::ChoriaConfig::load(path).map_err(|source| {
-        crate::Error::ChoriaConfig {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
-    tokio::time::timeout(timeout, RpcClient::connect(&cfg))
-        .await
-        .map_err(|_| crate::Error::ConnectTimeout(timeout))?
-        .map_err(|source| crate::Error::MainCollective {
-            path: path.to_path_buf(),
-            source: Box::new(source),
-        })
+    /// The provisioners' identity rule: a selected name it refuses is left out.
+    pub rule: IdentityRule,
+    /// The audit stream (`audit_stream`), empty for none.
+    pub audit_stream: String,
+    /// The provisioning token the reprovision requests carry.
+    pub token: String,
 }
 
 /// How a campaign's nodes are chosen.
@@ -1831,9 +1745,9 @@ impl Operator {
         selection: &Selection,
         rpc: &RpcClient,
     ) -> Result<Vec<String>, CampaignError> {
-        let rule = self.settings.config.provision.identity_rule().clone();
+        let rule = &self.rule;
         let mut nodes = match selection {
-            Selection::Identities(path) => read_identities(path, &rule)?,
+            Selection::Identities(path) => read_identities(path, rule)?,
             Selection::Filter(expr) => discover(rpc, &parse_filter(expr)?).await?,
             Selection::ExpiringWithin(within) => {
                 let stream = self.audit_stream().ok_or_else(|| {
@@ -1850,7 +1764,7 @@ impl Operator {
 
     /// The audit stream's name, when one is configured.
     pub fn audit_stream(&self) -> Option<&str> {
-        let s = self.settings.config.audit_stream.as_str();
+        let s = self.audit_stream.as_str();
         (!s.is_empty()).then_some(s)
     }
 
@@ -1904,7 +1818,7 @@ impl Operator {
         Ok(Driver {
             campaigns: self.campaigns.clone(),
             rpc,
-            token: self.settings.config.provision.token().to_string(),
+            token: self.token.clone(),
             audit,
         })
     }
@@ -1988,7 +1902,7 @@ pub fn status_text(rec: &CampaignRecord, now: i64) -> String {
         ("Reason", rec.reason.clone()),
         (
             "Started",
-            format!("{} by {}", crate::control::rfc3339(rec.created), rec.by),
+            format!("{} by {}", crate::rfc3339(rec.created), rec.by),
         ),
         ("Selected by", rec.selector.clone()),
         (
@@ -2014,7 +1928,7 @@ pub fn status_text(rec: &CampaignRecord, now: i64) -> String {
         for f in &rec.recent_failures {
             out.push_str(&format!(
                 "  {} {}: {}\n",
-                crate::control::rfc3339(f.at),
+                crate::rfc3339(f.at),
                 f.identity,
                 f.error
             ));

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use crate::claims::Seal;
+use crate::seal::Seal;
 
 /// The key of the shared bucket in the fleet control bucket.
 pub const RATE_KEY: &str = "rate";

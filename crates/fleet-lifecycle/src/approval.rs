@@ -13,7 +13,8 @@ use provision_core::identity::escaped;
 use provision_core::{Approval, HoldFuture, PendingNode};
 use provisioner_status::control::{DecideFuture, FleetControlView, PauseInfo, PendingInfo};
 
-use crate::control::{now_unix, rfc3339, same_keys, Control, ControlView, PendingRecord, Selector};
+use crate::control::{same_keys, Control, ControlView, PendingRecord, Selector};
+use crate::{now_unix, rfc3339};
 
 /// The most facts kept of a pending node.
 pub const MAX_FACTS: usize = 12;
@@ -272,45 +273,6 @@ impl FleetControlView for ApprovalQueue {
             }
         })
     }
-}
-
-/// The pending nodes as a table for people.
-pub fn pending_table(pending: &[PendingRecord], now: i64) -> String {
-    let live: Vec<&PendingRecord> = pending.iter().filter(|p| p.expires > now).collect();
-    if live.is_empty() {
-        return "No node waits for approval\n".to_string();
-    }
-    let mut rows = vec![[
-        "IDENTITY",
-        "FINGERPRINT",
-        "FIRST SEEN",
-        "LAST SEEN",
-        "REASON",
-        "FACTS",
-    ]
-    .map(String::from)
-    .to_vec()];
-    for p in live {
-        let facts: Vec<String> = p
-            .facts
-            .iter()
-            .take(4)
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        rows.push(vec![
-            p.identity.clone(),
-            if p.fingerprints.is_empty() {
-                "-".to_string()
-            } else {
-                p.fingerprints.join(",")
-            },
-            rfc3339(p.first_seen),
-            rfc3339(p.last_seen),
-            p.reason.clone(),
-            facts.join(" "),
-        ]);
-    }
-    crate::text::table(&rows)
 }
 
 #[cfg(test)]
