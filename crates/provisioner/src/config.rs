@@ -843,7 +843,7 @@ impl Config {
         let mut lifecycle_component = if raw.lifecycle_component.is_empty() {
             DEFAULT_LIFECYCLE_COMPONENT.to_string()
         } else {
-            raw.lifecycle_component
+            raw.lifecycle_component.clone()
         };
         if lifecycle_component.contains(['.', '>', '*']) {
             errors.push(ConfigError::LifecycleComponent(std::mem::replace(
@@ -866,7 +866,7 @@ impl Config {
                 .map(|s| s.to_string())
                 .collect()
         } else {
-            raw.cert_deny_list
+            raw.cert_deny_list.clone()
         };
         let deny_list = DenyList::new(&cert_deny_list).unwrap_or_else(|(pattern, reason)| {
             errors.push(ConfigError::DenyPattern { pattern, reason });
@@ -882,30 +882,6 @@ impl Config {
             // Checked as far as it goes, with the ed25519 settings (which need more checks).
             features.pki = false;
         }
-        let interval_text = raw.interval.unwrap_or_else(|| "1m".to_string());
-        let interval = parse_duration(&interval_text).map_err(|reason| ConfigError::Duration {
-            key: "interval",
-            value: interval_text.clone(),
-            reason,
-        });
-        let interval = interval.unwrap_or_else(|e| {
-            errors.push(e);
-            MIN_INTERVAL
-        });
-        let server_jwt_validity = if raw.server_jwt_validity.is_empty() {
-            DEFAULT_SERVER_JWT_VALIDITY
-        } else {
-            parse_duration(&raw.server_jwt_validity)
-                .map_err(|reason| ConfigError::Duration {
-                    key: "server_jwt_validity",
-                    value: raw.server_jwt_validity.clone(),
-                    reason,
-                })
-                .unwrap_or_else(|e| {
-                    errors.push(e);
-                    DEFAULT_SERVER_JWT_VALIDITY
-                })
-        };
         if raw.active_active && raw.leader_election {
             errors.push(ConfigError::ActiveActiveAndElection);
         }
@@ -920,50 +896,7 @@ impl Config {
         if approval_manual && !raw.fleet_control {
             errors.push(ConfigError::ApprovalNeedsFleetControl);
         }
-        let approval_expiry = if raw.approval_expiry.trim().is_empty() {
-            DEFAULT_APPROVAL_EXPIRY
-        } else {
-            match parse_duration(raw.approval_expiry.trim()) {
-                Ok(d) if !d.is_zero() => d,
-                Ok(_) => {
-                    errors.push(ConfigError::ApprovalExpiry(raw.approval_expiry.clone()));
-                    DEFAULT_APPROVAL_EXPIRY
-                }
-                Err(reason) => {
-                    errors.push(ConfigError::Duration {
-                        key: "approval_expiry",
-                        value: raw.approval_expiry.clone(),
-                        reason,
-                    });
-                    DEFAULT_APPROVAL_EXPIRY
-                }
-            }
-        };
-        let claim_lifetime = if raw.claim_lifetime.trim().is_empty() {
-            DEFAULT_CLAIM_LIFETIME
-        } else {
-            match parse_duration(raw.claim_lifetime.trim()) {
-                Ok(d) if (MIN_CLAIM_LIFETIME..=MAX_CLAIM_LIFETIME).contains(&d) => d,
-                Ok(_) => {
-                    errors.push(ConfigError::ClaimLifetime(raw.claim_lifetime.clone()));
-                    DEFAULT_CLAIM_LIFETIME
-                }
-                Err(reason) => {
-                    errors.push(ConfigError::Duration {
-                        key: "claim_lifetime",
-                        value: raw.claim_lifetime.clone(),
-                        reason,
-                    });
-                    DEFAULT_CLAIM_LIFETIME
-                }
-            }
-        };
-        let interval = if interval < MIN_INTERVAL {
-            errors.push(ConfigError::IntervalTooSmall(interval_text));
-            MIN_INTERVAL
-        } else {
-            interval
-        };
+        let timings = Timings::of(&raw, &mut errors);
         let identity_rule =
             IdentityRule::with_pattern(&raw.identity_pattern).unwrap_or_else(|reason| {
                 errors.push(ConfigError::IdentityPattern {
@@ -979,10 +912,9 @@ impl Config {
             });
             None
         });
-        let monitor_address = raw.monitor_address.trim().to_string();
-        if !monitor_address.is_empty() && monitor_address.parse::<std::net::IpAddr>().is_err() {
-            errors.push(ConfigError::MonitorAddress(monitor_address.clone()));
-        }
+        let monitor = MonitorSettings::of(&raw, &mut errors);
+        let (audit_stream, audit_stream_limits) = audit_stream_settings(&raw, &mut errors);
+        let webhook = webhook_settings(&raw, &mut errors);
         let work_queue_size = match raw.work_queue_size {
             0 => DEFAULT_WORK_QUEUE_SIZE,
             n => n as usize,
@@ -991,98 +923,14 @@ impl Config {
             0 => DEFAULT_NODE_HISTORY_SIZE,
             n => n as usize,
         };
-        let node_history_max_age = if raw.node_history_max_age.trim().is_empty() {
-            DEFAULT_NODE_HISTORY_MAX_AGE
-        } else {
-            parse_duration(raw.node_history_max_age.trim())
-                .map_err(|reason| ConfigError::Duration {
-                    key: "node_history_max_age",
-                    value: raw.node_history_max_age.clone(),
-                    reason,
-                })
-                .unwrap_or_else(|e| {
-                    errors.push(e);
-                    DEFAULT_NODE_HISTORY_MAX_AGE
-                })
-        };
-        let monitor_tls_cert = raw.monitor_tls_cert.trim().to_string();
-        let monitor_tls_key = raw.monitor_tls_key.trim().to_string();
-        if monitor_tls_cert.is_empty() != monitor_tls_key.is_empty() {
-            errors.push(ConfigError::MonitorTls);
-        }
-        let monitor_hostnames: Vec<String> = raw
-            .monitor_hostnames
-            .iter()
-            .map(|h| h.trim().to_string())
-            .filter(|h| !h.is_empty())
-            .collect();
-        if let Some(bad) = monitor_hostnames.iter().find(|h| {
-            h.len() > 253
-                || !h
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
-        }) {
-            errors.push(ConfigError::MonitorHostname(bad.clone()));
-        }
-        let defaults = crate::audit_stream::StreamLimits::default();
-        let audit_stream_limits = crate::audit_stream::StreamLimits {
-            max_age: if raw.audit_stream_max_age.trim().is_empty() {
-                defaults.max_age
-            } else {
-                match parse_duration(raw.audit_stream_max_age.trim()) {
-                    Ok(d) if !d.is_zero() => d,
-                    Ok(_) => {
-                        errors.push(ConfigError::AuditStreamLimit("audit_stream_max_age"));
-                        defaults.max_age
-                    }
-                    Err(reason) => {
-                        errors.push(ConfigError::Duration {
-                            key: "audit_stream_max_age",
-                            value: raw.audit_stream_max_age.clone(),
-                            reason,
-                        });
-                        defaults.max_age
-                    }
-                }
-            },
-            max_bytes: match raw.audit_stream_max_bytes {
-                0 => defaults.max_bytes,
-                n => n,
-            },
-        };
-        let audit_stream = raw.audit_stream.trim().to_string();
-        if audit_stream
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
-            || audit_stream.len() > 255
-        {
-            errors.push(ConfigError::AuditStream(audit_stream.clone()));
-        }
-        let mut webhook = raw.webhook;
-        webhook.reply_signature =
-            raw.helper_reply_signature
-                .parse()
-                .unwrap_or_else(|e: ReplySignatureParseError| {
-                    errors.push(ConfigError::HelperReplySignature(e.0));
-                    Default::default()
-                });
-        // Only a webhook is asked for replies over the network; with a command the setting
-        // has no effect, which `check` warns about.
-        if webhook.reply_signature == ReplySignature::Required
-            && webhook.secret_file.is_empty()
-            && is_webhook(&raw.helper)
-        {
-            errors.push(ConfigError::ReplySignatureWithoutSecret);
-            webhook.reply_signature = Default::default();
-        }
         let provision = ProvisionConfig::builder()
             .token(raw.token)
             .features(features)
-            .interval(interval)
+            .interval(timings.interval)
             .identity_rule(identity_rule)
             .deny_list(deny_list)
             .extra_dns_names(extra_dns)
-            .server_jwt_validity(server_jwt_validity)
+            .server_jwt_validity(timings.server_jwt_validity)
             .upgrades(raw.upgrades_repository, raw.upgrades_optional)
             .dry_run(raw.dry_run)
             .build()
@@ -1109,20 +957,20 @@ impl Config {
             fleet_control: raw.fleet_control,
             max_per_minute: raw.max_per_minute,
             approval_manual,
-            approval_expiry,
+            approval_expiry: timings.approval_expiry,
             active_active: raw.active_active,
-            claim_lifetime,
+            claim_lifetime: timings.claim_lifetime,
             claims_secret_file: raw.claims_secret_file.trim().to_string(),
-            monitor_address,
+            monitor_address: monitor.address,
             rego_policy: raw.rego_policy.trim().to_string(),
             record_helper_inputs: raw.record_helper_inputs.trim().to_string(),
             webhook,
             node_history_size,
-            node_history_max_age,
+            node_history_max_age: timings.node_history_max_age,
             monitor_token_file: raw.monitor_token_file.trim().to_string(),
-            monitor_tls_cert,
-            monitor_tls_key,
-            monitor_hostnames,
+            monitor_tls_cert: monitor.tls_cert,
+            monitor_tls_key: monitor.tls_key,
+            monitor_hostnames: monitor.hostnames,
             audit_file: raw.audit_file.trim().to_string(),
             audit_stream,
             audit_stream_limits,
@@ -1130,6 +978,216 @@ impl Config {
         };
         (config, errors)
     }
+}
+
+/// A duration setting: `default` when empty, else read as go-choria reads durations and
+/// accepted by `check`; a value that does not read, or that `check` refuses, is an error and
+/// leaves the default.
+fn duration_setting(
+    errors: &mut Vec<ConfigError>,
+    key: &'static str,
+    text: &str,
+    default: Duration,
+    check: impl FnOnce(Duration) -> Result<(), ConfigError>,
+) -> Duration {
+    if text.trim().is_empty() {
+        return default;
+    }
+    match parse_duration(text.trim()) {
+        Ok(d) => match check(d) {
+            Ok(()) => d,
+            Err(e) => {
+                errors.push(e);
+                default
+            }
+        },
+        Err(reason) => {
+            errors.push(ConfigError::Duration {
+                key,
+                value: text.to_string(),
+                reason,
+            });
+            default
+        }
+    }
+}
+
+/// The duration settings, each checked and defaulted.
+struct Timings {
+    interval: Duration,
+    server_jwt_validity: Duration,
+    approval_expiry: Duration,
+    claim_lifetime: Duration,
+    node_history_max_age: Duration,
+}
+
+impl Timings {
+    fn of(raw: &RawConfig, errors: &mut Vec<ConfigError>) -> Self {
+        let interval_text = raw.interval.clone().unwrap_or_else(|| "1m".to_string());
+        // An empty interval reads as zero, which is too small (said after the others, as
+        // check lists it).
+        let interval = parse_duration(&interval_text).unwrap_or_else(|reason| {
+            errors.push(ConfigError::Duration {
+                key: "interval",
+                value: interval_text.clone(),
+                reason,
+            });
+            MIN_INTERVAL
+        });
+        let server_jwt_validity = duration_setting(
+            errors,
+            "server_jwt_validity",
+            &raw.server_jwt_validity,
+            DEFAULT_SERVER_JWT_VALIDITY,
+            |_| Ok(()),
+        );
+        let approval_expiry = duration_setting(
+            errors,
+            "approval_expiry",
+            &raw.approval_expiry,
+            DEFAULT_APPROVAL_EXPIRY,
+            |d| {
+                if d.is_zero() {
+                    Err(ConfigError::ApprovalExpiry(raw.approval_expiry.clone()))
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        let claim_lifetime = duration_setting(
+            errors,
+            "claim_lifetime",
+            &raw.claim_lifetime,
+            DEFAULT_CLAIM_LIFETIME,
+            |d| {
+                if (MIN_CLAIM_LIFETIME..=MAX_CLAIM_LIFETIME).contains(&d) {
+                    Ok(())
+                } else {
+                    Err(ConfigError::ClaimLifetime(raw.claim_lifetime.clone()))
+                }
+            },
+        );
+        let interval = if interval < MIN_INTERVAL {
+            errors.push(ConfigError::IntervalTooSmall(interval_text));
+            MIN_INTERVAL
+        } else {
+            interval
+        };
+        let node_history_max_age = duration_setting(
+            errors,
+            "node_history_max_age",
+            &raw.node_history_max_age,
+            DEFAULT_NODE_HISTORY_MAX_AGE,
+            |_| Ok(()),
+        );
+        Timings {
+            interval,
+            server_jwt_validity,
+            approval_expiry,
+            claim_lifetime,
+            node_history_max_age,
+        }
+    }
+}
+
+/// The monitor listener's address, TLS files and host names, checked.
+struct MonitorSettings {
+    address: String,
+    tls_cert: String,
+    tls_key: String,
+    hostnames: Vec<String>,
+}
+
+impl MonitorSettings {
+    fn of(raw: &RawConfig, errors: &mut Vec<ConfigError>) -> Self {
+        let address = raw.monitor_address.trim().to_string();
+        if !address.is_empty() && address.parse::<std::net::IpAddr>().is_err() {
+            errors.push(ConfigError::MonitorAddress(address.clone()));
+        }
+        let tls_cert = raw.monitor_tls_cert.trim().to_string();
+        let tls_key = raw.monitor_tls_key.trim().to_string();
+        if tls_cert.is_empty() != tls_key.is_empty() {
+            errors.push(ConfigError::MonitorTls);
+        }
+        let hostnames: Vec<String> = raw
+            .monitor_hostnames
+            .iter()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect();
+        if let Some(bad) = hostnames.iter().find(|h| {
+            h.len() > 253
+                || !h
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        }) {
+            errors.push(ConfigError::MonitorHostname(bad.clone()));
+        }
+        MonitorSettings {
+            address,
+            tls_cert,
+            tls_key,
+            hostnames,
+        }
+    }
+}
+
+/// `audit_stream` and the limits of a stream the provisioner creates, checked.
+fn audit_stream_settings(
+    raw: &RawConfig,
+    errors: &mut Vec<ConfigError>,
+) -> (String, crate::audit_stream::StreamLimits) {
+    let defaults = crate::audit_stream::StreamLimits::default();
+    let limits = crate::audit_stream::StreamLimits {
+        max_age: duration_setting(
+            errors,
+            "audit_stream_max_age",
+            &raw.audit_stream_max_age,
+            defaults.max_age,
+            |d| {
+                if d.is_zero() {
+                    Err(ConfigError::AuditStreamLimit("audit_stream_max_age"))
+                } else {
+                    Ok(())
+                }
+            },
+        ),
+        max_bytes: match raw.audit_stream_max_bytes {
+            0 => defaults.max_bytes,
+            n => n,
+        },
+    };
+    let stream = raw.audit_stream.trim().to_string();
+    if stream
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
+        || stream.len() > 255
+    {
+        errors.push(ConfigError::AuditStream(stream.clone()));
+    }
+    (stream, limits)
+}
+
+/// The webhook's settings with `helper_reply_signature`, checked against the secret.
+fn webhook_settings(raw: &RawConfig, errors: &mut Vec<ConfigError>) -> WebhookSettings {
+    let mut webhook = raw.webhook.clone();
+    webhook.reply_signature =
+        raw.helper_reply_signature
+            .parse()
+            .unwrap_or_else(|e: ReplySignatureParseError| {
+                errors.push(ConfigError::HelperReplySignature(e.0));
+                Default::default()
+            });
+    // Only a webhook is asked for replies over the network; with a command the setting has no
+    // effect, which `check` warns about.
+    if webhook.reply_signature == ReplySignature::Required
+        && webhook.secret_file.is_empty()
+        && is_webhook(&raw.helper)
+    {
+        errors.push(ConfigError::ReplySignatureWithoutSecret);
+        webhook.reply_signature = Default::default();
+    }
+    webhook
 }
 
 #[cfg(test)]
