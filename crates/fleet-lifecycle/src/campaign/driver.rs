@@ -297,36 +297,8 @@ impl Driver {
         stop: CancellationToken,
         progress: &mut dyn Progress,
     ) -> Result<CampaignRecord, CampaignError> {
-        let c = &self.campaigns;
-        let me = format!("{} pid {}", c.by(), std::process::id());
-        let now = now_unix();
-        let (mut rec, revision) = c.read().await?.ok_or(CampaignError::NoCampaign)?;
-        if rec.state != CampaignState::Running {
-            return Err(CampaignError::State {
-                id: rec.id,
-                state: rec.state,
-                what: "only a running campaign is driven; resume it first".into(),
-            });
-        }
-        if rec.driven(now) && rec.driver != me {
-            return Err(CampaignError::Busy {
-                age: rec.heartbeat_age(now),
-                id: rec.id,
-                driver: rec.driver,
-            });
-        }
-        rec.driver = me.clone();
-        rec.heartbeat = now;
-        let revision = c
-            .write(&rec, Some(revision))
-            .await?
-            .ok_or_else(|| CampaignError::Busy {
-                id: rec.id.clone(),
-                driver: "another process".into(),
-                age: 0,
-            })?;
-        let nodes = c.nodes().await?;
-        let mut run = Run::new(rec, revision, nodes);
+        let me = format!("{} pid {}", self.campaigns.by(), std::process::id());
+        let mut run = self.take_lease(&me).await?;
         info!(
             "rotation campaign {}: driving {} nodes ({} waiting, {} in flight)",
             run.rec.id,
@@ -374,48 +346,12 @@ impl Driver {
                     last_refill = Instant::now();
                     tokens = (tokens + elapsed * per_second).min(burst);
                     run.due_retries(last_refill);
-                    while run.rec.state == CampaignState::Running
-                        && tokens >= 1.0
-                        && run.in_flight() < u64::from(run.rec.limits.max_in_flight)
-                    {
-                        let Some(identity) = run.queue.pop_front() else { break };
-                        match run.nodes.get(&identity) {
-                            Some(n) if n.state == NodeRotation::Pending => {
-                                // It did not answer before, and has been provisioned since.
-                                if n.tries > 0 {
-                                    if let Some(n) = run.unanswered_but_reissued(&identity) {
-                                        run.write_later(n);
-                                        continue;
-                                    }
-                                }
-                            }
-                            _ => continue,
-                        }
-                        tokens -= 1.0;
-                        run.sending += 1;
-                        let rpc = self.rpc.clone();
-                        let token = self.token.clone();
-                        sends.spawn(async move {
-                            let sent_at = now_unix();
-                            let r = rpc.provision_reprovision(&identity, &token, REPROVISION_TIMEOUT).await;
-                            send_outcome(identity, sent_at, r)
-                        });
-                    }
+                    self.send_due(&mut run, &mut tokens, &mut sends);
                     if last_beat.elapsed() >= HEARTBEAT {
                         last_beat = Instant::now();
                         self.poll_audit(&mut run).await?;
                         self.time_out(&mut run).await?;
-                        for identity in run.due_checks(now_unix(), MAX_CHECKS.saturating_sub(checks.len())) {
-                            let rpc = self.rpc.clone();
-                            checks.spawn(async move {
-                                let started = rpc
-                                    .daemon_stats(&identity, CHECK_TIMEOUT)
-                                    .await
-                                    .ok()
-                                    .map(|s| s.starttime);
-                                (identity, started)
-                            });
-                        }
+                        self.spawn_checks(&mut run, &mut checks);
                         if run.checked_done > 0 {
                             info!(
                                 "rotation campaign {}: {} nodes done that were back on their main collective, restarted since they acknowledged, with no provisioning record or startup event seen",
@@ -449,6 +385,92 @@ impl Driver {
         let last = self.save(&mut run).await?;
         progress.update(&last);
         Ok(last)
+    }
+
+    /// Takes the campaign's lease as `me`: only a running campaign whose heartbeat has lapsed
+    /// (or is `me`'s own) is driven, and the lease is written compare-and-set.
+    async fn take_lease(&self, me: &str) -> Result<Run, CampaignError> {
+        let c = &self.campaigns;
+        let now = now_unix();
+        let (mut rec, revision) = c.read().await?.ok_or(CampaignError::NoCampaign)?;
+        if rec.state != CampaignState::Running {
+            return Err(CampaignError::State {
+                id: rec.id,
+                state: rec.state,
+                what: "only a running campaign is driven; resume it first".into(),
+            });
+        }
+        if rec.driven(now) && rec.driver != me {
+            return Err(CampaignError::Busy {
+                age: rec.heartbeat_age(now),
+                id: rec.id,
+                driver: rec.driver,
+            });
+        }
+        rec.driver = me.to_string();
+        rec.heartbeat = now;
+        let revision = c
+            .write(&rec, Some(revision))
+            .await?
+            .ok_or_else(|| CampaignError::Busy {
+                id: rec.id.clone(),
+                driver: "another process".into(),
+                age: 0,
+            })?;
+        let nodes = c.nodes().await?;
+        Ok(Run::new(rec, revision, nodes))
+    }
+
+    /// Sends `reprovision` to the next waiting nodes while the campaign runs, a token of the
+    /// rate is left and the in-flight limit allows; a node that did not answer before and has
+    /// been provisioned since is done without a request.
+    fn send_due(&self, run: &mut Run, tokens: &mut f64, sends: &mut JoinSet<Sent>) {
+        while run.rec.state == CampaignState::Running
+            && *tokens >= 1.0
+            && run.in_flight() < u64::from(run.rec.limits.max_in_flight)
+        {
+            let Some(identity) = run.queue.pop_front() else {
+                break;
+            };
+            match run.nodes.get(&identity) {
+                Some(n) if n.state == NodeRotation::Pending => {
+                    if n.tries > 0 {
+                        if let Some(n) = run.unanswered_but_reissued(&identity) {
+                            run.write_later(n);
+                            continue;
+                        }
+                    }
+                }
+                _ => continue,
+            }
+            *tokens -= 1.0;
+            run.sending += 1;
+            let rpc = self.rpc.clone();
+            let token = self.token.clone();
+            sends.spawn(async move {
+                let sent_at = now_unix();
+                let r = rpc
+                    .provision_reprovision(&identity, &token, REPROVISION_TIMEOUT)
+                    .await;
+                send_outcome(identity, sent_at, r)
+            });
+        }
+    }
+
+    /// Asks the nodes in flight whose check is due when they started (`rpcutil#daemon_stats`
+    /// on the main collective), at most [`MAX_CHECKS`] at a time.
+    fn spawn_checks(&self, run: &mut Run, checks: &mut JoinSet<(String, Option<i64>)>) {
+        for identity in run.due_checks(now_unix(), MAX_CHECKS.saturating_sub(checks.len())) {
+            let rpc = self.rpc.clone();
+            checks.spawn(async move {
+                let started = rpc
+                    .daemon_stats(&identity, CHECK_TIMEOUT)
+                    .await
+                    .ok()
+                    .map(|s| s.starttime);
+                (identity, started)
+            });
+        }
     }
 
     /// Writes progress and the heartbeat; adopts a pause or abort written by someone else.

@@ -139,7 +139,13 @@ impl Revocation for ControlView {
 }
 
 /// Applies a change of a `pending.` or `approved.` key; whether a node was approved.
-pub(super) fn apply_approval(seal: &Seal, view: &ControlView, key: &str, removed: bool, value: &[u8]) -> bool {
+pub(super) fn apply_approval(
+    seal: &Seal,
+    view: &ControlView,
+    key: &str,
+    removed: bool,
+    value: &[u8],
+) -> bool {
     let mut v = view.write();
     if let Some(hexed) = key.strip_prefix(PENDING_PREFIX) {
         if removed {
