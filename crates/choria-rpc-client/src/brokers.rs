@@ -29,6 +29,7 @@ use hickory_resolver::proto::rr::RData;
 use hickory_resolver::Resolver;
 
 use crate::config::{parse_bool, parse_middleware_host, ChoriaConfig};
+use crate::host::{host_domain, valid_dns_name};
 
 /// The environment variable that points SRV lookups at one DNS server, `ip` or `ip:port`.
 pub const DNS_SERVER_ENV: &str = "CHORIA_PROVISIONER_DNS_SERVER";
@@ -42,8 +43,7 @@ pub const MIDDLEWARE_SRV_NAMES: [&str; 2] =
 pub const FALLBACK_BROKER: &str = "nats://puppet:4222";
 /// At most this many SRV targets are used.
 pub const MAX_SRV_TARGETS: usize = 32;
-/// The longest DNS name accepted (RFC 1035, without the final dot).
-pub const MAX_NAME_LEN: usize = 253;
+pub use crate::host::MAX_NAME_LEN;
 /// How long all the SRV lookups of one resolution may take together.
 pub const SRV_LOOKUP_DEADLINE: Duration = Duration::from_secs(10);
 /// How long one query to one server may take.
@@ -133,29 +133,6 @@ pub struct BrokerPlan {
 /// Bound a value shown in an error.
 fn shown(v: &str) -> String {
     v.chars().take(80).collect()
-}
-
-/// Whether `name` (no final dot) is a DNS host name this client accepts: at most
-/// [`MAX_NAME_LEN`] bytes, labels of 1 to 63 letters, digits, `-` or `_`.
-fn valid_dns_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("empty");
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err("longer than 253 characters");
-    }
-    for label in name.split('.') {
-        if label.is_empty() || label.len() > 63 {
-            return Err("a label is empty or longer than 63 characters");
-        }
-        if !label
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err("only letters, digits, '-' and '_' are allowed");
-        }
-    }
-    Ok(())
 }
 
 /// Parse [`DNS_SERVER_ENV`]'s value: `ip`, `ip:port` or `[ipv6]:port`.
@@ -324,40 +301,6 @@ pub enum SrvError {
     /// The host's domain is unknown.
     #[error("the host's domain is unknown: set plugin.choria.srv_domain or {SRV_DOMAIN_ENV}")]
     NoDomain,
-}
-
-/// The host's domain, as facter's `networking.domain` finds it: what follows the first dot of
-/// the host name, else `resolv.conf`'s `domain`, else its first `search` entry.
-pub fn host_domain() -> Option<String> {
-    let hostname = crate::config::host_name();
-    if let Some((_, d)) = hostname.trim().split_once('.') {
-        if valid_dns_name(d.trim_end_matches('.')).is_ok() {
-            return Some(d.trim_end_matches('.').to_string());
-        }
-    }
-    // resolv.conf is small; read at most 64 KiB of it.
-    let text = std::fs::read("/etc/resolv.conf").ok()?;
-    let text = String::from_utf8_lossy(text.get(..text.len().min(65_536))?).into_owned();
-    domain_from_resolv_conf(&text)
-}
-
-/// `domain`, else the first `search` entry, of a `resolv.conf` text (the last line of each
-/// kind counts, as in the resolver).
-pub fn domain_from_resolv_conf(text: &str) -> Option<String> {
-    let mut domain = None;
-    let mut search = None;
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("domain") => domain = words.next().map(str::to_string),
-            Some("search") => search = words.next().map(str::to_string),
-            _ => {}
-        }
-    }
-    domain
-        .or(search)
-        .map(|d| d.trim_end_matches('.').to_string())
-        .filter(|d| valid_dns_name(d).is_ok())
 }
 
 fn resolver(srv: &SrvSettings) -> Result<Resolver<TokioRuntimeProvider>, SrvError> {
@@ -644,20 +587,6 @@ mod tests {
             .map(|i| t(1, 1, &format!("b{i}.example.net")))
             .collect();
         assert_eq!(usable_targets(many, &mut rng).len(), MAX_SRV_TARGETS);
-    }
-
-    #[test]
-    fn host_domain_from_resolv_conf() {
-        assert_eq!(
-            domain_from_resolv_conf("nameserver 10.0.0.1\nsearch a.example.net b.example.net\n"),
-            Some("a.example.net".into())
-        );
-        assert_eq!(
-            domain_from_resolv_conf("search a.example.net\ndomain corp.example.net.\n"),
-            Some("corp.example.net".into())
-        );
-        assert_eq!(domain_from_resolv_conf("nameserver 10.0.0.1\n"), None);
-        assert_eq!(domain_from_resolv_conf("domain bad..name\n"), None);
     }
 
     /// A plan looking up `domain` on the test's DNS server.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::host::host_name;
 use crate::protocol::{Security, SecurityError};
+use crate::text::bounded;
 
 mod go_keys;
 pub use go_keys::{GO_CHORIA_KEYS, READ_KEYS};
@@ -140,28 +142,6 @@ impl std::fmt::Display for SecurityProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&bounded(self.name()))
     }
-}
-
-/// Text from a configuration file or the environment for a message: control characters
-/// escaped, at most 128 characters. Also what protocol errors quote of a peer's text.
-pub(crate) fn bounded(text: &str) -> String {
-    const MAX: usize = 128;
-    let mut out: String = text
-        .chars()
-        .take(MAX)
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect();
-    if text.chars().count() > MAX {
-        out.push_str("...");
-    }
-    out
 }
 
 /// Puppet's ssldir for root as Puppet's packages (AIO) install it.
@@ -587,14 +567,6 @@ pub fn user_config_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/etc/puppetlabs/mcollective/client.cfg"))
 }
 
-/// The host name as the kernel has it (`uname(2)`, as Go's `os.Hostname`): it needs no file,
-/// so it works under a unit whose `/proc` shows processes only (`ProcSubset=pid`) and without
-/// `HOSTNAME` in the environment. Empty when the kernel has none.
-pub fn host_name() -> String {
-    let uts = rustix::system::uname();
-    uts.nodename().to_string_lossy().trim().to_string()
-}
-
 /// The fully qualified name `/etc/hosts` gives `short` (what `hostname -f` finds through the
 /// files source): the first name with a dot on a line that names `short`.
 fn hosts_fqdn(short: &str, hosts: &str) -> Option<String> {
@@ -634,7 +606,7 @@ fn default_identity() -> String {
     if let Some(fqdn) = hosts_fqdn(&short, &hosts) {
         return fqdn;
     }
-    if let Some(domain) = crate::brokers::host_domain() {
+    if let Some(domain) = crate::host::host_domain() {
         if !name.contains('.') {
             return format!("{name}.{domain}");
         }

@@ -41,11 +41,13 @@ pub mod config;
 pub mod connection;
 pub mod duration;
 pub mod election;
+pub mod host;
 pub mod lifecycle;
 pub mod mcorpc;
 pub mod protocol;
 pub mod rpc;
 pub mod streams;
+mod text;
 
 /// The NATS client the connection and [`rpc::RpcClient::nats`] hand out.
 pub use async_nats;

@@ -568,7 +568,7 @@ fn parse_transport(bytes: &[u8]) -> Result<(ProtocolVersion, Vec<u8>, HeadersIn)
         other => {
             return Err(ProtocolError::Protocol {
                 layer: "transport",
-                found: crate::config::bounded(other),
+                found: crate::text::bounded(other),
             })
         }
     };
@@ -585,7 +585,7 @@ fn check_protocol(
         Some(p) if p == want => Ok(()),
         Some(p) => Err(ProtocolError::Protocol {
             layer,
-            found: crate::config::bounded(p),
+            found: crate::text::bounded(p),
         }),
         None => Err(ProtocolError::schema(layer, "protocol is required")),
     }
