@@ -6,42 +6,20 @@
 //! seal are [`crate::control`]'s.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use provision_core::identity::escaped;
 use provision_core::{Approval, HoldFuture, PendingNode};
 use provisioner_status::control::{DecideFuture, FleetControlView, PauseInfo, PendingInfo};
 
-use crate::control::{same_keys, Control, ControlView, PendingRecord, Selector};
+use crate::control::{same_keys, ControlSlot, ControlView, PendingRecord, Selector};
 use crate::{now_unix, rfc3339};
 
 /// The most facts kept of a pending node.
 pub const MAX_FACTS: usize = 12;
 /// The longest fact name or value kept (longer ones are cut).
 pub const MAX_FACT: usize = 64;
-
-/// The fleet control bucket once the daemon's follower has opened it: where pending records
-/// are written and the status page's decisions go.
-#[derive(Debug, Default)]
-pub struct ControlSlot(RwLock<Option<Control>>);
-
-impl ControlSlot {
-    /// An empty slot.
-    pub fn new() -> Arc<Self> {
-        Arc::default()
-    }
-
-    /// Sets the bucket opened.
-    pub fn set(&self, control: Control) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(control);
-    }
-
-    /// The bucket, once opened.
-    pub fn get(&self) -> Option<Control> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
 
 /// A few facts of a node from its inventory JSON (`facts`, else the top level): the scalar
 /// ones, at most [`MAX_FACTS`], names and values cut to [`MAX_FACT`] bytes, control characters

@@ -65,8 +65,8 @@ impl Seal {
         self.0.is_some()
     }
 
-    /// The tag of a control record (see [`crate::control`]) stored under `key`, `None` without
-    /// a secret. Domain-separated from the claims' tags by its first part.
+    /// The tag of a fleet record (pause, deny entry, approval, rate, campaign) stored under
+    /// `key`, `None` without a secret. Domain-separated from the claims' tags by its first part.
     pub fn tag_record(&self, key: &str, payload: &[u8]) -> Option<String> {
         let k = self.0.as_ref()?;
         let mut ctx = ring::hmac::Context::with_key(k);

@@ -25,7 +25,7 @@ pub struct Follower {
     /// How long to wait before opening the bucket again after a failure.
     pub retry: Duration,
     /// Where the bucket goes once opened, for the approval queue's writes.
-    pub slot: Arc<crate::approval::ControlSlot>,
+    pub slot: Arc<ControlSlot>,
 }
 
 impl Follower {
@@ -66,5 +66,27 @@ impl Follower {
                 _ = stop.cancelled() => return,
             }
         }
+    }
+}
+
+/// The fleet control bucket once the daemon's follower has opened it: where pending records
+/// are written and the status page's decisions go.
+#[derive(Debug, Default)]
+pub struct ControlSlot(RwLock<Option<Control>>);
+
+impl ControlSlot {
+    /// An empty slot.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Sets the bucket opened.
+    pub fn set(&self, control: Control) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(control);
+    }
+
+    /// The bucket, once opened.
+    pub fn get(&self) -> Option<Control> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

@@ -13,7 +13,7 @@
 //! - `pending.<hex of the identity>` holds a node waiting for an operator's approval
 //!   (`approval: manual`, or the policy's `pending`): its identity, the fingerprints of its
 //!   keys, a few facts, when it was first and last seen and when the entry expires
-//!   ([`crate::approval`]).
+//!   (the approval queue).
 //! - `approved.<hex of the identity>` holds an operator's approval of that identity with the
 //!   key fingerprints it had when pending; a node presenting other keys is not approved.
 //!
@@ -197,7 +197,7 @@ impl Control {
         })
     }
 
-    /// The bucket, for the shared rate limit ([`crate::pacing`]).
+    /// The bucket, for the shared rate limit.
     pub(crate) fn store(&self) -> &kv::Store {
         &self.store
     }

@@ -46,7 +46,7 @@ pub struct PendingRecord {
     pub fingerprints: Vec<String>,
     /// Why it waits: `approval: manual` or the policy's reason.
     pub reason: String,
-    /// A few facts from its inventory, each value shortened ([`crate::approval::facts`]).
+    /// A few facts from its inventory, each value shortened (by the approval queue).
     #[serde(default)]
     pub facts: std::collections::BTreeMap<String, String>,
     /// When it was first seen waiting (Unix seconds).
