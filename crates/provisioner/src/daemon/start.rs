@@ -15,9 +15,9 @@ use choria_rpc_client::connection::{
 };
 use choria_rpc_client::election;
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
-use fleet_lifecycle::approval::{ApprovalQueue, ControlSlot};
+use fleet_lifecycle::approval::ApprovalQueue;
 use fleet_lifecycle::campaign::CampaignSlot;
-use fleet_lifecycle::control::ControlView;
+use fleet_lifecycle::control::{ControlSlot, ControlView};
 use provision_core::{Backoff, Fleet, Observer, PauseState, Provisioner};
 use provisioner_metrics::{Metrics, Role};
 use provisioner_status::{HistoryLimits, NodeTable, Serving};
