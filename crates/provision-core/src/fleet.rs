@@ -38,24 +38,32 @@ use crate::observer::Observer;
 use crate::provision::{Host, Outcome, ProvisionErrorKind, Provisioner};
 
 mod names;
+mod table;
+
 use names::{Name, NameQueue, Names};
+use table::{After, Entry, State, Table};
 
 /// The work queue's default capacity (`work_queue_size`). The Go provisioner stops at 50,000;
 /// a waiting node costs a few hundred bytes here, so a quarter of a million nodes announcing
 /// themselves at once still fits in a bounded queue.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 250_000;
+
 /// Nodes found by discovery while the work queue is full wait in a backlog of identities (tens
 /// of bytes a node) up to this many times the queue's capacity, and move into the queue as it
 /// drains, so a fleet larger than the queue is provisioned without waiting an interval for the
 /// next discovery. Each discovery replaces the backlog with what it found.
 pub const BACKLOG_FACTOR: usize = 4;
+
 /// How long a provisioned or shut-down node stays known.
 pub const SUCCESS_HOLD: Duration = Duration::from_secs(60);
+
 /// How long a node whose lock another provisioner holds is left alone (go-choria's lock time).
 pub const LOCK_HOLD: Duration = Duration::from_secs(120);
+
 /// How many tries an announced node that discovery does not find again gets before it is
 /// forgotten.
 pub const ANNOUNCED_TRIES: u8 = 5;
+
 /// The wait before an announced node's second try; it doubles for every further try, at most
 /// one discovery interval.
 pub const ANNOUNCED_RETRY: Duration = Duration::from_secs(30);
@@ -85,367 +93,6 @@ impl Source {
             Source::Discovery => "discovery",
             Source::Event => "a startup event",
         }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Queued,
-    Working,
-    Held,
-    /// An announced node waiting for its next try.
-    Retry,
-}
-
-#[derive(Debug)]
-struct Entry {
-    /// When it was queued (`Queued`; what staleness and the wait count from), until when it is
-    /// held (`Held`), or when its next try is due (`Retry`): one time, on the table's
-    /// [`Clock`], so that an entry is 16 bytes.
-    time: u64,
-    generation: u32,
-    state: State,
-    lane: Source,
-    /// Tries an announced node has had (0 for a discovered one).
-    tries: u8,
-}
-
-/// What becomes of a node's entry when its cycle ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum After {
-    /// Forgotten: found again by a later discovery.
-    Forget,
-    /// Kept (not queued again) for this long.
-    Hold(Duration),
-    /// An announced node: kept and tried again after a backoff, if it has tries left.
-    Retry,
-}
-
-/// The table's times: nanoseconds since the table was made, 8 bytes where an [`Instant`] takes
-/// 16 (a million waiting nodes hold a million of them). Times before the table's start are its
-/// start; 2^64 nanoseconds are centuries.
-#[derive(Debug, Clone, Copy)]
-struct Clock(Instant);
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock(Instant::now())
-    }
-}
-
-impl Clock {
-    fn stamp(self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.0).as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    fn at(self, stamp: u64) -> Instant {
-        self.0 + Duration::from_nanos(stamp)
-    }
-}
-
-/// A known node: its identity (in [`Table::names`]) and its entry.
-struct Slot {
-    name: Name,
-    entry: Entry,
-}
-
-/// A queue entry: a node's slot and the generation it was queued with.
-type LaneEntry = (u32, u32);
-
-/// The host table and the two lanes of the queue.
-///
-/// Nodes live in a slab of slots found by identity through a hash index of slot numbers, and
-/// the lanes hold slot numbers: a waiting node costs its identity's bytes (kept end to end in
-/// [`Names`], not allocated one by one), one slot and a few bytes of index and lane (about 77
-/// bytes a node with a 33-character identity: a 24-byte slot, the identity, the index and a
-/// lane entry), so a queue sized to a million-node fleet fits in a bounded, predictable amount
-/// of memory. The index hashes with a
-/// per-process random key, since identities come from the network.
-///
-/// A lane may hold stale entries (a node queued again, promoted to the discovery lane, or
-/// forgotten); they are counted as they appear, skipped when taken, and compacted away only
-/// once they outnumber the live ones, so every operation is O(1) amortised however full the
-/// queue is.
-#[derive(Default)]
-struct Table {
-    slots: Vec<Option<Slot>>,
-    /// The slots' identities.
-    names: Names,
-    /// What the entries' times count from.
-    clock: Clock,
-    /// Slots freed by forgotten nodes, used again first.
-    free: Vec<u32>,
-    /// Slot numbers by identity.
-    index: hashbrown::HashTable<u32>,
-    hasher: RandomState,
-    /// Nodes in the table.
-    len: usize,
-    /// Nodes found by discovery (or found by it after announcing themselves).
-    discovered: VecDeque<LaneEntry>,
-    /// Nodes only known from a startup event.
-    announced: VecDeque<LaneEntry>,
-    /// Nodes the latest discovery found while the queue was full, not in the table yet.
-    backlog: NameQueue,
-    /// Keyed hashes of the nodes whose cycle ended held (provisioned, say) while a backlog
-    /// waits: a backlog entry of such a node, reached after its hold is over, is stale (the
-    /// node announced itself and was provisioned meanwhile) and is skipped. Emptied with the
-    /// backlog.
-    done: hashbrown::HashTable<u64>,
-    /// Stale entries in `discovered` and `announced`.
-    stale_discovered: usize,
-    stale_announced: usize,
-    /// Generations tell a node's current queue entry from its stale ones; they wrap, and a
-    /// stale entry lives at most until the next compaction, far fewer than 2^32 adds later.
-    next_generation: u32,
-    /// Workers busy with a node from the event lane.
-    event_busy: usize,
-    /// The event lane's turn comes next.
-    event_turn: bool,
-    /// [`Fleet::drain`] has begun: nothing is queued or started any more.
-    draining: bool,
-}
-
-impl Table {
-    fn find(&self, identity: &str) -> Option<u32> {
-        let hash = self.hasher.hash_one(identity);
-        let (slots, names) = (&self.slots, &self.names);
-        self.index
-            .find(hash, |&s| {
-                slots[s as usize]
-                    .as_ref()
-                    .is_some_and(|x| names.get(x.name) == identity)
-            })
-            .copied()
-    }
-
-    /// The identity in `slot`.
-    fn name(&self, slot: u32) -> Option<&str> {
-        self.slot(slot).map(|x| self.names.get(x.name))
-    }
-
-    fn get(&self, identity: &str) -> Option<&Entry> {
-        let s = self.find(identity)?;
-        self.slots[s as usize].as_ref().map(|x| &x.entry)
-    }
-
-    fn get_mut(&mut self, identity: &str) -> Option<&mut Entry> {
-        let s = self.find(identity)?;
-        self.slots[s as usize].as_mut().map(|x| &mut x.entry)
-    }
-
-    fn slot(&self, slot: u32) -> Option<&Slot> {
-        self.slots.get(slot as usize).and_then(Option::as_ref)
-    }
-
-    /// Whether `ticket` is its node's current queue entry.
-    fn current(&self, (slot, generation): LaneEntry) -> bool {
-        self.slot(slot)
-            .is_some_and(|x| x.entry.generation == generation && x.entry.state == State::Queued)
-    }
-
-    /// Sets `identity`'s entry, adding the node if it is not known; returns its slot.
-    fn set(&mut self, identity: &str, entry: Entry) -> u32 {
-        if let Some(s) = self.find(identity) {
-            if let Some(x) = self.slots[s as usize].as_mut() {
-                x.entry = entry;
-            }
-            return s;
-        }
-        let slot = Slot {
-            name: self.names.add(identity),
-            entry,
-        };
-        let s = match self.free.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(slot);
-                s
-            }
-            None => {
-                // A table never holds 2^32 nodes: the queue and the holds are bounded far
-                // below that by memory.
-                let s = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                self.slots.push(Some(slot));
-                s
-            }
-        };
-        let Table {
-            index,
-            slots,
-            names,
-            hasher,
-            ..
-        } = self;
-        let hash = hasher.hash_one(identity);
-        index.insert_unique(hash, s, |&k| {
-            slots[k as usize]
-                .as_ref()
-                .map_or(0, |x| hasher.hash_one(names.get(x.name)))
-        });
-        self.len += 1;
-        s
-    }
-
-    /// Forgets the node in `slot`, returning its entry.
-    fn remove_slot(&mut self, slot: u32) -> Option<Entry> {
-        let x = self.slots.get_mut(slot as usize)?.take()?;
-        let hash = self.hasher.hash_one(self.names.get(x.name));
-        if let Ok(found) = self.index.find_entry(hash, |&k| k == slot) {
-            found.remove();
-        }
-        self.names.remove(x.name);
-        if self.names.wants_compaction() {
-            // The slots keep their numbers, so the index and the lanes stay as they are.
-            let live = self.slots.iter_mut().flatten().map(|x| &mut x.name);
-            self.names.compact(live);
-        }
-        self.free.push(slot);
-        self.len -= 1;
-        Some(x.entry)
-    }
-
-    /// Forgets `identity`, returning its entry.
-    fn remove(&mut self, identity: &str) -> Option<Entry> {
-        let s = self.find(identity)?;
-        self.remove_slot(s)
-    }
-
-    /// Forgets every node and empties both lanes.
-    fn clear(&mut self) {
-        self.slots.clear();
-        self.names = Names::default();
-        self.free.clear();
-        self.index.clear();
-        self.discovered.clear();
-        self.announced.clear();
-        self.backlog = NameQueue::default();
-        self.done = hashbrown::HashTable::new();
-        self.slots.shrink_to(1024);
-        self.free.shrink_to(1024);
-        self.index.shrink_to(1024, |_| 0);
-        self.discovered.shrink_to(1024);
-        self.announced.shrink_to(1024);
-        self.len = 0;
-        self.stale_discovered = 0;
-        self.stale_announced = 0;
-    }
-
-    /// Queues a node found by discovery: a new entry in the discovery lane, or an announced
-    /// node still waiting (or waiting for its next try) moved there. Returns false when the
-    /// node is already queued by discovery, being provisioned or held.
-    fn queue_discovered(&mut self, identity: &str, now: Instant) -> bool {
-        let now = self.clock.stamp(now);
-        let added = match self.get(identity) {
-            None => now,
-            Some(e) if e.state == State::Queued && e.lane == Source::Event => {
-                let added = e.time;
-                self.retire(Source::Event);
-                added
-            }
-            Some(e) if e.state == State::Retry => now,
-            Some(_) => return false,
-        };
-        self.next_generation = self.next_generation.wrapping_add(1);
-        let generation = self.next_generation;
-        let slot = self.set(
-            identity,
-            Entry {
-                time: added,
-                generation,
-                state: State::Queued,
-                lane: Source::Discovery,
-                tries: 0,
-            },
-        );
-        self.discovered.push_back((slot, generation));
-        true
-    }
-
-    /// Moves nodes from the discovery backlog into the queue while it has room, at most 64 a
-    /// call (each call takes one node off the queue, so the queue stays full).
-    fn refill(&mut self, capacity: usize, now: Instant) {
-        let mut moved = 0;
-        while moved < 64 && self.queued() < capacity {
-            let Some(id) = self.backlog.pop_front() else {
-                break;
-            };
-            let hash = self.hasher.hash_one(&*id);
-            if self.done.find(hash, |&h| h == hash).is_some() {
-                continue;
-            }
-            if self.queue_discovered(&id, now) {
-                moved += 1;
-            }
-        }
-        if self.backlog.is_empty() {
-            self.end_backlog();
-        }
-    }
-
-    /// Drops the backlog and what was remembered beside it.
-    fn end_backlog(&mut self) {
-        self.backlog = NameQueue::default();
-        self.done = hashbrown::HashTable::new();
-    }
-
-    /// Remembers that `identity`'s cycle ended held, while a backlog waits.
-    fn remember_done(&mut self, identity: &str) {
-        if self.backlog.is_empty() {
-            return;
-        }
-        let hash = self.hasher.hash_one(identity);
-        if self.done.find(hash, |&h| h == hash).is_none() {
-            self.done.insert_unique(hash, hash, |&h| h);
-        }
-    }
-
-    fn lane(&mut self, source: Source) -> &mut VecDeque<LaneEntry> {
-        match source {
-            Source::Discovery => &mut self.discovered,
-            Source::Event => &mut self.announced,
-        }
-    }
-
-    fn stale(&mut self, source: Source) -> &mut usize {
-        match source {
-            Source::Discovery => &mut self.stale_discovered,
-            Source::Event => &mut self.stale_announced,
-        }
-    }
-
-    /// Nodes waiting in `source`'s lane.
-    fn live(&self, source: Source) -> usize {
-        match source {
-            Source::Discovery => self.discovered.len() - self.stale_discovered,
-            Source::Event => self.announced.len() - self.stale_announced,
-        }
-    }
-
-    /// Nodes waiting in both lanes.
-    fn queued(&self) -> usize {
-        self.live(Source::Discovery) + self.live(Source::Event)
-    }
-
-    /// The queue entry of a node still waiting becomes stale (the node is queued again, moves
-    /// lane or is forgotten): counted, and the lanes compacted once stale entries are the
-    /// majority, which bounds the lanes to twice the waiting nodes at O(1) amortised cost.
-    fn retire(&mut self, lane: Source) {
-        *self.stale(lane) += 1;
-        let stale = self.stale_discovered + self.stale_announced;
-        if stale > 1024 && stale > self.discovered.len() + self.announced.len() - stale {
-            self.compact();
-        }
-    }
-
-    /// Drops queue entries left behind by replaced or removed nodes.
-    fn compact(&mut self) {
-        let mut discovered = std::mem::take(&mut self.discovered);
-        let mut announced = std::mem::take(&mut self.announced);
-        discovered.retain(|&t| self.current(t));
-        announced.retain(|&t| self.current(t));
-        self.discovered = discovered;
-        self.announced = announced;
-        self.stale_discovered = 0;
-        self.stale_announced = 0;
     }
 }
 
@@ -1210,6 +857,7 @@ impl Fleet {
 
 #[cfg(test)]
 mod tests {
+    use super::table::{Clock, Slot};
     use super::*;
 
     #[test]
