@@ -7,6 +7,7 @@
 //! [`AUDIT_SUBJECT`]) where the account may create streams. Each record is published and its
 //! acknowledgement awaited, so a record is in the stream when [`AuditStream::publish`] returns.
 
+pub use crate::config::StreamLimits;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -58,27 +59,6 @@ impl std::fmt::Debug for AuditStream {
             .field("stream", &self.stream)
             .field("api", &self.api)
             .finish_non_exhaustive()
-    }
-}
-
-/// How much of the audit trail the stream keeps: records older than `max_age` or beyond
-/// `max_bytes` are discarded, oldest first, so the stream cannot fill the server's storage that
-/// the election and claims buckets share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamLimits {
-    /// `audit_stream_max_age`.
-    pub max_age: Duration,
-    /// `audit_stream_max_bytes`.
-    pub max_bytes: u64,
-}
-
-impl Default for StreamLimits {
-    /// 30 days and 1 GiB.
-    fn default() -> Self {
-        StreamLimits {
-            max_age: Duration::from_secs(30 * 24 * 3600),
-            max_bytes: 1 << 30,
-        }
     }
 }
 
