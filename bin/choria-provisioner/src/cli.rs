@@ -337,16 +337,16 @@ pub struct ApiArgs {
     #[arg(long, value_name = "FILE", value_parser = existing_file)]
     pub config: Option<PathBuf>,
 
-    /// The monitor listener's URL instead of the configuration's, as http://HOST:PORT or
-    /// https://HOST:PORT
+    /// The monitor listener's URL, as http://HOST:PORT or https://HOST:PORT (default: the
+    /// configuration's)
     #[arg(long, value_name = "URL")]
     pub monitor: Option<String>,
 
-    /// A file holding the API's bearer token instead of the configuration's monitor_token_file
+    /// A file holding the API's bearer token (default: the configuration's monitor_token_file)
     #[arg(long = "token-file", value_name = "FILE", value_parser = existing_file)]
     pub token_file: Option<PathBuf>,
 
-    /// Print the API's JSON instead of a table
+    /// Print the API's JSON, not a table
     #[arg(long)]
     pub json: bool,
 }

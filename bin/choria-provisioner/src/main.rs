@@ -19,7 +19,7 @@ use provisioner::status_text::Query;
 
 /// mimalloc rather than the C library's allocator: a node's cycle allocates and frees many
 /// short-lived buffers (envelopes, log lines, JSON) across the runtime's threads, where glibc's
-/// malloc and free were a sixth of the daemon's CPU in a profile (see ARCHITECTURE.md). Its
+/// malloc and free are a large share of the daemon's CPU (see ARCHITECTURE.md). Its
 /// arenas are large and aligned, so where transparent huge pages are `always` each touched
 /// region would be backed by 2 MiB pages: [`main`] turns them off for the process first.
 #[global_allocator]

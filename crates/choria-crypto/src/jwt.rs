@@ -326,7 +326,7 @@ pub const VERIFIED_TOKEN_MAX_LEN: usize = 8 * 1024;
 
 /// The last few tokens whose signature verified, each with the key it verified with: a token
 /// that many nodes present (a site's provisioning JWT is baked into its images) then costs one
-/// signature check per key instead of one per node. Bounded: [`VERIFIED_TOKENS`] tokens of at
+/// signature check per key, not one per node. Bounded: [`VERIFIED_TOKENS`] tokens of at
 /// most [`VERIFIED_TOKEN_MAX_LEN`] bytes, the oldest forgotten first.
 #[derive(Default)]
 pub struct VerifiedTokens {

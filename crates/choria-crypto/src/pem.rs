@@ -140,7 +140,7 @@ pub fn encode(label: &str, der: impl Into<Vec<u8>>) -> String {
 }
 
 /// The same PEM document with the last byte of its DER flipped: for a CSR or a certificate that
-/// is the end of the signature, so the document still parses but no longer verifies. For tests
+/// is the end of the signature, so the document still parses but does not verify. For tests
 /// and fault injection.
 pub fn break_signature(text: &str) -> Option<String> {
     let (label, mut der) = der::pem::decode_vec(text.as_bytes()).ok()?;
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn a_truncated_document_is_an_error_not_a_hang() {
         // DER that stops inside its first header, the input that once made der's streaming PEM
-        // reader spin; run on a thread so a regression fails instead of hanging the suite.
+        // reader spin; run on a thread so a regression fails rather than hangs the suite.
         for label in ["CERTIFICATE", "CERTIFICATE REQUEST"] {
             let truncated =
                 der::pem::encode_string(label, der::pem::LineEnding::LF, &[0x30, 0x82]).unwrap();

@@ -228,7 +228,7 @@ fn go_words(e: &KeyEncError) -> String {
 pub const NODE_KEY_POOL: usize = 16_384;
 
 /// Key pairs made when the fleet starts, before any request, so that `jwt` and `gen25519`
-/// answer with a key instead of making one (the keys a real server makes at that moment are
+/// answer with a key already made (the keys a real server makes at that moment are
 /// random to the provisioner either way). Node `i` uses pair `i + reprovisions` of the pool,
 /// so a node has a new pair after each `reprovision`.
 pub struct NodeKeys {

@@ -339,8 +339,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
 }
 
 /// mimalloc, as the provisioner uses: every simulated request allocates and frees short-lived
-/// buffers across the runtime's threads, where the C library's allocator was a twelfth of the
-/// simulator's CPU in a profile.
+/// buffers across the runtime's threads, where the C library's allocator is a noticeable share
+/// of the simulator's CPU.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -868,7 +868,7 @@ impl Election {
 }
 
 /// Ends a run however it ends, including when its future is dropped mid-campaign: watchers must
-/// never keep seeing `Leader` from a campaign that no longer runs.
+/// never keep seeing `Leader` from a campaign that has stopped.
 struct RunningGuard<'a>(&'a Inner);
 
 impl Drop for RunningGuard<'_> {

@@ -10,7 +10,7 @@
 //! Choria envelope carries it too, and Choria servers read only the envelope's). When nothing is
 //! subscribed to the node's subject, the broker answers at once on that subject with a
 //! no-responders status message (503, no payload), and the request fails with
-//! [`RequestErrorKind::NoResponders`] instead of waiting for its timeout. Broadcasts are published
+//! [`RequestErrorKind::NoResponders`] without waiting for its timeout. Broadcasts are published
 //! without one: many nodes answer them, and an empty collective is an empty discovery.
 
 mod events;

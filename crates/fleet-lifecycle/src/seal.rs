@@ -136,7 +136,7 @@ impl Seal {
             Some(_) => Some(words.pop()?),
             None => None,
         };
-        // `<state> <replica>` alone is what earlier versions wrote: honoured only unsealed.
+        // `<state> <replica>` alone, without a time, is honoured only unsealed.
         let at_ms = match words.last().and_then(|w| w.parse::<u64>().ok()) {
             Some(at) if words.len() >= 3 => {
                 words.pop();
@@ -200,7 +200,7 @@ mod tests {
         let life = Duration::from_secs(30);
         let now = 1_700_000_000_000u64;
         let read = |v: &[u8]| none.read("node.n1", v, now, life);
-        // What earlier versions wrote, without a time.
+        // Values without a time.
         assert_eq!(read(b"claimed p1"), sealed("claimed", "p1"));
         assert_eq!(read(b"done p2"), sealed("done", "p2"));
         assert_eq!(read(b"done p\x1b[2"), sealed("done", "p[2"));

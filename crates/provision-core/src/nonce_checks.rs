@@ -86,7 +86,7 @@ impl NonceChecks {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             drop(proofs);
             for (p, answer) in chunk.into_iter().zip(answers) {
-                // A cycle that has gone away no longer wants its answer.
+                // A cycle that has gone away does not want its answer.
                 let _ = p.answer.send(answer);
             }
         }

@@ -96,8 +96,8 @@ pub struct Config {
     /// Take part in leader election.
     pub leader_election: bool,
     /// `leader_election_wait` (not a Go key): an election that cannot start is tried again
-    /// for ever (standing by meanwhile) instead of stopping the daemon, as the Go provisioner
-    /// stops.
+    /// for ever (standing by meanwhile); without it the daemon stops, as the Go provisioner
+    /// does.
     pub leader_election_wait: bool,
     /// `fleet_control` (not a Go key): follow the `CHORIA_PROVISIONER_CONTROL` bucket, so that
     /// `choria-provisioner pause|resume|deny` reach this replica.
@@ -495,7 +495,7 @@ impl Config {
         Self::from_yaml(&text, path)
     }
 
-    /// Reads `path` and validates every key, collecting all the problems instead of stopping at
+    /// Reads `path` and validates every key, collecting all the problems, not only
     /// the first (for `choria-provisioner check`). In the returned configuration an invalid
     /// value is replaced by its default, so whatever depends on it can still be checked. A file
     /// that cannot be read or parsed is still an error: nothing can be checked without it.
@@ -908,7 +908,7 @@ features:
                 ConfigWarning::NoEffect("broker_port"),
             ]
         );
-        // rego_policy has an effect now: it is read, trimmed, and no longer warned about.
+        // rego_policy has an effect: it is read, trimmed, and not warned about.
         assert_eq!(l.config.rego_policy, "x.rego");
         assert_eq!(l.config.record_helper_inputs, "");
         assert!(l.warnings[0].to_string().contains("\"feature\""));

@@ -244,7 +244,7 @@ impl Spreader {
         };
         let mut map = self.lock();
         if let Some(w) = map.get_mut(identity) {
-            // A fresh sighting renews the old one; a pending look keeps its time.
+            // A fresh sighting replaces the earlier one; a pending look keeps its time.
             *w = Waiting {
                 due: w.due.or(waiting.due),
                 ..waiting

@@ -158,7 +158,7 @@ struct Pending {
 }
 
 /// After writing a small batch the writer lets lines gather this long before the next write:
-/// under load one write and no wake-up per few hundred lines, instead of both per line.
+/// under load one write and no wake-up per few hundred lines, not both per line.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A batch this large is followed by the next write at once.

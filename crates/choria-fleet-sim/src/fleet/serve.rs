@@ -222,7 +222,7 @@ impl Inner {
             };
             // Answered here rather than in a task of its own: a request is tens of
             // microseconds of work, and the replies of the requests read in a row go out in
-            // one write to the broker instead of a write and a task switch each. The one
+            // one write to the broker, with no task switch between them. The one
             // slow answer, a CSR, runs on a blocking thread (`answer`).
             self.handle(msg.subject.as_str(), &msg.payload).await;
         }

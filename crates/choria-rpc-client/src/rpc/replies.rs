@@ -75,7 +75,7 @@ pub(super) fn handle_reply(inner: &Inner, msg: &async_nats::Message) {
     let known = match lock(&inner.pending).get(subject_id) {
         None => false,
         Some(Pending::Discovery { tx }) => {
-            // A discovery that has just ended drops what it no longer reads (the payload is
+            // A discovery that has just ended drops what it does not read any more (the payload is
             // shared, not copied).
             let _ = tx.send(msg.payload.clone());
             return;

@@ -823,7 +823,7 @@ mod tests {
         assert!(run.due_checks(200 + after, 0).is_empty());
         let due = run.due_checks(150 + 2 * after, 8);
         assert_eq!(due.len(), 2, "{due:?}");
-        // Restarted since: done, and no longer asked.
+        // Restarted since: done, and not asked again.
         assert_eq!(
             run.checked("n1", Some(160)).map(|n| n.state),
             Some(NodeRotation::Done)

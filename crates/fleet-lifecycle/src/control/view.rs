@@ -342,7 +342,7 @@ mod tests {
             .denied("n2.example.net", std::slice::from_ref(&fp))
             .is_some());
         assert!(view.denied("n2.example.net", &[]).is_none());
-        // Removed: no longer denied.
+        // Removed: not denied.
         apply(
             &seal,
             &view,
