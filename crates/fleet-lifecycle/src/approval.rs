@@ -29,17 +29,7 @@ pub fn facts(inventory: &str) -> BTreeMap<String, String> {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(inventory) else {
         return out;
     };
-    let cut = |s: &str| {
-        let mut s: String = s.chars().filter(|c| !c.is_control()).collect();
-        if s.len() > MAX_FACT {
-            let mut n = MAX_FACT;
-            while !s.is_char_boundary(n) {
-                n -= 1;
-            }
-            s.truncate(n);
-        }
-        s
-    };
+    let cut = |s: &str| crate::bounded_to(s, MAX_FACT);
     if let Some(ver) = v.get("version").and_then(|x| x.as_str()) {
         out.insert("version".to_string(), cut(ver));
     }

@@ -27,6 +27,67 @@ pub mod control;
 pub mod pacing;
 pub mod seal;
 
+/// Why a lifecycle bucket could not be opened through any route to Choria Streams.
+pub(crate) enum NotOpened {
+    /// A route answered with this error (the bucket missing, a permission...).
+    Refused(choria_rpc_client::streams::BucketError),
+    /// No route answered: every route's error on one line.
+    Unreachable(String),
+}
+
+/// Opens the private bucket `name` (history 1, file storage, values of at most `max_value`
+/// bytes) over whichever route to Choria Streams answers first, creating it when `create` and
+/// the account may; bounded by [`control::REQUEST_TIMEOUT`] a request.
+pub(crate) async fn open_bucket(
+    client: &async_nats::Client,
+    name: &str,
+    description: &str,
+    max_value: usize,
+    create: bool,
+) -> Result<
+    (
+        choria_rpc_client::streams::StreamsApi,
+        async_nats::jetstream::Context,
+        choria_rpc_client::streams::OpenedBucket,
+    ),
+    NotOpened,
+> {
+    use choria_rpc_client::streams::{first_answering, BucketError, Probe};
+    let config = async_nats::jetstream::kv::Config {
+        bucket: name.to_string(),
+        description: description.to_string(),
+        history: 1,
+        max_value_size: i32::try_from(max_value).unwrap_or(i32::MAX),
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    let probe = first_answering(
+        |api| {
+            let config = &config;
+            let js = api.context(client.clone(), control::REQUEST_TIMEOUT);
+            async move {
+                choria_rpc_client::streams::open_bucket(&js, config, create)
+                    .await
+                    .map(|b| (js, b))
+            }
+        },
+        BucketError::unreachable,
+    )
+    .await;
+    match probe {
+        Probe::Opened(api, (js, bucket)) => {
+            if let Some(replicas) = bucket.created {
+                tracing::info!("created bucket {name} with {replicas} replicas");
+            }
+            Ok((api, js, bucket))
+        }
+        Probe::Answered(_, e) => Err(NotOpened::Refused(e)),
+        Probe::Unreachable(errors) => Err(NotOpened::Unreachable(
+            choria_rpc_client::streams::route_errors(&errors),
+        )),
+    }
+}
+
 /// Unix seconds now.
 pub fn now_unix() -> i64 {
     chrono::Utc::now().timestamp()

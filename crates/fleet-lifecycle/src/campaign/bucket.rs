@@ -31,39 +31,23 @@ impl Campaigns {
         seal: Seal,
         create: bool,
     ) -> Result<Campaigns, CampaignError> {
-        let config = kv::Config {
-            bucket: CAMPAIGN_BUCKET.to_string(),
-            description: "Choria provisioner rotation campaigns".to_string(),
-            history: 1,
-            max_value_size: MAX_RECORD as i32,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        };
-        let probe = first_answering(
-            |api| {
-                let config = &config;
-                let js = api.context(client.clone(), REQUEST_TIMEOUT);
-                async move { open_bucket(&js, config, create).await.map(|b| (js, b)) }
-            },
-            BucketError::unreachable,
-        )
-        .await;
-        let (js, opened) = match probe {
-            Probe::Opened(_, opened) => opened,
-            Probe::Answered(_, BucketError::Missing) => return Err(CampaignError::NoCampaign),
-            Probe::Answered(_, BucketError::Create(d)) => {
-                return Err(request("create the bucket", d))
-            }
-            Probe::Answered(_, e) => return Err(request("open the bucket", e)),
-            Probe::Unreachable(errors) => {
-                return Err(CampaignError::Unreachable {
-                    detail: route_errors(&errors),
-                })
-            }
-        };
-        if let Some(replicas) = opened.created {
-            info!("created campaign bucket {CAMPAIGN_BUCKET} with {replicas} replicas");
-        }
+        let description = "Choria provisioner rotation campaigns";
+        let (js, opened) =
+            match crate::open_bucket(&client, CAMPAIGN_BUCKET, description, MAX_RECORD, create)
+                .await
+            {
+                Ok((_, js, opened)) => (js, opened),
+                Err(crate::NotOpened::Refused(BucketError::Missing)) => {
+                    return Err(CampaignError::NoCampaign)
+                }
+                Err(crate::NotOpened::Refused(BucketError::Create(d))) => {
+                    return Err(request("create the bucket", d))
+                }
+                Err(crate::NotOpened::Refused(e)) => return Err(request("open the bucket", e)),
+                Err(crate::NotOpened::Unreachable(detail)) => {
+                    return Err(CampaignError::Unreachable { detail })
+                }
+            };
         Ok(Campaigns {
             store: opened.store,
             js,
@@ -261,31 +245,20 @@ impl Campaigns {
         }
         self.purge_nodes().await?;
         let now = now_unix();
-        let mut rec = CampaignRecord {
-            id: format!(
-                "{}-{}",
-                chrono::Utc::now().format("%Y%m%dT%H%M%SZ"),
-                &choria_rpc_client::protocol::new_request_id()[..8]
-            ),
-            by: self.by.clone(),
-            selector: bounded(selector, MAX_ERROR),
-            created: now,
+        let id = format!(
+            "{}-{}",
+            chrono::Utc::now().format("%Y%m%dT%H%M%SZ"),
+            &choria_rpc_client::protocol::new_request_id()[..8]
+        );
+        let mut rec = CampaignRecord::new(
+            id,
+            self.by.clone(),
+            bounded(selector, MAX_ERROR),
+            now,
             limits,
-            // Written paused until every node is stored, so a driver never sees half of them.
-            state: CampaignState::Paused,
-            reason: "recording its nodes".into(),
-            total: targets.len() as u64,
-            pending: targets.len() as u64,
-            in_flight: 0,
-            done: 0,
-            failed: 0,
-            driver: String::new(),
-            heartbeat: 0,
-            eta: None,
-            recent_failures: Vec::new(),
+            targets.len() as u64,
             audit_from,
-            tag: String::new(),
-        };
+        );
         let mut revision = match previous {
             Some((_, r)) => self.write(&rec, Some(r)).await?,
             None => self.write(&rec, None).await?,

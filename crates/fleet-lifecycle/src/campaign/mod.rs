@@ -50,9 +50,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::kv;
 use choria_rpc_client::protocol::{FactFilter, Filter};
 use choria_rpc_client::rpc::RpcClient;
-use choria_rpc_client::streams::{
-    first_answering, open_bucket, route_errors, BucketError, Probe, StreamsApi,
-};
+use choria_rpc_client::streams::{BucketError, StreamsApi};
 use futures::StreamExt;
 use provision_core::identity::{escaped, IdentityRule};
 use serde::{Deserialize, Serialize};
@@ -203,26 +201,18 @@ pub(crate) mod testing {
     use super::*;
 
     pub(crate) fn record(total: u64) -> CampaignRecord {
-        CampaignRecord {
-            id: "c1".into(),
-            by: "ops@admin".into(),
-            selector: "--identities x".into(),
-            created: 1_000,
-            limits: Limits::default(),
-            state: CampaignState::Running,
-            reason: String::new(),
+        let mut rec = CampaignRecord::new(
+            "c1".into(),
+            "ops@admin".into(),
+            "--identities x".into(),
+            1_000,
+            Limits::default(),
             total,
-            pending: total,
-            in_flight: 0,
-            done: 0,
-            failed: 0,
-            driver: String::new(),
-            heartbeat: 0,
-            eta: None,
-            recent_failures: Vec::new(),
-            audit_from: None,
-            tag: String::new(),
-        }
+            None,
+        );
+        rec.state = CampaignState::Running;
+        rec.reason.clear();
+        rec
     }
 
     pub(crate) fn node(id: &str, state: NodeRotation) -> NodeRecord {

@@ -154,6 +154,40 @@ pub struct CampaignRecord {
 }
 
 impl CampaignRecord {
+    /// A new campaign's record: `id`, started by `by` at `created` over `total` nodes with
+    /// `limits`, written paused ("recording its nodes") until every node is stored, so a
+    /// driver never sees half of them.
+    pub fn new(
+        id: String,
+        by: String,
+        selector: String,
+        created: i64,
+        limits: Limits,
+        total: u64,
+        audit_from: Option<u64>,
+    ) -> Self {
+        CampaignRecord {
+            id,
+            by,
+            selector,
+            created,
+            limits,
+            state: CampaignState::Paused,
+            reason: "recording its nodes".into(),
+            total,
+            pending: total,
+            in_flight: 0,
+            done: 0,
+            failed: 0,
+            driver: String::new(),
+            heartbeat: 0,
+            eta: None,
+            recent_failures: Vec::new(),
+            audit_from,
+            tag: String::new(),
+        }
+    }
+
     /// `done/total, failed, in flight` in a few words.
     pub fn progress(&self) -> String {
         format!(

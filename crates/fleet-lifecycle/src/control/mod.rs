@@ -40,7 +40,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use async_nats::jetstream;
 use async_nats::jetstream::kv::{self, Operation};
 use futures::StreamExt;
 use provision_core::identity::escaped;
@@ -49,9 +48,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use choria_rpc_client::streams::{
-    first_answering, open_bucket, route_errors, BucketError, Probe, StreamsApi,
-};
+use choria_rpc_client::streams::{BucketError, StreamsApi};
 
 use crate::seal::Seal;
 use crate::{bounded_to, now_unix, rfc3339};
@@ -143,52 +140,40 @@ impl Control {
         seal: Seal,
         create: bool,
     ) -> Result<Control, ControlError> {
-        let config = kv::Config {
-            bucket: CONTROL_BUCKET.to_string(),
-            description: "Choria provisioner fleet control: pause and deny list".to_string(),
-            history: 1,
-            max_value_size: MAX_RECORD as i32,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        };
-        let probe = first_answering(
-            |api| {
-                let config = &config;
-                let js = api.context(client.clone(), REQUEST_TIMEOUT);
-                async move { open_bucket(&js, config, create).await }
-            },
-            BucketError::unreachable,
+        let description = "Choria provisioner fleet control: pause and deny list";
+        let opened = match crate::open_bucket(
+            &client,
+            CONTROL_BUCKET,
+            description,
+            MAX_RECORD,
+            create,
         )
-        .await;
-        let (api, opened) = match probe {
-            Probe::Opened(api, opened) => (api, opened),
-            Probe::Answered(_, BucketError::Missing) => {
+        .await
+        {
+            Ok((api, _, opened)) => (api, opened),
+            Err(crate::NotOpened::Refused(BucketError::Missing)) => {
                 return Err(ControlError::BucketMissing {
                     bucket: CONTROL_BUCKET.to_string(),
                     detail: "no provisioner with fleet_control has created it yet".to_string(),
                 })
             }
-            Probe::Answered(_, BucketError::Create(detail)) => {
+            Err(crate::NotOpened::Refused(BucketError::Create(detail))) => {
                 return Err(ControlError::BucketMissing {
                     bucket: CONTROL_BUCKET.to_string(),
                     detail,
                 })
             }
-            Probe::Answered(_, e) => {
+            Err(crate::NotOpened::Refused(e)) => {
                 return Err(ControlError::Request {
                     action: "open the bucket",
                     detail: e.to_string(),
                 })
             }
-            Probe::Unreachable(errors) => {
-                return Err(ControlError::Unreachable {
-                    detail: route_errors(&errors),
-                })
+            Err(crate::NotOpened::Unreachable(detail)) => {
+                return Err(ControlError::Unreachable { detail })
             }
         };
-        if let Some(replicas) = opened.created {
-            info!("created fleet control bucket {CONTROL_BUCKET} with {replicas} replicas");
-        }
+        let (api, opened) = opened;
         Ok(Control {
             store: opened.store,
             api,
@@ -246,26 +231,15 @@ impl Control {
             at: now_unix(),
             tag: String::new(),
         };
-        let unsigned = Self::encode(&rec)?;
-        rec.tag = self
-            .seal
-            .tag_record(PAUSE_KEY, &unsigned)
-            .unwrap_or_default();
-        let bytes = Self::encode(&rec)?;
-        self.put("pause", PAUSE_KEY, bytes).await?;
+        self.put_sealed("pause", PAUSE_KEY, &mut rec, |r| &mut r.tag)
+            .await?;
         Ok(rec)
     }
 
     /// Lifts the operator's pause; returns the pause it lifted, if any.
     pub async fn resume(&self) -> Result<Option<PauseRecord>, ControlError> {
         let was = self.read_pause().await?;
-        self.store
-            .delete(PAUSE_KEY)
-            .await
-            .map_err(|e| ControlError::Request {
-                action: "resume",
-                detail: e.to_string(),
-            })?;
+        self.delete("resume", PAUSE_KEY).await?;
         Ok(was)
     }
 
@@ -305,10 +279,8 @@ impl Control {
                 .map(|d| at.saturating_add(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))),
             tag: String::new(),
         };
-        let unsigned = Self::encode(&rec)?;
-        rec.tag = self.seal.tag_record(&key, &unsigned).unwrap_or_default();
-        let bytes = Self::encode(&rec)?;
-        self.put("add a deny entry", &key, bytes).await?;
+        self.put_sealed("add a deny entry", &key, &mut rec, |r| &mut r.tag)
+            .await?;
         Ok(rec)
     }
 
@@ -343,27 +315,47 @@ impl Control {
     /// Every deny entry stored, verified ones only, sorted by entry; and how many did not
     /// verify.
     pub async fn deny_list(&self) -> Result<(Vec<DenyRecord>, usize), ControlError> {
-        let fail = |e: String| ControlError::Request {
-            action: "list the deny entries",
-            detail: e,
-        };
+        let (mut out, forged) = self
+            .list(
+                "list the deny entries",
+                DENY_PREFIX,
+                MAX_DENY_ENTRIES,
+                |seal, k, b| decode_deny(seal, k, b).map(|(r, _)| r),
+            )
+            .await?;
+        out.sort_by(|a, b| a.entry.cmp(&b.entry));
+        Ok((out, forged))
+    }
+
+    /// The records under `prefix` that `decode` accepts, at most `max`, and how many it
+    /// refused.
+    async fn list<T>(
+        &self,
+        action: &'static str,
+        prefix: &str,
+        max: usize,
+        decode: impl Fn(&Seal, &str, &[u8]) -> Option<T>,
+    ) -> Result<(Vec<T>, usize), ControlError> {
+        let fail = |e: String| ControlError::Request { action, detail: e };
         let mut keys = self.store.keys().await.map_err(|e| fail(e.to_string()))?;
         let mut out = Vec::new();
         let mut forged = 0;
         while let Some(k) = keys.next().await {
             let k = k.map_err(|e| fail(e.to_string()))?;
-            if !k.starts_with(DENY_PREFIX) {
+            if !k.starts_with(prefix) {
                 continue;
             }
             let got = self.store.get(&k).await.map_err(|e| fail(e.to_string()))?;
             if let Some(b) = got {
-                match decode_deny(&self.seal, &k, &b) {
-                    Some((r, _)) => out.push(r),
+                match decode(&self.seal, &k, &b) {
+                    Some(r) => out.push(r),
                     None => forged += 1,
                 }
             }
+            if out.len() >= max {
+                break;
+            }
         }
-        out.sort_by(|a, b| a.entry.cmp(&b.entry));
         Ok((out, forged))
     }
 
@@ -407,32 +399,27 @@ impl Control {
             .await
     }
 
+    /// The pending nodes `which` selects that have not expired.
+    async fn pending_selected(&self, which: &Selector) -> Result<Vec<PendingRecord>, ControlError> {
+        let now = now_unix();
+        let (pending, _) = self.pending_list().await?;
+        Ok(pending
+            .into_iter()
+            .filter(|p| p.expires > now && which.selects(&p.identity))
+            .collect())
+    }
+
     /// Every pending node stored, verified ones only, sorted by identity (expired ones
     /// included: see [`PendingRecord::expires`]); and how many did not verify.
     pub async fn pending_list(&self) -> Result<(Vec<PendingRecord>, usize), ControlError> {
-        let fail = |e: String| ControlError::Request {
-            action: "list the pending nodes",
-            detail: e,
-        };
-        let mut keys = self.store.keys().await.map_err(|e| fail(e.to_string()))?;
-        let mut out = Vec::new();
-        let mut forged = 0;
-        while let Some(k) = keys.next().await {
-            let k = k.map_err(|e| fail(e.to_string()))?;
-            if !k.starts_with(PENDING_PREFIX) {
-                continue;
-            }
-            let got = self.store.get(&k).await.map_err(|e| fail(e.to_string()))?;
-            if let Some(b) = got {
-                match decode_pending(&self.seal, &k, &b) {
-                    Some(r) => out.push(r),
-                    None => forged += 1,
-                }
-            }
-            if out.len() >= MAX_PENDING {
-                break;
-            }
-        }
+        let (mut out, forged) = self
+            .list(
+                "list the pending nodes",
+                PENDING_PREFIX,
+                MAX_PENDING,
+                decode_pending,
+            )
+            .await?;
         out.sort_by(|a, b| a.identity.cmp(&b.identity));
         Ok((out, forged))
     }
@@ -447,12 +434,8 @@ impl Control {
         reason: &str,
     ) -> Result<Vec<ApprovalRecord>, ControlError> {
         let now = now_unix();
-        let (pending, _) = self.pending_list().await?;
         let mut out = Vec::new();
-        for p in pending
-            .into_iter()
-            .filter(|p| p.expires > now && which.selects(&p.identity))
-        {
+        for p in self.pending_selected(which).await? {
             let mut rec = ApprovalRecord {
                 identity: p.identity.clone(),
                 fingerprints: p.fingerprints.clone(),
@@ -542,13 +525,8 @@ impl Control {
         which: &Selector,
         reason: &str,
     ) -> Result<Vec<(PendingRecord, Vec<DenyRecord>)>, ControlError> {
-        let now = now_unix();
-        let (pending, _) = self.pending_list().await?;
         let mut out = Vec::new();
-        for p in pending
-            .into_iter()
-            .filter(|p| p.expires > now && which.selects(&p.identity))
-        {
+        for p in self.pending_selected(which).await? {
             let why = format!(
                 "rejected while pending approval as {}: {reason}",
                 p.identity

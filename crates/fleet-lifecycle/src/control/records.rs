@@ -184,27 +184,40 @@ pub(super) fn bounded(text: &str) -> String {
     bounded_to(text, MAX_ENTRY)
 }
 
-pub(super) fn verified<T: Serialize + Clone>(
+/// A record read from the bucket under `key`: at most [`MAX_RECORD`] bytes of JSON, bound to
+/// its key (`key_of` names the key the record belongs under) and sealed (`tag` is its tag,
+/// which the seal covers empty).
+fn decode_sealed<T: serde::de::DeserializeOwned + Serialize>(
     seal: &Seal,
     key: &str,
-    rec: &T,
-    tag: &str,
-    untagged: impl FnOnce(&mut T),
-) -> bool {
-    let mut bare = rec.clone();
-    untagged(&mut bare);
-    match serde_json::to_vec(&bare) {
-        Ok(b) => seal.verify_record(key, &b, tag),
-        Err(_) => false,
-    }
-}
-
-pub(super) fn decode_pause(seal: &Seal, bytes: &[u8]) -> Option<PauseRecord> {
+    bytes: &[u8],
+    key_of: impl FnOnce(&T) -> String,
+    tag: fn(&mut T) -> &mut String,
+) -> Option<T> {
     if bytes.len() > MAX_RECORD {
         return None;
     }
-    let rec: PauseRecord = serde_json::from_slice(bytes).ok()?;
-    verified(seal, PAUSE_KEY, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
+    let mut rec: T = serde_json::from_slice(bytes).ok()?;
+    if key_of(&rec) != key {
+        return None;
+    }
+    let sealed = std::mem::take(tag(&mut rec));
+    let bare = serde_json::to_vec(&rec).ok()?;
+    if !seal.verify_record(key, &bare, &sealed) {
+        return None;
+    }
+    *tag(&mut rec) = sealed;
+    Some(rec)
+}
+
+pub(super) fn decode_pause(seal: &Seal, bytes: &[u8]) -> Option<PauseRecord> {
+    decode_sealed(
+        seal,
+        PAUSE_KEY,
+        bytes,
+        |_: &PauseRecord| PAUSE_KEY.to_string(),
+        |r| &mut r.tag,
+    )
 }
 
 pub(super) fn pending_key(identity: &str) -> String {
@@ -216,38 +229,34 @@ pub(super) fn approved_key(identity: &str) -> String {
 }
 
 pub(super) fn decode_pending(seal: &Seal, key: &str, bytes: &[u8]) -> Option<PendingRecord> {
-    if bytes.len() > MAX_RECORD {
-        return None;
-    }
-    let rec: PendingRecord = serde_json::from_slice(bytes).ok()?;
-    if pending_key(&rec.identity) != key {
-        return None;
-    }
-    verified(seal, key, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
+    decode_sealed(
+        seal,
+        key,
+        bytes,
+        |r: &PendingRecord| pending_key(&r.identity),
+        |r| &mut r.tag,
+    )
 }
 
 pub(super) fn decode_approval(seal: &Seal, key: &str, bytes: &[u8]) -> Option<ApprovalRecord> {
-    if bytes.len() > MAX_RECORD {
-        return None;
-    }
-    let rec: ApprovalRecord = serde_json::from_slice(bytes).ok()?;
-    if approved_key(&rec.identity) != key {
-        return None;
-    }
-    verified(seal, key, &rec, &rec.tag, |r| r.tag.clear()).then_some(rec)
+    decode_sealed(
+        seal,
+        key,
+        bytes,
+        |r: &ApprovalRecord| approved_key(&r.identity),
+        |r| &mut r.tag,
+    )
 }
 
 pub(super) fn decode_deny(seal: &Seal, key: &str, bytes: &[u8]) -> Option<(DenyRecord, Matcher)> {
-    if bytes.len() > MAX_RECORD {
-        return None;
-    }
-    let rec: DenyRecord = serde_json::from_slice(bytes).ok()?;
-    if deny_key(&rec.entry) != key || rec.reason.len() > MAX_ENTRY {
-        return None;
-    }
-    if !verified(seal, key, &rec, &rec.tag, |r| r.tag.clear()) {
-        return None;
-    }
+    let rec = decode_sealed(
+        seal,
+        key,
+        bytes,
+        |r: &DenyRecord| deny_key(&r.entry),
+        |r| &mut r.tag,
+    )
+    .filter(|r| r.reason.len() <= MAX_ENTRY)?;
     let m = matcher(&rec.entry).ok()?;
     Some((rec, m))
 }

@@ -138,6 +138,13 @@ impl Revocation for ControlView {
     }
 }
 
+/// The identity a key's hex part names.
+fn unhex(hexed: &str) -> Option<String> {
+    hex::decode(hexed)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+}
+
 /// Applies a change of a `pending.` or `approved.` key; whether a node was approved.
 pub(super) fn apply_approval(
     seal: &Seal,
@@ -149,10 +156,7 @@ pub(super) fn apply_approval(
     let mut v = view.write();
     if let Some(hexed) = key.strip_prefix(PENDING_PREFIX) {
         if removed {
-            let identity = hex::decode(hexed)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok());
-            if let Some(i) = identity {
+            if let Some(i) = unhex(hexed) {
                 v.pending.remove(&i);
             }
             return false;
@@ -170,11 +174,7 @@ pub(super) fn apply_approval(
         return false;
     }
     if removed {
-        let identity = key
-            .strip_prefix(APPROVED_PREFIX)
-            .and_then(|h| hex::decode(h).ok())
-            .and_then(|b| String::from_utf8(b).ok());
-        if let Some(i) = identity {
+        if let Some(i) = key.strip_prefix(APPROVED_PREFIX).and_then(unhex) {
             v.approved.remove(&i);
         }
         return false;
