@@ -186,6 +186,16 @@ pub struct TlsSettings {
     pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
+/// The brokers' URLs on one line, passwords redacted.
+fn redacted_urls(brokers: &crate::brokers::Brokers) -> String {
+    brokers
+        .urls
+        .iter()
+        .map(|u| redact_url(u))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A URL with the password of its user part, if any, replaced by `<redacted>`.
 pub fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
@@ -692,19 +702,14 @@ async fn connect_to(
             opts = opts.add_client_certificate(cert.clone(), key.clone());
         }
     }
-    let client = opts.connect(addrs).await.map_err(|source| {
-        let urls = brokers
-            .urls
-            .iter()
-            .map(|u| redact_url(u))
-            .collect::<Vec<_>>()
-            .join(", ");
-        ConnectionError::Connect {
-            urls,
+    let client = opts
+        .connect(addrs)
+        .await
+        .map_err(|source| ConnectionError::Connect {
+            urls: redacted_urls(brokers),
             reason: settings.scrub(&source.to_string()),
             source,
-        }
-    })?;
+        })?;
     tracing::info!(
         "Connected to {}",
         connected_url(&client.server_info(), &configured)
@@ -758,13 +763,11 @@ pub async fn connect_with_retry_observed(
         tries += 1;
         let attempt = async {
             let brokers = settings.broker_plan().resolve().await;
-            let urls = brokers
-                .urls
-                .iter()
-                .map(|u| redact_url(u))
-                .collect::<Vec<_>>()
-                .join(", ");
-            tracing::info!("Attempting to connect to: {urls} (from {})", brokers.source);
+            tracing::info!(
+                "Attempting to connect to: {} (from {})",
+                redacted_urls(&brokers),
+                brokers.source
+            );
             connect_to(settings, &brokers, stats).await
         };
         let res = tokio::select! {

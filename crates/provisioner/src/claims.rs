@@ -687,15 +687,19 @@ impl ClaimStore {
         i.store
             .delete_expect_revision(key, Some(revision))
             .await
-            .map_err(|e| {
-                i.errors.fetch_add(1, Ordering::Relaxed);
-                ClaimsError::Operation {
-                    replica: i.replica.clone(),
-                    identity: identity.to_string(),
-                    action: "release",
-                    detail: e.to_string(),
-                }
-            })
+            .map_err(|e| self.failed(identity, "release", e.to_string()))
+    }
+
+    /// A claim operation that failed, counted.
+    fn failed(&self, identity: &str, action: &'static str, detail: String) -> ClaimsError {
+        let i = &self.inner;
+        i.errors.fetch_add(1, Ordering::Relaxed);
+        ClaimsError::Operation {
+            replica: i.replica.clone(),
+            identity: identity.to_string(),
+            action,
+            detail,
+        }
     }
 
     async fn rewrite(
@@ -711,15 +715,7 @@ impl ClaimStore {
         i.store
             .update(key, self.value(key, state), revision)
             .await
-            .map_err(|e| {
-                i.errors.fetch_add(1, Ordering::Relaxed);
-                ClaimsError::Operation {
-                    replica: i.replica.clone(),
-                    identity: identity.to_string(),
-                    action,
-                    detail: format!("at revision {revision}: {e}"),
-                }
-            })
+            .map_err(|e| self.failed(identity, action, format!("at revision {revision}: {e}")))
     }
 
     fn value(&self, key: &str, state: &str) -> Bytes {

@@ -8,6 +8,26 @@ use super::{Election, ElectionError};
 use crate::streams::{first_answering, Probe, StreamsApi};
 
 impl Election {
+    /// The election over each route, in [`StreamsApi`] order: the `choria.streams` import, then
+    /// the account's own JetStream.
+    fn routes(
+        client: &async_nats::Client,
+        key: &str,
+        identity: &str,
+    ) -> Result<[Election; 2], ElectionError> {
+        let election = |api: StreamsApi| {
+            let b = Election::builder(client.clone(), key, identity);
+            match api.prefix() {
+                Some(p) => b.api_prefix(p).build(),
+                None => b.build(),
+            }
+        };
+        Ok([
+            election(StreamsApi::ChoriaStreams)?,
+            election(StreamsApi::Account)?,
+        ])
+    }
+
     /// [`Election::choose`] without retrying: the election over the first route that answers,
     /// or the error of the last route when neither does (Choria Streams is not reachable from
     /// this connection).
@@ -16,17 +36,7 @@ impl Election {
         key: &str,
         identity: &str,
     ) -> Result<Election, ElectionError> {
-        let election = |api: StreamsApi| {
-            let b = Election::builder(client.clone(), key, identity);
-            match api.prefix() {
-                Some(p) => b.api_prefix(p).build(),
-                None => b.build(),
-            }
-        };
-        let routes = [
-            election(StreamsApi::ChoriaStreams)?,
-            election(StreamsApi::Account)?,
-        ];
+        let routes = Self::routes(&client, key, identity)?;
         let route = |api: StreamsApi| match api {
             StreamsApi::Account => &routes[1],
             _ => &routes[0],
@@ -57,17 +67,7 @@ impl Election {
         retry: &Policy,
         cancel: &CancellationToken,
     ) -> Result<Option<Election>, ElectionError> {
-        let election = |api: StreamsApi| {
-            let b = Election::builder(client.clone(), key, identity);
-            match api.prefix() {
-                Some(p) => b.api_prefix(p).build(),
-                None => b.build(),
-            }
-        };
-        let routes = [
-            election(StreamsApi::ChoriaStreams)?,
-            election(StreamsApi::Account)?,
-        ];
+        let routes = Self::routes(&client, key, identity)?;
         let route = |api: StreamsApi| match api {
             StreamsApi::Account => &routes[1],
             _ => &routes[0],
