@@ -188,7 +188,7 @@ fn every_folder_is_named_after_its_package() {
 }
 
 /// The crates published to crates.io together (`cargo publish` of this set, with rpm-evr).
-const PUBLISHED: [&str; 8] = [
+const PUBLISHED: [&str; 10] = [
     "rpm-evr",
     "choria-crypto",
     "helper-protocol",
@@ -196,6 +196,8 @@ const PUBLISHED: [&str; 8] = [
     "choria-rpc-client",
     "provisioner-metrics",
     "provisioner-status",
+    "provisioner-config",
+    "fleet-lifecycle",
     "provisioner",
 ];
 
