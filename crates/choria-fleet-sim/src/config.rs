@@ -316,7 +316,7 @@ pub struct FleetConfig {
     pub identity_prefix: String,
     /// Domain part of generated identities.
     pub domain: String,
-    /// Explicit identities instead of generated ones (its length then sets the fleet size).
+    /// Explicit identities, not generated ones (its length then sets the fleet size).
     pub identities: Option<Vec<String>>,
     /// Reported server version.
     pub version: String,
@@ -333,7 +333,7 @@ pub struct FleetConfig {
     /// Startup events for nodes that do not exist, published before the fleet's own (an
     /// attacker holding a provisioning JWT announcing bogus nodes); see [`bogus_identity`].
     pub bogus_events: usize,
-    /// Publish lifecycle events in the Choria format instead of CloudEvents.
+    /// Publish lifecycle events in the Choria format, not as CloudEvents.
     pub legacy_lifecycle: bool,
     /// CSRs made at once (`gencsr` signs on a blocking thread; other requests are answered
     /// as they are read).

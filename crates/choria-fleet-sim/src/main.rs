@@ -33,7 +33,7 @@ struct Cli {
     /// Key signing the provisioning JWT: RSA PEM (RS256) or a 64-hex ed25519 seed (EdDSA).
     #[arg(long, required_unless_present = "provisioning_jwt")]
     provisioning_signer: Option<PathBuf>,
-    /// Serve this provisioning JWT file verbatim instead of signing one.
+    /// Serve this provisioning JWT file verbatim, not one the simulator signs.
     #[arg(long, conflicts_with = "provisioning_signer")]
     provisioning_jwt: Option<PathBuf>,
     /// Verify received server JWTs against this issuer key (hex, or a file with hex or a PEM).
@@ -78,7 +78,7 @@ struct Cli {
     /// (nine in ten named `bogus-<n>.<domain>`, the rest hostile identities).
     #[arg(long, default_value_t = 0)]
     bogus_events: usize,
-    /// Publish lifecycle events in the Choria format instead of CloudEvents.
+    /// Publish lifecycle events in the Choria format, not as CloudEvents.
     #[arg(long)]
     legacy_lifecycle: bool,
     /// CSRs made at once (other requests are answered as they are read).

@@ -117,7 +117,7 @@ pub enum SrvDomain {
 pub struct SrvSettings {
     /// The domain the names are looked up under.
     pub domain: SrvDomain,
-    /// One DNS server to ask instead of the system's ([`DNS_SERVER_ENV`]).
+    /// One DNS server to ask, overriding the system's ([`DNS_SERVER_ENV`]).
     pub dns_server: Option<SocketAddr>,
 }
 
