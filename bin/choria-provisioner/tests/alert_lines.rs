@@ -82,19 +82,6 @@ fn logged(path: &Path, needle: &str) -> bool {
         .contains(needle)
 }
 
-async fn create_bucket(url: &str) -> async_nats::jetstream::kv::Store {
-    let nc = async_nats::connect(url).await.unwrap();
-    async_nats::jetstream::new(nc)
-        .create_key_value(async_nats::jetstream::kv::Config {
-            bucket: "CHORIA_LEADER_ELECTION".into(),
-            max_age: Duration::from_secs(5),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_alert_line_is_written_by_a_real_run() {
     let rows = documented_rows();
@@ -185,7 +172,7 @@ async fn every_documented_alert_line_is_written_by_a_real_run() {
         "{}",
         waiting.output()
     );
-    let kv = create_bucket(&env.url()).await;
+    let kv = create_election_bucket(&env.url()).await;
     assert!(
         wait_until(WAIT, || logged(&wait_log, "Became leader")).await,
         "{}",

@@ -114,6 +114,6 @@ fn the_packaged_configuration_serves_the_api_to_loopback_only() {
         let (status, _) = get(lan, "/metrics", &format!("{ip}:{port}")).unwrap();
         assert_eq!(status, 200);
     } else {
-        assert!(std::env::var_os("CI").is_none(), "CI needs a LAN address");
+        test_support::skip_unless_ci("no LAN address for the checks from another address");
     }
 }

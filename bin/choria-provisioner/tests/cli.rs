@@ -466,10 +466,8 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
         Path::new(&cfg),
         &dir.path().join("unconnected.out"),
     ));
-    assert!(
-        prov.wait_log("starting using configuration file", Duration::from_secs(20))
-            .await
-    );
+    prov.expect_log("starting using configuration file", Duration::from_secs(20))
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     prov.stop_with("TERM").await;
 }

@@ -85,19 +85,15 @@ fn the_default_workers_follow_the_cgroup_cpu_quota() {
         } else {
             "exec \"$@\"".to_string()
         };
-        let o = Command::new("sh")
-            .args(["-c", &script, "sh", BIN, "check", "--config"])
-            .arg(&yaml)
-            .arg("--choria-config")
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(
-            o.status.success(),
-            "{out}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let out = Ran::of(
+            Command::new("sh")
+                .args(["-c", &script, "sh", BIN, "check", "--config"])
+                .arg(&yaml)
+                .arg("--choria-config")
+                .arg(&cfg),
+        )
+        .succeeded("check")
+        .stdout;
         out.lines()
             .find(|l| l.trim_start().starts_with("workers: "))
             .unwrap_or_else(|| panic!("{out}"))

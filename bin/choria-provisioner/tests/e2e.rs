@@ -106,21 +106,13 @@ async fn pki_mode_signs_csrs_and_refuses_denied_names() {
     let fleet = env.fleet(cfg).await;
 
     let opts = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string())
-        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"")
-        .features(&["jwt", "pki"]);
+        .pki_provisioner(example_helper("helper-pki.py"), &ca)
+        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
-    assert!(
-        fleet.wait_provisioned(5, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
-    assert!(prov.wait_metric("provision_errors", 1.0, WAIT).await);
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
+    prov.expect_metric("provision_errors", 1.0, WAIT).await;
     let ca_pem = std::fs::read_to_string(&ca.cert).unwrap();
     for id in &ids[..5] {
         let r = fleet.node_report(id).unwrap();
@@ -162,12 +154,7 @@ async fn ed25519_mode_issues_server_jwts_the_fleet_verifies() {
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
-    assert!(
-        fleet.wait_provisioned(10, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 10, WAIT, &prov).await;
     for r in fleet.report() {
         let rec = r.received.as_ref().unwrap();
         assert!(
@@ -215,7 +202,7 @@ async fn ed25519_mode_server_jwts_from_another_issuer_are_refused() {
         .features(&["ed25519"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
-    assert!(prov.wait_metric("provision_errors", 3.0, WAIT).await);
+    prov.expect_metric("provision_errors", 3.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     assert_eq!(prov.m("provisioned"), 0.0);
     assert!(
@@ -243,12 +230,7 @@ async fn upgrades_to_a_newer_version_then_provisions() {
     let mut prov = env.start(&upgrade_options(&env, "0.31.0", false));
     prov.wait_ready().await;
 
-    assert!(
-        fleet.wait_provisioned(5, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     for id in fleet.identities() {
         let r = fleet.node_report(&id).unwrap();
         assert_eq!(r.version, "0.31.0", "{id}");
@@ -282,7 +264,7 @@ async fn an_equal_version_is_not_upgraded() {
     let fleet = env.fleet(cfg).await;
     let mut prov = env.start(&upgrade_options(&env, "0.30.0", false));
     prov.wait_ready().await;
-    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 4, WAIT, &prov).await;
     for id in fleet.identities() {
         let seen = actions(&fleet, &id);
         assert!(!seen.contains(&"release_update".to_string()), "{seen:?}");
@@ -299,7 +281,7 @@ async fn optional_upgrades_let_a_non_upgradable_node_be_provisioned() {
     let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
     let mut prov = env.start(&upgrade_options(&env, "0.31.0", true));
     prov.wait_ready().await;
-    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 4, WAIT, &prov).await;
     for id in fleet.identities() {
         assert!(!actions(&fleet, &id).contains(&"release_update".to_string()));
         assert_eq!(fleet.node_report(&id).unwrap().version, "0.30.0");
@@ -316,11 +298,7 @@ async fn mandatory_upgrades_leave_a_non_upgradable_node_unconfigured() {
     let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
     let mut prov = env.start(&upgrade_options(&env, "0.31.0", false));
     prov.wait_ready().await;
-    assert!(
-        prov.wait_metric("provision_errors", 4.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("provision_errors", 4.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     for id in fleet.identities() {
         let seen = actions(&fleet, &id);
@@ -346,11 +324,7 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
-    assert!(
-        prov.wait_metric("provision_errors", 5.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("provision_errors", 5.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     assert_eq!(
         prov.m("helper_errors"),
@@ -363,7 +337,7 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
 
     // The next cycle: the nodes announce themselves again and the helper now configures them.
     env.announce(&fleet.identities()).await;
-    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     let calls = lines(&log);
     assert_eq!(calls.iter().filter(|l| l.ends_with(" defer")).count(), 5);
     assert_eq!(
@@ -385,7 +359,7 @@ async fn shutdown_replies_shut_the_node_down() {
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
-    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 4, WAIT, &prov).await;
     assert!(
         wait_until(WAIT, || fleet.phase(victim) == Some(Phase::ShutDown)).await,
         "{:?}",
@@ -415,11 +389,7 @@ async fn failing_helper_is_counted_and_retried(behaviour: &str) {
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
-    assert!(
-        prov.wait_metric("helper_errors", 5.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("helper_errors", 5.0, WAIT).await;
     assert_eq!(prov.m("provision_errors"), 5.0);
     assert_eq!(fleet.stats().configured, 0);
     for id in fleet.identities() {
@@ -427,7 +397,7 @@ async fn failing_helper_is_counted_and_retried(behaviour: &str) {
     }
 
     env.announce(&fleet.identities()).await;
-    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     assert_eq!(prov.m("helper_errors"), 5.0);
     prov.assert_provisioned(5.0).await;
     prov.stop_with("TERM").await;
@@ -456,12 +426,8 @@ async fn a_hanging_helper_is_killed_after_the_timeout() {
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
 
-    assert!(
-        prov.wait_metric("helper_errors", 3.0, Duration::from_secs(40))
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("helper_errors", 3.0, Duration::from_secs(40))
+        .await;
     // The helper timeout is a fixed 10 seconds.
     assert!(started.elapsed() >= Duration::from_secs(10));
     assert_eq!(fleet.stats().configured, 0);
@@ -488,15 +454,10 @@ async fn nodes_announced_by_startup_events_are_taken_without_discovery() {
     let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
     // The start-up discovery found nothing; every node now announces itself.
-    assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
+    prov.expect_metric("discover_cycles", 1.0, WAIT).await;
     let started = Instant::now();
     let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
-    assert!(
-        fleet.wait_provisioned(20, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 20, WAIT, &prov).await;
     // Well inside the one-minute interval: no second discovery can have found them.
     assert!(started.elapsed() < Duration::from_secs(55));
     assert_eq!(prov.m("event_discovered"), 20.0);
@@ -610,9 +571,8 @@ async fn keys_made_by_the_helper_reach_the_node_encrypted() {
     let ca = test_ca(env.path());
     let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
     let opts = env
-        .provisioner(test_helper("keyed.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string());
+        .pki_provisioner(test_helper("keyed.py"), &ca)
+        .features(&["jwt"]);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
     assert!(
@@ -638,11 +598,11 @@ async fn startup_events_in_the_legacy_choria_format_are_taken_too() {
     let env = Env::new();
     let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
     prov.wait_ready().await;
-    assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
+    prov.expect_metric("discover_cycles", 1.0, WAIT).await;
     let mut cfg = env.fleet_config(5, Mode::Plain);
     cfg.legacy_lifecycle = true;
     let fleet = env.fleet(cfg).await;
-    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     assert_eq!(prov.m("event_discovered"), 5.0);
     prov.stop_with("TERM").await;
     fleet.shutdown().await;
@@ -660,7 +620,8 @@ async fn a_second_signal_ends_the_drain_at_once() {
     prov.wait_ready().await;
     assert!(wait_until(WAIT, || lines(&log).len() == 2).await);
     prov.signal("INT");
-    assert!(prov.wait_log("shutting down", Duration::from_secs(5)).await);
+    prov.expect_log("shutting down", Duration::from_secs(5))
+        .await;
     let second = Instant::now();
     prov.stop_with("INT").await;
     assert!(
@@ -691,7 +652,7 @@ async fn the_provisioning_password_logs_in_as_the_provisioner_user() {
         .yaml("broker_provisioning_password: pr0v-pw");
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
-    assert!(fleet.wait_provisioned(3, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.stop_with("TERM").await;
     assert!(
         !prov.output().contains("pr0v-pw"),
@@ -788,19 +749,10 @@ async fn a_reprovisioned_fleet_is_provisioned_again_with_new_certificates() {
     // enrollment (a node the provisioner has just provisioned is left alone for a minute).
     cfg.preprovisioned = N;
     let fleet = env.fleet(cfg).await;
-    let opts = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string())
-        .features(&["jwt", "pki"]);
+    let opts = env.pki_provisioner(example_helper("helper-pki.py"), &ca);
     let mut prov = env.start(&opts);
     prov.wait_ready().await;
-    assert!(
-        fleet.wait_provisioned(N, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, N, WAIT, &prov).await;
 
     // An operator on the main collective (go-choria's default with the file provider) finds
     // the fleet and sends every node reprovision.
@@ -808,7 +760,7 @@ async fn a_reprovisioned_fleet_is_provisioned_again_with_new_certificates() {
     let security =
         Security::x509_from_files("choria=operator.mcollective", &operator.cert, &operator.key)
             .unwrap();
-    let nc = async_nats::connect(env.url()).await.unwrap();
+    let nc = env.client().await;
     let client = RpcClient::new(nc, security, RpcOptions::new("operator", "mcollective"))
         .await
         .unwrap();

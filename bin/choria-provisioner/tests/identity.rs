@@ -25,11 +25,7 @@ fn under_subset_pid(script: &str) -> Option<Command> {
         .status()
         .is_ok_and(|s| s.success());
     if !probe {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root and must be able to mount /proc with subset=pid"
-        );
-        eprintln!("cannot mount /proc with subset=pid here: skipped");
+        test_support::skip_unless_ci("cannot mount /proc with subset=pid here (not root?)");
         return None;
     }
     let mut cmd = Command::new("unshare");

@@ -7,7 +7,6 @@ mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -362,16 +361,7 @@ async fn connector_series_count_a_late_broker_and_a_reconnection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_series_are_exported_as_go_choria_labels_them() {
     let env = Env::new();
-    let nc = async_nats::connect(env.url()).await.unwrap();
-    async_nats::jetstream::new(nc)
-        .create_key_value(async_nats::jetstream::kv::Config {
-            bucket: "CHORIA_LEADER_ELECTION".into(),
-            max_age: Duration::from_secs(5),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    create_election_bucket(&env.url()).await;
     let mut o = env.provisioner(example_helper("helper-plain.py"));
     o.identity = "provisioner-a".into();
     o.leader_election = true;
@@ -550,20 +540,7 @@ fn check_prints_the_monitor_address_and_the_identity_and_csr_name_rules() {
     let run = |extra: &str| {
         let yaml = dir.path().join("p.yaml");
         std::fs::write(&yaml, format!("{base}{extra}")).unwrap();
-        let o = Command::new(BIN)
-            .arg("check")
-            .arg("--config")
-            .arg(&yaml)
-            .arg("--choria-config")
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(
-            o.status.success(),
-            "{out}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let out = check_files(&yaml, &cfg).succeeded("check").stdout;
         out
     };
     let out = run("");

@@ -545,27 +545,18 @@ fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
     std::fs::write(&key, &enc.pem).unwrap();
     let pass = dir.path().join("pass");
     std::fs::write(&pass, shared).unwrap();
-    let out = std::process::Command::new("openssl")
-        .args(["rsa", "-check", "-noout", "-in"])
-        .arg(&key)
-        .arg("-passin")
-        .arg(format!("file:{}", pass.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let check = || {
+        let mut openssl = std::process::Command::new("openssl");
+        openssl
+            .args(["rsa", "-check", "-noout", "-in"])
+            .arg(&key)
+            .arg("-passin")
+            .arg(format!("file:{}", pass.display()));
+        test_support::stack::run(&mut openssl)
+    };
+    check().unwrap();
     std::fs::write(&pass, [1u8; 32]).unwrap();
-    let out = std::process::Command::new("openssl")
-        .args(["rsa", "-check", "-noout", "-in"])
-        .arg(&key)
-        .arg("-passin")
-        .arg(format!("file:{}", pass.display()))
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a wrong password must not load");
+    assert!(check().is_err(), "a wrong password must not load");
 }
 
 // --- provisioning JWT ---

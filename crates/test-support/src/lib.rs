@@ -86,6 +86,43 @@ pub(crate) fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).ctx(|| format!("creating {}", path.display()))
 }
 
+/// The first of `names` found in a directory of `PATH`, or else in `/usr/bin` or `/usr/sbin`.
+pub fn find_program(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .chain(["/usr/bin", "/usr/sbin"].map(PathBuf::from))
+        .collect();
+    names
+        .iter()
+        .find_map(|name| dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// Skips what needs `missing` (this says so), except under CI (`CI` set), where everything a
+/// test needs is required.
+///
+/// # Panics
+/// When `CI` is set.
+pub fn skip_unless_ci(missing: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{missing}: required under CI"
+    );
+    eprintln!("SKIPPED {missing}");
+}
+
+/// An optional tool a test needs: the first of `names` found by [`find_program`], or `None`
+/// when none is and the test is skipped ([`skip_unless_ci`], naming `missing`).
+///
+/// # Panics
+/// When none of `names` is found and `CI` is set.
+pub fn tool_or_skip(names: &[&str], missing: &str) -> Option<PathBuf> {
+    let found = find_program(names);
+    if found.is_none() {
+        skip_unless_ci(missing);
+    }
+    found
+}
+
 /// The workspace root, derived from this crate's manifest directory.
 pub fn workspace_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
