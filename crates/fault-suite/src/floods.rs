@@ -190,13 +190,12 @@ pub fn event_flood(env: &Env, name: &str) -> Result<String> {
         nodes,
         &["--bogus-events".into(), BOGUS.to_string()],
     )?;
-    let took = wait_for(
+    let took = run.wait_fleet(
+        p,
+        &sim,
         "the real fleet behind the flood",
+        nodes,
         Duration::from_secs(120),
-        || {
-            run.alive(p)?;
-            Ok(sim.provisioned() >= nodes)
-        },
     )?;
     let hostile = (0..BOGUS).filter(|n| n % 10 == 9).count() as f64;
     wait_for(
@@ -284,13 +283,12 @@ pub fn audit_flood(env: &Env, name: &str) -> Result<String> {
         nodes,
         &["--bogus-events".into(), BOGUS.to_string()],
     )?;
-    let took = wait_for(
+    let took = run.wait_fleet(
+        p,
+        &sim,
         "the real fleet behind the flood",
+        nodes,
         Duration::from_secs(180),
-        || {
-            run.alive(p)?;
-            Ok(sim.provisioned() >= nodes)
-        },
     )?;
     // Let the flood drain: every announced name gets its one try.
     let drained = wait_for("the flood to be tried", Duration::from_secs(360), || {

@@ -1,7 +1,6 @@
 //! Secrets: a full provisioning at debug level with every secret set to a unique marker.
 
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
@@ -98,13 +97,7 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         prov_jwt.display().to_string(),
     ];
     let sim = run.start_sim("run", "n", nodes, &flags)?;
-    run.wait_metric(
-        p,
-        "the fleet",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    run.wait_provisioned(p, "the fleet", nodes as f64)?;
     let metrics = scrape_all(run.provisioners[p].port);
     // The node history: the status page, the API's list and every node's history.
     let port = run.provisioners[p].port;
