@@ -59,17 +59,18 @@ fn help_names_every_flag_and_command() {
     let o = provisioner(&["--help"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for word in [
-        "--config",
-        "--choria-config",
-        "--pid",
-        "--debug",
-        "--version",
-        "run",
-        "check",
-    ] {
-        assert!(out.contains(word), "{word} missing from:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "--config",
+            "--choria-config",
+            "--pid",
+            "--debug",
+            "--version",
+            "run",
+            "check",
+        ],
+    );
     let o = provisioner(&["check", "--help"]);
     assert!(o.status.success());
     assert!(stdout(&o).contains("--config"));
@@ -264,23 +265,24 @@ fn check_on_a_good_setup_prints_the_plan() {
     let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
-        "features: jwt on pki off ed25519 off upgrades off",
-        "workers: 7 (queue 900, threads 1)",
-        "interval: 5m",
-        "security: file",
-        "helper-plain.py",
-        "site: lab",
-        "identity: prov1.example.net",
-        "brokers: nats://broker.example.net:4222",
-        "ok: the configuration is usable",
-        "node history: up to 10000 nodes, each kept 1h after its last change",
-        "monitor token: not set",
-        "audit file: none (audit_file unset)",
-        "audit stream: none (audit_stream unset)",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "features: jwt on pki off ed25519 off upgrades off",
+            "workers: 7 (queue 900, threads 1)",
+            "interval: 5m",
+            "security: file",
+            "helper-plain.py",
+            "site: lab",
+            "identity: prov1.example.net",
+            "brokers: nats://broker.example.net:4222",
+            "ok: the configuration is usable",
+            "node history: up to 10000 nodes, each kept 1h after its last change",
+            "monitor token: not set",
+            "audit file: none (audit_file unset)",
+            "audit stream: none (audit_stream unset)",
+        ],
+    );
     assert!(!out.contains("problem:"), "{out}");
 }
 
@@ -299,14 +301,15 @@ fn check_explains_active_active_and_refuses_it_beside_leader_election() {
     let o = provisioner(&["check", "--config", &aa, "--choria-config", &cfg]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
-        "active-active: on",
-        "CHORIA_PROVISIONER_CLAIMS (claim lifetime 45s)",
-        "nats kv add CHORIA_PROVISIONER_CLAIMS --history 1 --ttl 45s --replicas 3 --storage file",
-        "a deployment with Go provisioners stays on leader_election",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "active-active: on",
+            "CHORIA_PROVISIONER_CLAIMS (claim lifetime 45s)",
+            "nats kv add CHORIA_PROVISIONER_CLAIMS --history 1 --ttl 45s --replicas 3 --storage file",
+            "a deployment with Go provisioners stays on leader_election",
+        ],
+    );
     let both = write(
         dir.path(),
         "both.yaml",
@@ -339,17 +342,18 @@ fn check_prints_the_node_history_the_token_file_and_the_audit_trail_never_the_to
     let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
-        "node history: up to 250 nodes, each kept 2h after its last change".to_string(),
-        format!("monitor token: set, read from {token}"),
-        format!(
-            "audit file: {} (one JSON line per decision",
-            audit.display()
-        ),
-        "audit stream: PROVISIONER_AUDIT (subject choria.provisioner.audit".to_string(),
-    ] {
-        assert!(out.contains(&want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "node history: up to 250 nodes, each kept 2h after its last change".to_string(),
+            format!("monitor token: set, read from {token}"),
+            format!(
+                "audit file: {} (one JSON line per decision",
+                audit.display()
+            ),
+            "audit stream: PROVISIONER_AUDIT (subject choria.provisioner.audit".to_string(),
+        ],
+    );
     assert!(!out.contains(secret), "the token is printed:\n{out}");
     assert!(!stderr(&o).contains(secret), "the token is printed");
 }
@@ -834,15 +838,16 @@ fn check_with_only_brokers_and_identity_uses_the_puppet_provider_and_says_each_p
     };
     let certname = format!("{user}.mcollective");
     let cert = ssldir.join(format!("certs/{certname}.pem"));
-    for want in [
-        "security: puppet".to_string(),
-        format!("caller: choria={certname}"),
-        format!("certname: {certname} (USER, as <USER>.mcollective)"),
-        format!("ssldir: {}", ssldir.display()),
-        format!("certificate: {}", cert.display()),
-    ] {
-        assert!(out.contains(&want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "security: puppet".to_string(),
+            format!("caller: choria={certname}"),
+            format!("certname: {certname} (USER, as <USER>.mcollective)"),
+            format!("ssldir: {}", ssldir.display()),
+            format!("certificate: {}", cert.display()),
+        ],
+    );
     let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
     assert_eq!(problems.len(), 3, "certificate, key and CA:\n{out}");
     assert!(

@@ -540,26 +540,27 @@ fn check_prints_the_monitor_address_and_the_identity_and_csr_name_rules() {
     let run = |extra: &str| {
         let yaml = dir.path().join("p.yaml");
         std::fs::write(&yaml, format!("{base}{extra}")).unwrap();
-        let out = check_files(&yaml, &cfg).succeeded("check").stdout;
-        out
+        check_files(&yaml, &cfg).succeeded("check").stdout
     };
     let out = run("");
-    for want in [
-        "monitoring: port 9100 on every interface, IPv4 and IPv6 (monitor_address unset)",
-        "identities: the built-in grammar",
-        "extra CSR DNS names: none (every DNS name must be the identity)",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "monitoring: port 9100 on every interface, IPv4 and IPv6 (monitor_address unset)",
+            "identities: the built-in grammar",
+            "extra CSR DNS names: none (every DNS name must be the identity)",
+        ],
+    );
     let out = run(
         "monitor_address: 10.1.2.3\nidentity_pattern: '[a-z0-9-]+\\.lab'\n\
          csr_extra_dns_names: '[a-z0-9-]+\\.svc\\.lab'\n",
     );
-    for want in [
-        "monitoring: port 9100 on 10.1.2.3 (monitor_address)",
-        "identities: identity_pattern \"[a-z0-9-]+\\\\.lab\"",
-        "extra CSR DNS names: csr_extra_dns_names \"[a-z0-9-]+\\\\.svc\\\\.lab\"",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "monitoring: port 9100 on 10.1.2.3 (monitor_address)",
+            "identities: identity_pattern \"[a-z0-9-]+\\\\.lab\"",
+            "extra CSR DNS names: csr_extra_dns_names \"[a-z0-9-]+\\\\.svc\\\\.lab\"",
+        ],
+    );
 }

@@ -116,18 +116,19 @@ async fn the_puppet_provider_connects_with_its_ssldir_and_provisions_the_fleet()
 
     let (ok, out) = check(&launch);
     assert!(ok, "{out}");
-    for want in [
-        "security: puppet".to_string(),
-        format!("caller: choria={CERTNAME}"),
-        format!("ssldir: {} (plugin.choria.ssldir)", pki.ssldir.display()),
-        format!("certname: {CERTNAME} (USER, as <USER>.mcollective)"),
-        format!("certificate: {}", pki.certificate().display()),
-        format!("private key: {}", pki.key().display()),
-        format!("CA: {}", pki.ssldir.join("certs/ca.pem").display()),
-        "tls: on".to_string(),
-    ] {
-        assert!(out.contains(&want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "security: puppet".to_string(),
+            format!("caller: choria={CERTNAME}"),
+            format!("ssldir: {} (plugin.choria.ssldir)", pki.ssldir.display()),
+            format!("certname: {CERTNAME} (USER, as <USER>.mcollective)"),
+            format!("certificate: {}", pki.certificate().display()),
+            format!("private key: {}", pki.key().display()),
+            format!("CA: {}", pki.ssldir.join("certs/ca.pem").display()),
+            "tls: on".to_string(),
+        ],
+    );
 
     // Every request the provisioner sends to a node, as the node receives it.
     let seen = Arc::new(Mutex::new(Vec::new()));

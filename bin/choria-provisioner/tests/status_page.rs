@@ -66,23 +66,21 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
     let url = format!("http://127.0.0.1:{}/", prov.port);
     let profile = env.path().join("chromium-profile");
     let dom = browse(&browser, &profile, &["--dump-dom".into()], &url).stdout;
-    for text in [
-        "Choria Provisioner",
-        "role <b>active</b>",
-        "Provisioned<b>6</b>",
-        "Provision errors<b>2</b>",
-        "Recent failures",
-        "rogue-1.example.net",
-        "rogue-2.example.net",
-        "jwt_check",
-        "could not validate JWT",
-        "<svg",
-    ] {
-        assert!(
-            dom.contains(text),
-            "{text:?} is not on the rendered page:\n{dom}"
-        );
-    }
+    test_support::assert_contains_all(
+        &dom,
+        &[
+            "Choria Provisioner",
+            "role <b>active</b>",
+            "Provisioned<b>6</b>",
+            "Provision errors<b>2</b>",
+            "Recent failures",
+            "rogue-1.example.net",
+            "rogue-2.example.net",
+            "jwt_check",
+            "could not validate JWT",
+            "<svg",
+        ],
+    );
     // Each failure links to its node's page, which renders its history.
     let node = browse(
         &browser,
@@ -166,16 +164,17 @@ async fn chromium_renders_the_pause_and_the_pending_nodes_without_errors() {
         &url,
     );
     let (dom, log) = (out.stdout, out.stderr);
-    for text in [
-        "Paused by",
-        "rack &lt;b&gt;7&lt;/b&gt; rewiring",
-        "Deny list: 0 entries",
-        "Pending approval (3)",
-        "node-1.example.net",
-        "choria-provisioner approve ID",
-    ] {
-        assert!(dom.contains(text), "{text:?} is not on the page:\n{dom}");
-    }
+    test_support::assert_contains_all(
+        &dom,
+        &[
+            "Paused by",
+            "rack &lt;b&gt;7&lt;/b&gt; rewiring",
+            "Deny list: 0 entries",
+            "Pending approval (3)",
+            "node-1.example.net",
+            "choria-provisioner approve ID",
+        ],
+    );
     for bad in ["Content Security Policy", "Uncaught", "Refused to"] {
         assert!(!log.contains(bad), "{bad:?} in chromium's log:\n{log}");
     }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aes::cipher::{block_padding::Pkcs7, BlockEncryptMut as _, KeyIvInit as _};
 use choria_fleet_sim::config::{is_affected, FaultKind};
@@ -13,21 +13,12 @@ use choria_fleet_sim::{Mode, Phase, SimFleet};
 use choria_rpc_client::lifecycle::{EventFormat, LifecycleEvent};
 use choria_rpc_client::mcorpc::StatusCode;
 use choria_rpc_client::protocol::{Filter, ProtocolVersion};
-use common::{Client, TOKEN};
+use common::{now, Client, SEC, TOKEN};
 use ed25519_dalek::{Signer as _, Verifier as _};
 use futures::StreamExt as _;
 use md5::Digest as _;
 use serde_json::json;
 use test_support::NatsServer;
-
-const SEC: Duration = Duration::from_secs(1);
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
 
 /// Legacy PEM encryption as the Go provisioner does it (AES-256-CBC, EVP_BytesToKey MD5).
 fn encrypt_legacy_pem(der: &[u8], password: &[u8]) -> String {
@@ -104,17 +95,7 @@ async fn discovery_finds_every_node_and_other_protocol_versions_are_ignored() {
     assert!(v2.discover(1, SEC).await.is_empty());
 
     // A filter that matches no node gets no answer.
-    let none = client
-        .request(
-            None,
-            "discovery",
-            b"cGluZw==",
-            &Filter::with_identity("nobody.example.net"),
-            1,
-            SEC,
-        )
-        .await;
-    assert!(none.is_empty());
+    client.assert_unmatched_filter_unanswered().await;
     fleet.shutdown().await;
 }
 
@@ -285,12 +266,7 @@ async fn provisioning_actions_answer_errors_as_go_choria_does() {
 #[tokio::test]
 async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
     let nats = NatsServer::start();
-    let events_nc = async_nats::connect(nats.url()).await.unwrap();
-    let mut events = events_nc
-        .subscribe("choria.lifecycle.event.>")
-        .await
-        .unwrap();
-    events_nc.flush().await.unwrap();
+    let (_events_nc, mut events) = common::subscribe(&nats.url(), "choria.lifecycle.event.>").await;
 
     let org = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
     let mut cfg = common::config(&nats.url(), 4);
@@ -697,24 +673,9 @@ async fn faults_hit_the_predicted_nodes() {
 fn the_binary_reports_and_fails_when_not_done_in_time() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let seed = dir.path().join("signer.seed");
-    std::fs::write(&seed, hex::encode(common::SIGNER_SEED)).unwrap();
     let report = dir.path().join("report.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-        .args([
-            "--broker",
-            &nats.url(),
-            "--nodes",
-            "7",
-            "--mode",
-            "plain",
-            "--token",
-            TOKEN,
-        ])
-        .arg("--provisioning-signer")
-        .arg(&seed)
-        .arg("--report")
-        .arg(&report)
+    let out = common::sim_command(&nats.url(), dir.path(), &report)
+        .args(["--nodes", "7", "--mode", "plain"])
         .args([
             "--exit-when-done",
             "--timeout",
@@ -724,16 +685,8 @@ fn the_binary_reports_and_fails_when_not_done_in_time() {
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert_eq!(
-        stderr.lines().last(),
-        Some("fleet-sim: 0/7 nodes provisioned"),
-        "{stderr}"
-    );
-    let nodes: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    let nodes = nodes.as_array().unwrap();
+    common::assert_sim_ended(&out, 1, "fleet-sim: 0/7 nodes provisioned");
+    let nodes = common::read_report(&report);
     assert_eq!(nodes.len(), 7);
     assert_eq!(nodes[0]["identity"], "cli-1.fleet.example.net");
     assert_eq!(nodes[0]["provisioned"], false);
@@ -808,13 +761,7 @@ async fn the_binary_exits_zero_once_every_node_is_provisioned() {
         .await
         .unwrap()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert_eq!(
-        stderr.lines().last(),
-        Some("fleet-sim: 3/3 nodes provisioned"),
-        "{stderr}"
-    );
+    common::assert_sim_ended(&out, 0, "fleet-sim: 3/3 nodes provisioned");
 }
 
 #[tokio::test]

@@ -86,6 +86,17 @@ pub(crate) fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).ctx(|| format!("creating {}", path.display()))
 }
 
+/// Insists `text` contains each of `parts`, naming the first one missing and showing `text`.
+///
+/// # Panics
+/// When a part is missing.
+pub fn assert_contains_all<S: AsRef<str>>(text: &str, parts: &[S]) {
+    for part in parts {
+        let part = part.as_ref();
+        assert!(text.contains(part), "{part:?} missing from:\n{text}");
+    }
+}
+
 /// The first of `names` found in a directory of `PATH`, or else in `/usr/bin` or `/usr/sbin`.
 pub fn find_program(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
