@@ -101,11 +101,7 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     for n in 1..=10 {
         assert_eq!(configured(&fleet, &id(n)), n <= 5, "{}", id(n));
     }
-    assert!(
-        prov.output().contains("was approved by"),
-        "{}",
-        prov.output()
-    );
+    prov.expect_output("was approved by");
 
     // Rejected: its key fingerprint is denied, and it is refused whenever it is found.
     let fp6 = held.iter().find(|(i, _)| *i == id(6)).unwrap().1[0].clone();

@@ -61,15 +61,7 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
     let mut b = start("provisioner-b");
     a.wait_ready().await;
     b.wait_ready().await;
-    assert!(
-        wait_until(Duration::from_secs(40), || role(&a) == "leader"
-            || role(&b) == "leader")
-        .await,
-        "nobody won:\n{}\n{}",
-        a.output(),
-        b.output()
-    );
-    let (mut leader, mut standby) = if role(&a) == "leader" { (a, b) } else { (b, a) };
+    let (mut leader, mut standby) = elect(a, b, |p| role(p) == "leader").await;
     assert_eq!(role(&standby), "standby");
     for p in [&leader, &standby] {
         assert!(
@@ -80,10 +72,7 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
         );
     }
 
-    let mut cfg = env.fleet_config(24, Mode::Plain);
-    cfg.lock_window = Duration::from_secs(2);
-    cfg.restart_delay = Duration::from_millis(200);
-    let fleet = env.fleet(cfg).await;
+    let fleet = env.fleet(env.failover_fleet_config(24)).await;
     leader
         .expect_metric("provisioned", 4.0, Duration::from_secs(60))
         .await;
@@ -94,12 +83,7 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
         "the standby never took over:\n{}",
         standby.output()
     );
-    assert!(
-        fleet.wait_provisioned(24, Duration::from_secs(90)).await,
-        "{} of 24 provisioned:\n{}",
-        fleet.provisioned(),
-        standby.output()
-    );
+    expect_provisioned(&fleet, 24, Duration::from_secs(90), &standby).await;
     standby
         .expect_metric("provisioned", 1.0, Duration::from_secs(10))
         .await;
@@ -183,14 +167,12 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
     .await
     .unwrap();
     let file = env.path().join("audit.jsonl");
-    let mut prov = env.start(
-        &env.provisioner(example_helper("helper-plain.py"))
-            .yaml(&format!(
-                "audit_stream: {STREAM}\naudit_file: {}",
-                file.display()
-            )),
-    );
-    prov.wait_ready().await;
+    let mut prov = env
+        .start_ready(&env.plain().yaml(&format!(
+            "audit_stream: {STREAM}\naudit_file: {}",
+            file.display()
+        )))
+        .await;
     prov.expect_log("record(s) kept for it", Duration::from_secs(20))
         .await;
 
@@ -233,11 +215,7 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
         "{kept} records in the stream:\n{}",
         prov.output()
     );
-    assert!(
-        prov.output().contains("record(s) waiting for it"),
-        "{}",
-        prov.output()
-    );
+    prov.expect_output("record(s) waiting for it");
 
     // Decisions made after it is reachable arrive too.
     let mut cfg = env.fleet_config(4, Mode::Plain);

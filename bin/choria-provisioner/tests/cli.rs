@@ -400,10 +400,9 @@ fn check_on_a_broken_setup_lists_every_problem() {
 async fn unknown_keys_are_warned_by_name() {
     let env = Env::new();
     let opts = env
-        .provisioner(example_helper("helper-plain.py"))
+        .plain()
         .yaml("feature:\n  pki: true\nbroker_port: 4222\nworkerz: 3");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let out = prov.output();
     for key in ["\"feature\"", "\"workerz\""] {
         assert!(
@@ -420,10 +419,9 @@ async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
     let env = Env::new();
     let pid_file = env.path().join("run/provisioner.pid");
     std::fs::create_dir(env.path().join("run")).unwrap();
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.pid_file = Some(pid_file.clone());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let text = std::fs::read_to_string(&pid_file).unwrap();
     assert_eq!(text.trim(), prov.pid().to_string());
     prov.stop_with("TERM").await;
@@ -434,8 +432,7 @@ async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
 async fn sigterm_and_sigint_exit_cleanly() {
     let env = Env::new();
     for sig in ["TERM", "INT"] {
-        let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-        prov.wait_ready().await;
+        let mut prov = env.start_ready(&env.plain()).await;
         prov.stop_with(sig).await;
         let out = prov.output();
         assert!(out.contains(&format!("received SIG{sig}")), "{out}");
@@ -479,7 +476,7 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_flag_wins_over_the_configured_level() {
     let env = Env::new();
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.loglevel = "warn".into();
     let mut quiet = env.start(&opts);
     // Nothing below warn is logged, so wait for the metrics listener instead of a log line.
@@ -494,10 +491,9 @@ async fn debug_flag_wins_over_the_configured_level() {
 
     let mut opts = opts.for_identity("provisioner2");
     opts.args = vec!["--debug".into(), "run".into()];
-    let mut loud = env.start(&opts);
-    loud.wait_ready().await;
+    let mut loud = env.start_ready(&opts).await;
     loud.stop_with("TERM").await;
-    assert!(loud.output().contains("DEBUG"), "{}", loud.output());
+    loud.expect_output("DEBUG");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -505,7 +501,7 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
     let env = Env::new();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let opts = env.provisioner(example_helper("helper-plain.py"));
+    let opts = env.plain();
     let Launch {
         config: yaml,
         choria_config: cfg,
@@ -541,7 +537,7 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
 async fn a_signal_as_soon_as_the_pid_file_exists_is_a_clean_stop() {
     let env = Env::new();
     let pid_file = env.path().join("early.pid");
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.pid_file = Some(pid_file.clone());
     let mut prov = env.start(&opts);
     // Whoever reads the pid file may signal at once: the handlers are in place by then.

@@ -179,20 +179,14 @@ async fn a_dry_run_judges_every_node_and_changes_none() {
         .provisioner(test_helper("scenario.py") + " configure")
         .env("HELPER_LOG", log.display().to_string())
         .yaml("dry_run: true\n");
-    let mut prov = env.start(&p);
-    prov.wait_ready().await;
+    let prov = env.start_ready(&p).await;
     let fleet = env.fleet(env.fleet_config(6, Mode::Plain)).await;
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            prov.output()
-                .matches("would be configured and restarted")
-                .count()
-                >= 6
-        })
-        .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_output_count(
+        "would be configured and restarted",
+        6,
+        Duration::from_secs(30),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fleet.provisioned(), 0);
     for id in fleet.identities() {

@@ -30,25 +30,13 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
     a.wait_ready().await;
     b.wait_ready().await;
 
-    // The start-up splay is up to 5 s, then one round to confirm the win.
-    assert!(
-        wait_until(Duration::from_secs(40), || is_leader(&a) || is_leader(&b)).await,
-        "nobody won:\n{}\n{}",
-        a.output(),
-        b.output()
-    );
-    let (mut leader, standby) = if is_leader(&a) { (a, b) } else { (b, a) };
+    let (mut leader, standby) = elect(a, b, is_leader).await;
     assert!(role(&standby).ends_with("standby"), "{}", role(&standby));
     assert_eq!(standby.m("paused"), 1.0);
     assert_eq!(leader.m("paused"), 0.0);
 
-    // go-choria keeps a provisioning lock for two minutes; the simulated servers keep it for
-    // two seconds so that nodes the dead leader was working on are free again once the
-    // standby has taken over (which takes at least the bucket's 5 s TTL).
-    let mut cfg = env.fleet_config(30, Mode::Plain);
-    cfg.lock_window = Duration::from_secs(2);
-    cfg.restart_delay = Duration::from_millis(200);
-    let fleet = env.fleet(cfg).await;
+    // The standby takes over after at least the bucket's 5 s TTL.
+    let fleet = env.fleet(env.failover_fleet_config(30)).await;
 
     // The leader takes the nodes from their startup events; the standby ignores them.
     leader
@@ -85,12 +73,7 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
         failover.as_secs_f64()
     );
 
-    assert!(
-        fleet.wait_provisioned(30, Duration::from_secs(90)).await,
-        "{} of 30 provisioned after the failover:\n{}",
-        fleet.provisioned(),
-        standby.output()
-    );
+    expect_provisioned(&fleet, 30, Duration::from_secs(90), &standby).await;
     // Every node the dead leader left behind was provisioned by the standby. The fleet counts a
     // node when its restart request arrives, the provisioner once the reply is back, so the
     // metric may trail the fleet by a moment.
@@ -106,8 +89,7 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
     assert!(standby.m("discovered") > 0.0);
     assert!(standby.m("discover_cycles") >= 1.0);
     let mut standby = standby;
-    standby.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut standby, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,11 +113,12 @@ async fn without_a_bucket_the_provisioner_exits_as_the_go_one_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_election_bucket_created_after_start_is_found() {
     let env = Env::new();
-    let mut prov = env.start(
-        &env.ha_provisioner("provisioner-a", example_helper("helper-plain.py"))
-            .yaml("leader_election_wait: true"),
-    );
-    prov.wait_ready().await;
+    let mut prov = env
+        .start_ready(
+            &env.ha_provisioner("provisioner-a", example_helper("helper-plain.py"))
+                .yaml("leader_election_wait: true"),
+        )
+        .await;
     assert!(
         prov.wait_log("provisioning stays paused", Duration::from_secs(20))
             .await,
@@ -164,8 +147,7 @@ async fn an_election_bucket_created_after_start_is_found() {
     );
     let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
     expect_provisioned(&fleet, 5, Duration::from_secs(60), &prov).await;
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,8 +159,7 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
         format!("{} slow 0.3", test_helper("scenario.py")),
     );
     opts.workers = 1;
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     assert!(wait_until(Duration::from_secs(40), || is_leader(&prov)).await);
 
     let fleet = env.fleet(env.fleet_config(30, Mode::Plain)).await;
@@ -213,8 +194,7 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
         prov.output()
     );
     expect_provisioned(&fleet, 30, Duration::from_secs(90), &prov).await;
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 /// A broker laid out like a Choria broker: JetStream lives in the `CHORIA` account and the
@@ -249,8 +229,7 @@ async fn the_election_works_through_the_choria_streams_import() {
     let opts = env
         .ha_provisioner("provisioner-a", example_helper("helper-plain.py"))
         .yaml("broker_provisioning_password: pr0v-pw\nleader_election_wait: true");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     // The import answers that the bucket does not exist yet; once it is created the campaign
     // finds it there.
     prov.expect_log("bucket does not exist", Duration::from_secs(20))
@@ -261,10 +240,9 @@ async fn the_election_works_through_the_choria_streams_import() {
         "{}",
         prov.output()
     );
-    assert!(
-        !prov.output().contains("account's own JetStream"),
-        "fell back instead of using the import:\n{}",
-        prov.output()
+    prov.expect_not_in_output(
+        "account's own JetStream",
+        "fell back instead of using the import",
     );
     let mut cfg = env.fleet_config(5, Mode::Plain);
     cfg.nats_user = Some(("node".into(), "n0de-pw".into()));
@@ -275,6 +253,5 @@ async fn the_election_works_through_the_choria_streams_import() {
     let kv = election_bucket(&env.url(), admin).await;
     let holder = kv.get("provisioner").await.unwrap().unwrap();
     assert_eq!(&holder[..], b"provisioner-a");
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }

@@ -92,8 +92,7 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
         .yaml(&format!("audit_file: {}", audit.display()))
         .features(&["jwt", "upgrades"]);
     let yaml = env.prepare(&opts).config;
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let monitor = format!("http://127.0.0.1:{}", prov.port);
 
     // Provisioned (after its upgrade, the upgraded node too).
@@ -324,11 +323,10 @@ async fn the_api_wants_the_token_when_one_is_configured() {
     let token_file = env.path().join("monitor.token");
     std::fs::write(&token_file, "mon-7d1c2a-token\n").unwrap();
     let opts = env
-        .provisioner(example_helper("helper-plain.py"))
+        .plain()
         .yaml(&format!("monitor_token_file: {}", token_file.display()));
     let yaml = env.prepare(&opts).config;
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     for path in ["/", "/api/v1/status", "/api/v1/nodes", "/nodes/x"] {
         let (status, _) = prov.get(path).unwrap();
         assert_eq!(status, 401, "{path}");
@@ -377,8 +375,7 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
     let opts = env
         .pki_provisioner(example_helper("helper-pki.py"), &ca)
         .yaml(&format!("audit_file: {}", audit.display()));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.assert_provisioned(3.0).await;
     let (_, node) = get_json(&prov, &format!("/api/v1/nodes/{}", fleet.identities()[0]));
@@ -457,9 +454,7 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
     let env = Env::new();
-    let mut cfg = env.fleet_config(3, Mode::Ed25519);
-    cfg.issuer_public = Some(env.signer.verifier());
-    let fleet = env.fleet(cfg).await;
+    let fleet = env.fleet(env.ed25519_fleet_config(3)).await;
     let mut bad_nonce = env.fleet_config(1, Mode::Ed25519);
     bad_nonce.identities = Some(vec!["badnonce-1.example.net".into()]);
     bad_nonce.faults.bad_nonce = 1.0;
@@ -470,8 +465,7 @@ async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
         .env("CHORIA_ISSUER", env.signer.public_hex.clone())
         .yaml(&format!("audit_file: {}", audit.display()))
         .features(&["ed25519"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.assert_provisioned(3.0).await;
     let refused = wait_state(&prov, "badnonce-1.example.net", "refused").await;
@@ -552,8 +546,7 @@ async fn helper_policy_and_node_faults_show_their_step_and_cause() {
         .provisioner(format!("{} by-name", test_helper("scenario.py")))
         .yaml(&format!("rego_policy: {}", policy.display()))
         .yaml(&format!("audit_file: {}", audit.display()));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let monitor = format!("http://127.0.0.1:{}", prov.port);
 
     wait_state(&prov, "ok-2.example.net", "provisioned").await;

@@ -155,8 +155,7 @@ async fn the_documented_alert_fires_for_no_leader_and_for_two() {
 
     // Two leaders: a third provisioner leads on another broker's bucket.
     create_election_bucket(&other.url()).await;
-    let mut pc = other.start(&c);
-    pc.wait_ready().await;
+    let mut pc = other.start_ready(&c).await;
     wait_for(
         "the alert to fire with two leaders",
         Duration::from_secs(60),

@@ -56,8 +56,7 @@ async fn denied_nodes_never_reach_the_helper_and_allowed_ones_are_provisioned() 
             policy.display(),
             record.display()
         ));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
     assert!(
         fleet.wait_provisioned(allowed.len(), WAIT).await,
@@ -111,8 +110,7 @@ async fn denied_nodes_never_reach_the_helper_and_allowed_ones_are_provisioned() 
         .stdout
         .contains("decision: allow"));
 
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,8 +129,7 @@ async fn an_edit_takes_effect_and_a_broken_edit_keeps_the_old_policy() {
         .provisioner(format!("{} configure", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string())
         .yaml(&format!("rego_policy: {}", dir.display()));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     prov.expect_metric("policy_denied", 3.0, WAIT).await;
 
     // A broken edit: logged, and the old policy still refuses everyone.
@@ -156,8 +153,7 @@ async fn an_edit_takes_effect_and_a_broken_edit_keeps_the_old_policy() {
     env.announce(&fleet.identities()).await;
     expect_provisioned(&fleet, 3, WAIT, &prov).await;
     assert_eq!(prov.m("policy_denied"), 6.0);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[test]
@@ -170,7 +166,7 @@ fn check_names_the_file_and_line_of_a_syntax_error() {
     )
     .unwrap();
     let opts = env
-        .provisioner(example_helper("helper-plain.py"))
+        .plain()
         .yaml(&format!("rego_policy: {}", policy.display()));
     let launch = env.prepare(&opts);
     let ran = check_files(&launch.config, &launch.choria_config);

@@ -184,7 +184,7 @@ fn check_warns_about_a_yaml_readable_by_a_group_other_than_the_services() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_logs_the_same_warnings_at_start() {
     let env = Env::new();
-    let opts = env.provisioner(example_helper("helper-plain.py"));
+    let opts = env.plain();
     let launch = env.prepare(&opts);
     let (yaml, cfg) = (&launch.config, &launch.choria_config);
     let cfg_text = std::fs::read_to_string(cfg).unwrap();
@@ -208,7 +208,7 @@ async fn the_daemon_logs_the_same_warnings_at_start() {
     );
     prov.expect_log(&yaml_warning, Duration::from_secs(10))
         .await;
-    assert!(prov.output().contains(&cfg_warning), "{}", prov.output());
+    prov.expect_output(&cfg_warning);
     let out = prov.output();
     assert!(!out.contains(TOKEN), "{out}");
     assert!(!out.contains(NATS_PASSWORD), "{out}");

@@ -56,8 +56,7 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
     ]);
     bad.provisioning_jwt = ProvisioningJwt::Sign(stranger.jwt_signer());
     let bad = env.fleet(bad).await;
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&env.plain()).await;
     assert!(fleet.wait_provisioned(6, Duration::from_secs(60)).await);
     prov.expect_metric("provision_errors", 2.0, Duration::from_secs(60))
         .await;
@@ -117,8 +116,7 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
         png.len()
     );
 
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
     bad.shutdown().await;
 }
 
@@ -128,26 +126,19 @@ async fn chromium_renders_the_pause_and_the_pending_nodes_without_errors() {
         return;
     };
     let env = Env::new();
-    let p = env
-        .provisioner(example_helper("helper-plain.py"))
-        .yaml("fleet_control: true\napproval: manual\n");
+    let p = env.plain().yaml("fleet_control: true\napproval: manual\n");
     let launch = env.prepare(&p);
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
     prov.expect_log("fleet control: following bucket", Duration::from_secs(30))
         .await;
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            prov.output()
-                .matches("waits for an operator's approval")
-                .count()
-                >= 3
-        })
-        .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_output_count(
+        "waits for an operator's approval",
+        3,
+        Duration::from_secs(60),
+    )
+    .await;
     control(&launch, &["pause", "--reason", "rack <b>7</b> rewiring"]);
     prov.expect_log("Provisioning paused by", Duration::from_secs(5))
         .await;
@@ -178,6 +169,5 @@ async fn chromium_renders_the_pause_and_the_pending_nodes_without_errors() {
     for bad in ["Content Security Policy", "Uncaught", "Refused to"] {
         assert!(!log.contains(bad), "{bad:?} in chromium's log:\n{log}");
     }
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }

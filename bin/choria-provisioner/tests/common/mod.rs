@@ -242,6 +242,23 @@ impl Env {
         c
     }
 
+    /// A fleet of `nodes` for a failover: go-choria keeps a provisioning lock for two minutes,
+    /// these servers for two seconds, so that the nodes a dead leader was working on are free
+    /// again once the standby has taken over; restarting after 200 ms.
+    pub fn failover_fleet_config(&self, nodes: usize) -> FleetConfig {
+        let mut c = self.fleet_config(nodes, Mode::Plain);
+        c.lock_window = Duration::from_secs(2);
+        c.restart_delay = Duration::from_millis(200);
+        c
+    }
+
+    /// A fleet of `nodes` in ed25519 mode that trusts server JWTs issued by the test's signer.
+    pub fn ed25519_fleet_config(&self, nodes: usize) -> FleetConfig {
+        let mut c = self.fleet_config(nodes, Mode::Ed25519);
+        c.issuer_public = Some(self.signer.verifier());
+        c
+    }
+
     /// A plain (jwt) provisioner with `helper` on this test's broker, called `provisioner1`: it
     /// checks the test token, verifies provisioning JWTs with the signer, signs server JWTs
     /// with it, and hands the sample helpers the broker in `CHORIA_BROKERS`.
@@ -250,6 +267,11 @@ impl Env {
             provisioner(&self.url(), helper, &self.signer).env("CHORIA_BROKERS", self.url());
         p.jwt_signing_key = Some(self.signer.seed_file.clone());
         p
+    }
+
+    /// [`Env::provisioner`] with the sample plain helper.
+    pub fn plain(&self) -> Provisioner {
+        self.provisioner(example_helper("helper-plain.py"))
     }
 
     /// [`Env::provisioner`] called `identity`, with `leader_election` and two workers: one of an
@@ -283,6 +305,13 @@ impl Env {
     /// Write the files and start the provisioner.
     pub fn start(&self, p: &Provisioner) -> Prov {
         start_in(self.path(), p)
+    }
+
+    /// Write the files, start the provisioner and wait until it is connected.
+    pub async fn start_ready(&self, p: &Provisioner) -> Prov {
+        let mut prov = self.start(p);
+        prov.wait_ready().await;
+        prov
     }
 
     /// Start a simulated fleet in this process.
@@ -352,6 +381,39 @@ impl Prov {
             self.name,
             self.output()
         );
+    }
+
+    /// Insists its output comes to hold `needle` at least `n` times within `timeout`.
+    pub async fn expect_output_count(&self, needle: &str, n: usize, timeout: Duration) {
+        assert!(
+            wait_until(timeout, || self.output().matches(needle).count() >= n).await,
+            "{needle:?} not {n} times in the output:\n{}",
+            self.output()
+        );
+    }
+
+    /// Insists its output so far does not contain `needle`; `why` says what that would mean.
+    pub fn expect_not_in_output(&self, needle: &str, why: &str) {
+        let out = self.output();
+        assert!(!out.contains(needle), "{why}:\n{out}");
+    }
+
+    /// Send `sig`, insist on a clean exit and that it came within `limit`.
+    pub async fn stop_within(&mut self, sig: &str, limit: Duration) {
+        let started = Instant::now();
+        self.stop_with(sig).await;
+        let took = started.elapsed();
+        assert!(
+            took < limit,
+            "{} took {took:?} to stop on SIG{sig}",
+            self.name
+        );
+    }
+
+    /// Insists its output so far contains `needle`, showing the output when it does not.
+    pub fn expect_output(&self, needle: &str) {
+        let out = self.output();
+        assert!(out.contains(needle), "{needle:?} not in the output:\n{out}");
     }
 
     /// Wait until the provisioner listens for startup events (so it is connected).
@@ -471,6 +533,40 @@ pub async fn expect_provisioned(fleet: &SimFleet, n: usize, timeout: Duration, p
         fleet.provisioned(),
         fleet.stats(),
         prov.output()
+    );
+}
+
+/// Wait up to 40 s (the start-up splay is up to 5 s, then one round confirms the win) until one
+/// of `a` and `b` leads, as `leads` tells; (leader, standby).
+pub async fn elect(a: Prov, b: Prov, leads: impl Fn(&Prov) -> bool) -> (Prov, Prov) {
+    assert!(
+        wait_until(Duration::from_secs(40), || leads(&a) || leads(&b)).await,
+        "nobody won:\n{}\n{}",
+        a.output(),
+        b.output()
+    );
+    if leads(&a) {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+/// Stop `prov` cleanly (SIGTERM) and shut `fleet` down: the end of a test.
+pub async fn finish(prov: &mut Prov, fleet: SimFleet) {
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+/// Insists the file at `path` comes to contain `needle` within `timeout`, showing the file
+/// when it does not.
+pub async fn expect_in_file(path: &Path, needle: &str, timeout: Duration) {
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        wait_until(timeout, || read().contains(needle)).await,
+        "{needle:?} never reached {}:\n{}",
+        path.display(),
+        read()
     );
 }
 
