@@ -38,11 +38,7 @@ fn the_packaged_configuration_serves_the_api_to_loopback_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let packaged = std::fs::read_to_string(root.join("packaging/choria-provisioner.yaml")).unwrap();
     let helper = dir.path().join("helper");
-    std::fs::write(&helper, "#!/bin/sh\necho '{}'\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    test_support::write_executable(&helper, "#!/bin/sh\necho '{}'\n").unwrap();
     let yaml = packaged
         .replace("/var/log/choria-provisioner", &d)
         .replace("/etc/choria-provisioner/helper", &helper.display().to_string())

@@ -63,18 +63,12 @@ fn the_default_workers_follow_the_cgroup_cpu_quota() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("p.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
+    let (yaml, cfg) = test_support::write_config(
+        dir.path(),
+        &format!(
             "helper: {}\ntoken: x\nchoria_insecure: true\n",
             example_helper("helper-plain.py")
         ),
-    )
-    .unwrap();
-    let cfg = dir.path().join("c.cfg");
-    std::fs::write(
-        &cfg,
         "identity = p1.example.net\nplugin.choria.middleware_hosts = nats://b.example.net:4222\n",
     )
     .unwrap();

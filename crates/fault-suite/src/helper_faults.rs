@@ -22,12 +22,7 @@ pub fn helper_script(env: &Env, name: &str, body: &str) -> Result<(PathBuf, Path
         "#!/bin/sh\n# Misbehaves until {fixed} exists, then behaves.\nif [ -e '{fixed}' ]; then exec '{demo}' \"$@\"; fi\n{body}\n",
         fixed = fixed.display(),
     );
-    std::fs::write(&script, text)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    }
+    test_support::write_executable(&script, &text)?;
     Ok((script, fixed))
 }
 

@@ -81,6 +81,23 @@ pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).ctx(|| format!("writing {}", path.display()))
 }
 
+/// Write `text` to `path` and make it executable (a helper or script a test runs).
+pub fn write_executable(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .ctx(|| format!("making {} executable", path.display()))
+}
+
+/// Write a hand-made provisioner configuration into `dir`: `yaml` as `provisioner.yaml` and
+/// the Choria client configuration `cfg` as `choria.cfg`; their paths.
+pub fn write_config(dir: &Path, yaml: &str, cfg: &str) -> Result<(PathBuf, PathBuf)> {
+    let (y, c) = (dir.join("provisioner.yaml"), dir.join("choria.cfg"));
+    write(&y, yaml)?;
+    write(&c, cfg)?;
+    Ok((y, c))
+}
+
 /// Create a directory and its parents, naming it on failure.
 pub(crate) fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).ctx(|| format!("creating {}", path.display()))
