@@ -210,7 +210,7 @@ pub fn monitor_idle_flood(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let port = run.provisioners[p].port;
     let pid = run.provisioners[p].proc.pid();
-    // The limit a service gets without LimitNOFILE (the flood used to exhaust it).
+    // The limit a service gets without LimitNOFILE: the flood must not exhaust it.
     set_nofile(pid, 1024, 1024)?;
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let reopened = std::sync::Arc::new(AtomicUsize::new(0));

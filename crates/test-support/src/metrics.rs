@@ -114,9 +114,8 @@ pub fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Option<(u16, Strin
     Some((status, body))
 }
 
-/// A plain HTTP/1.1 GET of `path` to `addr` with `Host: host`, connecting and reading each
-/// writing and reading each allowed `timeout`: the status and the whole answer, headers and
-/// body.
+/// A plain HTTP/1.1 GET of `path` to `addr` with `Host: host`, connecting, writing and reading
+/// each allowed `timeout`: the status and the whole answer, headers and body.
 pub fn http_get_raw(
     addr: std::net::SocketAddr,
     path: &str,

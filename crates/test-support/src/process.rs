@@ -54,7 +54,8 @@ impl ProcessGuard {
     }
 
     /// Copy its standard error (piped, taken here) line by line into `log` when given, and wait
-    /// up to `timeout` until a line holds `ready` or it exits; whether that line came.
+    /// up to `timeout` until a line holds `ready` or it exits: false when neither happened in
+    /// time ([`ProcessGuard::exited`] tells an exit from the line).
     pub fn wait_stderr_line(
         &mut self,
         ready: &str,

@@ -1,6 +1,9 @@
 //! Shared harness of the end-to-end tests: a broker, a signer and a scratch directory, the
 //! provisioner binary started through test-support's provisioner harness (with waits that yield
-//! to the simulated fleet running in this process), its `/metrics`, and that fleet.
+//! to the simulated fleet running in this process), its `/metrics`, and that fleet; the binary's
+//! other commands (`check`, `policy eval`, fleet control) run to their end; the assertions the
+//! tests share on a provisioner's output, log file and metrics and on the fleet; and the leader
+//! election bucket.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::OsStr;
