@@ -519,19 +519,20 @@ mod tests {
 
     #[test]
     fn directories_must_be_plain_absolute_paths() {
-        for ok in ["/etc/choria/ssl", "/tmp/.tmpAb3_x-1/ssl", "/"] {
-            assert!(safe_path(ok), "{ok:?}");
-        }
-        for bad in [
-            "etc/choria",
-            "",
-            "/etc/choria/../../root",
-            "/etc/choria\nplugin.security.provider = none",
-            "/etc/cho ria",
-            "C:\\ProgramData\\choria",
-            &format!("/{}", "a".repeat(1024)),
+        let long = format!("/{}", "a".repeat(1024));
+        for (path, safe) in [
+            ("/etc/choria/ssl", true),
+            ("/tmp/.tmpAb3_x-1/ssl", true),
+            ("/", true),
+            ("etc/choria", false),
+            ("", false),
+            ("/etc/choria/../../root", false),
+            ("/etc/choria\nplugin.security.provider = none", false),
+            ("/etc/cho ria", false),
+            ("C:\\ProgramData\\choria", false),
+            (&long, false),
         ] {
-            assert!(!safe_path(bad), "{bad:?}");
+            assert_eq!(safe_path(path), safe, "{path:?}");
         }
     }
 

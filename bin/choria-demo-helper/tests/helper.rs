@@ -102,15 +102,13 @@ fn pki_reply_carries_a_certificate_signed_by_the_ca() {
         reply["configuration"]["plugin.security.file.ca"],
         "/srv/ssl/ca.pem"
     );
-    let verify = Command::new("openssl")
-        .args(["verify", "-CAfile", &ca, &format!("{d}/cert.pem")])
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
-    );
+    test_support::stack::run(Command::new("openssl").args([
+        "verify",
+        "-CAfile",
+        &ca,
+        &format!("{d}/cert.pem"),
+    ]))
+    .unwrap();
 }
 
 /// The hostile identities every shipped helper must refuse.

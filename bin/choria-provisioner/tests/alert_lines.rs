@@ -76,25 +76,6 @@ fn log_lines(path: &Path) -> Vec<serde_json::Map<String, Value>> {
         .collect()
 }
 
-fn logged(path: &Path, needle: &str) -> bool {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .contains(needle)
-}
-
-async fn create_bucket(url: &str) -> async_nats::jetstream::kv::Store {
-    let nc = async_nats::connect(url).await.unwrap();
-    async_nats::jetstream::new(nc)
-        .create_key_value(async_nats::jetstream::kv::Config {
-            bucket: "CHORIA_LEADER_ELECTION".into(),
-            max_age: Duration::from_secs(5),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_alert_line_is_written_by_a_real_run() {
     let rows = documented_rows();
@@ -111,53 +92,30 @@ async fn every_documented_alert_line_is_written_by_a_real_run() {
     opts.workers = 1;
     let opts = opts.yaml("work_queue_size: 3");
     let mut main = env.start(&opts);
-    assert!(
-        wait_until(WAIT, || logged(
-            &main_log,
-            "Initial connection to the Broker failed"
-        ))
-        .await,
-        "{}",
-        main.output()
-    );
+    expect_in_file(&main_log, "Initial connection to the Broker failed", WAIT).await;
     env.nats.start_again().unwrap();
-    assert!(wait_until(WAIT, || logged(&main_log, READY)).await);
+    expect_in_file(&main_log, READY, WAIT).await;
     let mut broken_cfg = env.fleet_config(1, Mode::Plain);
     broken_cfg.identity_prefix = "broken".into();
     broken_cfg.faults.fail_action = vec![("jwt".into(), 1.0)];
     let broken = env.fleet(broken_cfg).await;
     let fleet = env.fleet(env.fleet_config(8, Mode::Plain)).await;
-    assert!(
-        wait_until(WAIT, || logged(&main_log, "Could not provision broken")).await,
-        "{}",
-        std::fs::read_to_string(&main_log).unwrap_or_default()
-    );
-    assert!(
-        wait_until(WAIT, || logged(
-            &main_log,
-            "Adding host to work queue failed"
-        ))
-        .await,
-        "the queue never overflowed"
-    );
+    expect_in_file(&main_log, "Could not provision broken", WAIT).await;
+    expect_in_file(&main_log, "Adding host to work queue failed", WAIT).await;
     env.nats.restart();
-    assert!(
-        wait_until(WAIT, || logged(
-            &main_log,
-            "NATS client reconnected after a previous disconnection"
-        ))
-        .await,
-        "{}",
-        std::fs::read_to_string(&main_log).unwrap_or_default()
-    );
-    main.stop_with("TERM").await;
-    fleet.shutdown().await;
+    expect_in_file(
+        &main_log,
+        "NATS client reconnected after a previous disconnection",
+        WAIT,
+    )
+    .await;
+    finish(&mut main, fleet).await;
     broken.shutdown().await;
     logs.extend(log_lines(&main_log));
 
     // 2. Leader election without its bucket: the daemon stops.
     let election_log = env.path().join("election.log");
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.identity = "provisioner-e".into();
     opts.leader_election = true;
     opts.logfile = Some(election_log.clone());
@@ -171,32 +129,18 @@ async fn every_documented_alert_line_is_written_by_a_real_run() {
     // 3. The same with leader_election_wait: it waits, wins once the bucket exists, and loses
     // when another candidate takes the key.
     let wait_log = env.path().join("wait.log");
-    let mut opts = env
-        .provisioner(example_helper("helper-plain.py"))
-        .yaml("leader_election_wait: true");
+    let mut opts = env.plain().yaml("leader_election_wait: true");
     opts.identity = "provisioner-w".into();
     opts.leader_election = true;
     opts.logfile = Some(wait_log.clone());
     opts.loglevel = "info".into();
     let mut waiting = env.start(&opts);
-    assert!(wait_until(WAIT, || logged(&wait_log, READY)).await);
-    assert!(
-        wait_until(WAIT, || logged(&wait_log, "provisioning stays paused")).await,
-        "{}",
-        waiting.output()
-    );
-    let kv = create_bucket(&env.url()).await;
-    assert!(
-        wait_until(WAIT, || logged(&wait_log, "Became leader")).await,
-        "{}",
-        std::fs::read_to_string(&wait_log).unwrap_or_default()
-    );
+    expect_in_file(&wait_log, READY, WAIT).await;
+    expect_in_file(&wait_log, "provisioning stays paused", WAIT).await;
+    let kv = create_election_bucket(&env.url()).await;
+    expect_in_file(&wait_log, "Became leader", WAIT).await;
     kv.put("provisioner", "intruder".into()).await.unwrap();
-    assert!(
-        wait_until(WAIT, || logged(&wait_log, "Lost leadership")).await,
-        "{}",
-        std::fs::read_to_string(&wait_log).unwrap_or_default()
-    );
+    expect_in_file(&wait_log, "Lost leadership", WAIT).await;
     waiting.stop_with("TERM").await;
     logs.extend(log_lines(&wait_log));
 

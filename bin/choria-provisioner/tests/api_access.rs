@@ -4,8 +4,7 @@
 //! its answers `Cache-Control: no-store`, and still serves `/metrics` to everyone.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use test_support::ProcessGuard;
@@ -13,17 +12,7 @@ use test_support::ProcessGuard;
 const BIN: &str = env!("CARGO_BIN_EXE_choria-provisioner");
 
 fn get(addr: SocketAddr, path: &str, host: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, raw))
+    test_support::metrics::http_get_raw(addr, path, host, Duration::from_secs(5)).ok()
 }
 
 /// A non-loopback address of this host, if it has one.
@@ -49,11 +38,7 @@ fn the_packaged_configuration_serves_the_api_to_loopback_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let packaged = std::fs::read_to_string(root.join("packaging/choria-provisioner.yaml")).unwrap();
     let helper = dir.path().join("helper");
-    std::fs::write(&helper, "#!/bin/sh\necho '{}'\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    test_support::write_executable(&helper, "#!/bin/sh\necho '{}'\n").unwrap();
     let yaml = packaged
         .replace("/var/log/choria-provisioner", &d)
         .replace("/etc/choria-provisioner/helper", &helper.display().to_string())
@@ -114,6 +99,6 @@ fn the_packaged_configuration_serves_the_api_to_loopback_only() {
         let (status, _) = get(lan, "/metrics", &format!("{ip}:{port}")).unwrap();
         assert_eq!(status, 200);
     } else {
-        assert!(std::env::var_os("CI").is_none(), "CI needs a LAN address");
+        test_support::skip_unless_ci("no LAN address for the checks from another address");
     }
 }

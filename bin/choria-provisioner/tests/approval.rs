@@ -7,45 +7,18 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use choria_fleet_sim::Mode;
 use common::*;
 use test_support::provisioner::Launch;
 
-/// Runs `choria-provisioner ARGS --config ... --choria-config ...`; its output, or a panic.
-fn control(launch: &Launch, args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .args(args)
-        .arg("--config")
-        .arg(&launch.config)
-        .arg("--choria-config")
-        .arg(&launch.choria_config)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{args:?} failed: {text}");
-    text
-}
-
 /// The pending nodes as `nodes --pending --json` lists them: identity and fingerprints.
 fn pending(launch: &Launch) -> Vec<(String, Vec<String>)> {
-    let out = Command::new(BIN)
-        .args(["nodes", "--pending", "--json", "--config"])
-        .arg(&launch.config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nodes --pending failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let config = launch.config.display().to_string();
+    let out =
+        cli(&["nodes", "--pending", "--json", "--config", &config]).succeeded("nodes --pending");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     v["pending"]
         .as_array()
         .unwrap()
@@ -78,10 +51,7 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     let ca = test_ca(env.path());
     let audit = env.path().join("audit.jsonl");
     let p = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string())
-        .features(&["jwt", "pki"])
+        .pki_provisioner(example_helper("helper-pki.py"), &ca)
         .yaml(&format!(
             "fleet_control: true\napproval: manual\naudit_file: {}\n",
             audit.display()
@@ -89,12 +59,8 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     let launch = env.prepare(&p);
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
-    assert!(
-        prov.wait_log("fleet control: following bucket", Duration::from_secs(30))
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("fleet control: following bucket", Duration::from_secs(30))
+        .await;
 
     // Ten nodes, each with its own key.
     let mut cfg = env.fleet_config(10, Mode::Pki);
@@ -114,23 +80,13 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     assert_eq!(fleet.provisioned(), 0, "provisioned while pending");
     assert_eq!(prov.m("provisioned"), 0.0);
     assert_eq!(prov.m("provision_errors"), 0.0, "pending is not a failure");
-    let listed = Command::new(BIN)
-        .args(["nodes", "--pending", "--config"])
-        .arg(&launch.config)
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&listed.stdout);
+    let config = launch.config.display().to_string();
+    let listed = cli(&["nodes", "--pending", "--config", &config]).stdout;
     assert!(
         listed.contains("node-01.example.net") && listed.contains("10 nodes waiting"),
         "{listed}"
     );
-
-    let status = Command::new(BIN)
-        .args(["status", "--config"])
-        .arg(&launch.config)
-        .output()
-        .unwrap();
-    let status = String::from_utf8_lossy(&status.stdout);
+    let status = cli(&["status", "--config", &config]).stdout;
     assert!(
         status.contains("Pending approval") && status.contains("Operator pause"),
         "{status}"
@@ -139,22 +95,13 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     // Half approved: exactly those are provisioned, at once (not at the next interval).
     let said = control(&launch, &["approve", "--matching", "^node-0[1-5][.]"]);
     assert!(said.contains("5 nodes approved"), "{said}");
-    assert!(
-        fleet.wait_provisioned(5, Duration::from_secs(30)).await,
-        "{} provisioned\n{}",
-        fleet.provisioned(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 5, Duration::from_secs(30), &prov).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fleet.provisioned(), 5);
     for n in 1..=10 {
         assert_eq!(configured(&fleet, &id(n)), n <= 5, "{}", id(n));
     }
-    assert!(
-        prov.output().contains("was approved by"),
-        "{}",
-        prov.output()
-    );
+    prov.expect_output("was approved by");
 
     // Rejected: its key fingerprint is denied, and it is refused whenever it is found.
     let fp6 = held.iter().find(|(i, _)| *i == id(6)).unwrap().1[0].clone();
@@ -168,20 +115,14 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
         denied.contains(&fp6) && denied.contains("not ours"),
         "{denied}"
     );
-    assert!(
-        prov.wait_log(&format!("deny list: {fp6} denied"), Duration::from_secs(5))
-            .await
-    );
+    prov.expect_log(&format!("deny list: {fp6} denied"), Duration::from_secs(5))
+        .await;
     env.announce(&[id(6)]).await;
-    assert!(
-        prov.wait_log(
-            &format!("Could not provision {}: on the deny list", id(6)),
-            Duration::from_secs(30)
-        )
-        .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log(
+        &format!("Could not provision {}: on the deny list", id(6)),
+        Duration::from_secs(30),
+    )
+    .await;
     assert!(!configured(&fleet, &id(6)));
     let left: Vec<String> = pending(&launch).into_iter().map(|(i, _)| i).collect();
     assert_eq!(left, vec![id(7), id(8), id(9), id(10)]);

@@ -15,19 +15,6 @@ use serde_json::Value;
 
 const STREAM: &str = "PROVISIONER_AUDIT";
 
-async fn create_bucket(url: &str) {
-    let nc = async_nats::connect(url).await.unwrap();
-    let js = async_nats::jetstream::new(nc);
-    js.create_key_value(async_nats::jetstream::kv::Config {
-        bucket: "CHORIA_LEADER_ELECTION".into(),
-        max_age: Duration::from_secs(5),
-        history: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-}
-
 /// Every record in the stream, read with an ephemeral ordered consumer.
 async fn stream_records(url: &str) -> Vec<Value> {
     let nc = async_nats::connect(url).await.unwrap();
@@ -62,31 +49,19 @@ fn role(prov: &Prov) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_replicas_decisions_land_in_the_one_stream() {
     let env = Env::new();
-    create_bucket(&env.url()).await;
+    create_election_bucket(&env.url()).await;
     let helper = format!("{} slow 0.3", test_helper("scenario.py"));
     let start = |name: &str| {
-        let mut o = env.provisioner(helper.clone()).yaml(&format!(
+        env.start(&env.ha_provisioner(name, helper.clone()).yaml(&format!(
             "audit_stream: {STREAM}\naudit_file: {}",
             env.path().join(format!("{name}.audit.jsonl")).display()
-        ));
-        o.identity = name.into();
-        o.leader_election = true;
-        o.workers = 2;
-        env.start(&o)
+        )))
     };
     let mut a = start("provisioner-a");
     let mut b = start("provisioner-b");
     a.wait_ready().await;
     b.wait_ready().await;
-    assert!(
-        wait_until(Duration::from_secs(40), || role(&a) == "leader"
-            || role(&b) == "leader")
-        .await,
-        "nobody won:\n{}\n{}",
-        a.output(),
-        b.output()
-    );
-    let (mut leader, mut standby) = if role(&a) == "leader" { (a, b) } else { (b, a) };
+    let (mut leader, mut standby) = elect(a, b, |p| role(p) == "leader").await;
     assert_eq!(role(&standby), "standby");
     for p in [&leader, &standby] {
         assert!(
@@ -97,17 +72,10 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
         );
     }
 
-    let mut cfg = env.fleet_config(24, Mode::Plain);
-    cfg.lock_window = Duration::from_secs(2);
-    cfg.restart_delay = Duration::from_millis(200);
-    let fleet = env.fleet(cfg).await;
-    assert!(
-        leader
-            .wait_metric("provisioned", 4.0, Duration::from_secs(60))
-            .await,
-        "{}",
-        leader.output()
-    );
+    let fleet = env.fleet(env.failover_fleet_config(24)).await;
+    leader
+        .expect_metric("provisioned", 4.0, Duration::from_secs(60))
+        .await;
     // A clean stop: the leader drains and writes every decision it made.
     leader.stop_with("TERM").await;
     assert!(
@@ -115,17 +83,10 @@ async fn both_replicas_decisions_land_in_the_one_stream() {
         "the standby never took over:\n{}",
         standby.output()
     );
-    assert!(
-        fleet.wait_provisioned(24, Duration::from_secs(90)).await,
-        "{} of 24 provisioned:\n{}",
-        fleet.provisioned(),
-        standby.output()
-    );
-    assert!(
-        standby
-            .wait_metric("provisioned", 1.0, Duration::from_secs(10))
-            .await
-    );
+    expect_provisioned(&fleet, 24, Duration::from_secs(90), &standby).await;
+    standby
+        .expect_metric("provisioned", 1.0, Duration::from_secs(10))
+        .await;
     standby.stop_with("TERM").await;
 
     let records = stream_records(&env.url()).await;
@@ -195,7 +156,7 @@ async fn stream_messages(js: &async_nats::jetstream::Context) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_kept_records() {
     let env = Env::new();
-    let nc = async_nats::connect(env.url()).await.unwrap();
+    let nc = env.client().await;
     let js = async_nats::jetstream::new(nc);
     // Another stream holds the audit subject, so creating the audit stream fails until it goes.
     js.create_stream(async_nats::jetstream::stream::Config {
@@ -206,28 +167,18 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
     .await
     .unwrap();
     let file = env.path().join("audit.jsonl");
-    let mut prov = env.start(
-        &env.provisioner(example_helper("helper-plain.py"))
-            .yaml(&format!(
-                "audit_stream: {STREAM}\naudit_file: {}",
-                file.display()
-            )),
-    );
-    prov.wait_ready().await;
-    assert!(
-        prov.wait_log("record(s) kept for it", Duration::from_secs(20))
-            .await,
-        "{}",
-        prov.output()
-    );
+    let mut prov = env
+        .start_ready(&env.plain().yaml(&format!(
+            "audit_stream: {STREAM}\naudit_file: {}",
+            file.display()
+        )))
+        .await;
+    prov.expect_log("record(s) kept for it", Duration::from_secs(20))
+        .await;
 
     // Decisions made while the stream cannot be created: the file has them at once.
     let early = env.fleet(env.fleet_config(5, Mode::Plain)).await;
-    assert!(
-        early.wait_provisioned(5, Duration::from_secs(60)).await,
-        "{}",
-        prov.output()
-    );
+    expect_provisioned(&early, 5, Duration::from_secs(60), &prov).await;
     assert!(
         wait_until(Duration::from_secs(20), || file_records(&file).len() >= 5).await,
         "{}",
@@ -264,21 +215,13 @@ async fn a_stream_that_cannot_be_created_at_start_is_tried_again_and_gets_the_ke
         "{kept} records in the stream:\n{}",
         prov.output()
     );
-    assert!(
-        prov.output().contains("record(s) waiting for it"),
-        "{}",
-        prov.output()
-    );
+    prov.expect_output("record(s) waiting for it");
 
     // Decisions made after it is reachable arrive too.
     let mut cfg = env.fleet_config(4, Mode::Plain);
     cfg.identity_prefix = "late".into();
     let late = env.fleet(cfg).await;
-    assert!(
-        late.wait_provisioned(4, Duration::from_secs(60)).await,
-        "{}",
-        prov.output()
-    );
+    expect_provisioned(&late, 4, Duration::from_secs(60), &prov).await;
     prov.stop_with("TERM").await;
     let records = stream_records(&env.url()).await;
     assert_eq!(

@@ -48,13 +48,7 @@ fn start(dir: &Path, signer: &Signer, choria_cfg: &str, env: &[(&str, String)]) 
 }
 
 async fn assert_fleet_provisioned(fleet: &SimFleet, n: usize, prov: &Prov) {
-    assert!(
-        fleet.wait_provisioned(n, WAIT).await,
-        "only {} of {n} provisioned: {:?}\n{}",
-        fleet.provisioned(),
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(fleet, n, WAIT, prov).await;
     prov.assert_provisioned(n as f64).await;
 }
 
@@ -108,8 +102,7 @@ async fn brokers_found_through_srv_records_provision_the_fleet() {
         out.contains(&format!("nats://localhost:{}", nats.port())),
         "{out}"
     );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,12 +121,8 @@ async fn without_srv_records_the_provisioner_falls_back_to_puppet_4222() {
         "identity = provisioner1\nplugin.security.provider = file\nplugin.choria.srv_domain = nothing.example.net\n",
         &[("CHORIA_PROVISIONER_DNS_SERVER", dns.addr())],
     );
-    assert!(
-        prov.wait_log("Attempting to connect to: nats://puppet:4222", WAIT)
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("Attempting to connect to: nats://puppet:4222", WAIT)
+        .await;
     prov.stop_with("TERM").await;
 }
 
@@ -232,12 +221,8 @@ async fn the_first_connection_waits_for_a_broker_started_later() {
         ),
         &[],
     );
-    assert!(
-        prov.wait_log("Initial connection to the Broker failed on try 2", WAIT)
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("Initial connection to the Broker failed on try 2", WAIT)
+        .await;
     // Alive but not ready while it waits.
     assert_eq!(prov.get("/healthz").map(|r| r.0), Some(200));
     assert_eq!(prov.get("/readyz").map(|r| r.0), Some(503));
@@ -292,18 +277,8 @@ async fn sigterm_while_waiting_for_the_first_connection_exits_cleanly() {
         ),
         &[],
     );
-    assert!(
-        prov.wait_log("Initial connection to the Broker failed on try 1", WAIT)
-            .await,
-        "{}",
-        prov.output()
-    );
-    let started = std::time::Instant::now();
-    prov.stop_with("TERM").await;
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(prov.output().contains("stopped"), "{}", prov.output());
+    prov.expect_log("Initial connection to the Broker failed on try 1", WAIT)
+        .await;
+    prov.stop_within("TERM", Duration::from_secs(5)).await;
+    prov.expect_output("stopped");
 }

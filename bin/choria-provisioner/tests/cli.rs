@@ -59,17 +59,18 @@ fn help_names_every_flag_and_command() {
     let o = provisioner(&["--help"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for word in [
-        "--config",
-        "--choria-config",
-        "--pid",
-        "--debug",
-        "--version",
-        "run",
-        "check",
-    ] {
-        assert!(out.contains(word), "{word} missing from:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "--config",
+            "--choria-config",
+            "--pid",
+            "--debug",
+            "--version",
+            "run",
+            "check",
+        ],
+    );
     let o = provisioner(&["check", "--help"]);
     assert!(o.status.success());
     assert!(stdout(&o).contains("--config"));
@@ -264,23 +265,24 @@ fn check_on_a_good_setup_prints_the_plan() {
     let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
-        "features: jwt on pki off ed25519 off upgrades off",
-        "workers: 7 (queue 900, threads 1)",
-        "interval: 5m",
-        "security: file",
-        "helper-plain.py",
-        "site: lab",
-        "identity: prov1.example.net",
-        "brokers: nats://broker.example.net:4222",
-        "ok: the configuration is usable",
-        "node history: up to 10000 nodes, each kept 1h after its last change",
-        "monitor token: not set",
-        "audit file: none (audit_file unset)",
-        "audit stream: none (audit_stream unset)",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "features: jwt on pki off ed25519 off upgrades off",
+            "workers: 7 (queue 900, threads 1)",
+            "interval: 5m",
+            "security: file",
+            "helper-plain.py",
+            "site: lab",
+            "identity: prov1.example.net",
+            "brokers: nats://broker.example.net:4222",
+            "ok: the configuration is usable",
+            "node history: up to 10000 nodes, each kept 1h after its last change",
+            "monitor token: not set",
+            "audit file: none (audit_file unset)",
+            "audit stream: none (audit_stream unset)",
+        ],
+    );
     assert!(!out.contains("problem:"), "{out}");
 }
 
@@ -299,14 +301,15 @@ fn check_explains_active_active_and_refuses_it_beside_leader_election() {
     let o = provisioner(&["check", "--config", &aa, "--choria-config", &cfg]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
-        "active-active: on",
-        "CHORIA_PROVISIONER_CLAIMS (claim lifetime 45s)",
-        "nats kv add CHORIA_PROVISIONER_CLAIMS --history 1 --ttl 45s --replicas 3 --storage file",
-        "a deployment with Go provisioners stays on leader_election",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "active-active: on",
+            "CHORIA_PROVISIONER_CLAIMS (claim lifetime 45s)",
+            "nats kv add CHORIA_PROVISIONER_CLAIMS --history 1 --ttl 45s --replicas 3 --storage file",
+            "a deployment with Go provisioners stays on leader_election",
+        ],
+    );
     let both = write(
         dir.path(),
         "both.yaml",
@@ -339,17 +342,18 @@ fn check_prints_the_node_history_the_token_file_and_the_audit_trail_never_the_to
     let o = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
-        "node history: up to 250 nodes, each kept 2h after its last change".to_string(),
-        format!("monitor token: set, read from {token}"),
-        format!(
-            "audit file: {} (one JSON line per decision",
-            audit.display()
-        ),
-        "audit stream: PROVISIONER_AUDIT (subject choria.provisioner.audit".to_string(),
-    ] {
-        assert!(out.contains(&want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "node history: up to 250 nodes, each kept 2h after its last change".to_string(),
+            format!("monitor token: set, read from {token}"),
+            format!(
+                "audit file: {} (one JSON line per decision",
+                audit.display()
+            ),
+            "audit stream: PROVISIONER_AUDIT (subject choria.provisioner.audit".to_string(),
+        ],
+    );
     assert!(!out.contains(secret), "the token is printed:\n{out}");
     assert!(!stderr(&o).contains(secret), "the token is printed");
 }
@@ -396,10 +400,9 @@ fn check_on_a_broken_setup_lists_every_problem() {
 async fn unknown_keys_are_warned_by_name() {
     let env = Env::new();
     let opts = env
-        .provisioner(example_helper("helper-plain.py"))
+        .plain()
         .yaml("feature:\n  pki: true\nbroker_port: 4222\nworkerz: 3");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let out = prov.output();
     for key in ["\"feature\"", "\"workerz\""] {
         assert!(
@@ -416,10 +419,9 @@ async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
     let env = Env::new();
     let pid_file = env.path().join("run/provisioner.pid");
     std::fs::create_dir(env.path().join("run")).unwrap();
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.pid_file = Some(pid_file.clone());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let text = std::fs::read_to_string(&pid_file).unwrap();
     assert_eq!(text.trim(), prov.pid().to_string());
     prov.stop_with("TERM").await;
@@ -430,8 +432,7 @@ async fn the_pid_file_is_written_at_start_and_removed_on_exit() {
 async fn sigterm_and_sigint_exit_cleanly() {
     let env = Env::new();
     for sig in ["TERM", "INT"] {
-        let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-        prov.wait_ready().await;
+        let mut prov = env.start_ready(&env.plain()).await;
         prov.stop_with(sig).await;
         let out = prov.output();
         assert!(out.contains(&format!("received SIG{sig}")), "{out}");
@@ -466,10 +467,8 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
         Path::new(&cfg),
         &dir.path().join("unconnected.out"),
     ));
-    assert!(
-        prov.wait_log("starting using configuration file", Duration::from_secs(20))
-            .await
-    );
+    prov.expect_log("starting using configuration file", Duration::from_secs(20))
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     prov.stop_with("TERM").await;
 }
@@ -477,7 +476,7 @@ async fn a_signal_while_still_connecting_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_flag_wins_over_the_configured_level() {
     let env = Env::new();
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.loglevel = "warn".into();
     let mut quiet = env.start(&opts);
     // Nothing below warn is logged, so wait for the metrics listener instead of a log line.
@@ -492,10 +491,9 @@ async fn debug_flag_wins_over_the_configured_level() {
 
     let mut opts = opts.for_identity("provisioner2");
     opts.args = vec!["--debug".into(), "run".into()];
-    let mut loud = env.start(&opts);
-    loud.wait_ready().await;
+    let mut loud = env.start_ready(&opts).await;
     loud.stop_with("TERM").await;
-    assert!(loud.output().contains("DEBUG"), "{}", loud.output());
+    loud.expect_output("DEBUG");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,7 +501,7 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
     let env = Env::new();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let opts = env.provisioner(example_helper("helper-plain.py"));
+    let opts = env.plain();
     let Launch {
         config: yaml,
         choria_config: cfg,
@@ -539,7 +537,7 @@ async fn a_monitor_port_in_use_is_one_line_and_a_failure() {
 async fn a_signal_as_soon_as_the_pid_file_exists_is_a_clean_stop() {
     let env = Env::new();
     let pid_file = env.path().join("early.pid");
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.pid_file = Some(pid_file.clone());
     let mut prov = env.start(&opts);
     // Whoever reads the pid file may signal at once: the handlers are in place by then.
@@ -836,15 +834,16 @@ fn check_with_only_brokers_and_identity_uses_the_puppet_provider_and_says_each_p
     };
     let certname = format!("{user}.mcollective");
     let cert = ssldir.join(format!("certs/{certname}.pem"));
-    for want in [
-        "security: puppet".to_string(),
-        format!("caller: choria={certname}"),
-        format!("certname: {certname} (USER, as <USER>.mcollective)"),
-        format!("ssldir: {}", ssldir.display()),
-        format!("certificate: {}", cert.display()),
-    ] {
-        assert!(out.contains(&want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "security: puppet".to_string(),
+            format!("caller: choria={certname}"),
+            format!("certname: {certname} (USER, as <USER>.mcollective)"),
+            format!("ssldir: {}", ssldir.display()),
+            format!("certificate: {}", cert.display()),
+        ],
+    );
     let problems: Vec<&str> = out.lines().filter(|l| l.starts_with("problem:")).collect();
     assert_eq!(problems.len(), 3, "certificate, key and CA:\n{out}");
     assert!(

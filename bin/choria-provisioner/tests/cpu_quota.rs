@@ -63,18 +63,12 @@ fn the_default_workers_follow_the_cgroup_cpu_quota() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("p.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
+    let (yaml, cfg) = test_support::write_config(
+        dir.path(),
+        &format!(
             "helper: {}\ntoken: x\nchoria_insecure: true\n",
             example_helper("helper-plain.py")
         ),
-    )
-    .unwrap();
-    let cfg = dir.path().join("c.cfg");
-    std::fs::write(
-        &cfg,
         "identity = p1.example.net\nplugin.choria.middleware_hosts = nats://b.example.net:4222\n",
     )
     .unwrap();
@@ -85,19 +79,15 @@ fn the_default_workers_follow_the_cgroup_cpu_quota() {
         } else {
             "exec \"$@\"".to_string()
         };
-        let o = Command::new("sh")
-            .args(["-c", &script, "sh", BIN, "check", "--config"])
-            .arg(&yaml)
-            .arg("--choria-config")
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(
-            o.status.success(),
-            "{out}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let out = Ran::of(
+            Command::new("sh")
+                .args(["-c", &script, "sh", BIN, "check", "--config"])
+                .arg(&yaml)
+                .arg("--choria-config")
+                .arg(&cfg),
+        )
+        .succeeded("check")
+        .stdout;
         out.lines()
             .find(|l| l.trim_start().starts_with("workers: "))
             .unwrap_or_else(|| panic!("{out}"))

@@ -3,11 +3,12 @@
 //! must get that decision. Run by `cargo xtask docs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_choria-provisioner");
+use common::policy_eval;
 
 fn policies_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/policies")
@@ -48,19 +49,9 @@ fn every_sample_policy_gives_the_expected_decision_for_its_recorded_inputs() {
                 ["allow", "deny", "defer"].contains(&expected),
                 "{name}: name must start with allow-, deny- or defer-"
             );
-            let o = Command::new(BIN)
-                .args(["policy", "eval", "--config"])
-                .arg(&yaml)
-                .arg("--input")
-                .arg(case)
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&o.stdout);
-            assert!(
-                o.status.success(),
-                "{stem}/{name}: {out}{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
+            let out = policy_eval(&yaml, case, &[])
+                .succeeded(&format!("{stem}/{name}"))
+                .stdout;
             assert!(
                 out.lines().any(|l| l == format!("decision: {expected}")),
                 "{stem}/{name}: expected {expected}, got {out}"

@@ -21,16 +21,9 @@ const WAIT: Duration = Duration::from_secs(60);
 async fn plain_mode_provisions_the_fleet_and_metrics_show_the_counts() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&env.plain()).await;
 
-    assert!(
-        fleet.wait_provisioned(20, WAIT).await,
-        "only {} of 20 provisioned: {:?}\n{}",
-        fleet.provisioned(),
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 20, WAIT, &prov).await;
     for r in fleet.report() {
         let received = r.received.as_ref().expect("configuration received");
         assert_eq!(received.configuration["identity"], r.identity);
@@ -106,21 +99,12 @@ async fn pki_mode_signs_csrs_and_refuses_denied_names() {
     let fleet = env.fleet(cfg).await;
 
     let opts = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string())
-        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"")
-        .features(&["jwt", "pki"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+        .pki_provisioner(example_helper("helper-pki.py"), &ca)
+        .yaml("cert_deny_list:\n  - \"\\\\.privileged\\\\.example\\\\.net$\"");
+    let mut prov = env.start_ready(&opts).await;
 
-    assert!(
-        fleet.wait_provisioned(5, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
-    assert!(prov.wait_metric("provision_errors", 1.0, WAIT).await);
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
+    prov.expect_metric("provision_errors", 1.0, WAIT).await;
     let ca_pem = std::fs::read_to_string(&ca.cert).unwrap();
     for id in &ids[..5] {
         let r = fleet.node_report(id).unwrap();
@@ -145,29 +129,20 @@ async fn pki_mode_signs_csrs_and_refuses_denied_names() {
         "the refusal names the node:\n{}",
         prov.output()
     );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ed25519_mode_issues_server_jwts_the_fleet_verifies() {
     let env = Env::new();
-    let mut cfg = env.fleet_config(10, Mode::Ed25519);
-    cfg.issuer_public = Some(env.signer.verifier());
-    let fleet = env.fleet(cfg).await;
+    let fleet = env.fleet(env.ed25519_fleet_config(10)).await;
     let opts = env
         .provisioner(example_helper("helper-ed25519.py"))
         .env("CHORIA_ISSUER", env.signer.public_hex.clone())
         .features(&["ed25519"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
-    assert!(
-        fleet.wait_provisioned(10, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 10, WAIT, &prov).await;
     for r in fleet.report() {
         let rec = r.received.as_ref().unwrap();
         assert!(
@@ -213,18 +188,12 @@ async fn ed25519_mode_server_jwts_from_another_issuer_are_refused() {
         .provisioner(example_helper("helper-ed25519.py"))
         .env("CHORIA_ISSUER", env.signer.public_hex.clone())
         .features(&["ed25519"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(prov.wait_metric("provision_errors", 3.0, WAIT).await);
+    let mut prov = env.start_ready(&opts).await;
+    prov.expect_metric("provision_errors", 3.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     assert_eq!(prov.m("provisioned"), 0.0);
-    assert!(
-        prov.output().contains("does not verify"),
-        "{}",
-        prov.output()
-    );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    prov.expect_output("does not verify");
+    finish(&mut prov, fleet).await;
 }
 
 fn upgrade_options(env: &Env, version: &str, optional: bool) -> Provisioner {
@@ -240,15 +209,11 @@ async fn upgrades_to_a_newer_version_then_provisions() {
     let mut cfg = env.fleet_config(5, Mode::Plain);
     cfg.upgradable = true;
     let fleet = env.fleet(cfg).await;
-    let mut prov = env.start(&upgrade_options(&env, "0.31.0", false));
-    prov.wait_ready().await;
+    let mut prov = env
+        .start_ready(&upgrade_options(&env, "0.31.0", false))
+        .await;
 
-    assert!(
-        fleet.wait_provisioned(5, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     for id in fleet.identities() {
         let r = fleet.node_report(&id).unwrap();
         assert_eq!(r.version, "0.31.0", "{id}");
@@ -270,8 +235,7 @@ async fn upgrades_to_a_newer_version_then_provisions() {
     assert_eq!(prov.rpc_count("choria_provision#release_update"), 5.0);
     // The upgraded nodes came back with startup events and were taken from those.
     assert!(prov.m("event_discovered") >= 5.0, "{}", prov.metrics());
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,47 +244,44 @@ async fn an_equal_version_is_not_upgraded() {
     let mut cfg = env.fleet_config(4, Mode::Plain);
     cfg.upgradable = true;
     let fleet = env.fleet(cfg).await;
-    let mut prov = env.start(&upgrade_options(&env, "0.30.0", false));
-    prov.wait_ready().await;
-    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    let mut prov = env
+        .start_ready(&upgrade_options(&env, "0.30.0", false))
+        .await;
+    expect_provisioned(&fleet, 4, WAIT, &prov).await;
     for id in fleet.identities() {
         let seen = actions(&fleet, &id);
         assert!(!seen.contains(&"release_update".to_string()), "{seen:?}");
         assert_eq!(fleet.node_report(&id).unwrap().version, "0.30.0");
     }
     assert_eq!(prov.rpc_count("choria_provision#release_update"), 0.0);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_upgrades_let_a_non_upgradable_node_be_provisioned() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
-    let mut prov = env.start(&upgrade_options(&env, "0.31.0", true));
-    prov.wait_ready().await;
-    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    let mut prov = env
+        .start_ready(&upgrade_options(&env, "0.31.0", true))
+        .await;
+    expect_provisioned(&fleet, 4, WAIT, &prov).await;
     for id in fleet.identities() {
         assert!(!actions(&fleet, &id).contains(&"release_update".to_string()));
         assert_eq!(fleet.node_report(&id).unwrap().version, "0.30.0");
     }
     assert_eq!(prov.m("provision_errors"), 0.0);
     assert!(prov.output().contains("does not support upgrades"));
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mandatory_upgrades_leave_a_non_upgradable_node_unconfigured() {
     let env = Env::new();
     let fleet = env.fleet(env.fleet_config(4, Mode::Plain)).await; // not upgradable
-    let mut prov = env.start(&upgrade_options(&env, "0.31.0", false));
-    prov.wait_ready().await;
-    assert!(
-        prov.wait_metric("provision_errors", 4.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    let mut prov = env
+        .start_ready(&upgrade_options(&env, "0.31.0", false))
+        .await;
+    prov.expect_metric("provision_errors", 4.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     for id in fleet.identities() {
         let seen = actions(&fleet, &id);
@@ -328,8 +289,7 @@ async fn mandatory_upgrades_leave_a_non_upgradable_node_unconfigured() {
         assert!(!seen.contains(&"configure".to_string()), "{seen:?}");
     }
     assert_eq!(prov.m("provisioned"), 0.0);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,14 +303,9 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
         .provisioner(format!("{} defer", test_helper("scenario.py")))
         .env("HELPER_ONCE_DIR", once.display().to_string())
         .env("HELPER_LOG", log.display().to_string());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
-    assert!(
-        prov.wait_metric("provision_errors", 5.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("provision_errors", 5.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     assert_eq!(
         prov.m("helper_errors"),
@@ -363,15 +318,14 @@ async fn deferred_nodes_are_not_configured_and_are_taken_again_later() {
 
     // The next cycle: the nodes announce themselves again and the helper now configures them.
     env.announce(&fleet.identities()).await;
-    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     let calls = lines(&log);
     assert_eq!(calls.iter().filter(|l| l.ends_with(" defer")).count(), 5);
     assert_eq!(
         calls.iter().filter(|l| l.ends_with(" configure")).count(),
         5
     );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,10 +336,9 @@ async fn shutdown_replies_shut_the_node_down() {
     let opts = env
         .provisioner(format!("{} shutdown", test_helper("scenario.py")))
         .env("HELPER_ONLY", "node-2.");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
-    assert!(fleet.wait_provisioned(4, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 4, WAIT, &prov).await;
     assert!(
         wait_until(WAIT, || fleet.phase(victim) == Some(Phase::ShutDown)).await,
         "{:?}",
@@ -398,8 +351,7 @@ async fn shutdown_replies_shut_the_node_down() {
     assert_eq!(prov.m("helper_shutdown_requests"), 1.0);
     assert_eq!(prov.rpc_count("choria_provision#shutdown"), 1.0);
     assert!(prov.output().contains("is not wanted here"));
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 /// A helper that misbehaves once per node: counted as helper errors, nothing configured, and
@@ -412,14 +364,9 @@ async fn failing_helper_is_counted_and_retried(behaviour: &str) {
     let opts = env
         .provisioner(format!("{} {behaviour}", test_helper("scenario.py")))
         .env("HELPER_ONCE_DIR", once.display().to_string());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
-    assert!(
-        prov.wait_metric("helper_errors", 5.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("helper_errors", 5.0, WAIT).await;
     assert_eq!(prov.m("provision_errors"), 5.0);
     assert_eq!(fleet.stats().configured, 0);
     for id in fleet.identities() {
@@ -427,11 +374,10 @@ async fn failing_helper_is_counted_and_retried(behaviour: &str) {
     }
 
     env.announce(&fleet.identities()).await;
-    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     assert_eq!(prov.m("helper_errors"), 5.0);
     prov.assert_provisioned(5.0).await;
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,15 +399,10 @@ async fn a_hanging_helper_is_killed_after_the_timeout() {
         .provisioner(format!("{} hang", test_helper("scenario.py")))
         .env("HELPER_PIDS", pids.display().to_string());
     let started = Instant::now();
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
-    assert!(
-        prov.wait_metric("helper_errors", 3.0, Duration::from_secs(40))
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("helper_errors", 3.0, Duration::from_secs(40))
+        .await;
     // The helper timeout is a fixed 10 seconds.
     assert!(started.elapsed() >= Duration::from_secs(10));
     assert_eq!(fleet.stats().configured, 0);
@@ -478,40 +419,31 @@ async fn a_hanging_helper_is_killed_after_the_timeout() {
             .success();
         assert!(!alive, "helper {pid} still runs after the timeout");
     }
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_announced_by_startup_events_are_taken_without_discovery() {
     let env = Env::new();
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&env.plain()).await;
     // The start-up discovery found nothing; every node now announces itself.
-    assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
+    prov.expect_metric("discover_cycles", 1.0, WAIT).await;
     let started = Instant::now();
     let fleet = env.fleet(env.fleet_config(20, Mode::Plain)).await;
-    assert!(
-        fleet.wait_provisioned(20, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 20, WAIT, &prov).await;
     // Well inside the one-minute interval: no second discovery can have found them.
     assert!(started.elapsed() < Duration::from_secs(55));
     assert_eq!(prov.m("event_discovered"), 20.0);
     assert_eq!(prov.m("discovered"), 0.0);
     assert_eq!(prov.m("discover_cycles"), 1.0);
     prov.assert_provisioned(20.0).await;
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_broker_connection() {
     let mut env = Env::new();
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&env.plain()).await;
     assert_eq!(prov.get("/readyz").unwrap().0, 200);
 
     env.nats.stop();
@@ -548,8 +480,7 @@ async fn shutdown_lets_nodes_in_flight_finish() {
     let opts = env
         .provisioner(format!("{} slow 3", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     // Both nodes are with the helper for three seconds; stop the provisioner meanwhile.
     assert!(wait_until(WAIT, || lines(&log).len() == 2).await);
     prov.stop_with("TERM").await;
@@ -567,21 +498,15 @@ async fn shutdown_lets_nodes_in_flight_finish() {
 async fn logs_go_to_the_logfile() {
     let env = Env::new();
     let logfile = env.path().join("provisioner.log");
-    let mut opts = env
-        .provisioner(example_helper("helper-plain.py"))
-        .yaml("feature:\n  pki: true");
+    let mut opts = env.plain().yaml("feature:\n  pki: true");
     opts.logfile = Some(logfile.clone());
     let mut prov = env.start(&opts);
-    assert!(
-        wait_until(Duration::from_secs(30), || std::fs::read_to_string(
-            &logfile
-        )
-        .unwrap_or_default()
-        .contains("listening for startup events"))
-        .await,
-        "{}",
-        prov.output()
-    );
+    expect_in_file(
+        &logfile,
+        "listening for startup events",
+        Duration::from_secs(30),
+    )
+    .await;
     prov.stop_with("TERM").await;
     let text = std::fs::read_to_string(&logfile).unwrap();
     assert!(
@@ -594,10 +519,9 @@ async fn logs_go_to_the_logfile() {
     );
     assert!(text.contains("stopped"), "{text}");
     assert!(!text.contains('\u{1b}'), "no colour codes in a file");
-    assert!(
-        !prov.output().contains("listening for startup events"),
-        "logs went to standard output too:\n{}",
-        prov.output()
+    prov.expect_not_in_output(
+        "listening for startup events",
+        "logs went to standard output too",
     );
 }
 
@@ -610,11 +534,9 @@ async fn keys_made_by_the_helper_reach_the_node_encrypted() {
     let ca = test_ca(env.path());
     let fleet = env.fleet(env.fleet_config(3, Mode::Pki)).await;
     let opts = env
-        .provisioner(test_helper("keyed.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+        .pki_provisioner(test_helper("keyed.py"), &ca)
+        .features(&["jwt"]);
+    let mut prov = env.start_ready(&opts).await;
     assert!(
         fleet.wait_provisioned(3, WAIT).await,
         "{:?}\n{}",
@@ -629,23 +551,20 @@ async fn keys_made_by_the_helper_reach_the_node_encrypted() {
     }
     // The key never appears in the log, at debug level either.
     assert!(!prov.output().contains("PRIVATE KEY"), "{}", prov.output());
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_events_in_the_legacy_choria_format_are_taken_too() {
     let env = Env::new();
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
-    assert!(prov.wait_metric("discover_cycles", 1.0, WAIT).await);
+    let mut prov = env.start_ready(&env.plain()).await;
+    prov.expect_metric("discover_cycles", 1.0, WAIT).await;
     let mut cfg = env.fleet_config(5, Mode::Plain);
     cfg.legacy_lifecycle = true;
     let fleet = env.fleet(cfg).await;
-    assert!(fleet.wait_provisioned(5, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 5, WAIT, &prov).await;
     assert_eq!(prov.m("event_discovered"), 5.0);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -656,23 +575,13 @@ async fn a_second_signal_ends_the_drain_at_once() {
     let opts = env
         .provisioner(format!("{} slow 8", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string());
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     assert!(wait_until(WAIT, || lines(&log).len() == 2).await);
     prov.signal("INT");
-    assert!(prov.wait_log("shutting down", Duration::from_secs(5)).await);
-    let second = Instant::now();
-    prov.stop_with("INT").await;
-    assert!(
-        second.elapsed() < Duration::from_secs(5),
-        "took {:?} after the second signal",
-        second.elapsed()
-    );
-    assert!(
-        prov.output().contains("abandoning 2 nodes"),
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("shutting down", Duration::from_secs(5))
+        .await;
+    prov.stop_within("INT", Duration::from_secs(5)).await;
+    prov.expect_output("abandoning 2 nodes");
     assert_eq!(fleet.stats().configured, 0);
     fleet.shutdown().await;
 }
@@ -686,12 +595,9 @@ async fn the_provisioning_password_logs_in_as_the_provisioner_user() {
     cfg.nats_user = Some(("node".into(), "n0de-pw".into()));
     cfg.token_auth = false;
     let fleet = env.fleet(cfg).await;
-    let opts = env
-        .provisioner(example_helper("helper-plain.py"))
-        .yaml("broker_provisioning_password: pr0v-pw");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(fleet.wait_provisioned(3, WAIT).await, "{}", prov.output());
+    let opts = env.plain().yaml("broker_provisioning_password: pr0v-pw");
+    let mut prov = env.start_ready(&opts).await;
+    expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.stop_with("TERM").await;
     assert!(
         !prov.output().contains("pr0v-pw"),
@@ -737,8 +643,7 @@ async fn larger_fleet(threads: Option<usize>) {
     if let Some(n) = threads {
         opts = opts.yaml(&format!("threads: {n}"));
     }
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     if let Some(n) = threads {
         // The runtime's worker threads carry its name (as do blocking threads, started on
         // demand): with `threads: n` at least n of them are up.
@@ -788,19 +693,9 @@ async fn a_reprovisioned_fleet_is_provisioned_again_with_new_certificates() {
     // enrollment (a node the provisioner has just provisioned is left alone for a minute).
     cfg.preprovisioned = N;
     let fleet = env.fleet(cfg).await;
-    let opts = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string())
-        .features(&["jwt", "pki"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(
-        fleet.wait_provisioned(N, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    let opts = env.pki_provisioner(example_helper("helper-pki.py"), &ca);
+    let mut prov = env.start_ready(&opts).await;
+    expect_provisioned(&fleet, N, WAIT, &prov).await;
 
     // An operator on the main collective (go-choria's default with the file provider) finds
     // the fleet and sends every node reprovision.
@@ -808,7 +703,7 @@ async fn a_reprovisioned_fleet_is_provisioned_again_with_new_certificates() {
     let security =
         Security::x509_from_files("choria=operator.mcollective", &operator.cert, &operator.key)
             .unwrap();
-    let nc = async_nats::connect(env.url()).await.unwrap();
+    let nc = env.client().await;
     let client = RpcClient::new(nc, security, RpcOptions::new("operator", "mcollective"))
         .await
         .unwrap();
@@ -865,6 +760,5 @@ async fn a_reprovisioned_fleet_is_provisioned_again_with_new_certificates() {
         assert!(b.certificate_sha256.is_some(), "{}", r.identity);
         assert_ne!(a.certificate_serial, b.certificate_serial, "{}", r.identity);
     }
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }

@@ -6,32 +6,11 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use choria_fleet_sim::Mode;
 use common::*;
 use test_support::provisioner::Launch;
-
-/// Runs `choria-provisioner ARGS --config ... --choria-config ...` with `launch`'s files;
-/// its stdout, or a panic with its output.
-fn control(launch: &Launch, args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .args(args)
-        .arg("--config")
-        .arg(&launch.config)
-        .arg("--choria-config")
-        .arg(&launch.choria_config)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{args:?} failed: {text}");
-    text
-}
 
 fn replica(env: &Env, identity: &str) -> (Launch, Prov) {
     let mut p = env
@@ -51,12 +30,8 @@ async fn denied_identities_are_never_provisioned_by_either_replica() {
     let (_, mut b) = replica(&env, "provisioner-b");
     for p in [&mut a, &mut b] {
         p.wait_ready().await;
-        assert!(
-            p.wait_log("fleet control: following bucket", Duration::from_secs(30))
-                .await,
-            "{}",
-            p.output()
-        );
+        p.expect_log("fleet control: following bucket", Duration::from_secs(30))
+            .await;
     }
     let said = control(
         &launch,
@@ -72,15 +47,11 @@ async fn denied_identities_are_never_provisioned_by_either_replica() {
     // From the moment `deny add` has returned, each replica has the entry within a second.
     let added = Instant::now();
     for p in [&mut a, &mut b] {
-        assert!(
-            p.wait_log(
-                "deny list: node-03.example.net denied",
-                Duration::from_secs(5)
-            )
-            .await,
-            "{}",
-            p.output()
-        );
+        p.expect_log(
+            "deny list: node-03.example.net denied",
+            Duration::from_secs(5),
+        )
+        .await;
     }
     let seen = added.elapsed();
     println!("fleet control: both replicas had the deny entry {seen:?} after deny add returned");
@@ -101,15 +72,11 @@ async fn denied_identities_are_never_provisioned_by_either_replica() {
         ],
     );
     for p in [&mut a, &mut b] {
-        assert!(
-            p.wait_log(
-                "deny list: /^node-1[0-2][.]/ denied",
-                Duration::from_secs(5)
-            )
-            .await,
-            "{}",
-            p.output()
-        );
+        p.expect_log(
+            "deny list: /^node-1[0-2][.]/ denied",
+            Duration::from_secs(5),
+        )
+        .await;
     }
     let listed = control(&launch, &["deny", "ls"]);
     assert!(
@@ -157,20 +124,14 @@ async fn denied_identities_are_never_provisioned_by_either_replica() {
     // Lifted: the node is provisioned when it is found again (its next startup event).
     control(&launch, &["deny", "rm", "node-03.example.net"]);
     for p in [&mut a, &mut b] {
-        assert!(
-            p.wait_log(
-                "deny list: node-03.example.net removed",
-                Duration::from_secs(5)
-            )
-            .await
-        );
+        p.expect_log(
+            "deny list: node-03.example.net removed",
+            Duration::from_secs(5),
+        )
+        .await;
     }
     env.announce(&["node-03.example.net".to_string()]).await;
-    assert!(
-        fleet.wait_provisioned(17, Duration::from_secs(30)).await,
-        "{}",
-        a.output()
-    );
+    expect_provisioned(&fleet, 17, Duration::from_secs(30), &a).await;
     fleet.shutdown().await;
 }
 
@@ -183,18 +144,12 @@ async fn pause_stops_new_work_until_resume() {
     let launch = env.prepare(&p);
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
-    assert!(
-        prov.wait_log("fleet control: following bucket", Duration::from_secs(30))
-            .await
-    );
+    prov.expect_log("fleet control: following bucket", Duration::from_secs(30))
+        .await;
     let said = control(&launch, &["pause", "--reason", "bad helper release"]);
     assert!(said.contains("Provisioning paused"), "{said}");
-    assert!(
-        prov.wait_log("Provisioning paused by", Duration::from_secs(5))
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("Provisioning paused by", Duration::from_secs(5))
+        .await;
     assert!(prov.output().contains("bad helper release"));
     let fleet = env.fleet(env.fleet_config(10, Mode::Plain)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -224,20 +179,14 @@ async fn a_dry_run_judges_every_node_and_changes_none() {
         .provisioner(test_helper("scenario.py") + " configure")
         .env("HELPER_LOG", log.display().to_string())
         .yaml("dry_run: true\n");
-    let mut prov = env.start(&p);
-    prov.wait_ready().await;
+    let prov = env.start_ready(&p).await;
     let fleet = env.fleet(env.fleet_config(6, Mode::Plain)).await;
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            prov.output()
-                .matches("would be configured and restarted")
-                .count()
-                >= 6
-        })
-        .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_output_count(
+        "would be configured and restarted",
+        6,
+        Duration::from_secs(30),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fleet.provisioned(), 0);
     for id in fleet.identities() {
@@ -273,12 +222,8 @@ async fn max_per_minute_is_shared_by_the_replicas() {
         let launch = env.prepare(&p);
         let mut prov = Prov::launch(&launch);
         prov.wait_ready().await;
-        assert!(
-            prov.wait_log("shared by every replica", Duration::from_secs(10))
-                .await,
-            "{}",
-            prov.output()
-        );
+        prov.expect_log("shared by every replica", Duration::from_secs(10))
+            .await;
         replicas.push(prov);
     }
     let fleet = env.fleet(env.fleet_config(12, Mode::Plain)).await;

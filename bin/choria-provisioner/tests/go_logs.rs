@@ -79,7 +79,7 @@ async fn the_log_file_is_logrus_json_with_the_go_messages() {
     let broken_id = broken.identities()[0].clone();
     let good_ids = good.identities();
 
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.logfile = Some(logfile.clone());
     opts.loglevel = "info".into();
     let mut prov = env.start(&opts);
@@ -92,14 +92,7 @@ async fn the_log_file_is_logrus_json_with_the_go_messages() {
         std::fs::read_to_string(&logfile).unwrap_or_default()
     );
     let failed = format!("Could not provision {broken_id}: ");
-    assert!(
-        wait_until(WAIT, || std::fs::read_to_string(&logfile)
-            .unwrap_or_default()
-            .contains(&failed))
-        .await,
-        "the broken node never failed:\n{}",
-        std::fs::read_to_string(&logfile).unwrap_or_default()
-    );
+    expect_in_file(&logfile, &failed, WAIT).await;
     prov.stop_with("TERM").await;
     good.shutdown().await;
     broken.shutdown().await;
@@ -211,11 +204,7 @@ async fn the_log_file_is_logrus_json_with_the_go_messages() {
     assert!(!text.contains(&env.signer.seed_hex), "the seed was logged");
     assert!(!text.contains("eyJ"), "a JWT was logged");
     // And nothing went to standard output.
-    assert!(
-        !prov.output().contains("Provisioned"),
-        "logs went to standard output too:\n{}",
-        prov.output()
-    );
+    prov.expect_not_in_output("Provisioned", "logs went to standard output too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,7 +212,7 @@ async fn no_loglevel_logs_warnings_only_as_go_does() {
     let env = Env::new();
     let logfile = env.path().join("quiet.log");
     let fleet = env.fleet(env.fleet_config(2, Mode::Plain)).await;
-    let mut opts = env.provisioner(example_helper("helper-plain.py"));
+    let mut opts = env.plain();
     opts.logfile = Some(logfile.clone());
     // `loglevel: ""` (what a file without `loglevel` gives): go-choria's default, warning.
     opts.loglevel = "\"\"".into();
@@ -235,8 +224,7 @@ async fn no_loglevel_logs_warnings_only_as_go_does() {
         "{}",
         std::fs::read_to_string(&logfile).unwrap_or_default()
     );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
     let all = lines(&logfile);
     assert!(
         all.iter()

@@ -10,41 +10,6 @@ use std::time::{Duration, Instant};
 use choria_fleet_sim::Mode;
 use common::*;
 
-/// Create the election bucket as Choria Streams would, with a short TTL so a dead leader's key
-/// expires quickly.
-async fn create_bucket(url: &str) {
-    create_bucket_as(url, None).await
-}
-
-async fn connect(url: &str, user: Option<(&str, &str)>) -> async_nats::Client {
-    let opts = match user {
-        Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u.into(), p.into()),
-        None => async_nats::ConnectOptions::new(),
-    };
-    opts.connect(url).await.unwrap()
-}
-
-async fn create_bucket_as(url: &str, user: Option<(&str, &str)>) {
-    let nc = connect(url, user).await;
-    let js = async_nats::jetstream::new(nc);
-    js.create_key_value(async_nats::jetstream::kv::Config {
-        bucket: "CHORIA_LEADER_ELECTION".into(),
-        max_age: Duration::from_secs(5),
-        history: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-}
-
-fn ha_options(env: &Env, identity: &str, helper: String) -> Provisioner {
-    let mut o = env.provisioner(helper);
-    o.identity = identity.into();
-    o.leader_election = true;
-    o.workers = 2;
-    o
-}
-
 fn role(prov: &Prov) -> String {
     prov.get("/readyz")
         .map(|(_, body)| body.trim().to_string())
@@ -58,41 +23,25 @@ fn is_leader(prov: &Prov) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
     let env = Env::new();
-    create_bucket(&env.url()).await;
+    create_election_bucket(&env.url()).await;
     let helper = format!("{} slow 0.3", test_helper("scenario.py"));
-    let mut a = env.start(&ha_options(&env, "provisioner-a", helper.clone()));
-    let mut b = env.start(&ha_options(&env, "provisioner-b", helper));
+    let mut a = env.start(&env.ha_provisioner("provisioner-a", helper.clone()));
+    let mut b = env.start(&env.ha_provisioner("provisioner-b", helper));
     a.wait_ready().await;
     b.wait_ready().await;
 
-    // The start-up splay is up to 5 s, then one round to confirm the win.
-    assert!(
-        wait_until(Duration::from_secs(40), || is_leader(&a) || is_leader(&b)).await,
-        "nobody won:\n{}\n{}",
-        a.output(),
-        b.output()
-    );
-    let (mut leader, standby) = if is_leader(&a) { (a, b) } else { (b, a) };
+    let (mut leader, standby) = elect(a, b, is_leader).await;
     assert!(role(&standby).ends_with("standby"), "{}", role(&standby));
     assert_eq!(standby.m("paused"), 1.0);
     assert_eq!(leader.m("paused"), 0.0);
 
-    // go-choria keeps a provisioning lock for two minutes; the simulated servers keep it for
-    // two seconds so that nodes the dead leader was working on are free again once the
-    // standby has taken over (which takes at least the bucket's 5 s TTL).
-    let mut cfg = env.fleet_config(30, Mode::Plain);
-    cfg.lock_window = Duration::from_secs(2);
-    cfg.restart_delay = Duration::from_millis(200);
-    let fleet = env.fleet(cfg).await;
+    // The standby takes over after at least the bucket's 5 s TTL.
+    let fleet = env.fleet(env.failover_fleet_config(30)).await;
 
     // The leader takes the nodes from their startup events; the standby ignores them.
-    assert!(
-        leader
-            .wait_metric("provisioned", 5.0, Duration::from_secs(60))
-            .await,
-        "{}",
-        leader.output()
-    );
+    leader
+        .expect_metric("provisioned", 5.0, Duration::from_secs(60))
+        .await;
     assert_eq!(standby.m("provisioned"), 0.0, "the standby provisioned");
     assert_eq!(standby.m("event_discovered"), 0.0);
     assert!(
@@ -124,12 +73,7 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
         failover.as_secs_f64()
     );
 
-    assert!(
-        fleet.wait_provisioned(30, Duration::from_secs(90)).await,
-        "{} of 30 provisioned after the failover:\n{}",
-        fleet.provisioned(),
-        standby.output()
-    );
+    expect_provisioned(&fleet, 30, Duration::from_secs(90), &standby).await;
     // Every node the dead leader left behind was provisioned by the standby. The fleet counts a
     // node when its restart request arrives, the provisioner once the reply is back, so the
     // metric may trail the fleet by a moment.
@@ -145,18 +89,14 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
     assert!(standby.m("discovered") > 0.0);
     assert!(standby.m("discover_cycles") >= 1.0);
     let mut standby = standby;
-    standby.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut standby, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_bucket_the_provisioner_exits_as_the_go_one_does() {
     let env = Env::new();
-    let mut prov = env.start(&ha_options(
-        &env,
-        "provisioner-a",
-        example_helper("helper-plain.py"),
-    ));
+    let mut prov =
+        env.start(&env.ha_provisioner("provisioner-a", example_helper("helper-plain.py")));
     let status = prov
         .wait_exit(Duration::from_secs(30))
         .await
@@ -173,11 +113,12 @@ async fn without_a_bucket_the_provisioner_exits_as_the_go_one_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_election_bucket_created_after_start_is_found() {
     let env = Env::new();
-    let mut prov = env.start(
-        &ha_options(&env, "provisioner-a", example_helper("helper-plain.py"))
-            .yaml("leader_election_wait: true"),
-    );
-    prov.wait_ready().await;
+    let mut prov = env
+        .start_ready(
+            &env.ha_provisioner("provisioner-a", example_helper("helper-plain.py"))
+                .yaml("leader_election_wait: true"),
+        )
+        .await;
     assert!(
         prov.wait_log("provisioning stays paused", Duration::from_secs(20))
             .await,
@@ -198,49 +139,36 @@ async fn an_election_bucket_created_after_start_is_found() {
         "the election series is there from the start"
     );
 
-    create_bucket(&env.url()).await;
+    create_election_bucket(&env.url()).await;
     assert!(
         wait_until(Duration::from_secs(45), || is_leader(&prov)).await,
         "never became leader once the bucket existed:\n{}",
         prov.output()
     );
     let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
-    assert!(
-        fleet.wait_provisioned(5, Duration::from_secs(60)).await,
-        "{}",
-        prov.output()
-    );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    expect_provisioned(&fleet, 5, Duration::from_secs(60), &prov).await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
     let env = Env::new();
-    create_bucket(&env.url()).await;
-    let mut opts = ha_options(
-        &env,
+    create_election_bucket(&env.url()).await;
+    let mut opts = env.ha_provisioner(
         "provisioner-a",
         format!("{} slow 0.3", test_helper("scenario.py")),
     );
     opts.workers = 1;
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     assert!(wait_until(Duration::from_secs(40), || is_leader(&prov)).await);
 
     let fleet = env.fleet(env.fleet_config(30, Mode::Plain)).await;
-    assert!(
-        prov.wait_metric("provisioned", 2.0, Duration::from_secs(60))
-            .await
-    );
+    prov.expect_metric("provisioned", 2.0, Duration::from_secs(60))
+        .await;
     assert!(prov.m("work_queue_entries") > 0.0, "{}", prov.metrics());
 
     // Another candidate takes the key: the leader's next update fails and it stands down.
-    let nc = async_nats::connect(env.url()).await.unwrap();
-    let kv = async_nats::jetstream::new(nc)
-        .get_key_value("CHORIA_LEADER_ELECTION")
-        .await
-        .unwrap();
+    let kv = election_bucket(&env.url(), None).await;
     kv.put("provisioner", "intruder".into()).await.unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || role(&prov).ends_with("standby")).await,
@@ -265,13 +193,8 @@ async fn a_leader_that_loses_its_key_pauses_and_drops_its_queue() {
         "{}",
         prov.output()
     );
-    assert!(
-        fleet.wait_provisioned(30, Duration::from_secs(90)).await,
-        "{}",
-        prov.output()
-    );
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    expect_provisioned(&fleet, 30, Duration::from_secs(90), &prov).await;
+    finish(&mut prov, fleet).await;
 }
 
 /// A broker laid out like a Choria broker: JetStream lives in the `CHORIA` account and the
@@ -303,46 +226,32 @@ accounts {
 async fn the_election_works_through_the_choria_streams_import() {
     let env = Env::with_broker_config(CHORIA_LIKE_ACCOUNTS);
     let admin = Some(("choria", "ch0ria-pw"));
-    let opts = ha_options(&env, "provisioner-a", example_helper("helper-plain.py"))
+    let opts = env
+        .ha_provisioner("provisioner-a", example_helper("helper-plain.py"))
         .yaml("broker_provisioning_password: pr0v-pw\nleader_election_wait: true");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     // The import answers that the bucket does not exist yet; once it is created the campaign
     // finds it there.
-    assert!(
-        prov.wait_log("bucket does not exist", Duration::from_secs(20))
-            .await,
-        "{}",
-        prov.output()
-    );
-    create_bucket_as(&env.url(), admin).await;
+    prov.expect_log("bucket does not exist", Duration::from_secs(20))
+        .await;
+    create_election_bucket_as(&env.url(), admin).await;
     assert!(
         wait_until(Duration::from_secs(40), || is_leader(&prov)).await,
         "{}",
         prov.output()
     );
-    assert!(
-        !prov.output().contains("account's own JetStream"),
-        "fell back instead of using the import:\n{}",
-        prov.output()
+    prov.expect_not_in_output(
+        "account's own JetStream",
+        "fell back instead of using the import",
     );
     let mut cfg = env.fleet_config(5, Mode::Plain);
     cfg.nats_user = Some(("node".into(), "n0de-pw".into()));
     cfg.token_auth = false;
     let fleet = env.fleet(cfg).await;
-    assert!(
-        fleet.wait_provisioned(5, Duration::from_secs(60)).await,
-        "{}",
-        prov.output()
-    );
+    expect_provisioned(&fleet, 5, Duration::from_secs(60), &prov).await;
     // The key is in the CHORIA account's bucket, written through the import.
-    let nc = connect(&env.url(), admin).await;
-    let kv = async_nats::jetstream::new(nc)
-        .get_key_value("CHORIA_LEADER_ELECTION")
-        .await
-        .unwrap();
+    let kv = election_bucket(&env.url(), admin).await;
     let holder = kv.get("provisioner").await.unwrap().unwrap();
     assert_eq!(&holder[..], b"provisioner-a");
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }

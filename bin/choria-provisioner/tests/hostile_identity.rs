@@ -36,7 +36,7 @@ async fn hostile_identities_are_refused_and_a_bogus_flood_does_not_starve_the_re
     let env = Env::new();
     let seen = watch_directed(&env.url()).await;
     let logfile = env.path().join("provisioner.log");
-    let mut o = env.provisioner(example_helper("helper-plain.py"));
+    let mut o = env.plain();
     o.workers = 8;
     o.loglevel = "info".into();
     o.logfile = Some(logfile.clone());

@@ -25,11 +25,7 @@ fn under_subset_pid(script: &str) -> Option<Command> {
         .status()
         .is_ok_and(|s| s.success());
     if !probe {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root and must be able to mount /proc with subset=pid"
-        );
-        eprintln!("cannot mount /proc with subset=pid here: skipped");
+        test_support::skip_unless_ci("cannot mount /proc with subset=pid here (not root?)");
         return None;
     }
     let mut cmd = Command::new("unshare");
@@ -54,23 +50,19 @@ fn expected_name() -> String {
 }
 
 fn files(dir: &std::path::Path, broker: &str) -> (String, String) {
-    use std::os::unix::fs::PermissionsExt as _;
     let helper = dir.join("helper.sh");
-    std::fs::write(&helper, "#!/bin/sh\necho '{}'\n").unwrap();
-    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let yaml = dir.join("p.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
+    test_support::write_executable(&helper, "#!/bin/sh\necho '{}'\n").unwrap();
+    let (yaml, cfg) = test_support::write_config(
+        dir,
+        &format!(
             "helper: {}\nchoria_insecure: true\nloglevel: info\nlogfile: {}/prov.log\n",
             helper.display(),
             dir.display()
         ),
+        // No identity: the default is what is tested.
+        &format!("plugin.choria.middleware_hosts = {broker}\n"),
     )
     .unwrap();
-    let cfg = dir.join("c.cfg");
-    // No identity: the default is what is tested.
-    std::fs::write(&cfg, format!("plugin.choria.middleware_hosts = {broker}\n")).unwrap();
     (yaml.display().to_string(), cfg.display().to_string())
 }
 

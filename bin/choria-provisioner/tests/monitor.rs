@@ -5,27 +5,15 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
-use std::process::Command;
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use test_support::metrics::{http_get_at, parse, Sample};
+use test_support::metrics::{http_get_at, http_get_raw, parse, Sample};
 
 fn get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    buf.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))
+    http_get_raw(addr, path, "x", Duration::from_secs(3)).map(|(status, _)| status)
 }
 
 fn now() -> f64 {
@@ -71,8 +59,7 @@ fn ipv6_loopback_available() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_monitor_address_ipv4_and_ipv6_clients_are_answered() {
     let env = Env::new();
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&env.plain()).await;
     let port = prov.port;
     let out = prov.output();
     let v6 = ipv6_loopback_available();
@@ -105,7 +92,7 @@ async fn without_monitor_address_ipv4_and_ipv6_clients_are_answered() {
 async fn metrics_over_ipv4_and_ipv6_carry_the_process_and_connector_series() {
     let env = Env::new();
     let before = now();
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.plain());
     let after = now();
     prov.wait_ready().await;
     let port = prov.port;
@@ -205,7 +192,7 @@ async fn process_series_under_proc_subset_pid() {
         return;
     }
     let env = Env::new();
-    let mut launch = env.prepare(&env.provisioner(example_helper("helper-plain.py")));
+    let mut launch = env.prepare(&env.plain());
     // The binary runs under a shell in a mount namespace of its own, which mounts /proc with
     // subset=pid first; the generated arguments follow the binary.
     launch.program = "unshare".into();
@@ -290,7 +277,7 @@ async fn connector_series_count_a_late_broker_and_a_reconnection() {
     let mut env = Env::new();
     env.nats.stop();
     let spawned = std::time::Instant::now();
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
+    let mut prov = env.start(&env.plain());
     let scrape = |prov: &Prov| parse(&prov.metrics());
     let sample = |samples: &[Sample], name: &str| {
         samples
@@ -362,21 +349,11 @@ async fn connector_series_count_a_late_broker_and_a_reconnection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_series_are_exported_as_go_choria_labels_them() {
     let env = Env::new();
-    let nc = async_nats::connect(env.url()).await.unwrap();
-    async_nats::jetstream::new(nc)
-        .create_key_value(async_nats::jetstream::kv::Config {
-            bucket: "CHORIA_LEADER_ELECTION".into(),
-            max_age: Duration::from_secs(5),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut o = env.provisioner(example_helper("helper-plain.py"));
+    create_election_bucket(&env.url()).await;
+    let mut o = env.plain();
     o.identity = "provisioner-a".into();
     o.leader_election = true;
-    let mut prov = env.start(&o);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&o).await;
     let leads = || {
         prov.get("/readyz")
             .is_some_and(|(_, body)| body.trim().ends_with("leader"))
@@ -440,11 +417,10 @@ async fn election_series_are_exported_as_go_choria_labels_them() {
     );
 
     // A standby that never led: candidate campaigns only, and the leader gauge at 0.
-    let mut o = env.provisioner(example_helper("helper-plain.py"));
+    let mut o = env.plain();
     o.identity = "provisioner-b".into();
     o.leader_election = true;
-    let mut standby = env.start(&o);
-    standby.wait_ready().await;
+    let mut standby = env.start_ready(&o).await;
     let candidate_campaigns = |p: &Prov| {
         parse(&p.metrics())
             .iter()
@@ -499,11 +475,8 @@ fn is_ready_role(p: &Prov, role: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_address_binds_that_address_only() {
     let env = Env::new();
-    let opts = env
-        .provisioner(example_helper("helper-plain.py"))
-        .yaml("monitor_address: 127.0.0.1");
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let opts = env.plain().yaml("monitor_address: 127.0.0.1");
+    let mut prov = env.start_ready(&opts).await;
     let port = prov.port;
     // The start-up line names that address alone (whatever fields the log format adds).
     let out = prov.output();
@@ -550,39 +523,27 @@ fn check_prints_the_monitor_address_and_the_identity_and_csr_name_rules() {
     let run = |extra: &str| {
         let yaml = dir.path().join("p.yaml");
         std::fs::write(&yaml, format!("{base}{extra}")).unwrap();
-        let o = Command::new(BIN)
-            .arg("check")
-            .arg("--config")
-            .arg(&yaml)
-            .arg("--choria-config")
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(
-            o.status.success(),
-            "{out}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
+        check_files(&yaml, &cfg).succeeded("check").stdout
     };
     let out = run("");
-    for want in [
-        "monitoring: port 9100 on every interface, IPv4 and IPv6 (monitor_address unset)",
-        "identities: the built-in grammar",
-        "extra CSR DNS names: none (every DNS name must be the identity)",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "monitoring: port 9100 on every interface, IPv4 and IPv6 (monitor_address unset)",
+            "identities: the built-in grammar",
+            "extra CSR DNS names: none (every DNS name must be the identity)",
+        ],
+    );
     let out = run(
         "monitor_address: 10.1.2.3\nidentity_pattern: '[a-z0-9-]+\\.lab'\n\
          csr_extra_dns_names: '[a-z0-9-]+\\.svc\\.lab'\n",
     );
-    for want in [
-        "monitoring: port 9100 on 10.1.2.3 (monitor_address)",
-        "identities: identity_pattern \"[a-z0-9-]+\\\\.lab\"",
-        "extra CSR DNS names: csr_extra_dns_names \"[a-z0-9-]+\\\\.svc\\\\.lab\"",
-    ] {
-        assert!(out.contains(want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "monitoring: port 9100 on 10.1.2.3 (monitor_address)",
+            "identities: identity_pattern \"[a-z0-9-]+\\\\.lab\"",
+            "extra CSR DNS names: csr_extra_dns_names \"[a-z0-9-]+\\\\.svc\\\\.lab\"",
+        ],
+    );
 }

@@ -29,13 +29,9 @@ fn get_json(prov: &Prov, path: &str) -> (u16, Value) {
 }
 
 /// Runs the CLI; (success, stdout, stderr).
-fn cli(args: &[&str]) -> (bool, String, String) {
-    let o = Command::new(BIN).args(args).output().unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+fn run_cli(args: &[&str]) -> (bool, String, String) {
+    let ran = cli(args);
+    (ran.ok, ran.stdout, ran.stderr)
 }
 
 fn audit_lines(path: &Path) -> Vec<Value> {
@@ -96,17 +92,11 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
         .yaml(&format!("audit_file: {}", audit.display()))
         .features(&["jwt", "upgrades"]);
     let yaml = env.prepare(&opts).config;
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let monitor = format!("http://127.0.0.1:{}", prov.port);
 
     // Provisioned (after its upgrade, the upgraded node too).
-    assert!(
-        main.wait_provisioned(2, WAIT).await,
-        "{:?}\n{}",
-        main.stats(),
-        prov.output()
-    );
+    expect_provisioned(&main, 2, WAIT, &prov).await;
     let ok = wait_state(&prov, "ok-1.example.net", "provisioned").await;
     assert_eq!(ok["step"], "done");
     assert_eq!(ok["cause"], "");
@@ -222,7 +212,7 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
 
     // The CLI, reading the monitor address from the same YAML, and from --monitor.
     let yaml_s = yaml.display().to_string();
-    let (ok_run, out, err) = cli(&["node", "cfgfail-1.example.net", "--config", &yaml_s]);
+    let (ok_run, out, err) = run_cli(&["node", "cfgfail-1.example.net", "--config", &yaml_s]);
     assert!(ok_run, "{err}");
     assert!(out.contains("State           failed"), "{out}");
     assert!(out.contains("choria_provision#configure"), "{out}");
@@ -230,7 +220,7 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
         out.contains("configuration failed: choria_provision#configure failed"),
         "{out}"
     );
-    let (ok_run, out, err) = cli(&["nodes", "--state", "deferred", "--monitor", &monitor]);
+    let (ok_run, out, err) = run_cli(&["nodes", "--state", "deferred", "--monitor", &monitor]);
     assert!(ok_run, "{err}");
     let rows: Vec<&str> = out.lines().collect();
     assert!(
@@ -242,7 +232,7 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
         rows[1].starts_with("defer-1.example.net  deferred  helper"),
         "{out}"
     );
-    let (ok_run, out, err) = cli(&[
+    let (ok_run, out, err) = run_cli(&[
         "nodes",
         "--json",
         "--state",
@@ -253,18 +243,18 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
     assert!(ok_run, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["nodes"][0]["identity"], "shutdown-1.example.net");
-    let (ok_run, out, err) = cli(&["status", "--config", &yaml_s]);
+    let (ok_run, out, err) = run_cli(&["status", "--config", &yaml_s]);
     assert!(ok_run, "{err}");
     assert!(out.contains("Role") && out.contains("active"), "{out}");
-    let (ok_run, out, _) = cli(&["status", "--json", "--monitor", &monitor]);
+    let (ok_run, out, _) = run_cli(&["status", "--json", "--monitor", &monitor]);
     assert!(ok_run);
     assert_eq!(
         serde_json::from_str::<Value>(&out).unwrap()["history"]["nodes"],
         6
     );
-    let (ok_run, _, err) = cli(&["nodes", "--state", "sideways", "--monitor", &monitor]);
+    let (ok_run, _, err) = run_cli(&["nodes", "--state", "sideways", "--monitor", &monitor]);
     assert!(!ok_run && err.contains("unknown state"), "{err}");
-    let (ok_run, _, err) = cli(&["node", "never-seen.example.net", "--monitor", &monitor]);
+    let (ok_run, _, err) = run_cli(&["node", "never-seen.example.net", "--monitor", &monitor]);
     assert!(!ok_run, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("not found"), "{err}");
@@ -317,7 +307,7 @@ async fn every_kind_of_end_shows_in_the_api_the_cli_and_the_audit_file() {
     assert!(!text.contains("eyJ"), "a JWT is in the audit file");
 
     // With the daemon gone the CLI says so on one line and fails.
-    let (ok_run, _, err) = cli(&["status", "--config", &yaml_s]);
+    let (ok_run, _, err) = run_cli(&["status", "--config", &yaml_s]);
     assert!(!ok_run);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("cannot reach"), "{err}");
@@ -333,11 +323,10 @@ async fn the_api_wants_the_token_when_one_is_configured() {
     let token_file = env.path().join("monitor.token");
     std::fs::write(&token_file, "mon-7d1c2a-token\n").unwrap();
     let opts = env
-        .provisioner(example_helper("helper-plain.py"))
+        .plain()
         .yaml(&format!("monitor_token_file: {}", token_file.display()));
     let yaml = env.prepare(&opts).config;
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     for path in ["/", "/api/v1/status", "/api/v1/nodes", "/nodes/x"] {
         let (status, _) = prov.get(path).unwrap();
         assert_eq!(status, 401, "{path}");
@@ -347,13 +336,13 @@ async fn the_api_wants_the_token_when_one_is_configured() {
     assert_eq!(prov.get("/healthz").unwrap().0, 200);
     // The CLI reads the token file the YAML names.
     let yaml_s = yaml.display().to_string();
-    let (ok_run, out, err) = cli(&["status", "--json", "--config", &yaml_s]);
+    let (ok_run, out, err) = run_cli(&["status", "--json", "--config", &yaml_s]);
     assert!(ok_run, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["role"], "active");
     // Without it, one line saying what is missing.
     let monitor = format!("http://127.0.0.1:{}", prov.port);
-    let (ok_run, _, err) = cli(&["status", "--monitor", &monitor]);
+    let (ok_run, _, err) = run_cli(&["status", "--monitor", &monitor]);
     assert!(!ok_run);
     assert!(err.contains("bearer token"), "{err}");
     prov.stop_with("TERM").await;
@@ -384,19 +373,10 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
     let bad_csr = env.fleet(bad_csr).await;
     let audit = env.path().join("audit.jsonl");
     let opts = env
-        .provisioner(example_helper("helper-pki.py"))
-        .env("CHORIA_CA_CERT", ca.cert.display().to_string())
-        .env("CHORIA_CA_KEY", ca.key.display().to_string())
-        .yaml(&format!("audit_file: {}", audit.display()))
-        .features(&["jwt", "pki"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(
-        fleet.wait_provisioned(3, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+        .pki_provisioner(example_helper("helper-pki.py"), &ca)
+        .yaml(&format!("audit_file: {}", audit.display()));
+    let mut prov = env.start_ready(&opts).await;
+    expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.assert_provisioned(3.0).await;
     let (_, node) = get_json(&prov, &format!("/api/v1/nodes/{}", fleet.identities()[0]));
     let refused = wait_state(&prov, "badcsr-1.example.net", "refused").await;
@@ -474,9 +454,7 @@ async fn pki_records_name_the_certificate_by_serial_and_fingerprint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
     let env = Env::new();
-    let mut cfg = env.fleet_config(3, Mode::Ed25519);
-    cfg.issuer_public = Some(env.signer.verifier());
-    let fleet = env.fleet(cfg).await;
+    let fleet = env.fleet(env.ed25519_fleet_config(3)).await;
     let mut bad_nonce = env.fleet_config(1, Mode::Ed25519);
     bad_nonce.identities = Some(vec!["badnonce-1.example.net".into()]);
     bad_nonce.faults.bad_nonce = 1.0;
@@ -487,14 +465,8 @@ async fn ed25519_records_name_the_server_jwt_by_id_and_expiry() {
         .env("CHORIA_ISSUER", env.signer.public_hex.clone())
         .yaml(&format!("audit_file: {}", audit.display()))
         .features(&["ed25519"]);
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(
-        fleet.wait_provisioned(3, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    let mut prov = env.start_ready(&opts).await;
+    expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.assert_provisioned(3.0).await;
     let refused = wait_state(&prov, "badnonce-1.example.net", "refused").await;
     assert_eq!(refused["step"], "ed25519_check", "{refused}");
@@ -574,8 +546,7 @@ async fn helper_policy_and_node_faults_show_their_step_and_cause() {
         .provisioner(format!("{} by-name", test_helper("scenario.py")))
         .yaml(&format!("rego_policy: {}", policy.display()))
         .yaml(&format!("audit_file: {}", audit.display()));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
     let monitor = format!("http://127.0.0.1:{}", prov.port);
 
     wait_state(&prov, "ok-2.example.net", "provisioned").await;
@@ -635,10 +606,10 @@ async fn helper_policy_and_node_faults_show_their_step_and_cause() {
         "{jwt_step}"
     );
 
-    let (ok_run, out, err) = cli(&["nodes", "--state", "refused", "--monitor", &monitor]);
+    let (ok_run, out, err) = run_cli(&["nodes", "--state", "refused", "--monitor", &monitor]);
     assert!(ok_run, "{err}");
     assert!(out.contains("deny-2.example.net  refused  policy"), "{out}");
-    let (ok_run, out, err) = cli(&["node", "fail-2.example.net", "--monitor", &monitor]);
+    let (ok_run, out, err) = run_cli(&["node", "fail-2.example.net", "--monitor", &monitor]);
     assert!(ok_run, "{err}");
     assert!(out.contains("cannot reach the CMDB"), "{out}");
 

@@ -18,11 +18,12 @@ use test_support::ProcessGuard;
 
 const ALERT: &str = "ProvisionerLeaderCount";
 
+/// Prometheus, or None (the test is skipped) when it is not installed.
 fn prometheus() -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
+    test_support::tool_or_skip(
+        &["prometheus"],
+        "prometheus is not installed (apt-get install prometheus)",
+    )
 }
 
 /// The alert expression high-availability.md gives: its `text` block on `choria_election_leader`.
@@ -34,19 +35,6 @@ fn documented_alert() -> String {
         .find(|code| code.contains("choria_election_leader"))
         .expect("an alert on choria_election_leader in high-availability.md")
         .to_string()
-}
-
-async fn create_bucket(url: &str) {
-    let nc = async_nats::connect(url).await.unwrap();
-    async_nats::jetstream::new(nc)
-        .create_key_value(async_nats::jetstream::kv::Config {
-            bucket: "CHORIA_LEADER_ELECTION".into(),
-            max_age: Duration::from_secs(5),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
 }
 
 /// A Prometheus scraping `targets` every second and evaluating the alert every second.
@@ -122,24 +110,14 @@ async fn wait_for(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_alert_fires_for_no_leader_and_for_two() {
     let Some(bin) = prometheus() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "prometheus is not installed (apt-get install prometheus): the alert test must run under CI"
-        );
-        eprintln!("skipped: prometheus is not installed (apt-get install prometheus)");
         return;
     };
     let expr = documented_alert();
     let env = Env::new();
     let other = Env::new();
     let pair = |env: &Env, name: &str| {
-        let mut o = env
-            .provisioner(example_helper("helper-plain.py"))
-            .yaml("leader_election_wait: true");
-        o.identity = name.into();
-        o.leader_election = true;
-        o.workers = 2;
-        o
+        env.ha_provisioner(name, example_helper("helper-plain.py"))
+            .yaml("leader_election_wait: true")
     };
     let a = pair(&env, "provisioner-a");
     let b = pair(&env, "provisioner-b");
@@ -167,7 +145,7 @@ async fn the_documented_alert_fires_for_no_leader_and_for_two() {
     assert_eq!(leaders(prom), Some(0.0));
 
     // One leader once the bucket exists: the alert clears.
-    create_bucket(&env.url()).await;
+    create_election_bucket(&env.url()).await;
     wait_for(
         "the alert to clear with one leader",
         Duration::from_secs(90),
@@ -176,9 +154,8 @@ async fn the_documented_alert_fires_for_no_leader_and_for_two() {
     .await;
 
     // Two leaders: a third provisioner leads on another broker's bucket.
-    create_bucket(&other.url()).await;
-    let mut pc = other.start(&c);
-    pc.wait_ready().await;
+    create_election_bucket(&other.url()).await;
+    let mut pc = other.start_ready(&c).await;
     wait_for(
         "the alert to fire with two leaders",
         Duration::from_secs(60),

@@ -82,7 +82,7 @@ impl Pki {
 /// with brokers, identity and ssldir only (no security provider: puppet). Its certname comes from
 /// `USER`; the sample helper hands the nodes `CHORIA_BROKERS`.
 fn prepare(env: &Env, pki: &Pki) -> Launch {
-    let mut p = env.provisioner(example_helper("helper-plain.py"));
+    let mut p = env.plain();
     p.identity = "puppet-prov".into();
     p.jwt_signing_key = None;
     p.choria_insecure = false;
@@ -116,18 +116,19 @@ async fn the_puppet_provider_connects_with_its_ssldir_and_provisions_the_fleet()
 
     let (ok, out) = check(&launch);
     assert!(ok, "{out}");
-    for want in [
-        "security: puppet".to_string(),
-        format!("caller: choria={CERTNAME}"),
-        format!("ssldir: {} (plugin.choria.ssldir)", pki.ssldir.display()),
-        format!("certname: {CERTNAME} (USER, as <USER>.mcollective)"),
-        format!("certificate: {}", pki.certificate().display()),
-        format!("private key: {}", pki.key().display()),
-        format!("CA: {}", pki.ssldir.join("certs/ca.pem").display()),
-        "tls: on".to_string(),
-    ] {
-        assert!(out.contains(&want), "{want:?} missing:\n{out}");
-    }
+    test_support::assert_contains_all(
+        &out,
+        &[
+            "security: puppet".to_string(),
+            format!("caller: choria={CERTNAME}"),
+            format!("ssldir: {} (plugin.choria.ssldir)", pki.ssldir.display()),
+            format!("certname: {CERTNAME} (USER, as <USER>.mcollective)"),
+            format!("certificate: {}", pki.certificate().display()),
+            format!("private key: {}", pki.key().display()),
+            format!("CA: {}", pki.ssldir.join("certs/ca.pem").display()),
+            "tls: on".to_string(),
+        ],
+    );
 
     // Every request the provisioner sends to a node, as the node receives it.
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -144,13 +145,7 @@ async fn the_puppet_provider_connects_with_its_ssldir_and_provisions_the_fleet()
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
-    assert!(
-        fleet.wait_provisioned(3, WAIT).await,
-        "only {} of 3 provisioned: {:?}\n{}",
-        fleet.provisioned(),
-        fleet.stats(),
-        prov.output()
-    );
+    expect_provisioned(&fleet, 3, WAIT, &prov).await;
     prov.assert_provisioned(3.0).await;
     watch.abort();
 

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use choria_fleet_sim::Mode;
@@ -57,20 +56,15 @@ async fn denied_nodes_never_reach_the_helper_and_allowed_ones_are_provisioned() 
             policy.display(),
             record.display()
         ));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&opts).await;
 
     assert!(
         fleet.wait_provisioned(allowed.len(), WAIT).await,
         "{}",
         prov.output()
     );
-    assert!(
-        prov.wait_metric("policy_denied", denied.len() as f64, WAIT)
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("policy_denied", denied.len() as f64, WAIT)
+        .await;
     // Give the denied nodes' cycles every chance to go wrong before looking.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(prov.m("policy_denied"), denied.len() as f64);
@@ -105,35 +99,18 @@ async fn denied_nodes_never_reach_the_helper_and_allowed_ones_are_provisioned() 
     let text = std::fs::read_to_string(&recorded).expect("input recorded");
     assert!(!text.contains(TOKEN), "the token was recorded");
     let yaml = env.prepare(&opts).config;
-    let o = Command::new(BIN)
-        .args(["policy", "eval", "--config"])
-        .arg(&yaml)
-        .arg("--input")
-        .arg(&recorded)
-        .arg("--explain")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stdout = policy_eval(&yaml, &recorded, &["--explain"])
+        .succeeded("policy eval")
+        .stdout;
     assert!(stdout.contains("decision: deny"), "{stdout}");
     assert!(stdout.contains("reason: on the refused list"), "{stdout}");
     assert!(stdout.contains("rule refused = "), "{stdout}");
     let ok = record.join(format!("{}.json", allowed[0]));
-    let o = Command::new(BIN)
-        .args(["policy", "eval", "--config"])
-        .arg(&yaml)
-        .arg("--input")
-        .arg(&ok)
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).contains("decision: allow"));
+    assert!(policy_eval(&yaml, &ok, &[])
+        .stdout
+        .contains("decision: allow"));
 
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,31 +129,18 @@ async fn an_edit_takes_effect_and_a_broken_edit_keeps_the_old_policy() {
         .provisioner(format!("{} configure", test_helper("scenario.py")))
         .env("HELPER_LOG", log.display().to_string())
         .yaml(&format!("rego_policy: {}", dir.display()));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(
-        prov.wait_metric("policy_denied", 3.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    let mut prov = env.start_ready(&opts).await;
+    prov.expect_metric("policy_denied", 3.0, WAIT).await;
 
     // A broken edit: logged, and the old policy still refuses everyone.
     write_policy(
         &policy,
         "package choria.provisioner\n\ndecision := {\"allow\": true\n",
     );
-    assert!(
-        prov.wait_log("Keeping the previous rego_policy", WAIT)
-            .await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("Keeping the previous rego_policy", WAIT)
+        .await;
     env.announce(&fleet.identities()).await;
-    assert!(
-        prov.wait_metric("policy_denied", 6.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_metric("policy_denied", 6.0, WAIT).await;
     assert_eq!(fleet.stats().configured, 0);
     assert!(lines(&log).is_empty(), "the helper ran: {:?}", lines(&log));
 
@@ -185,16 +149,11 @@ async fn an_edit_takes_effect_and_a_broken_edit_keeps_the_old_policy() {
         &policy,
         "package choria.provisioner\n\ndecision := {\"allow\": true}\n",
     );
-    assert!(
-        prov.wait_log("Reloaded rego_policy", WAIT).await,
-        "{}",
-        prov.output()
-    );
+    prov.expect_log("Reloaded rego_policy", WAIT).await;
     env.announce(&fleet.identities()).await;
-    assert!(fleet.wait_provisioned(3, WAIT).await, "{}", prov.output());
+    expect_provisioned(&fleet, 3, WAIT, &prov).await;
     assert_eq!(prov.m("policy_denied"), 6.0);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[test]
@@ -207,26 +166,11 @@ fn check_names_the_file_and_line_of_a_syntax_error() {
     )
     .unwrap();
     let opts = env
-        .provisioner(example_helper("helper-plain.py"))
+        .plain()
         .yaml(&format!("rego_policy: {}", policy.display()));
-    let Launch {
-        config: yaml,
-        choria_config: cfg,
-        ..
-    } = env.prepare(&opts);
-    let o = Command::new(BIN)
-        .arg("check")
-        .arg("--config")
-        .arg(&yaml)
-        .arg("--choria-config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(!o.status.success(), "{out}");
+    let launch = env.prepare(&opts);
+    let ran = check_files(&launch.config, &launch.choria_config);
+    let out = ran.text();
+    assert!(!ran.ok, "{out}");
     assert!(out.contains("broken.rego:4:"), "file and line named: {out}");
 }

@@ -218,8 +218,7 @@ async fn a_campaign_provisions_every_selected_node_again_and_no_other() {
         fleet.stats()
     );
     assert_rotated(&fleet, spared);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,8 +323,7 @@ async fn a_campaign_survives_the_kill_of_its_process_and_of_a_replica() {
     assert_rotated(&fleet, &ids);
     let s = status(&b, &main);
     assert_eq!(s["state"], "completed", "{s}");
-    pb.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut pb, fleet).await;
 }
 
 /// A provisioner killed between restarting a node and writing its audit record, while no

@@ -6,7 +6,6 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -54,16 +53,7 @@ fn setup(dir: &Path, secrets: &str, cfg_extra: &str) -> (String, String) {
 
 /// `check`'s output; the run must succeed (warnings never fail it) and no secret may appear.
 fn check(yaml: &str, cfg: &str) -> String {
-    let o = Command::new(BIN)
-        .args(["check", "--config", yaml, "--choria-config", cfg])
-        .output()
-        .unwrap();
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{out}");
+    let out = check_files(yaml, cfg).succeeded("check").text();
     for secret in [TOKEN_VALUE, BROKER_PASSWORD, NATS_PASSWORD] {
         assert!(!out.contains(secret), "{secret} printed by check:\n{out}");
     }
@@ -194,7 +184,7 @@ fn check_warns_about_a_yaml_readable_by_a_group_other_than_the_services() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_logs_the_same_warnings_at_start() {
     let env = Env::new();
-    let opts = env.provisioner(example_helper("helper-plain.py"));
+    let opts = env.plain();
     let launch = env.prepare(&opts);
     let (yaml, cfg) = (&launch.config, &launch.choria_config);
     let cfg_text = std::fs::read_to_string(cfg).unwrap();
@@ -206,10 +196,8 @@ async fn the_daemon_logs_the_same_warnings_at_start() {
     chmod(&yaml.display().to_string(), 0o644);
     chmod(&cfg.display().to_string(), 0o644);
     let mut prov = Prov::launch(&launch);
-    assert!(
-        prov.wait_log("starting using configuration file", Duration::from_secs(20))
-            .await
-    );
+    prov.expect_log("starting using configuration file", Duration::from_secs(20))
+        .await;
     let yaml_warning = format!(
         "the provisioner configuration {} holds token and is readable by every local user",
         yaml.display()
@@ -218,12 +206,9 @@ async fn the_daemon_logs_the_same_warnings_at_start() {
         "the Choria configuration {} holds plugin.nats.pass and is readable by every local user",
         cfg.display()
     );
-    assert!(
-        prov.wait_log(&yaml_warning, Duration::from_secs(10)).await,
-        "{}",
-        prov.output()
-    );
-    assert!(prov.output().contains(&cfg_warning), "{}", prov.output());
+    prov.expect_log(&yaml_warning, Duration::from_secs(10))
+        .await;
+    prov.expect_output(&cfg_warning);
     let out = prov.output();
     assert!(!out.contains(TOKEN), "{out}");
     assert!(!out.contains(NATS_PASSWORD), "{out}");

@@ -12,48 +12,36 @@ use std::time::Duration;
 use choria_fleet_sim::{Mode, ProvisioningJwt};
 use common::*;
 
+/// Headless Chromium, or None (the test is skipped) when it is not installed.
 fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|name| {
-            std::env::split_paths(&std::env::var_os("PATH")?)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
+    test_support::tool_or_skip(
+        &["chromium", "chromium-browser", "google-chrome"],
+        "chromium is not installed (apt-get install chromium)",
+    )
 }
 
-/// Runs headless Chromium on `url` with `args`; its standard output.
-fn browse(browser: &PathBuf, profile: &std::path::Path, args: &[String], url: &str) -> String {
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--hide-scrollbars",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// Runs headless Chromium on `url` with `args`; insists it succeeds.
+fn browse(browser: &PathBuf, profile: &std::path::Path, args: &[String], url: &str) -> Ran {
+    Ran::of(
+        Command::new(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--hide-scrollbars",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(args)
+            .arg(url),
+    )
+    .succeeded("chromium")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_renders_the_status_page_with_counters_and_failures() {
     let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is not installed (apt-get install chromium): the status page test must run under CI"
-        );
-        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
         return;
     };
     let env = Env::new();
@@ -68,42 +56,38 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
     ]);
     bad.provisioning_jwt = ProvisioningJwt::Sign(stranger.jwt_signer());
     let bad = env.fleet(bad).await;
-    let mut prov = env.start(&env.provisioner(example_helper("helper-plain.py")));
-    prov.wait_ready().await;
+    let mut prov = env.start_ready(&env.plain()).await;
     assert!(fleet.wait_provisioned(6, Duration::from_secs(60)).await);
-    assert!(
-        prov.wait_metric("provision_errors", 2.0, Duration::from_secs(60))
-            .await
-    );
+    prov.expect_metric("provision_errors", 2.0, Duration::from_secs(60))
+        .await;
     prov.assert_provisioned(6.0).await;
 
     let url = format!("http://127.0.0.1:{}/", prov.port);
     let profile = env.path().join("chromium-profile");
-    let dom = browse(&browser, &profile, &["--dump-dom".into()], &url);
-    for text in [
-        "Choria Provisioner",
-        "role <b>active</b>",
-        "Provisioned<b>6</b>",
-        "Provision errors<b>2</b>",
-        "Recent failures",
-        "rogue-1.example.net",
-        "rogue-2.example.net",
-        "jwt_check",
-        "could not validate JWT",
-        "<svg",
-    ] {
-        assert!(
-            dom.contains(text),
-            "{text:?} is not on the rendered page:\n{dom}"
-        );
-    }
+    let dom = browse(&browser, &profile, &["--dump-dom".into()], &url).stdout;
+    test_support::assert_contains_all(
+        &dom,
+        &[
+            "Choria Provisioner",
+            "role <b>active</b>",
+            "Provisioned<b>6</b>",
+            "Provision errors<b>2</b>",
+            "Recent failures",
+            "rogue-1.example.net",
+            "rogue-2.example.net",
+            "jwt_check",
+            "could not validate JWT",
+            "<svg",
+        ],
+    );
     // Each failure links to its node's page, which renders its history.
     let node = browse(
         &browser,
         &profile,
         &["--dump-dom".into()],
         &format!("{url}nodes/rogue-1.example.net"),
-    );
+    )
+    .stdout;
     assert!(
         node.contains("refused") && node.contains("History"),
         "{node}"
@@ -132,93 +116,58 @@ async fn chromium_renders_the_status_page_with_counters_and_failures() {
         png.len()
     );
 
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
     bad.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_renders_the_pause_and_the_pending_nodes_without_errors() {
     let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is not installed (apt-get install chromium): the status page test must run under CI"
-        );
-        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
         return;
     };
     let env = Env::new();
-    let p = env
-        .provisioner(example_helper("helper-plain.py"))
-        .yaml("fleet_control: true\napproval: manual\n");
+    let p = env.plain().yaml("fleet_control: true\napproval: manual\n");
     let launch = env.prepare(&p);
     let mut prov = Prov::launch(&launch);
     prov.wait_ready().await;
-    assert!(
-        prov.wait_log("fleet control: following bucket", Duration::from_secs(30))
-            .await
-    );
+    prov.expect_log("fleet control: following bucket", Duration::from_secs(30))
+        .await;
     let fleet = env.fleet(env.fleet_config(3, Mode::Plain)).await;
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            prov.output()
-                .matches("waits for an operator's approval")
-                .count()
-                >= 3
-        })
-        .await,
-        "{}",
-        prov.output()
-    );
-    let out = Command::new(BIN)
-        .args(["pause", "--reason", "rack <b>7</b> rewiring", "--config"])
-        .arg(&launch.config)
-        .arg("--choria-config")
-        .arg(&launch.choria_config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        prov.wait_log("Provisioning paused by", Duration::from_secs(5))
-            .await
-    );
+    prov.expect_output_count(
+        "waits for an operator's approval",
+        3,
+        Duration::from_secs(60),
+    )
+    .await;
+    control(&launch, &["pause", "--reason", "rack <b>7</b> rewiring"]);
+    prov.expect_log("Provisioning paused by", Duration::from_secs(5))
+        .await;
     let url = format!("http://127.0.0.1:{}/", prov.port);
     let profile = env.path().join("chromium-profile");
-    let out = Command::new(&browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(&url)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let dom = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    for text in [
-        "Paused by",
-        "rack &lt;b&gt;7&lt;/b&gt; rewiring",
-        "Deny list: 0 entries",
-        "Pending approval (3)",
-        "node-1.example.net",
-        "choria-provisioner approve ID",
-    ] {
-        assert!(dom.contains(text), "{text:?} is not on the page:\n{dom}");
-    }
+    let out = browse(
+        &browser,
+        &profile,
+        &[
+            "--enable-logging=stderr".into(),
+            "--v=0".into(),
+            "--dump-dom".into(),
+        ],
+        &url,
+    );
+    let (dom, log) = (out.stdout, out.stderr);
+    test_support::assert_contains_all(
+        &dom,
+        &[
+            "Paused by",
+            "rack &lt;b&gt;7&lt;/b&gt; rewiring",
+            "Deny list: 0 entries",
+            "Pending approval (3)",
+            "node-1.example.net",
+            "choria-provisioner approve ID",
+        ],
+    );
     for bad in ["Content Security Policy", "Uncaught", "Refused to"] {
         assert!(!log.contains(bad), "{bad:?} in chromium's log:\n{log}");
     }
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }

@@ -59,14 +59,8 @@ async fn a_signed_webhook_provisions_the_fleet() {
             "helper_secret_file: {}\nhelper_reply_signature: required",
             secret.display()
         ));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(
-        fleet.wait_provisioned(12, WAIT).await,
-        "{:?}\n{}",
-        fleet.stats(),
-        prov.output()
-    );
+    let mut prov = env.start_ready(&opts).await;
+    expect_provisioned(&fleet, 12, WAIT, &prov).await;
     prov.assert_provisioned(12.0).await;
     for r in fleet.report() {
         let rec = r.received.as_ref().unwrap();
@@ -96,44 +90,23 @@ async fn a_webhook_refusing_the_signature_is_a_helper_error_and_nothing_is_confi
     let opts = env
         .provisioner(format!("http://127.0.0.1:{port}/provision"))
         .yaml(&format!("helper_secret_file: {}", wrong.display()));
-    let mut prov = env.start(&opts);
-    prov.wait_ready().await;
-    assert!(
-        prov.wait_metric("helper_errors", 3.0, WAIT).await,
-        "{}",
-        prov.output()
-    );
-    assert!(
-        prov.wait_log("answered HTTP 401: bad signature", Duration::from_secs(5))
-            .await,
-        "{}",
-        prov.output()
-    );
+    let mut prov = env.start_ready(&opts).await;
+    prov.expect_metric("helper_errors", 3.0, WAIT).await;
+    prov.expect_log("answered HTTP 401: bad signature", Duration::from_secs(5))
+        .await;
     assert_eq!(prov.m("provisioned"), 0.0);
     assert_eq!(prov.rpc_count("choria_provision#configure"), 0.0);
-    prov.stop_with("TERM").await;
-    fleet.shutdown().await;
+    finish(&mut prov, fleet).await;
 }
 
 fn check(yaml: &Path, cfg: &Path, probe: bool) -> (bool, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("check")
-        .arg("--config")
-        .arg(yaml)
-        .arg("--choria-config")
-        .arg(cfg);
-    if probe {
-        cmd.arg("--probe");
-    }
-    let o = cmd.output().unwrap();
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    let args: &[&str] = if probe {
+        &["check", "--probe"]
+    } else {
+        &["check"]
+    };
+    let ran = cli_on(args, yaml, cfg);
+    (ran.ok, ran.text())
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use choria_fleet_sim::config::{is_affected, FaultKind};
 use choria_fleet_sim::crypto::{self, JwtSigner, TrustPath};
@@ -12,20 +12,11 @@ use choria_fleet_sim::{Mode, Phase, SimFleet};
 use choria_rpc_client::lifecycle::{EventFormat, LifecycleEvent};
 use choria_rpc_client::mcorpc::StatusCode;
 use choria_rpc_client::protocol::{Filter, ProtocolVersion};
-use common::{Client, TOKEN};
+use common::{now, Client, SEC, TOKEN};
 use ed25519_dalek::{Signer as _, Verifier as _};
 use futures::StreamExt as _;
 use serde_json::json;
 use test_support::NatsServer;
-
-const SEC: Duration = Duration::from_secs(1);
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
 
 /// A server JWT issued through a chain issuer, as the Go provisioner does with
 /// `jwt_signing_token`.
@@ -72,17 +63,7 @@ async fn discovery_finds_every_node_and_other_protocol_versions_are_ignored() {
     assert!(v2.discover(1, SEC).await.is_empty());
 
     // A filter that matches no node gets no answer.
-    let none = client
-        .request(
-            None,
-            "discovery",
-            b"cGluZw==",
-            &Filter::with_identity("nobody.example.net"),
-            1,
-            SEC,
-        )
-        .await;
-    assert!(none.is_empty());
+    client.assert_unmatched_filter_unanswered().await;
     fleet.shutdown().await;
 }
 
@@ -253,12 +234,7 @@ async fn provisioning_actions_answer_errors_as_go_choria_does() {
 #[tokio::test]
 async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
     let nats = NatsServer::start();
-    let events_nc = async_nats::connect(nats.url()).await.unwrap();
-    let mut events = events_nc
-        .subscribe("choria.lifecycle.event.>")
-        .await
-        .unwrap();
-    events_nc.flush().await.unwrap();
+    let (_events_nc, mut events) = common::subscribe(&nats.url(), "choria.lifecycle.event.>").await;
 
     let org = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]);
     let mut cfg = common::config(&nats.url(), 4);
@@ -664,24 +640,9 @@ async fn faults_hit_the_predicted_nodes() {
 fn the_binary_reports_and_fails_when_not_done_in_time() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let seed = dir.path().join("signer.seed");
-    std::fs::write(&seed, hex::encode(common::SIGNER_SEED)).unwrap();
     let report = dir.path().join("report.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-        .args([
-            "--broker",
-            &nats.url(),
-            "--nodes",
-            "7",
-            "--mode",
-            "plain",
-            "--token",
-            TOKEN,
-        ])
-        .arg("--provisioning-signer")
-        .arg(&seed)
-        .arg("--report")
-        .arg(&report)
+    let out = common::sim_command(&nats.url(), dir.path(), &report)
+        .args(["--nodes", "7", "--mode", "plain"])
         .args([
             "--exit-when-done",
             "--timeout",
@@ -691,16 +652,8 @@ fn the_binary_reports_and_fails_when_not_done_in_time() {
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert_eq!(
-        stderr.lines().last(),
-        Some("fleet-sim: 0/7 nodes provisioned"),
-        "{stderr}"
-    );
-    let nodes: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    let nodes = nodes.as_array().unwrap();
+    common::assert_sim_ended(&out, 1, "fleet-sim: 0/7 nodes provisioned");
+    let nodes = common::read_report(&report);
     assert_eq!(nodes.len(), 7);
     assert_eq!(nodes[0]["identity"], "cli-1.fleet.example.net");
     assert_eq!(nodes[0]["provisioned"], false);
@@ -775,13 +728,7 @@ async fn the_binary_exits_zero_once_every_node_is_provisioned() {
         .await
         .unwrap()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert_eq!(
-        stderr.lines().last(),
-        Some("fleet-sim: 3/3 nodes provisioned"),
-        "{stderr}"
-    );
+    common::assert_sim_ended(&out, 0, "fleet-sim: 3/3 nodes provisioned");
 }
 
 #[tokio::test]

@@ -4,26 +4,17 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use choria_fleet_sim::crypto::JwtSigner;
 use choria_fleet_sim::{EnrollmentSource, FleetConfig, Mode, Phase, SimFleet};
 use choria_rpc_client::lifecycle::LifecycleEvent;
 use choria_rpc_client::mcorpc::StatusCode;
-use choria_rpc_client::protocol::{Filter, ProtocolVersion};
-use common::{Client, TOKEN};
+use choria_rpc_client::protocol::ProtocolVersion;
+use common::{now, Client, SEC, TOKEN};
 use futures::StreamExt as _;
 use serde_json::json;
 use test_support::NatsServer;
-
-const SEC: Duration = Duration::from_secs(1);
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
 
 fn online_config(url: &str, nodes: usize, mode: Mode) -> FleetConfig {
     let mut cfg = common::config(url, nodes);
@@ -93,12 +84,7 @@ async fn next_event(
 #[tokio::test]
 async fn a_provisioned_node_answers_on_its_main_collective_and_reprovisions() {
     let nats = NatsServer::start();
-    let events_nc = async_nats::connect(nats.url()).await.unwrap();
-    let mut events = events_nc
-        .subscribe("choria.lifecycle.event.>")
-        .await
-        .unwrap();
-    events_nc.flush().await.unwrap();
+    let (_events_nc, mut events) = common::subscribe(&nats.url(), "choria.lifecycle.event.>").await;
     let fleet = SimFleet::start(online_config(&nats.url(), 3, Mode::Ed25519))
         .await
         .unwrap();
@@ -120,17 +106,7 @@ async fn a_provisioned_node_answers_on_its_main_collective_and_reprovisions() {
     let main = Client::v1_signed(&nats.url(), "operator", "choria").await;
     assert_eq!(main.discover(3, 2 * SEC).await, vec![id.clone()]);
     // The filter is applied.
-    let none = main
-        .request(
-            None,
-            "discovery",
-            b"cGluZw==",
-            &Filter::with_identity("nobody.example.net"),
-            1,
-            SEC,
-        )
-        .await;
-    assert!(none.is_empty());
+    main.assert_unmatched_filter_unanswered().await;
     // Unsigned requests are dropped, as a provisioned server drops them.
     let mut unsigned = Client::v1(&nats.url(), "intruder").await;
     unsigned.collective = "choria".into();
@@ -221,12 +197,7 @@ async fn a_provisioned_node_answers_on_its_main_collective_and_reprovisions() {
 #[tokio::test]
 async fn nodes_started_provisioned_answer_and_reprovision() {
     let nats = NatsServer::start();
-    let events_nc = async_nats::connect(nats.url()).await.unwrap();
-    let mut events = events_nc
-        .subscribe("choria.lifecycle.event.>")
-        .await
-        .unwrap();
-    events_nc.flush().await.unwrap();
+    let (_events_nc, mut events) = common::subscribe(&nats.url(), "choria.lifecycle.event.>").await;
     let mut cfg = online_config(&nats.url(), 3, Mode::Pki);
     cfg.preprovisioned = 2;
     cfg.preprovisioned_expires_in = Duration::from_secs(5 * 86_400);
@@ -341,17 +312,10 @@ async fn started_provisioned_nodes_need_stay_online_and_a_usable_collective() {
 fn the_binary_starts_nodes_provisioned_and_reports_their_expiry() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let seed = dir.path().join("signer.seed");
-    std::fs::write(&seed, hex::encode(common::SIGNER_SEED)).unwrap();
     let report = dir.path().join("report.json");
     let run = |extra: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-            .args(["--broker", &nats.url(), "--nodes", "3", "--mode", "ed25519"])
-            .args(["--token", TOKEN, "--startup-rate", "0"])
-            .arg("--provisioning-signer")
-            .arg(&seed)
-            .arg("--report")
-            .arg(&report)
+        common::sim_command(&nats.url(), dir.path(), &report)
+            .args(["--nodes", "3", "--mode", "ed25519", "--startup-rate", "0"])
             .args(["--exit-when-done", "--timeout", "20s"])
             .args(extra)
             .output()
@@ -372,16 +336,8 @@ fn the_binary_starts_nodes_provisioned_and_reports_their_expiry() {
         "--reprovision-delay",
         "100ms",
     ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert_eq!(
-        stderr.lines().last(),
-        Some("fleet-sim: 3/3 nodes provisioned"),
-        "{stderr}"
-    );
-    let nodes: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    for n in nodes.as_array().unwrap() {
+    common::assert_sim_ended(&out, 0, "fleet-sim: 3/3 nodes provisioned");
+    for n in &common::read_report(&report) {
         assert_eq!(n["phase"], "provisioned");
         assert_eq!(n["collectives"], json!(["acme"]));
         let expires = n["expires"].as_i64().unwrap();

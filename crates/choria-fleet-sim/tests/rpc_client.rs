@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use choria_fleet_sim::SimFleet;
 use choria_rpc_client::agents::ConfigureInput;
 use choria_rpc_client::protocol::Security;
 use choria_rpc_client::rpc::{RpcClient, RpcOptions};
@@ -22,13 +23,21 @@ async fn client(url: &str, identity: &str) -> RpcClient {
     .unwrap()
 }
 
+/// Insists a sharded discovery `found` the whole fleet with one reply a node: `replies` is the
+/// fleet's count of discovery replies before it, and becomes the count after it.
+fn assert_found_once(fleet: &SimFleet, found: &[String], replies: &mut u64, what: &str) {
+    assert_eq!(common::sorted(found.to_vec()), fleet.identities(), "{what}");
+    let now = fleet.stats().discovery_replies;
+    assert_eq!(now - *replies, 200, "{what}: each node answered once");
+    *replies = now;
+}
+
 #[tokio::test]
 async fn the_rpc_client_discovers_and_provisions_the_whole_fleet() {
     let nats = NatsServer::start();
     let fleet = common::start(&nats.url(), 200).await;
     let rpc = client(&nats.url(), "provisioner").await;
-    let mut found = rpc.discover_provisionable().await.unwrap().to_vec();
-    found.sort();
+    let found = common::sorted(rpc.discover_provisionable().await.unwrap().to_vec());
     assert_eq!(found, fleet.identities());
 
     let t = Duration::from_secs(20);
@@ -104,17 +113,14 @@ async fn a_sharded_discovery_finds_every_node_once() {
     let mut replies = fleet.stats().discovery_replies;
     assert_eq!(replies, 200);
     for shards in [2, 7, 10] {
-        let mut found = rpc
-            .discover_provisionable_in(shards)
-            .await
-            .unwrap()
-            .to_vec();
-        found.sort();
-        assert_eq!(found, fleet.identities(), "{shards} shards");
-        // Each node answered one shard only: as many replies as one whole discovery.
-        let now = fleet.stats().discovery_replies;
-        assert_eq!(now - replies, 200, "{shards} shards");
-        replies = now;
+        // Each node answers one shard only: as many replies as one whole discovery.
+        let found = rpc.discover_provisionable_in(shards).await.unwrap();
+        assert_found_once(
+            &fleet,
+            &found.to_vec(),
+            &mut replies,
+            &format!("{shards} shards"),
+        );
     }
     fleet.shutdown().await;
 }
@@ -130,16 +136,12 @@ async fn a_probed_discovery_finds_every_node_once_and_sizes_its_shards_from_the_
     // most 1,000 a shard): that shard, then the rest in one. One it says is large (at most 50
     // a shard): all ten shards one by one.
     for (shard_size, asked) in [(1_000, 2), (50, 10)] {
-        let mut found = rpc
+        let found = rpc
             .discover_provisionable_probed(shard_size, 10)
             .await
-            .unwrap()
-            .to_vec();
-        found.sort();
-        assert_eq!(found, fleet.identities(), "shards of {shard_size}");
-        let now = fleet.stats().discovery_replies;
-        assert_eq!(now - replies, 200, "each node answered once");
-        replies = now;
+            .unwrap();
+        let what = format!("shards of {shard_size}");
+        assert_found_once(&fleet, &found.to_vec(), &mut replies, &what);
         // Only discoveries are sent here: the requests the simulator took are the broadcasts.
         let now = fleet.stats().requests;
         assert_eq!(
@@ -155,12 +157,11 @@ async fn a_probed_discovery_finds_every_node_once_and_sizes_its_shards_from_the_
 #[tokio::test]
 async fn a_node_provisioned_before_its_startup_event_is_not_announced_after_it() {
     let nats = NatsServer::start();
-    let watcher = async_nats::connect(nats.url()).await.unwrap();
-    let mut events = watcher
-        .subscribe("choria.lifecycle.event.startup.provision_mode_server")
-        .await
-        .unwrap();
-    watcher.flush().await.unwrap();
+    let (_watcher, mut events) = common::subscribe(
+        &nats.url(),
+        "choria.lifecycle.event.startup.provision_mode_server",
+    )
+    .await;
     // Ten nodes announced one a second, in order: the last one's turn comes after 9 s.
     let mut cfg = common::config(&nats.url(), 10);
     cfg.startup_rate = 1;

@@ -544,22 +544,27 @@ async fn subjects_follow_the_api_prefix_or_domain() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn choose_takes_the_choria_streams_import_when_it_answers() {
-    let server = NatsServer::start_with_config(ACCOUNTS);
-    let never = CancellationToken::new();
-    // The bucket does not exist yet: the import answers (stream not found), so it is kept and a
-    // bucket created later is found through it.
-    let election = Election::choose(
-        connect_as(&server, "provisioner").await,
+/// The provisioner's election for `p1.example.net` over `client`, as `choose` finds it with the
+/// five-second backoff and no cancellation.
+async fn choose_provisioner(client: async_nats::Client) -> Election {
+    Election::choose(
+        client,
         PROVISIONER_ELECTION,
         "p1.example.net",
         &backoff::FIVE_SEC,
-        &never,
+        &CancellationToken::new(),
     )
     .await
     .unwrap()
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choose_takes_the_choria_streams_import_when_it_answers() {
+    let server = NatsServer::start_with_config(ACCOUNTS);
+    // The bucket does not exist yet: the import answers (stream not found), so it is kept and a
+    // bucket created later is found through it.
+    let election = choose_provisioner(connect_as(&server, "provisioner").await).await;
     assert_eq!(election.api_prefix(), PROVISIONING_API_PREFIX);
     assert_eq!(
         election.put_subject(),
@@ -584,17 +589,7 @@ async fn choose_takes_the_choria_streams_import_when_it_answers() {
 async fn choose_falls_back_to_the_accounts_own_jetstream() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let never = CancellationToken::new();
-    let election = Election::choose(
-        client,
-        PROVISIONER_ELECTION,
-        "p1.example.net",
-        &backoff::FIVE_SEC,
-        &never,
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let election = choose_provisioner(client).await;
     assert_eq!(election.api_prefix(), "$JS.API");
     assert_eq!(
         election.put_subject(),

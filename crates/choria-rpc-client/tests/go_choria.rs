@@ -240,25 +240,21 @@ async fn requests_captured_from_the_go_cli_and_from_us_decode_on_the_other_side(
     let sender = env.get("client_identity").to_string();
 
     // The go-choria CLI's request, decoded by us.
-    let cli = Command::new(env.get("choria"))
-        .args([
-            "req",
-            "rpcutil",
-            "ping",
-            "--json",
-            "-I",
-            &node,
-            "--config",
-            env.get("client_config"),
-        ])
-        .env("USER", "root")
-        .output()
-        .unwrap();
-    assert!(
-        cli.status.success(),
-        "choria req failed: {}",
-        String::from_utf8_lossy(&cli.stderr)
-    );
+    test_support::stack::run(
+        Command::new(env.get("choria"))
+            .args([
+                "req",
+                "rpcutil",
+                "ping",
+                "--json",
+                "-I",
+                &node,
+                "--config",
+                env.get("client_config"),
+            ])
+            .env("USER", "root"),
+    )
+    .unwrap();
     let theirs = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut wire))
         .await
         .expect("the CLI's request was not seen on the wire")

@@ -84,6 +84,41 @@ impl AaRun {
         metric_sum(&scrape(self.replicas[idx].port), name)
     }
 
+    /// Wait until each of `replicas` counts `live` live replicas.
+    fn wait_live(&self, replicas: &[usize], live: f64, timeout: Duration) -> Result<Duration> {
+        let what = format!("{live} live replicas");
+        wait_for(&what, timeout, || {
+            Ok(replicas
+                .iter()
+                .all(|&i| self.metric(i, "choria_provisioner_active_replicas") == live))
+        })
+    }
+
+    /// Start replicas `a`, `b` and `c` on the whole cluster and wait until each sees all three.
+    fn start_three(&mut self) -> Result<Vec<usize>> {
+        let url = self.cluster.url();
+        let all: Vec<usize> = ["provisioner-a", "provisioner-b", "provisioner-c"]
+            .iter()
+            .map(|id| self.start(id, &url))
+            .collect::<Result<_>>()?;
+        self.wait_live(&all, 3.0, Duration::from_secs(30))?;
+        Ok(all)
+    }
+
+    /// Wait up to two minutes until replica `idx` has provisioned `nodes`, failing as soon as it
+    /// exits.
+    fn wait_provisioned_by(&mut self, idx: usize, nodes: f64, what: &str) -> Result<Duration> {
+        wait_for(what, Duration::from_secs(120), || {
+            self.replicas[idx].alive()?;
+            Ok(self.metric(idx, "choria_provisioner_provisioned") >= nodes)
+        })
+    }
+
+    /// `name` summed over `replicas`.
+    fn sum(&self, replicas: &[usize], name: &str) -> f64 {
+        replicas.iter().map(|&i| self.metric(i, name)).sum()
+    }
+
     fn start_sim(&self, nodes: usize) -> Result<Simulator> {
         let mut cmd = Simulator::command(&self.bins);
         cmd.args([
@@ -192,14 +227,9 @@ fn check_once(
         "the report has {} nodes, not {nodes}",
         report.len()
     );
+    crate::harness::ensure_all_provisioned(report)?;
     let (mut twice, mut retried) = (Vec::new(), 0usize);
     for (id, n) in report {
-        ensure!(
-            n.provisioned,
-            "{id} not provisioned: {:?} {:?}",
-            n.actions,
-            n.problems
-        );
         let helper = runs.get(id).copied().unwrap_or(0);
         ensure!(helper > 0, "the helper never ran for {id}");
         let configured = n.ok_count("configure");
@@ -233,25 +263,12 @@ fn check_once(
 
 /// The JetStream operations per node, summed over `replicas`.
 fn ops_per_node(run: &AaRun, replicas: &[usize], nodes: usize) -> f64 {
-    let ops: f64 = replicas
-        .iter()
-        .map(|&i| run.metric(i, "choria_provisioner_claim_operations"))
-        .sum();
-    ops / nodes as f64
+    run.sum(replicas, "choria_provisioner_claim_operations") / nodes as f64
 }
 
 pub fn aa_three_replicas(env: &Env, name: &str) -> Result<String> {
     let mut run = AaRun::new(env, name, false, 0)?;
-    let url = run.cluster.url();
-    let all: Vec<usize> = ["provisioner-a", "provisioner-b", "provisioner-c"]
-        .iter()
-        .map(|id| run.start(id, &url))
-        .collect::<Result<_>>()?;
-    wait_for("three live replicas", Duration::from_secs(30), || {
-        Ok(all
-            .iter()
-            .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 3.0))
-    })?;
+    let all = run.start_three()?;
     let nodes = 2000;
     let sim = run.start_sim(nodes)?;
     let t = run.wait_fleet(
@@ -287,43 +304,19 @@ pub fn aa_three_replicas(env: &Env, name: &str) -> Result<String> {
 pub fn aa_replica_killed(env: &Env, name: &str) -> Result<String> {
     // A latency-bound helper keeps nodes in flight when the kill comes.
     let mut run = AaRun::new(env, name, false, 200)?;
-    let url = run.cluster.url();
-    let all: Vec<usize> = ["provisioner-a", "provisioner-b", "provisioner-c"]
-        .iter()
-        .map(|id| run.start(id, &url))
-        .collect::<Result<_>>()?;
-    wait_for("three live replicas", Duration::from_secs(30), || {
-        Ok(all
-            .iter()
-            .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 3.0))
-    })?;
+    let all = run.start_three()?;
     let nodes = 600;
     let sim = run.start_sim(nodes)?;
     let victim = all[0];
     let survivors = [all[1], all[2]];
-    wait_for(
-        "the first replica to provision 40 nodes",
-        Duration::from_secs(120),
-        || {
-            run.replicas[victim].alive()?;
-            Ok(run.metric(victim, "choria_provisioner_provisioned") >= 40.0)
-        },
-    )?;
+    run.wait_provisioned_by(victim, 40.0, "the first replica to provision 40 nodes")?;
     let _ = run.replicas[victim].proc.child.kill();
     let _ = run.replicas[victim].proc.child.wait();
     let killed = Instant::now();
     let done_at_kill = sim.provisioned();
     // The dead replica leaves the survivors' live set when its heartbeat ages out of the
     // bucket (the claim lifetime): from then on its share is theirs at once.
-    let gone = wait_for(
-        "the survivors to see two replicas",
-        Duration::from_secs(60),
-        || {
-            Ok(survivors
-                .iter()
-                .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 2.0))
-        },
-    )?;
+    let gone = run.wait_live(&survivors, 2.0, Duration::from_secs(60))?;
     // The victim's unfinished nodes: at most its 8 workers' were reached (those wait out the
     // nodes' 2-minute provisioning lock); every other node must be taken over within the claim
     // lifetime plus a few seconds of work.
@@ -352,10 +345,7 @@ pub fn aa_replica_killed(env: &Env, name: &str) -> Result<String> {
         workers,
         0,
     )?;
-    let lock_held: f64 = survivors
-        .iter()
-        .map(|&i| run.metric(i, "choria_provisioner_lock_held"))
-        .sum();
+    let lock_held = run.sum(&survivors, "choria_provisioner_lock_held");
     let ops = ops_per_node(&run, &survivors, nodes);
     run.stop(&survivors)?;
     Ok(format!(
@@ -374,21 +364,10 @@ pub fn aa_server_stopped(env: &Env, name: &str) -> Result<String> {
     let b = run.start("provisioner-b", &urls[1])?;
     let c = run.start("provisioner-c", &urls[2])?;
     let all = [a, b, c];
-    wait_for("three live replicas", Duration::from_secs(30), || {
-        Ok(all
-            .iter()
-            .all(|&i| run.metric(i, "choria_provisioner_active_replicas") == 3.0))
-    })?;
+    run.wait_live(&all, 3.0, Duration::from_secs(30))?;
     let nodes = 1000;
     let sim = run.start_sim(nodes)?;
-    wait_for(
-        "the first replica to provision 50 nodes",
-        Duration::from_secs(120),
-        || {
-            run.replicas[a].alive()?;
-            Ok(run.metric(a, "choria_provisioner_provisioned") >= 50.0)
-        },
-    )?;
+    run.wait_provisioned_by(a, 50.0, "the first replica to provision 50 nodes")?;
     let before = run.metric(a, "choria_provisioner_provisioned");
     run.cluster.stop(0);
     let stopped = Instant::now();
@@ -465,27 +444,11 @@ pub fn ha_cluster_server_killed(env: &Env, name: &str) -> Result<String> {
     let urls = run.cluster.urls();
     let a = run.start("provisioner-a", &urls[0])?;
     let b = run.start("provisioner-b", &urls[1])?;
-    let leader = |run: &AaRun| -> Option<usize> {
-        [a, b].into_iter().find(|&i| {
-            let m = scrape(run.replicas[i].port);
-            m.contains("choria_provisioner_paused")
-                && metric_sum(&m, "choria_provisioner_paused") == 0.0
-        })
-    };
-    wait_for("a leader", Duration::from_secs(60), || {
-        Ok(leader(&run).is_some())
-    })?;
-    let first = leader(&run).context("the leader vanished")?;
+    let ports = [a, b].map(|i| run.replicas[i].port);
+    let first = [a, b][crate::harness::wait_leader(&ports)?];
     let nodes = 400;
     let sim = run.start_sim(nodes)?;
-    wait_for(
-        "the leader to provision 30 nodes",
-        Duration::from_secs(120),
-        || {
-            run.replicas[first].alive()?;
-            Ok(run.metric(first, "choria_provisioner_provisioned") >= 30.0)
-        },
-    )?;
+    run.wait_provisioned_by(first, 30.0, "the leader to provision 30 nodes")?;
     // Each replica was given one server: stop the leader's.
     run.cluster.stop(if first == a { 0 } else { 1 });
     let stopped = Instant::now();

@@ -5,23 +5,14 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use test_support::Mode;
 
-use crate::harness::{setup, Env, Setup};
+use crate::harness::{ensure_all_provisioned, setup, Env, Setup};
 
 pub fn broker_restart(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::default())?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 40;
     // Slow nodes keep the run going long enough to pull the broker away mid-run.
-    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
-    let sim = run.start_sim("run", "n", nodes, &flags)?;
-    run.wait_metric(
-        p,
-        "a few nodes to be provisioned",
-        "choria_provisioner_provisioned",
-        5.0,
-        Duration::from_secs(60),
-    )?;
-    let before = run.metric(p, "choria_provisioner_provisioned");
+    let (sim, before) = run.start_slow_fleet(p, "run", nodes)?;
     run.nats.terminate(Duration::from_secs(5));
     std::thread::sleep(Duration::from_secs(3));
     run.alive(p)?;
@@ -39,11 +30,7 @@ pub fn broker_restart(env: &Env, name: &str) -> Result<String> {
         counted > during,
         "the provisioner provisioned nothing after the broker came back ({counted})"
     );
-    let report = sim.finish()?;
-    ensure!(
-        report.values().all(|n| n.provisioned),
-        "not every node provisioned"
-    );
+    ensure_all_provisioned(&sim.finish()?)?;
     let log = run.log(p);
     ensure!(
         log.contains("(re)established") || log.to_lowercase().contains("reconnect"),
@@ -60,16 +47,7 @@ pub fn provisioner_sigkill(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::in_mode(Mode::Ed25519))?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 40;
-    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
-    let sim = run.start_sim("run", "n", nodes, &flags)?;
-    run.wait_metric(
-        p,
-        "a few nodes to be provisioned",
-        "choria_provisioner_provisioned",
-        5.0,
-        Duration::from_secs(60),
-    )?;
-    let before = run.metric(p, "choria_provisioner_provisioned");
+    let (sim, before) = run.start_slow_fleet(p, "run", nodes)?;
     // SIGKILL, then the same provisioner again on its files and port, which are free once it
     // is gone.
     run.restart(p)?;

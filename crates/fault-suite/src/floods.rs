@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use test_support::metrics::{metric_sum, scrape as scrape_all};
 
-use crate::harness::{setup, wait_for, Env, Setup};
+use test_support::simulator::Simulator;
+
+use crate::harness::{setup, wait_for, Env, Run, Setup};
 
 pub fn load(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(
@@ -177,6 +179,23 @@ pub fn queue_full(env: &Env, name: &str) -> Result<String> {
 /// real fleet of 200 announcing itself behind them. The real fleet must be provisioned promptly,
 /// every hostile identity refused and counted without a request sent for it, and the
 /// provisioner's memory and log must stay bounded.
+/// Start `nodes` real nodes behind `bogus` forged startup events and wait up to `timeout` until
+/// the simulator counts every real one provisioned, failing as soon as provisioner `p` exits;
+/// the simulator and how long that took.
+fn flood(
+    run: &mut Run,
+    p: usize,
+    nodes: usize,
+    bogus: usize,
+    timeout: Duration,
+) -> Result<(Simulator, Duration)> {
+    let flags = ["--bogus-events".to_string(), bogus.to_string()];
+    let sim = run.start_sim("flood", "n", nodes, &flags)?;
+    let what = "the real fleet behind the flood";
+    let took = run.wait_fleet(p, &sim, what, nodes, timeout)?;
+    Ok((sim, took))
+}
+
 pub fn event_flood(env: &Env, name: &str) -> Result<String> {
     const BOGUS: usize = 20_000;
     let nodes = 200;
@@ -184,20 +203,7 @@ pub fn event_flood(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let pid = run.provisioners[p].proc.pid();
     let started = Instant::now();
-    let sim = run.start_sim(
-        "flood",
-        "n",
-        nodes,
-        &["--bogus-events".into(), BOGUS.to_string()],
-    )?;
-    let took = wait_for(
-        "the real fleet behind the flood",
-        Duration::from_secs(120),
-        || {
-            run.alive(p)?;
-            Ok(sim.provisioned() >= nodes)
-        },
-    )?;
+    let (sim, took) = flood(&mut run, p, nodes, BOGUS, Duration::from_secs(120))?;
     let hostile = (0..BOGUS).filter(|n| n % 10 == 9).count() as f64;
     wait_for(
         "every hostile identity to be refused",
@@ -278,20 +284,7 @@ pub fn audit_flood(env: &Env, name: &str) -> Result<String> {
     )?;
     let p = run.start_provisioner("provisioner")?;
 
-    let sim = run.start_sim(
-        "flood",
-        "n",
-        nodes,
-        &["--bogus-events".into(), BOGUS.to_string()],
-    )?;
-    let took = wait_for(
-        "the real fleet behind the flood",
-        Duration::from_secs(180),
-        || {
-            run.alive(p)?;
-            Ok(sim.provisioned() >= nodes)
-        },
-    )?;
+    let (sim, took) = flood(&mut run, p, nodes, BOGUS, Duration::from_secs(180))?;
     // Let the flood drain: every announced name gets its one try.
     let drained = wait_for("the flood to be tried", Duration::from_secs(360), || {
         Ok(run.metric(p, "choria_provisioner_provision_errors") >= (BOGUS as f64) * 0.8)

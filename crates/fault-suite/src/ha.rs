@@ -5,9 +5,8 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use test_support::metrics::{metric_sum, scrape as scrape_all};
 
-use crate::harness::{setup, wait_for, Env, Run, Setup};
+use crate::harness::{ensure_all_provisioned, setup, wait_for, wait_leader, Env, Setup};
 
 pub fn lock_held(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::default())?;
@@ -183,18 +182,12 @@ pub fn election_bucket_missing(env: &Env, name: &str) -> Result<String> {
         })
         .unwrap_or_default();
     create_election_bucket(run.nats_port, Duration::from_secs(10))?;
-    let t2 = run.wait_metric(
+    let t2 = run.wait_provisioned(
         p,
         "the provisioner to win and provision once the bucket exists",
-        "choria_provisioner_provisioned",
         nodes as f64,
-        Duration::from_secs(60),
     )?;
-    let report = sim.finish()?;
-    ensure!(
-        report.values().all(|n| n.provisioned),
-        "not every node provisioned"
-    );
+    ensure_all_provisioned(&sim.finish()?)?;
     run.stop_all()?;
     Ok(format!(
         "two errors within {:.1}s, paused=1 (\"{sample}\"); after the bucket was created the fleet was provisioned in {:.1}s",
@@ -215,33 +208,15 @@ pub fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
     create_election_bucket(run.nats_port, Duration::from_secs(10))?;
     let a = run.start_provisioner("provisioner")?;
     let b = run.start_provisioner("provisioner-b")?;
-    let leader = |run: &Run| -> Option<usize> {
-        [a, b].into_iter().find(|&i| {
-            let m = scrape_all(run.provisioners[i].port);
-            m.contains("choria_provisioner_paused")
-                && metric_sum(&m, "choria_provisioner_paused") == 0.0
-        })
-    };
-    wait_for("a leader", Duration::from_secs(60), || {
-        Ok(leader(&run).is_some())
-    })?;
-    let first = leader(&run).context("leader vanished")?;
+    let ports = [a, b].map(|i| run.provisioners[i].port);
+    let first = [a, b][wait_leader(&ports)?];
     let other = if first == a { b } else { a };
     ensure!(
         run.metric(other, "choria_provisioner_paused") == 1.0,
         "both provisioners are active"
     );
     let nodes = 40;
-    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
-    let sim = run.start_sim("run", "n", nodes, &flags)?;
-    run.wait_metric(
-        first,
-        "the leader to provision a few nodes",
-        "choria_provisioner_provisioned",
-        5.0,
-        Duration::from_secs(60),
-    )?;
-    let before = run.metric(first, "choria_provisioner_provisioned");
+    let (sim, before) = run.start_slow_fleet(first, "run", nodes)?;
     let _ = run.provisioners[first].proc.child.kill();
     let _ = run.provisioners[first].proc.child.wait();
     let killed = Instant::now();
@@ -260,15 +235,7 @@ pub fn ha_leader_killed(env: &Env, name: &str) -> Result<String> {
     )?;
     let counted = run.metric(other, "choria_provisioner_provisioned");
     ensure!(counted > 0.0, "the new leader provisioned nothing");
-    let report = sim.finish()?;
-    for (id, n) in &report {
-        ensure!(
-            n.provisioned,
-            "{id} not provisioned: {:?} {:?}",
-            n.actions,
-            n.problems
-        );
-    }
+    ensure_all_provisioned(&sim.finish()?)?;
     ensure!(
         run.log(other)
             .contains("Became leader after winning election"),

@@ -5,14 +5,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use test_support::metrics::{metric_sum, scrape as scrape_all};
 use test_support::provisioner::{Output, Provisioner, ProvisionerProcess};
 use test_support::simulator::Simulator;
 use test_support::stack::{write_run_files, RunFiles};
 use test_support::{Mode, NatsServer};
 
-pub use test_support::simulator::NodeReport;
+pub use test_support::simulator::{NodeReport, Report};
 
 /// The domain of the simulated nodes' identities.
 pub const DOMAIN: &str = "fleet.example.net";
@@ -163,6 +163,50 @@ impl Run {
         })
     }
 
+    /// Wait up to a minute until provisioner `idx` counts at least `nodes` nodes provisioned,
+    /// failing as soon as it exits.
+    pub fn wait_provisioned(&mut self, idx: usize, what: &str, nodes: f64) -> Result<Duration> {
+        let name = "choria_provisioner_provisioned";
+        self.wait_metric(idx, what, name, nodes, Duration::from_secs(60))
+    }
+
+    /// Wait up to a minute until provisioner `idx` counts at least `nodes` provision errors,
+    /// failing as soon as it exits.
+    pub fn wait_errors(&mut self, idx: usize, what: &str, nodes: f64) -> Result<Duration> {
+        let name = "choria_provisioner_provision_errors";
+        self.wait_metric(idx, what, name, nodes, Duration::from_secs(60))
+    }
+
+    /// Wait up to 90 s until provisioner `idx` counts at least `nodes` provision errors and no
+    /// worker is busy any more (every node has failed and nothing is still being tried),
+    /// failing as soon as it exits.
+    pub fn wait_all_failed(&mut self, idx: usize, what: &str, nodes: usize) -> Result<Duration> {
+        wait_for(what, Duration::from_secs(90), || {
+            self.alive(idx)?;
+            let m = scrape_all(self.provisioners[idx].port);
+            Ok(
+                metric_sum(&m, "choria_provisioner_provision_errors") >= nodes as f64
+                    && metric_sum(&m, "choria_provisioner_busy_workers") == 0.0,
+            )
+        })
+    }
+
+    /// Every node of `report` refused, as [`ensure_refused`] says, by provisioner `idx`'s log.
+    pub fn ensure_all_refused(
+        &self,
+        idx: usize,
+        report: &Report,
+        never: &[&str],
+        words: &[&str],
+        why: &str,
+    ) -> Result<()> {
+        let log = self.log(idx);
+        for (id, n) in report {
+            ensure_refused(id, n, &log, never, words, why)?;
+        }
+        Ok(())
+    }
+
     pub fn metric(&self, idx: usize, name: &str) -> f64 {
         metric_sum(&scrape_all(self.provisioners[idx].port), name)
     }
@@ -227,6 +271,21 @@ impl Run {
         self.provisioners[idx].log_text()
     }
 
+    /// Start a fleet of `nodes` slow nodes (300 ms a step, so that a run lasts long enough to be
+    /// interrupted) and wait until provisioner `idx` has provisioned five; the simulator and
+    /// the count of provisioned nodes by then.
+    pub fn start_slow_fleet(
+        &mut self,
+        idx: usize,
+        tag: &str,
+        nodes: usize,
+    ) -> Result<(Simulator, f64)> {
+        let flags = ["--fault-slow".to_string(), "1:300ms".to_string()];
+        let sim = self.start_sim(tag, "n", nodes, &flags)?;
+        self.wait_provisioned(idx, "a few nodes to be provisioned", 5.0)?;
+        Ok((sim, self.metric(idx, "choria_provisioner_provisioned")))
+    }
+
     /// The second phase of a scenario whose fault has cleared: start a clean fleet of `nodes`
     /// (`sim_flags` added), wait for provisioner `idx` to count every one, and insist that the
     /// simulator saw each provisioned. `when` ends both messages ("once the key is back").
@@ -238,18 +297,10 @@ impl Run {
         when: &str,
     ) -> Result<Duration> {
         let sim = self.start_sim("clear", "n", nodes, sim_flags)?;
-        let t = self.wait_metric(
-            idx,
-            &format!("the fleet to be provisioned {when}"),
-            "choria_provisioner_provisioned",
-            nodes as f64,
-            Duration::from_secs(60),
-        )?;
-        let report = sim.finish()?;
-        ensure!(
-            report.values().all(|n| n.provisioned),
-            "not every node provisioned {when}"
-        );
+        let what = format!("the fleet to be provisioned {when}");
+        let t = self.wait_provisioned(idx, &what, nodes as f64)?;
+        ensure_all_provisioned(&sim.finish()?)
+            .with_context(|| format!("after the fleet {when}"))?;
         Ok(t)
     }
 
@@ -314,6 +365,35 @@ pub fn problem_lines<'a>(log: &'a str, identity: &str) -> Vec<&'a str> {
                 && l.contains(identity)
         })
         .collect()
+}
+
+/// Wait up to a minute until one of the provisioners on `ports` leads (its `/metrics` says it
+/// is not paused); its place in `ports`.
+pub fn wait_leader(ports: &[u16]) -> Result<usize> {
+    let mut leader = None;
+    wait_for("a leader", Duration::from_secs(60), || {
+        leader = ports.iter().position(|&port| {
+            let m = scrape_all(port);
+            m.contains("choria_provisioner_paused")
+                && metric_sum(&m, "choria_provisioner_paused") == 0.0
+        });
+        Ok(leader.is_some())
+    })?;
+    leader.context("the leader vanished")
+}
+
+/// Every node of `report` provisioned; the first that is not is named with its actions and
+/// problems.
+pub fn ensure_all_provisioned(report: &Report) -> Result<()> {
+    for (id, n) in report {
+        ensure!(
+            n.provisioned,
+            "{id} not provisioned: {:?} {:?}",
+            n.actions,
+            n.problems
+        );
+    }
+    Ok(())
 }
 
 /// `node` was refused: not provisioned, never sent any of `never`, and an error line of `log`

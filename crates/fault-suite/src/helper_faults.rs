@@ -3,12 +3,11 @@
 //! helper. The scripts are in `crates/fault-suite/helpers/`.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use test_support::metrics::{metric_sum, scrape as scrape_all};
 
-use crate::harness::{ensure_refused, setup, wait_for, Env, Run, Setup};
+use crate::harness::{setup, Env, Run, Setup};
 
 pub fn helper_script(env: &Env, name: &str, body: &str) -> Result<(PathBuf, PathBuf)> {
     let dir = env.base.join(name);
@@ -23,12 +22,7 @@ pub fn helper_script(env: &Env, name: &str, body: &str) -> Result<(PathBuf, Path
         "#!/bin/sh\n# Misbehaves until {fixed} exists, then behaves.\nif [ -e '{fixed}' ]; then exec '{demo}' \"$@\"; fi\n{body}\n",
         fixed = fixed.display(),
     );
-    std::fs::write(&script, text)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    }
+    test_support::write_executable(&script, &text)?;
     Ok((script, fixed))
 }
 
@@ -64,25 +58,11 @@ pub fn helper_fault(
     let p = run.start_provisioner("provisioner")?;
     let nodes = 6;
     let sim = run.start_sim("fault", "n", nodes, sim_flags)?;
-    let t1 = wait_for(
-        "every node to fail in the helper",
-        Duration::from_secs(90),
-        || {
-            run.alive(p)?;
-            let m = scrape_all(run.provisioners[p].port);
-            Ok(
-                metric_sum(&m, "choria_provisioner_provision_errors") >= nodes as f64
-                    && metric_sum(&m, "choria_provisioner_busy_workers") == 0.0,
-            )
-        },
-    )?;
+    let t1 = run.wait_all_failed(p, "every node to fail in the helper", nodes)?;
     let metrics = scrape_all(run.provisioners[p].port);
     let report = sim.finish()?;
-    let log = run.log(p);
-    for (id, n) in &report {
-        let never = ["configure", "restart"];
-        ensure_refused(id, n, &log, &never, words, "the helper failed")?;
-    }
+    let never = ["configure", "restart"];
+    run.ensure_all_refused(p, &report, &never, words, "the helper failed")?;
     let helper_errors = metric_sum(&metrics, "choria_provisioner_helper_errors");
     let extra = after(&run)?;
     std::fs::write(&fixed, "")?;
@@ -127,40 +107,23 @@ pub fn helper_hang(env: &Env, name: &str) -> Result<String> {
     )
 }
 
+/// [`helper_fault`] with the default setup, no simulator flags and nothing more to check.
+fn plain_helper_fault(env: &Env, name: &str, script: &str, words: &[&str]) -> Result<String> {
+    helper_fault(env, name, script, Setup::default(), &[], words, |_| {
+        Ok(String::new())
+    })
+}
+
 pub fn helper_exit(env: &Env, name: &str) -> Result<String> {
-    helper_fault(
-        env,
-        name,
-        "exit1.sh",
-        Setup::default(),
-        &[],
-        &["exit", "status", "helper"],
-        |_| Ok(String::new()),
-    )
+    plain_helper_fault(env, name, "exit1.sh", &["exit", "status", "helper"])
 }
 
 pub fn helper_silent(env: &Env, name: &str) -> Result<String> {
-    helper_fault(
-        env,
-        name,
-        "silent.sh",
-        Setup::default(),
-        &[],
-        &["helper", "empty", "eof", "json"],
-        |_| Ok(String::new()),
-    )
+    plain_helper_fault(env, name, "silent.sh", &["helper", "empty", "eof", "json"])
 }
 
 pub fn helper_garbage(env: &Env, name: &str) -> Result<String> {
-    helper_fault(
-        env,
-        name,
-        "garbage.sh",
-        Setup::default(),
-        &[],
-        &["json", "helper", "invalid"],
-        |_| Ok(String::new()),
-    )
+    plain_helper_fault(env, name, "garbage.sh", &["json", "helper", "invalid"])
 }
 
 pub fn helper_flood(env: &Env, name: &str) -> Result<String> {

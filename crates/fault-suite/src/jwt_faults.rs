@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use choria_crypto::jwt::{self, SigningKey, TokenSignature};
 
-use crate::harness::{ensure_refused, setup, Env, Run, Setup};
+use crate::harness::{setup, Env, Run, Setup};
 
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
@@ -83,13 +83,7 @@ fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<Stri
     };
     let nodes = 10;
     let sim = run.start_sim("fault", "n", nodes, &flags)?;
-    let t1 = run.wait_metric(
-        p,
-        "every node to be refused",
-        "choria_provisioner_provision_errors",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    let t1 = run.wait_errors(p, "every node to be refused", nodes as f64)?;
     std::thread::sleep(Duration::from_secs(1));
     let provisioned = run.metric(p, "choria_provisioner_provisioned");
     let report = sim.finish()?;
@@ -97,11 +91,8 @@ fn jwt_fault(env: &Env, name: &str, forge: Forge, words: &[&str]) -> Result<Stri
         provisioned == 0.0,
         "{provisioned} nodes provisioned with a forged JWT"
     );
-    let log = run.log(p);
-    for (id, n) in &report {
-        let never = ["gen25519", "gencsr", "configure", "restart"];
-        ensure_refused(id, n, &log, &never, words, "its JWT was forged")?;
-    }
+    let never = ["gen25519", "gencsr", "configure", "restart"];
+    run.ensure_all_refused(p, &report, &never, words, "its JWT was forged")?;
     let t2 = run.provision_clear_fleet(p, nodes, &[], "with a genuine JWT")?;
     run.stop_all()?;
     Ok(format!(

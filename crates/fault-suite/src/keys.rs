@@ -11,7 +11,7 @@ use test_support::Mode;
 
 use choria_crypto::jwt;
 
-use crate::harness::{ensure_refused, setup, Env, NodeReport, Run, Setup};
+use crate::harness::{setup, Env, NodeReport, Run, Setup};
 use crate::jwt_faults::signer;
 
 /// The provisioner looks at its key files at most every 0.1 s
@@ -34,25 +34,15 @@ pub fn signing_key_removed(env: &Env, name: &str) -> Result<String> {
         away.display().to_string(),
     ];
     let sim = run.start_sim("fault", "n", nodes, &flags)?;
-    let t1 = run.wait_metric(
-        p,
-        "every node to fail without a signing key",
-        "choria_provisioner_provision_errors",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    let t1 = run.wait_errors(p, "every node to fail without a signing key", nodes as f64)?;
     let report = sim.finish()?;
-    let log = run.log(p);
-    for (id, n) in &report {
-        ensure_refused(
-            id,
-            n,
-            &log,
-            &["configure"],
-            &["signer.seed"],
-            "the signing key is missing",
-        )?;
-    }
+    run.ensure_all_refused(
+        p,
+        &report,
+        &["configure"],
+        &["signer.seed"],
+        "the signing key is missing",
+    )?;
     std::fs::rename(&away, &key)?;
     let t2 = run.provision_clear_fleet(p, nodes, &[], "once the key is back")?;
     run.stop_all()?;
@@ -68,13 +58,7 @@ pub fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let nodes = 10;
     let sim = run.start_sim("before", "n", nodes, &[])?;
-    run.wait_metric(
-        p,
-        "the fleet with the first key",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    run.wait_provisioned(p, "the fleet with the first key", nodes as f64)?;
     let old = sim.finish()?;
     ensure!(
         old.values().all(|n| n.provisioned),
@@ -96,13 +80,7 @@ pub fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
         prov_signer.display().to_string(),
     ];
     let sim = run.start_sim("after", "m", nodes, &flags)?;
-    let t = run.wait_metric(
-        p,
-        "the fleet with the rotated key",
-        "choria_provisioner_provisioned",
-        2.0 * nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    let t = run.wait_provisioned(p, "the fleet with the rotated key", 2.0 * nodes as f64)?;
     let new = sim.finish()?;
     for (id, n) in &new {
         ensure!(
@@ -132,26 +110,20 @@ pub fn verify_cert_damaged(env: &Env, name: &str) -> Result<String> {
     )?;
     let nodes = 10;
     let sim = run.start_sim("fault", "n", nodes, &[])?;
-    let t1 = run.wait_metric(
+    let t1 = run.wait_errors(
         p,
         "every node to fail on the damaged certificate",
-        "choria_provisioner_provision_errors",
         nodes as f64,
-        Duration::from_secs(60),
     )?;
     let busy = run.metric(p, "choria_provisioner_busy_workers");
     let report = sim.finish()?;
-    let log = run.log(p);
-    for (id, n) in &report {
-        ensure_refused(
-            id,
-            n,
-            &log,
-            &["configure"],
-            &["certificate"],
-            "its JWT could not be checked",
-        )?;
-    }
+    run.ensure_all_refused(
+        p,
+        &report,
+        &["configure"],
+        &["certificate"],
+        "its JWT could not be checked",
+    )?;
     std::fs::write(&file, &run.files.signer_pub)?;
     let t2 = run.provision_clear_fleet(p, nodes, &[], "once the file is repaired")?;
     run.stop_all()?;
@@ -228,38 +200,26 @@ pub fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let nodes = 10;
     let sim = run.start_sim("first", "a", nodes, &[])?;
-    run.wait_metric(
-        p,
-        "the fleet with the first chain issuer",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    run.wait_provisioned(p, "the fleet with the first chain issuer", nodes as f64)?;
     check_chain_jwts(&sim.finish()?, "chainone")?;
 
     // The token file disappears: every node fails with the file named, nothing configured.
     let token = chain.join("provisioner.jwt");
     std::fs::remove_file(&token)?;
     let sim = run.start_sim("removed", "b", nodes, &[])?;
-    let t1 = run.wait_metric(
+    let t1 = run.wait_errors(
         p,
         "every node to fail without the signing token",
-        "choria_provisioner_provision_errors",
         nodes as f64,
-        Duration::from_secs(60),
     )?;
     let report = sim.finish()?;
-    let log = run.log(p);
-    for (id, n) in &report {
-        ensure_refused(
-            id,
-            n,
-            &log,
-            &["configure"],
-            &["provisioner.jwt"],
-            "the signing token is missing",
-        )?;
-    }
+    run.ensure_all_refused(
+        p,
+        &report,
+        &["configure"],
+        &["provisioner.jwt"],
+        "the signing token is missing",
+    )?;
 
     // Another chain issuer's seed and token replace the files: used from the next node on.
     let next = run.dir.join("chain-two");
@@ -268,12 +228,10 @@ pub fn signing_token_rotated(env: &Env, name: &str) -> Result<String> {
     std::fs::copy(next.join("provisioner.jwt"), &token)?;
     wait_out_recheck();
     let sim = run.start_sim("rotated", "b", nodes, &[])?;
-    let t2 = run.wait_metric(
+    let t2 = run.wait_provisioned(
         p,
         "the fleet with the second chain issuer",
-        "choria_provisioner_provisioned",
         2.0 * nodes as f64,
-        Duration::from_secs(60),
     )?;
     check_chain_jwts(&sim.finish()?, "chaintwo")?;
     run.stop_all()?;

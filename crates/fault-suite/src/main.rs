@@ -168,26 +168,14 @@ fn run(args: &[String]) -> Result<()> {
                 scope.spawn(move || mine.into_iter().map(run_one).collect::<Vec<_>>())
             })
             .collect();
+        // A thread that panicked stands in the results as one failed, unnamed scenario.
+        let panicked = |what: &str| ("?", Duration::ZERO, Err(anyhow::anyhow!("{what} panicked")));
         let mut out = Vec::new();
         for h in lane_handles {
-            match h.join() {
-                Ok(r) => out.extend(r),
-                Err(_) => out.push((
-                    "?",
-                    Duration::ZERO,
-                    Err(anyhow::anyhow!("scenario lane panicked")),
-                )),
-            }
+            out.extend(h.join().unwrap_or_else(|_| vec![panicked("scenario lane")]));
         }
         for h in long {
-            match h.join() {
-                Ok(r) => out.push(r),
-                Err(_) => out.push((
-                    "?",
-                    Duration::ZERO,
-                    Err(anyhow::anyhow!("scenario thread panicked")),
-                )),
-            }
+            out.push(h.join().unwrap_or_else(|_| panicked("scenario thread")));
         }
         out
     });

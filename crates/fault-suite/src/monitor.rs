@@ -1,10 +1,11 @@
 //! The monitor listener under abuse while a fleet is provisioned.
 
 use std::io::{Read, Write};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+
+use test_support::process::{nofile, set_nofile};
 
 use crate::harness::{setup, wait_for, Env, Setup};
 
@@ -66,18 +67,11 @@ impl Scraper {
 pub fn timed_scrape(port: u16) -> Result<()> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let start = Instant::now();
-    let mut s = std::net::TcpStream::connect_timeout(&addr, SCRAPE_BOUND)?;
-    s.set_read_timeout(Some(SCRAPE_BOUND))?;
-    s.set_write_timeout(Some(SCRAPE_BOUND))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)
-        .with_context(|| format!("no complete answer after {:?}", start.elapsed()))?;
+    let (status, body) =
+        test_support::metrics::http_get_raw(addr, "/metrics", "x", SCRAPE_BOUND)
+            .with_context(|| format!("no complete answer after {:?}", start.elapsed()))?;
     ensure!(
-        body.starts_with("HTTP/1.1 200") && body.contains("choria_provisioner_provisioned"),
+        status == 200 && body.contains("choria_provisioner_provisioned"),
         "not a metrics page after {:?}: {:.80}",
         start.elapsed(),
         body
@@ -105,30 +99,6 @@ pub fn closed_by_peer(s: &std::net::TcpStream) -> bool {
             Err(_) => return true,
         }
     }
-}
-
-/// The descriptor limits of process `pid`: (soft, hard).
-pub fn nofile(pid: u32) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-    let w: Vec<&str> = line.split_whitespace().collect();
-    let n = |s: &str| s.parse().unwrap_or(u64::MAX);
-    Some((n(w.get(3)?), n(w.get(4)?)))
-}
-
-/// Sets process `pid`'s descriptor limits with prlimit (util-linux).
-pub fn set_nofile(pid: u32, soft: u64, hard: u64) -> Result<()> {
-    let st = Command::new("prlimit")
-        .arg("--pid")
-        .arg(pid.to_string())
-        .arg(format!("--nofile={soft}:{hard}"))
-        .status()
-        .context("cannot run prlimit (util-linux)")?;
-    ensure!(
-        st.success(),
-        "prlimit --pid {pid} --nofile={soft}:{hard}: {st}"
-    );
-    Ok(())
 }
 
 pub fn open_descriptors(pid: u32) -> usize {
@@ -240,7 +210,7 @@ pub fn monitor_idle_flood(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let port = run.provisioners[p].port;
     let pid = run.provisioners[p].proc.pid();
-    // The limit a service gets without LimitNOFILE (the flood used to exhaust it).
+    // The limit a service gets without LimitNOFILE: the flood must not exhaust it.
     set_nofile(pid, 1024, 1024)?;
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let reopened = std::sync::Arc::new(AtomicUsize::new(0));

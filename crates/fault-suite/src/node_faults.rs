@@ -56,7 +56,26 @@ impl<'a> NodeFault<'a> {
             ..self
         }
     }
+
+    /// The failures must be counted as `choria_provisioner_rpc_errors` of `rpc`.
+    fn counted_as_rpc_errors(self, rpc: &'a str) -> Self {
+        NodeFault {
+            counter: Some(("choria_provisioner_rpc_errors", rpc)),
+            ..self
+        }
+    }
+
+    /// The faulty fleet may take two minutes to settle (the fault is a timeout).
+    fn slow_to_settle(self) -> Self {
+        NodeFault {
+            settle: Duration::from_secs(120),
+            ..self
+        }
+    }
 }
+
+/// What an error line names a node with when its RPC timed out.
+const TIMEOUT_WORDS: &[&str] = &["timeout", "timed out", "no reply", "no response"];
 
 fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
     const NODES: usize = 20;
@@ -174,30 +193,17 @@ fn node_fault(env: &Env, name: &str, f: NodeFault<'_>) -> Result<String> {
 }
 
 pub fn node_slow(env: &Env, name: &str) -> Result<String> {
-    let words = &["timeout", "timed out", "no reply", "no response"];
-    node_fault(
-        env,
-        name,
-        NodeFault {
-            value: format!("{SHARE}:6s"),
-            counter: Some(("choria_provisioner_rpc_errors", "rpcutil#inventory")),
-            settle: Duration::from_secs(120),
-            ..NodeFault::new("slow", words)
-        },
-    )
+    let fault = NodeFault {
+        value: format!("{SHARE}:6s"),
+        ..NodeFault::new("slow", TIMEOUT_WORDS)
+    };
+    let fault = fault.counted_as_rpc_errors("rpcutil#inventory");
+    node_fault(env, name, fault.slow_to_settle())
 }
 
 pub fn node_silent(env: &Env, name: &str) -> Result<String> {
-    let words = &["timeout", "timed out", "no reply", "no response"];
-    node_fault(
-        env,
-        name,
-        NodeFault {
-            counter: Some(("choria_provisioner_rpc_errors", "choria_provision#jwt")),
-            settle: Duration::from_secs(120),
-            ..NodeFault::new("drop", words)
-        },
-    )
+    let fault = NodeFault::new("drop", TIMEOUT_WORDS).counted_as_rpc_errors("choria_provision#jwt");
+    node_fault(env, name, fault.slow_to_settle())
 }
 
 pub fn node_wrong_identity(env: &Env, name: &str) -> Result<String> {
@@ -205,36 +211,23 @@ pub fn node_wrong_identity(env: &Env, name: &str) -> Result<String> {
     node_fault(
         env,
         name,
-        NodeFault {
-            settle: Duration::from_secs(120),
-            ..NodeFault::new("wrong-identity", words)
-        },
+        NodeFault::new("wrong-identity", words).slow_to_settle(),
     )
 }
 
 pub fn node_garbage(env: &Env, name: &str) -> Result<String> {
     let words = &["bad reply", "invalid", "json", "decode", "parse"];
-    node_fault(
-        env,
-        name,
-        NodeFault {
-            counter: Some(("choria_provisioner_rpc_errors", "choria_provision#jwt")),
-            ..NodeFault::new("garbage", words)
-        },
-    )
+    let fault = NodeFault::new("garbage", words).counted_as_rpc_errors("choria_provision#jwt");
+    node_fault(env, name, fault)
 }
 
 pub fn node_oversize(env: &Env, name: &str) -> Result<String> {
-    node_fault(
-        env,
-        name,
-        NodeFault {
-            counter: Some(("choria_provisioner_rpc_errors", "choria_provision#jwt")),
-            log_has: Some("dropping oversized reply"),
-            settle: Duration::from_secs(120),
-            ..NodeFault::new("oversize", &["timeout"])
-        },
-    )
+    let fault = NodeFault {
+        log_has: Some("dropping oversized reply"),
+        ..NodeFault::new("oversize", &["timeout"])
+    };
+    let fault = fault.counted_as_rpc_errors("choria_provision#jwt");
+    node_fault(env, name, fault.slow_to_settle())
 }
 
 /// Duplicated replies must change nothing: every node provisioned once, no error.
@@ -254,13 +247,7 @@ pub fn node_duplicate(env: &Env, name: &str) -> Result<String> {
         nodes,
         &["--fault-duplicate".into(), "0.34".into()],
     )?;
-    let t = run.wait_metric(
-        p,
-        "the fleet",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    let t = run.wait_provisioned(p, "the fleet", nodes as f64)?;
     std::thread::sleep(Duration::from_secs(1));
     let metrics = scrape_all(run.provisioners[p].port);
     let report = sim.finish()?;
@@ -328,28 +315,18 @@ pub fn node_denied_name(env: &Env, name: &str) -> Result<String> {
         nodes,
         &["--domain".into(), "web.privileged.choria".into()],
     )?;
-    let t = run.wait_metric(
-        p,
-        "every node to be refused",
-        "choria_provisioner_provision_errors",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    let t = run.wait_errors(p, "every node to be refused", nodes as f64)?;
     std::thread::sleep(Duration::from_secs(1));
     let provisioned = run.metric(p, "choria_provisioner_provisioned");
     let report = sim.finish()?;
     ensure!(provisioned == 0.0, "{provisioned} denied nodes provisioned");
-    let log = run.log(p);
-    for (id, n) in &report {
-        ensure_refused(
-            id,
-            n,
-            &log,
-            &["configure"],
-            &["privileged"],
-            "it matches the deny list",
-        )?;
-    }
+    run.ensure_all_refused(
+        p,
+        &report,
+        &["configure"],
+        &["privileged"],
+        "it matches the deny list",
+    )?;
     run.stop_all()?;
     Ok(format!(
         "{nodes} nodes named *.web.privileged.choria refused in {:.1}s, none configured (no recovery: the name itself is denied)",
@@ -389,15 +366,7 @@ pub fn fleet_restart(env: &Env, name: &str) -> Result<String> {
     let mut run = setup(env, name, Setup::default())?;
     let p = run.start_provisioner("provisioner")?;
     let nodes = 30;
-    let flags = vec!["--fault-slow".to_string(), "1:300ms".to_string()];
-    let sim = run.start_sim("first", "n", nodes, &flags)?;
-    run.wait_metric(
-        p,
-        "a few nodes to be provisioned",
-        "choria_provisioner_provisioned",
-        5.0,
-        Duration::from_secs(60),
-    )?;
+    let (sim, _) = run.start_slow_fleet(p, "first", nodes)?;
     // Every node dies at once, mid-cycle for the busy ones, without a report.
     let mut sim = sim;
     let _ = sim.proc.child.kill();
@@ -408,6 +377,7 @@ pub fn fleet_restart(env: &Env, name: &str) -> Result<String> {
     let before = std::fs::read_to_string(&log_path).unwrap_or_default();
     let done_before = provisioned_in(&before);
     let offset = before.len() as u64;
+    let flags = ["--fault-slow".to_string(), "1:300ms".to_string()];
     let sim = run.start_sim("second", "n", nodes, &flags)?;
     let ids = identities("n", nodes);
     let rest: Vec<&String> = ids.iter().filter(|i| !done_before.contains(*i)).collect();

@@ -1,7 +1,6 @@
 //! Secrets: a full provisioning at debug level with every secret set to a unique marker.
 
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
@@ -31,9 +30,9 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
     let key_pem = std::fs::read_to_string(&key)?;
     let key_marker = key_pem.lines().nth(2).context("short key PEM")?.to_string();
     let helper = dir.join("helper.py");
-    std::fs::write(
+    test_support::write_executable(
         &helper,
-        shipped("record-and-add-key.py")?
+        &shipped("record-and-add-key.py")?
             .replace(
                 "@DEMO@",
                 &env.bins.join("choria-demo-helper").display().to_string(),
@@ -43,11 +42,6 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
             .replace("@CERT@", &cert.display().to_string())
             .replace("@CA@", &ca.cert.display().to_string()),
     )?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755))?;
-    }
     let token = "tok-MARKER-3c9e1f27";
     let broker_pw = "bpw-MARKER-8d41a0c5";
     let node_pw = "npw-MARKER-62f0b9d3";
@@ -98,13 +92,7 @@ pub fn secrets(env: &Env, name: &str) -> Result<String> {
         prov_jwt.display().to_string(),
     ];
     let sim = run.start_sim("run", "n", nodes, &flags)?;
-    run.wait_metric(
-        p,
-        "the fleet",
-        "choria_provisioner_provisioned",
-        nodes as f64,
-        Duration::from_secs(60),
-    )?;
+    run.wait_provisioned(p, "the fleet", nodes as f64)?;
     let metrics = scrape_all(run.provisioners[p].port);
     // The node history: the status page, the API's list and every node's history.
     let port = run.provisioners[p].port;

@@ -3,13 +3,11 @@
 //! connection refused, tried again with the RPCs' backoff, then given up), and once the webhook
 //! listens every node is provisioned.
 
-use std::time::Duration;
-
 use anyhow::{ensure, Result};
 use test_support::metrics::{metric_sum, scrape as scrape_all};
 use test_support::webhook::WebhookPlan;
 
-use crate::harness::{ensure_refused, setup, wait_for, Env, Setup};
+use crate::harness::{setup, Env, Setup};
 
 pub fn webhook_down(env: &Env, name: &str) -> Result<String> {
     let dir = env.base.join(name);
@@ -28,38 +26,27 @@ pub fn webhook_down(env: &Env, name: &str) -> Result<String> {
     let p = run.start_provisioner("provisioner")?;
     let nodes = 6;
     let sim = run.start_sim("down", "n", nodes, &[])?;
-    let t1 = wait_for(
-        "every node to fail in the webhook",
-        Duration::from_secs(90),
-        || {
-            run.alive(p)?;
-            let m = scrape_all(run.provisioners[p].port);
-            Ok(
-                metric_sum(&m, "choria_provisioner_provision_errors") >= nodes as f64
-                    && metric_sum(&m, "choria_provisioner_busy_workers") == 0.0,
-            )
-        },
-    )?;
+    let t1 = run.wait_all_failed(p, "every node to fail in the webhook", nodes)?;
     let metrics = scrape_all(run.provisioners[p].port);
     let report = sim.finish()?;
-    let log = run.log(p);
-    for (id, n) in &report {
-        ensure_refused(
-            id,
-            n,
-            &log,
-            &["configure", "restart"],
-            &["cannot connect to webhook"],
-            "the webhook was down",
-        )?;
-    }
+    run.ensure_all_refused(
+        p,
+        &report,
+        &["configure", "restart"],
+        &["cannot connect to webhook"],
+        "the webhook was down",
+    )?;
     let helper_errors = metric_sum(&metrics, "choria_provisioner_helper_errors");
     ensure!(
         helper_errors >= nodes as f64,
         "helper_errors is {helper_errors}, expected at least {nodes}"
     );
     // A refused connection is tried again (nothing was sent) before the node fails.
-    let retries = log.lines().filter(|l| l.contains("helper try 1/")).count();
+    let retries = run
+        .log(p)
+        .lines()
+        .filter(|l| l.contains("helper try 1/"))
+        .count();
     ensure!(
         retries >= nodes,
         "only {retries} refused connections were tried again"

@@ -661,17 +661,17 @@ mod tests {
 
     #[test]
     fn urls_name_a_webhook_commands_do_not() {
-        for url in ["http://h/x", "HTTPS://h", "  https://h:8443/p?q=1"] {
-            assert!(is_webhook(url), "{url}");
-        }
-        for command in [
-            "/usr/bin/helper",
-            "helper http://x",
-            "httpx://h",
-            "",
-            "http:/h",
+        for (helper, webhook) in [
+            ("http://h/x", true),
+            ("HTTPS://h", true),
+            ("  https://h:8443/p?q=1", true),
+            ("/usr/bin/helper", false),
+            ("helper http://x", false),
+            ("httpx://h", false),
+            ("", false),
+            ("http:/h", false),
         ] {
-            assert!(!is_webhook(command), "{command}");
+            assert_eq!(is_webhook(helper), webhook, "{helper:?}");
         }
     }
 

@@ -2,9 +2,12 @@
 //! any case, decoded as Go's `encoding/json` decodes them.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::Path;
 
-use helper_protocol::{HelperErrorKind, HelperInput, HelperRunner};
+use common::input;
+use helper_protocol::{HelperErrorKind, HelperRunner};
 
 /// Writes a helper script into `dir` that keeps its input in `input.json` and prints `reply`,
 /// and returns its command line (run by `sh`: executing a file just written can fail with
@@ -17,14 +20,6 @@ fn helper(dir: &Path, reply: &str) -> String {
     );
     std::fs::write(&path, script).unwrap();
     format!("sh {}", path.display())
-}
-
-fn input() -> HelperInput {
-    HelperInput {
-        identity: "n1.example.net".into(),
-        inventory: "{}".into(),
-        ..Default::default()
-    }
 }
 
 #[tokio::test]
@@ -56,11 +51,7 @@ async fn a_reply_with_go_style_keys_configures_as_in_go() {
 async fn a_deferring_helper_in_capitals_defers() {
     let dir = tempfile::tempdir().unwrap();
     let script = helper(dir.path(), r#"{"DEFER": true, "Msg": "not yet"}"#);
-    let reply = HelperRunner::new(&script)
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap();
+    let reply = common::run(&script).await.unwrap();
     assert!(reply.defer);
     assert_eq!(reply.msg, "not yet");
     assert!(reply.configuration.is_none());
@@ -73,11 +64,7 @@ async fn a_value_of_the_wrong_type_names_the_helper_and_the_field() {
         dir.path(),
         r#"{"Defer": "yes", "Key": "-----BEGIN PRIVATE KEY-----"}"#,
     );
-    let err = HelperRunner::new(&script)
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let err = common::run(&script).await.unwrap_err();
     assert_eq!(err.kind(), HelperErrorKind::InvalidJson, "{err}");
     let text = err.to_string();
     assert!(text.starts_with("cannot decode output from sh: "), "{text}");

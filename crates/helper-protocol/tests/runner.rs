@@ -1,24 +1,19 @@
 //! Runs real helper scripts from `testdata/` through the runner.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use helper_protocol::{HelperErrorKind, HelperInput, HelperRunner};
+use common::input;
+use helper_protocol::{HelperErrorKind, HelperRunner};
 
 fn script(name: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("testdata")
         .join(name);
     p.to_string_lossy().into_owned()
-}
-
-fn input() -> HelperInput {
-    HelperInput {
-        identity: "n1.example.net".into(),
-        inventory: "{}".into(),
-        ..Default::default()
-    }
 }
 
 #[tokio::test]

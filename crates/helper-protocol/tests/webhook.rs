@@ -252,6 +252,58 @@ fn options(url: &str) -> WebhookOptions {
     WebhookOptions::new(url)
 }
 
+/// The file `secret` in `dir` holding `text`.
+fn secret_in(dir: &std::path::Path, text: &str) -> PathBuf {
+    let p = dir.join("secret");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A client of `url` signing its requests with `secret`, kept in the file `secret` of a
+/// scratch directory: the directory, the file and the client.
+fn signing_client(url: &str, secret: &str) -> (tempfile::TempDir, PathBuf, WebhookClient) {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = secret_in(dir.path(), secret);
+    let client = WebhookClient::new(&WebhookOptions {
+        secret_file: Some(secret_file.clone()),
+        ..options(url)
+    })
+    .unwrap();
+    (dir, secret_file, client)
+}
+
+/// A request to `url` that must time out after `limit`: the error and how long it took.
+async fn timed_out(url: &str, limit: Duration) -> (HelperError, Duration) {
+    let client = WebhookClient::new(&WebhookOptions {
+        timeout: limit,
+        ..options(url)
+    })
+    .unwrap();
+    let started = Instant::now();
+    let e = client.run(&input()).await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.kind(), HelperErrorKind::Timeout, "{e}");
+    (e, took)
+}
+
+/// The reply a new client with `opts` gets for `input()`.
+async fn reply_with(opts: &WebhookOptions) -> helper_protocol::HelperReply {
+    WebhookClient::new(opts)
+        .unwrap()
+        .run(&input())
+        .await
+        .unwrap()
+}
+
+/// The error a new client with `opts` gets for `input()`.
+async fn error_with(opts: &WebhookOptions) -> HelperError {
+    WebhookClient::new(opts)
+        .unwrap()
+        .run(&input())
+        .await
+        .unwrap_err()
+}
+
 /// The TLS material of the workspace's tests (a CA, a server certificate for 127.0.0.1 and a
 /// client certificate), kept once in choria-rpc-client's testdata.
 fn tls_file(name: &str) -> PathBuf {
@@ -320,14 +372,7 @@ fn reply_signature_by_hand(secret: &[u8], request_id: &str, body: &[u8]) -> Stri
 #[tokio::test]
 async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
     let (url, seen) = server(Answer::Full(200, "OK", reply("signed")), None).await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("secret");
-    std::fs::write(&secret_file, "0123456789abcdef-shared\n").unwrap();
-    let client = WebhookClient::new(&WebhookOptions {
-        secret_file: Some(secret_file.clone()),
-        ..options(&url)
-    })
-    .unwrap();
+    let (_dir, _, client) = signing_client(&url, "0123456789abcdef-shared\n");
     let reply = client.run(&input()).await.unwrap();
     assert_eq!(reply.msg, "signed");
     assert_eq!(reply.configuration.unwrap()["identity"], "n1.example.net");
@@ -396,14 +441,7 @@ async fn the_body_is_the_stdin_bytes_and_the_signature_verifies() {
 #[tokio::test]
 async fn a_rotated_secret_is_used_without_a_new_client() {
     let (url, seen) = server(Answer::Full(200, "OK", reply("ok")), None).await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("secret");
-    std::fs::write(&secret_file, "first-secret").unwrap();
-    let client = WebhookClient::new(&WebhookOptions {
-        secret_file: Some(secret_file.clone()),
-        ..options(&url)
-    })
-    .unwrap();
+    let (dir, secret_file, client) = signing_client(&url, "first-secret");
     client.run(&input()).await.unwrap();
     std::fs::write(&secret_file, "second-secret\r\n").unwrap();
     // A rotated file is looked at again once the last look is older than the window.
@@ -442,11 +480,7 @@ async fn mutual_tls_with_the_configured_ca_and_client_certificate() {
         client_key: Some(tls_file("provisioner_key.pem")),
         ..options(&url)
     };
-    let reply = WebhookClient::new(&with_cert)
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap();
+    let reply = reply_with(&with_cert).await;
     assert_eq!(reply.msg, "mtls");
     assert_eq!(seen.requests.lock().unwrap().len(), 1);
 
@@ -455,11 +489,7 @@ async fn mutual_tls_with_the_configured_ca_and_client_certificate() {
         ca: Some(tls_file("ca.pem")),
         ..options(&url)
     };
-    let e = WebhookClient::new(&no_cert)
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&no_cert).await;
     assert!(
         matches!(
             e.kind(),
@@ -473,11 +503,7 @@ async fn mutual_tls_with_the_configured_ca_and_client_certificate() {
         client_key: Some(tls_file("provisioner_key.pem")),
         ..options(&url)
     };
-    let e = WebhookClient::new(&system_roots)
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&system_roots).await;
     assert_eq!(e.kind(), HelperErrorKind::Connect, "{e}");
     assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
     assert_eq!(seen.requests.lock().unwrap().len(), 1);
@@ -523,15 +549,7 @@ async fn tls_files_are_checked_when_the_client_is_built() {
 #[tokio::test]
 async fn a_helper_that_does_not_answer_is_abandoned_at_the_time_limit() {
     let (url, seen) = server(Answer::Hang, None).await;
-    let client = WebhookClient::new(&WebhookOptions {
-        timeout: Duration::from_millis(700),
-        ..options(&url)
-    })
-    .unwrap();
-    let started = Instant::now();
-    let e = client.run(&input()).await.unwrap_err();
-    let took = started.elapsed();
-    assert_eq!(e.kind(), HelperErrorKind::Timeout, "{e}");
+    let (e, took) = timed_out(&url, Duration::from_millis(700)).await;
     assert!(matches!(e, HelperError::NoAnswer { .. }), "{e}");
     assert!(
         took >= Duration::from_millis(650) && took < Duration::from_secs(3),
@@ -551,15 +569,7 @@ async fn a_slow_drip_body_still_ends_at_the_time_limit() {
         None,
     )
     .await;
-    let client = WebhookClient::new(&WebhookOptions {
-        timeout: Duration::from_secs(1),
-        ..options(&url)
-    })
-    .unwrap();
-    let started = Instant::now();
-    let e = client.run(&input()).await.unwrap_err();
-    let took = started.elapsed();
-    assert_eq!(e.kind(), HelperErrorKind::Timeout, "{e}");
+    let (_, took) = timed_out(&url, Duration::from_secs(1)).await;
     assert!(
         took >= Duration::from_millis(950) && took < Duration::from_secs(3),
         "{took:?}"
@@ -571,11 +581,7 @@ async fn an_oversized_reply_is_refused_while_it_is_read() {
     // Announced: refused before reading.
     let big = vec![b' '; 2 * 1024 * 1024];
     let (url, _) = server(Answer::Full(200, "OK", big), None).await;
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert_eq!(e.kind(), HelperErrorKind::OutputTooLarge, "{e}");
     assert!(e.to_string().contains("1048576"), "{e}");
 
@@ -606,11 +612,7 @@ async fn a_non_2xx_answer_is_an_error_with_the_status_and_msg() {
         None,
     )
     .await;
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert_eq!(e.kind(), HelperErrorKind::Status);
     match &e {
         HelperError::Status { status, msg, .. } => {
@@ -626,11 +628,7 @@ async fn a_non_2xx_answer_is_an_error_with_the_status_and_msg() {
 
     // A body that is not JSON gives the status alone; a redirect is not followed.
     let (url, seen) = server(Answer::Full(302, "Found", b"<html>".to_vec()), None).await;
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert!(
         matches!(e, HelperError::Status { status: 302, ref msg, .. } if msg.is_empty()),
         "{e}"
@@ -639,19 +637,11 @@ async fn a_non_2xx_answer_is_an_error_with_the_status_and_msg() {
 
     // A 2xx with an empty body is the process helper's "zero bytes received".
     let (url, _) = server(Answer::Full(200, "OK", Vec::new()), None).await;
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert_eq!(e.kind(), HelperErrorKind::EmptyOutput, "{e}");
     // Undecodable JSON fails as the process helper's does.
     let (url, _) = server(Answer::Full(200, "OK", b"{not json".to_vec()), None).await;
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert_eq!(e.kind(), HelperErrorKind::InvalidJson, "{e}");
 }
 
@@ -663,11 +653,7 @@ async fn a_refused_connection_is_a_connect_error_and_nothing_was_sent() {
     };
     let url = format!("http://127.0.0.1:{port}/provision");
     let started = Instant::now();
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert_eq!(e.kind(), HelperErrorKind::Connect, "{e}");
     assert!(e.to_string().to_lowercase().contains("refused"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -676,11 +662,7 @@ async fn a_refused_connection_is_a_connect_error_and_nothing_was_sent() {
 #[tokio::test]
 async fn a_connection_closed_after_the_request_is_not_retried() {
     let (url, seen) = server(Answer::Close, None).await;
-    let e = WebhookClient::new(&options(&url))
-        .unwrap()
-        .run(&input())
-        .await
-        .unwrap_err();
+    let e = error_with(&options(&url)).await;
     assert_eq!(e.kind(), HelperErrorKind::Request, "{e}");
     assert_eq!(seen.requests.lock().unwrap().len(), 1, "sent exactly once");
 }
@@ -703,14 +685,7 @@ async fn connections_are_kept_alive_and_reused() {
 #[tokio::test]
 async fn the_probe_sends_a_signed_get_and_reports_the_status() {
     let (url, seen) = server(Answer::Full(405, "Method Not Allowed", Vec::new()), None).await;
-    let dir = tempfile::tempdir().unwrap();
-    let secret_file = dir.path().join("secret");
-    std::fs::write(&secret_file, "probe-secret").unwrap();
-    let client = WebhookClient::new(&WebhookOptions {
-        secret_file: Some(secret_file),
-        ..options(&url)
-    })
-    .unwrap();
+    let (_dir, _, client) = signing_client(&url, "probe-secret");
     let p = client.probe().await.unwrap();
     assert_eq!(p.status, 405);
     assert_eq!(p.version, "HTTP/1.1");
@@ -725,12 +700,6 @@ async fn the_probe_sends_a_signed_get_and_reports_the_status() {
         got.header(SIGNATURE_HEADER).unwrap(),
         format!("sha256={}", hmac_hex(b"probe-secret", message.as_bytes()))
     );
-}
-
-fn secret_in(dir: &std::path::Path, text: &str) -> PathBuf {
-    let p = dir.join("secret");
-    std::fs::write(&p, text).unwrap();
-    p
 }
 
 #[tokio::test]
@@ -825,10 +794,14 @@ async fn a_signed_reply_is_checked_and_a_required_one_enforced() {
 async fn the_probe_reports_how_its_answer_was_signed() {
     let dir = tempfile::tempdir().unwrap();
     let secret = secret_in(dir.path(), "probe-secret");
-    let opts = |url: &str, mode| WebhookOptions {
-        secret_file: Some(secret.clone()),
-        reply_signature: mode,
-        ..options(url)
+    let probe = |url: &str| {
+        let client = WebhookClient::new(&WebhookOptions {
+            secret_file: Some(secret.clone()),
+            reply_signature: ReplySignature::Required,
+            ..options(url)
+        })
+        .unwrap();
+        async move { client.probe().await.unwrap().reply_signature }
     };
     let (url, _) = server(
         Answer::Signed {
@@ -839,23 +812,13 @@ async fn the_probe_reports_how_its_answer_was_signed() {
         None,
     )
     .await;
-    let p = WebhookClient::new(&opts(&url, ReplySignature::Required))
-        .unwrap()
-        .probe()
-        .await
-        .unwrap();
     assert_eq!(
-        p.reply_signature,
+        probe(&url).await,
         Ok(helper_protocol::signature::ReplyCheck::Signed)
     );
     let (url, _) = server(Answer::Full(200, "OK", b"{}".to_vec()), None).await;
-    let p = WebhookClient::new(&opts(&url, ReplySignature::Required))
-        .unwrap()
-        .probe()
-        .await
-        .unwrap();
     assert_eq!(
-        p.reply_signature,
+        probe(&url).await,
         Err(helper_protocol::signature::SignatureError::Missing)
     );
 }

@@ -11,9 +11,8 @@ use common::*;
 use provision_core::admission::DecisionFuture;
 use provision_core::helper_protocol::HelperInput;
 use provision_core::{
-    Admission, Approval, Decision, HoldFuture, Host, Outcome, PendingNode, ProvisionErrorKind,
+    Admission, Approval, Decision, HoldFuture, Outcome, PendingNode, ProvisionErrorKind,
 };
-use tokio::time::Instant;
 
 /// An identity and key fingerprints.
 type Keyed = (String, Vec<String>);
@@ -56,15 +55,9 @@ impl Admission for SaysPending {
     }
 }
 
-fn host() -> Host {
-    Host::new(Arc::from("n1.example.net"), Instant::now())
-}
-
 #[tokio::test]
 async fn a_manual_queue_holds_the_node_until_its_identity_and_key_are_approved() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let queue = Queue {
         manual: true,
         ..Default::default()
@@ -112,9 +105,7 @@ async fn a_manual_queue_holds_the_node_until_its_identity_and_key_are_approved()
 
 #[tokio::test]
 async fn a_policy_pending_waits_in_the_queue_or_is_deferred_without_one() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let queue = Queue::default();
     let p = builder(ed25519(), &node, &helper, &obs)
         .admission(SaysPending)
@@ -141,9 +132,7 @@ async fn a_policy_pending_waits_in_the_queue_or_is_deferred_without_one() {
 
 #[tokio::test]
 async fn an_automatic_queue_lets_nodes_the_policy_allows_through() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let queue = Queue::default();
     let p = builder(ed25519(), &node, &helper, &obs)
         .approval(queue.clone())

@@ -14,8 +14,7 @@ use common::*;
 use provision_core::claims::{ClaimFuture, ClaimOutcome, Claims, Ticket};
 use provision_core::helper_protocol::{HelperError, HelperInput, HelperReply};
 use provision_core::rpc::{Action, Helper, RpcErrorKind};
-use provision_core::{Backoff, ClaimError, Host, Outcome, ProvisionErrorKind, Provisioner};
-use tokio::time::Instant;
+use provision_core::{Backoff, ClaimError, Outcome, ProvisionErrorKind, Provisioner};
 
 #[derive(Default)]
 struct Store {
@@ -96,10 +95,6 @@ impl Claims for Store {
     fn keep_every(&self) -> Duration {
         self.keep_every
     }
-}
-
-fn host() -> Host {
-    Host::new(Arc::from("n1.example.net"), Instant::now())
 }
 
 fn with(

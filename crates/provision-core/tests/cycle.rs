@@ -4,7 +4,6 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -14,15 +13,9 @@ use provision_core::rpc::{Action, RpcErrorKind};
 use provision_core::{Features, Host, Outcome, ProvisionErrorKind};
 use tokio::time::Instant;
 
-fn host() -> Host {
-    Host::new(Arc::from("n1.example.net"), Instant::now())
-}
-
 #[tokio::test]
 async fn no_features_fetches_inventory_then_configures_and_restarts() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let p = provisioner(token(), &node, &helper, &obs);
     let out = p.provision(&mut host()).await.unwrap();
     assert_eq!(out, Outcome::Provisioned);
@@ -45,9 +38,7 @@ async fn no_features_fetches_inventory_then_configures_and_restarts() {
 
 #[tokio::test]
 async fn ed25519_feature_verifies_jwt_and_nonce_and_issues_a_server_jwt() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let p = provisioner(ed25519(), &node, &helper, &obs);
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
@@ -82,9 +73,7 @@ async fn ed25519_feature_verifies_jwt_and_nonce_and_issues_a_server_jwt() {
 
 #[tokio::test]
 async fn jwt_feature_alone_skips_gen25519_and_server_jwt() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let p = provisioner(jwt(), &node, &helper, &obs);
     assert_eq!(
         p.provision(&mut host()).await.unwrap(),
@@ -537,9 +526,7 @@ async fn upgrade_problems_are_fatal_unless_optional() {
 
 #[tokio::test]
 async fn pause_mid_cycle_stops_before_the_next_step() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let p = provisioner(token(), &node, &helper, &obs);
     node.state.lock().unwrap().pause_on = Some((Action::Inventory, p.pause_state().clone()));
     let err = p.provision(&mut host()).await.unwrap_err();

@@ -336,6 +336,15 @@ fn deny_static() -> &'static DenyList {
     DENY.get_or_init(deny)
 }
 
+/// The default deny list with any extra DNS name allowed.
+fn permissive() -> CsrPolicy<'static> {
+    static ANY: std::sync::OnceLock<ExtraDnsNames> = std::sync::OnceLock::new();
+    CsrPolicy {
+        extra_dns: Some(ANY.get_or_init(|| ExtraDnsNames::new(".*").unwrap().unwrap())),
+        ..CsrPolicy::new(deny_static())
+    }
+}
+
 fn deny() -> DenyList {
     DenyList::new(&provision_core::config::DEFAULT_CERT_DENY_LIST).unwrap()
 }
@@ -382,7 +391,6 @@ fn csr_bad_common_names_are_denied() {
 
 #[test]
 fn csr_bad_dns_names_are_denied() {
-    let any = ExtraDnsNames::new(".*").unwrap().unwrap();
     for name in [
         "bob.choria",
         "bob.mcollective",
@@ -390,10 +398,7 @@ fn csr_bad_dns_names_are_denied() {
         "bob.privileged.mcollective",
     ] {
         let csr = make_csr(ID, &["something.something", name, "something.else"]);
-        let policy = CsrPolicy {
-            extra_dns: Some(&any),
-            ..CsrPolicy::new(deny_static())
-        };
+        let policy = permissive();
         let err = validate_csr(&csr, ID, &policy).unwrap_err().to_string();
         assert!(
             err.starts_with(&format!("{name} matches denied certificate pattern")),
@@ -545,27 +550,18 @@ fn encrypted_key_loads_in_openssl_with_the_raw_shared_secret() {
     std::fs::write(&key, &enc.pem).unwrap();
     let pass = dir.path().join("pass");
     std::fs::write(&pass, shared).unwrap();
-    let out = std::process::Command::new("openssl")
-        .args(["rsa", "-check", "-noout", "-in"])
-        .arg(&key)
-        .arg("-passin")
-        .arg(format!("file:{}", pass.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let check = || {
+        let mut openssl = std::process::Command::new("openssl");
+        openssl
+            .args(["rsa", "-check", "-noout", "-in"])
+            .arg(&key)
+            .arg("-passin")
+            .arg(format!("file:{}", pass.display()));
+        test_support::stack::run(&mut openssl)
+    };
+    check().unwrap();
     std::fs::write(&pass, [1u8; 32]).unwrap();
-    let out = std::process::Command::new("openssl")
-        .args(["rsa", "-check", "-noout", "-in"])
-        .arg(&key)
-        .arg("-passin")
-        .arg(format!("file:{}", pass.display()))
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a wrong password must not load");
+    assert!(check().is_err(), "a wrong password must not load");
 }
 
 // --- provisioning JWT ---
@@ -719,11 +715,7 @@ fn csr_dns_names_other_than_the_identity_are_refused_by_default() {
 #[test]
 fn csr_ip_uri_and_email_names_are_refused() {
     use x509_cert::ext::pkix::name::GeneralName;
-    let any = ExtraDnsNames::new(".*").unwrap().unwrap();
-    let policy = CsrPolicy {
-        extra_dns: Some(&any),
-        ..CsrPolicy::new(deny_static())
-    };
+    let policy = permissive();
     let cases: Vec<(GeneralName, &str)> = vec![
         (
             GeneralName::IpAddress(der::asn1::OctetString::new(vec![10, 0, 0, 1]).unwrap()),
@@ -774,11 +766,7 @@ fn csr_for_a_privileged_san_smuggling_identity_is_refused() {
 
 #[test]
 fn csr_wildcard_and_wildcard_sans_are_refused_even_with_a_permissive_extra_pattern() {
-    let any = ExtraDnsNames::new(".*").unwrap().unwrap();
-    let policy = CsrPolicy {
-        extra_dns: Some(&any),
-        ..CsrPolicy::new(deny_static())
-    };
+    let policy = permissive();
     let csr = make_csr(ID, &["*.example.net"]);
     let err = validate_csr(&csr, ID, &policy).unwrap_err();
     assert!(matches!(&err, PolicyError::InvalidName { .. }), "{err}");

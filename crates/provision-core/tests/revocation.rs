@@ -26,10 +26,6 @@ impl Revocation for Denied {
     }
 }
 
-fn host() -> Host {
-    Host::new(Arc::from("n1.example.net"), Instant::now())
-}
-
 /// The fingerprint of the fake node's ed25519 key, as an operator computes it from the key.
 fn node_key_fingerprint() -> String {
     use sha2::Digest;
@@ -42,9 +38,7 @@ fn node_key_fingerprint() -> String {
 
 #[tokio::test]
 async fn a_denied_key_never_reaches_the_helper_whatever_the_name() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let denied = Denied::default();
     denied.0.lock().unwrap().push(node_key_fingerprint());
     let p = builder(ed25519(), &node, &helper, &obs)
@@ -99,9 +93,7 @@ async fn fingerprints_are_of_the_ed25519_key_and_the_csr_key() {
 
 #[tokio::test]
 async fn an_identity_denied_while_the_helper_runs_is_not_configured() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let denied = Denied::default();
     // The helper's run is when the entry arrives.
     let list = denied.0.clone();
@@ -129,9 +121,7 @@ impl provision_core::Observer for OnHelper {
 
 #[tokio::test]
 async fn a_dry_run_asks_the_helper_and_changes_nothing() {
-    let node = FakeNode::new();
-    let helper = FakeHelper::replying(good_reply());
-    let obs = CountingObserver::default();
+    let (node, helper, obs) = fakes();
     let p = provisioner(ed25519().dry_run(true), &node, &helper, &obs);
     let out = p.provision(&mut host()).await.unwrap();
     assert_eq!(

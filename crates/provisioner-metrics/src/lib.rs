@@ -856,6 +856,13 @@ impl provision_core::Observer for Metrics {
 mod tests {
     use super::*;
 
+    /// Insists the exposition `text` holds each of `lines`.
+    fn assert_exposes(text: &str, lines: &[&str]) {
+        for line in lines {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+
     #[test]
     fn every_metric_is_exported_with_its_type_and_site_label() {
         let m = Metrics::new("lon");
@@ -896,14 +903,15 @@ mod tests {
         m.claim_operations.inc_by(7);
         m.active_replicas.set(3);
         let text = m.encode();
-        for line in [
-            "choria_provisioner_claims_taken{site=\"lon\"} 1\n",
-            "choria_provisioner_claim_errors{site=\"lon\"} 2\n",
-            "choria_provisioner_claim_operations{site=\"lon\"} 7\n",
-            "choria_provisioner_active_replicas{site=\"lon\"} 3\n",
-        ] {
-            assert!(text.contains(line), "{line} missing from {text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "choria_provisioner_claims_taken{site=\"lon\"} 1\n",
+                "choria_provisioner_claim_errors{site=\"lon\"} 2\n",
+                "choria_provisioner_claim_operations{site=\"lon\"} 7\n",
+                "choria_provisioner_active_replicas{site=\"lon\"} 3\n",
+            ],
+        );
     }
 
     #[test]
@@ -928,16 +936,17 @@ mod tests {
             .initial_connect_time
             .observe(Duration::from_millis(1250));
         let text = m.encode();
-        for line in [
-            "choria_connector_reconnections 2\n",
-            "choria_connector_errors 1\n",
-            "choria_connector_connection_closed 1\n",
-            "choria_connector_initial_connection_attempts 3\n",
-            "choria_connector_initial_connect_time_sum 1.25\n",
-            "choria_connector_initial_connect_time_count 1\n",
-        ] {
-            assert!(text.contains(line), "{line} missing from\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "choria_connector_reconnections 2\n",
+                "choria_connector_errors 1\n",
+                "choria_connector_connection_closed 1\n",
+                "choria_connector_initial_connection_attempts 3\n",
+                "choria_connector_initial_connect_time_sum 1.25\n",
+                "choria_connector_initial_connect_time_count 1\n",
+            ],
+        );
     }
 
     #[test]

@@ -534,22 +534,14 @@ async fn respond(
     let private = |mut r: Response<Full<Bytes>>| {
         use hyper::header::{HeaderName, HeaderValue};
         let h = r.headers_mut();
-        h.insert(
-            hyper::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-store"),
-        );
-        h.insert(
-            hyper::header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        );
-        h.insert(
-            hyper::header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
-        );
-        h.insert(
-            hyper::header::X_FRAME_OPTIONS,
-            HeaderValue::from_static("DENY"),
-        );
+        for (name, value) in [
+            (hyper::header::CACHE_CONTROL, "no-store"),
+            (hyper::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (hyper::header::REFERRER_POLICY, "no-referrer"),
+            (hyper::header::X_FRAME_OPTIONS, "DENY"),
+        ] {
+            h.insert(name, HeaderValue::from_static(value));
+        }
         if let Ok(csp) = HeaderValue::from_str(&crate::page::content_security_policy()) {
             h.insert(HeaderName::from_static("content-security-policy"), csp);
         }

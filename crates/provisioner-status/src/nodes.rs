@@ -479,14 +479,7 @@ impl NodeTable {
                 continue;
             }
             if total >= offset && page.len() < limit {
-                page.push(NodeSummary {
-                    identity: id.to_string(),
-                    state: r.state,
-                    step: r.step,
-                    cause: r.cause.to_string(),
-                    updated_ms: r.updated_ms,
-                    source: r.source,
-                });
+                page.push(NodeSummary::of(id, r));
             }
             total += 1;
         }
@@ -501,14 +494,7 @@ impl NodeTable {
             .rev()
             .filter_map(|(id, _)| {
                 let r = t.nodes.get(id)?;
-                r.state.is_problem().then(|| NodeSummary {
-                    identity: id.to_string(),
-                    state: r.state,
-                    step: r.step,
-                    cause: r.cause.to_string(),
-                    updated_ms: r.updated_ms,
-                    source: r.source,
-                })
+                r.state.is_problem().then(|| NodeSummary::of(id, r))
             })
             .take(limit)
             .collect()
@@ -582,6 +568,18 @@ pub fn issued_json(issued: &Issued) -> Value {
 }
 
 impl NodeSummary {
+    /// The summary of node `identity` from its record.
+    fn of(identity: &str, r: &Record) -> Self {
+        NodeSummary {
+            identity: identity.to_string(),
+            state: r.state,
+            step: r.step,
+            cause: r.cause.to_string(),
+            updated_ms: r.updated_ms,
+            source: r.source,
+        }
+    }
+
     /// The summary as the API lists it.
     pub fn to_json(&self) -> Value {
         json!({

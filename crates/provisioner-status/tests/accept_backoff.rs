@@ -24,13 +24,9 @@ fn child_listener_with_few_descriptors() {
     if std::env::var_os(CHILD_ENV).is_none() {
         return;
     }
-    let st = Command::new("prlimit")
-        .arg("--pid")
-        .arg(std::process::id().to_string())
-        .arg(format!("--nofile={CHILD_NOFILE}:"))
-        .status()
-        .expect("prlimit (util-linux)");
-    assert!(st.success(), "prlimit failed: {st}");
+    let me = std::process::id();
+    let (_, hard) = test_support::process::nofile(me).unwrap();
+    test_support::process::set_nofile(me, CHILD_NOFILE.into(), hard).unwrap();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -78,18 +74,8 @@ fn cpu_time(pid: u32) -> Duration {
 }
 
 fn get(addr: SocketAddr) -> std::io::Result<u16> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    buf.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))
+    test_support::metrics::http_get_raw(addr, "/metrics", "x", Duration::from_secs(2))
+        .map(|(status, _)| status)
 }
 
 #[test]

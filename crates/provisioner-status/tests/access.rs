@@ -29,11 +29,7 @@ fn lan_address() -> Option<IpAddr> {
         .and_then(|cidr| cidr.split('/').next())
         .and_then(|a| a.parse().ok());
     if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs a non-loopback address for the cross-host checks"
-        );
-        eprintln!("no non-loopback IPv4 address: the cross-host checks are skipped");
+        test_support::skip_unless_ci("no non-loopback IPv4 address for the cross-host checks");
     }
     found
 }

@@ -22,6 +22,13 @@ fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// [`get`] on a blocking thread.
+async fn fetch(addr: std::net::SocketAddr, path: &'static str) -> (u16, String) {
+    tokio::task::spawn_blocking(move || get(addr, path))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_metrics_health_and_readiness() {
     let m = Metrics::new("test");
@@ -32,32 +39,22 @@ async fn serves_metrics_health_and_readiness() {
     let addr = serving.local_addr();
     m.provisioned.inc();
 
-    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/metrics"))
-        .await
-        .unwrap();
+    let (status, body) = fetch(addr, "/metrics").await;
     assert_eq!(status, 200);
     assert!(body.contains("choria_provisioner_provisioned{site=\"test\"} 1"));
 
-    let (status, _) = tokio::task::spawn_blocking(move || get(addr, "/healthz"))
-        .await
-        .unwrap();
+    let (status, _) = fetch(addr, "/healthz").await;
     assert_eq!(status, 200);
 
-    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/readyz"))
-        .await
-        .unwrap();
+    let (status, body) = fetch(addr, "/readyz").await;
     assert_eq!(status, 503, "not connected yet: {body}");
     m.set_connected(true);
     m.set_role(Role::Standby);
-    let (status, body) = tokio::task::spawn_blocking(move || get(addr, "/readyz"))
-        .await
-        .unwrap();
+    let (status, body) = fetch(addr, "/readyz").await;
     assert_eq!(status, 200);
     assert!(body.contains("standby"));
 
-    let (status, _) = tokio::task::spawn_blocking(move || get(addr, "/nope"))
-        .await
-        .unwrap();
+    let (status, _) = fetch(addr, "/nope").await;
     assert_eq!(status, 404);
     stop.cancel();
     // Nothing of the server outlives its shutdown: the accept loop and every connection task

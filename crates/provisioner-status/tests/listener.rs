@@ -30,21 +30,7 @@ async fn start(addr: SocketAddr) -> (Arc<Metrics>, SocketAddr, CancellationToken
 
 /// One `GET path` with `Connection: close`; the status and the time to the full answer.
 fn get(addr: SocketAddr, path: &str, limit: Duration) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, limit)?;
-    s.set_read_timeout(Some(limit))?;
-    s.set_write_timeout(Some(limit))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {buf:?}")))?;
-    Ok((status, buf))
+    test_support::metrics::http_get_raw(addr, path, "x", limit)
 }
 
 /// Whether the server has closed `s`: a read sees end of file or a reset.
@@ -71,15 +57,8 @@ fn open_fds() -> usize {
 /// Raises this process's soft descriptor limit to its hard limit (the flood holds both ends of
 /// about 1,300 connections in one process), failing with a clear message when that is too low.
 fn enough_descriptors(needed: u64) {
-    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
-    let line = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .unwrap();
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let (soft, hard) = (words[3], words[4]);
-    let soft: u64 = soft.parse().unwrap_or(u64::MAX);
-    let hard: u64 = hard.parse().unwrap_or(u64::MAX);
+    let me = std::process::id();
+    let (soft, hard) = test_support::process::nofile(me).unwrap();
     if soft >= needed {
         return;
     }
@@ -87,13 +66,7 @@ fn enough_descriptors(needed: u64) {
         hard >= needed,
         "this test needs {needed} file descriptors; the hard limit is {hard}"
     );
-    let st = std::process::Command::new("prlimit")
-        .arg("--pid")
-        .arg(std::process::id().to_string())
-        .arg(format!("--nofile={hard}:{hard}"))
-        .status()
-        .expect("prlimit (util-linux) raises the soft descriptor limit");
-    assert!(st.success(), "prlimit failed: {st}");
+    test_support::process::set_nofile(me, hard, hard).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 //! drains and returns.
 #![allow(clippy::unwrap_used)]
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,26 +47,19 @@ async fn a_fleet_is_provisioned_by_the_daemon_started_from_the_library() {
 
     // A helper process: the node's input on stdin, a configuration that turns provisioning off.
     let helper = dir.path().join("helper.sh");
-    std::fs::write(
+    test_support::write_executable(
         &helper,
         "#!/bin/sh\ncat >/dev/null\n\
          echo '{\"defer\":false,\"msg\":\"ok\",\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
     )
     .unwrap();
-    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let yaml = dir.path().join("provisioner.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
+    let (yaml, cfg) = test_support::write_config(
+        dir.path(),
+        &format!(
             "helper: {}\ntoken: s3cret\nworkers: 4\nchoria_insecure: true\nlogfile: discard\n",
             helper.display()
         ),
-    )
-    .unwrap();
-    let cfg = dir.path().join("choria.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
+        &format!(
             "identity = embedded.example.net\nplugin.choria.middleware_hosts = {}\n",
             nats.url()
         ),
@@ -112,15 +104,9 @@ async fn a_fleet_is_provisioned_by_the_daemon_started_from_the_library() {
 #[test]
 fn a_refused_setup_never_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("provisioner.yaml");
-    std::fs::write(
-        &yaml,
+    let (yaml, cfg) = test_support::write_config(
+        dir.path(),
         "helper: /nonexistent/helper\nchoria_insecure: true\n",
-    )
-    .unwrap();
-    let cfg = dir.path().join("choria.cfg");
-    std::fs::write(
-        &cfg,
         "identity = p1\nplugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
     )
     .unwrap();
@@ -139,22 +125,15 @@ fn a_refused_setup_never_starts() {
 /// A daemon with leader election on, against a broker with JetStream but no election bucket.
 fn election_settings(dir: &std::path::Path, nats: &NatsServer, port: u16, wait: bool) -> Settings {
     let helper = dir.join("helper.sh");
-    std::fs::write(&helper, "#!/bin/sh\ncat >/dev/null\necho '{}'\n").unwrap();
-    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let yaml = dir.join("provisioner.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
+    test_support::write_executable(&helper, "#!/bin/sh\ncat >/dev/null\necho '{}'\n").unwrap();
+    let (yaml, cfg) = test_support::write_config(
+        dir,
+        &format!(
             "helper: {}\ntoken: s3cret\nchoria_insecure: true\nlogfile: discard\n\
              leader_election: true\nleader_election_wait: {wait}\nmonitor_port: {port}\n",
             helper.display()
         ),
-    )
-    .unwrap();
-    let cfg = dir.join("choria.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
+        &format!(
             "identity = standby.example.net\nplugin.choria.middleware_hosts = {}\n",
             nats.url()
         ),

@@ -243,14 +243,15 @@ fn type_errors_keep_file_line_column_key_and_value() {
         other => panic!("unexpected {other:?}"),
     }
     let text = err.to_string();
-    for part in [
-        "/etc/choria-provisioner/choria-provisioner.yaml",
-        "leader_election",
-        "\"maybe\"",
-        "yes/no",
-    ] {
-        assert!(text.contains(part), "{part} missing from {text}");
-    }
+    test_support::assert_contains_all(
+        &text,
+        &[
+            "/etc/choria-provisioner/choria-provisioner.yaml",
+            "leader_election",
+            "\"maybe\"",
+            "yes/no",
+        ],
+    );
     // Under a differently spelt key the value is still located and named.
     let text = load("Workers: -3\n").unwrap_err().to_string();
     assert!(text.contains("line 1 column 10"), "{text}");

@@ -4,7 +4,6 @@
 //! Without dnsmasq a test either fails (when `CI` is set: CI installs it) or is skipped with a
 //! message on standard error ([`DnsServer::start_or_skip`]).
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -108,32 +107,8 @@ impl DnsServer {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut proc = ProcessGuard::spawn("dnsmasq", &mut cmd)?.drop_grace(Duration::ZERO);
-        let stderr = proc
-            .child
-            .stderr
-            .take()
-            .ok_or_else(|| Error::Failed("dnsmasq has no stderr".into()))?;
-        let log_path = dir.path().join("dnsmasq.log");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut log = std::fs::File::create(log_path).ok();
-            let mut sent = false;
-            for line in BufReader::new(stderr)
-                .lines()
-                .map_while(std::io::Result::ok)
-            {
-                if let Some(f) = log.as_mut() {
-                    let _ = writeln!(f, "{line}");
-                }
-                if !sent && line.contains("started, version") {
-                    let _ = tx.send(());
-                    sent = true;
-                }
-            }
-        });
-        let ready = crate::wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-            rx.try_recv().is_ok() || !proc.running()
-        });
+        let log = std::fs::File::create(dir.path().join("dnsmasq.log")).ok();
+        let ready = proc.wait_stderr_line("started, version", log, Duration::from_secs(10))?;
         if let Some(st) = proc.exited() {
             return Err(Error::Failed(format!(
                 "dnsmasq exited early ({st}); its log is {}",
@@ -162,10 +137,7 @@ impl DnsServer {
             let msg = format!(
                 "{test}: dnsmasq is not installed (Debian package dnsmasq-base; or set DNSMASQ_BIN)"
             );
-            if std::env::var_os("CI").is_some() {
-                panic!("{msg}: required under CI");
-            }
-            eprintln!("SKIPPED {msg}");
+            crate::skip_unless_ci(&msg);
             return None;
         }
         Some(Self::start(records).unwrap_or_else(|e| panic!("{test}: {e}")))

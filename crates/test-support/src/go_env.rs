@@ -653,10 +653,7 @@ fn write_helper(l: &Layout, path: &Path) -> Result<()> {
         .replace("@DIR@", &l.dir.display().to_string())
         .replace("@URL@", &l.url)
         .replace("@ISSUER@", &l.issuer);
-    write(path, &script)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-        .ctx(|| format!("making {} executable", path.display()))
+    crate::write_executable(path, &script)
 }
 
 /// A provisioner YAML for this environment (the Go provisioner's and ours).

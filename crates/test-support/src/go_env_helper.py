@@ -22,6 +22,16 @@ def sign(tmp):
     with open(os.path.join(tmp, "cert.pem")) as f:
         return f.read()
 
+def use_ssldir(ssldir):
+    """Hand the node the test CA and its files in ssldir, where its certificate goes."""
+    with open(DIR + "/pki/ca.pem") as f:
+        reply["ca"] = f.read()
+    reply["ssldir"] = ssldir
+    conf["plugin.security.file.certificate"] = ssldir + "/certificate.pem"
+    conf["plugin.security.file.key"] = ssldir + "/private.pem"
+    conf["plugin.security.file.ca"] = ssldir + "/ca.pem"
+
+
 reply = {"defer": False, "msg": "configured by the test helper", "certificate": "", "ca": "",
           "ssldir": "", "key": "", "configuration": {}, "server_claims": {}}
 conf = {
@@ -46,12 +56,7 @@ elif csr:
         with open(os.path.join(tmp, "req.csr"), "w") as f:
             f.write(csr["csr"])
         reply["certificate"] = sign(tmp)
-    with open(DIR + "/pki/ca.pem") as f:
-        reply["ca"] = f.read()
-    reply["ssldir"] = ssldir
-    conf["plugin.security.file.certificate"] = ssldir + "/certificate.pem"
-    conf["plugin.security.file.key"] = ssldir + "/private.pem"
-    conf["plugin.security.file.ca"] = ssldir + "/ca.pem"
+    use_ssldir(ssldir)
 elif os.environ.get("HELPER_SUPPLY_KEY"):
     # The helper makes the key: the provisioner encrypts it for the server (ECDH + PEM).
     ssldir = DIR + "/servers/" + identity + "/ssl"
@@ -67,12 +72,7 @@ elif os.environ.get("HELPER_SUPPLY_KEY"):
         reply["certificate"] = sign(tmp)
     with open(key) as f:
         reply["key"] = f.read()
-    with open(DIR + "/pki/ca.pem") as f:
-        reply["ca"] = f.read()
-    reply["ssldir"] = ssldir
-    conf["plugin.security.file.certificate"] = ssldir + "/certificate.pem"
-    conf["plugin.security.file.key"] = ssldir + "/private.pem"
-    conf["plugin.security.file.ca"] = ssldir + "/ca.pem"
+    use_ssldir(ssldir)
 else:
     boot = DIR + "/servers/" + identity + "/boot"
     conf["plugin.security.file.certificate"] = boot + "/cert.pem"

@@ -81,9 +81,74 @@ pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).ctx(|| format!("writing {}", path.display()))
 }
 
+/// Write `text` to `path` and make it executable (a helper or script a test runs).
+pub fn write_executable(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .ctx(|| format!("making {} executable", path.display()))
+}
+
+/// Write a hand-made provisioner configuration into `dir`: `yaml` as `provisioner.yaml` and
+/// the Choria client configuration `cfg` as `choria.cfg`; their paths.
+pub fn write_config(dir: &Path, yaml: &str, cfg: &str) -> Result<(PathBuf, PathBuf)> {
+    let (y, c) = (dir.join("provisioner.yaml"), dir.join("choria.cfg"));
+    write(&y, yaml)?;
+    write(&c, cfg)?;
+    Ok((y, c))
+}
+
 /// Create a directory and its parents, naming it on failure.
 pub(crate) fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).ctx(|| format!("creating {}", path.display()))
+}
+
+/// Insists `text` contains each of `parts`, naming the first one missing and showing `text`.
+///
+/// # Panics
+/// When a part is missing.
+pub fn assert_contains_all<S: AsRef<str>>(text: &str, parts: &[S]) {
+    for part in parts {
+        let part = part.as_ref();
+        assert!(text.contains(part), "{part:?} missing from:\n{text}");
+    }
+}
+
+/// The first of `names` found in a directory of `PATH`, or else in `/usr/bin` or `/usr/sbin`.
+pub fn find_program(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .chain(["/usr/bin", "/usr/sbin"].map(PathBuf::from))
+        .collect();
+    names
+        .iter()
+        .find_map(|name| dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// Skips what needs `missing` (this says so), except under CI (`CI` set), where everything a
+/// test needs is required.
+///
+/// # Panics
+/// When `CI` is set.
+pub fn skip_unless_ci(missing: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{missing}: required under CI"
+    );
+    eprintln!("SKIPPED {missing}");
+}
+
+/// An optional tool a test needs: the first of `names` found by [`find_program`], or `None`
+/// when none is and the test is skipped ([`skip_unless_ci`], naming `missing`).
+///
+/// # Panics
+/// When none of `names` is found and `CI` is set.
+pub fn tool_or_skip(names: &[&str], missing: &str) -> Option<PathBuf> {
+    let found = find_program(names);
+    if found.is_none() {
+        skip_unless_ci(missing);
+    }
+    found
 }
 
 /// The workspace root, derived from this crate's manifest directory.

@@ -109,18 +109,34 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// A plain HTTP/1.1 GET to `addr` (IPv4 or IPv6): (status, body).
 pub fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (status, text) = http_get_raw(addr, path, "localhost", Duration::from_secs(5)).ok()?;
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((status, body))
+}
+
+/// A plain HTTP/1.1 GET of `path` to `addr` with `Host: host`, connecting, writing and reading
+/// each allowed `timeout`: the status and the whole answer, headers and body.
+pub fn http_get_raw(
+    addr: std::net::SocketAddr,
+    path: &str,
+    host: &str,
+    timeout: Duration,
+) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))?;
+    Ok((status, text))
 }
 
 /// The `/metrics` page on loopback `port` (empty when it cannot be reached).

@@ -1,7 +1,6 @@
 //! A real `nats-server` on loopback: one server ([`NatsServer`]) or a three-server JetStream
 //! cluster ([`NatsCluster`]).
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -39,7 +38,7 @@ pub fn spawn(conf: &Path, log: Option<&Path>) -> Result<ProcessGuard> {
         ))
     })?
     .drop_grace(Duration::ZERO);
-    let mut log = match log {
+    let log = match log {
         Some(p) => Some(
             std::fs::OpenOptions::new()
                 .create(true)
@@ -49,27 +48,7 @@ pub fn spawn(conf: &Path, log: Option<&Path>) -> Result<ProcessGuard> {
         ),
         None => None,
     };
-    let stderr = guard
-        .child
-        .stderr
-        .take()
-        .ok_or_else(|| Error::Failed("nats-server has no stderr".into()))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(f) = log.as_mut() {
-                let _ = writeln!(f, "{line}");
-            }
-            if !sent && line.contains("Server is ready") {
-                let _ = tx.send(());
-                sent = true;
-            }
-        }
-    });
-    let ready = crate::wait_until(Duration::from_secs(15), Duration::from_millis(20), || {
-        rx.try_recv().is_ok() || !guard.running()
-    });
+    let ready = guard.wait_stderr_line("Server is ready", log, Duration::from_secs(15))?;
     if let Some(st) = guard.exited() {
         return Err(Error::Failed(format!(
             "nats-server ({}) exited early: {st}",
@@ -251,7 +230,7 @@ fn server_state(http: u16, size: usize) -> std::result::Result<(), String> {
 /// Creates and deletes a memory stream with `replicas` replicas through the server on `port`
 /// over a plain NATS connection; the JetStream API's answer when it is not a success.
 fn probe_placement(port: u16, replicas: usize) -> std::result::Result<(), String> {
-    use std::io::Read as _;
+    use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
@@ -663,6 +642,7 @@ impl LeafNats {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader};
 
     #[test]
     fn a_server_whose_port_is_taken_at_start_moves_to_a_fresh_one() {

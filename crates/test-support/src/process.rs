@@ -1,11 +1,11 @@
 //! [`ProcessGuard`]: a child process that is stopped when its guard drops, so an error or a
-//! failed assertion leaves nothing running.
+//! failed assertion leaves nothing running; and a process's descriptor limits, read and set.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{IoContext, Result};
+use crate::{Error, IoContext, Result};
 
 /// A running child process, stopped on drop: SIGTERM, then SIGKILL after the drop grace (3 s
 /// unless [`ProcessGuard::drop_grace`] says otherwise; zero kills at once). Started with
@@ -51,6 +51,46 @@ impl ProcessGuard {
     pub fn drop_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
+    }
+
+    /// Copy its standard error (piped, taken here) line by line into `log` when given, and wait
+    /// up to `timeout` until a line holds `ready` or it exits: false when neither happened in
+    /// time ([`ProcessGuard::exited`] tells an exit from the line).
+    pub fn wait_stderr_line(
+        &mut self,
+        ready: &str,
+        log: Option<std::fs::File>,
+        timeout: Duration,
+    ) -> Result<bool> {
+        use std::io::{BufRead, BufReader, Write};
+        let stderr = self
+            .child
+            .stderr
+            .take()
+            .ok_or_else(|| Error::Failed(format!("{} has no stderr", self.name)))?;
+        let ready = ready.to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut log = log;
+            let mut sent = false;
+            for line in BufReader::new(stderr)
+                .lines()
+                .map_while(std::io::Result::ok)
+            {
+                if let Some(f) = log.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if !sent && line.contains(&ready) {
+                    let _ = tx.send(());
+                    sent = true;
+                }
+            }
+        });
+        Ok(crate::wait_until(
+            timeout,
+            Duration::from_millis(20),
+            || rx.try_recv().is_ok() || !self.running(),
+        ))
     }
 
     /// Its name in messages.
@@ -155,4 +195,29 @@ pub fn alive(pid: u32) -> bool {
         stat.rsplit_once(')')
             .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
     })
+}
+
+/// The descriptor limits of process `pid`: (soft, hard).
+pub fn nofile(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let n = |s: &str| s.parse().unwrap_or(u64::MAX);
+    Some((n(w.get(3)?), n(w.get(4)?)))
+}
+
+/// Sets process `pid`'s descriptor limits with prlimit (util-linux).
+pub fn set_nofile(pid: u32, soft: u64, hard: u64) -> Result<()> {
+    let st = Command::new("prlimit")
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg(format!("--nofile={soft}:{hard}"))
+        .status()
+        .ctx(|| "cannot run prlimit (util-linux)".to_string())?;
+    if !st.success() {
+        return Err(Error::Failed(format!(
+            "prlimit --pid {pid} --nofile={soft}:{hard}: {st}"
+        )));
+    }
+    Ok(())
 }

@@ -9,15 +9,16 @@ use std::time::Duration;
 use crate::provisioner::Provisioner;
 use crate::{Error, IoContext, Mode, Result};
 
-/// Run `cmd`, failing with its name and standard error when it exits non-zero; its standard
-/// output.
+/// Run `cmd`, failing with its name and what it printed (standard error, then standard output)
+/// when it exits non-zero; its standard output.
 pub fn run(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().ctx(|| format!("cannot start {cmd:?}"))?;
     if !out.status.success() {
         return Err(Error::Failed(format!(
-            "{cmd:?} failed ({}): {}",
+            "{cmd:?} failed ({}): {} {}",
             out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
         )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -1,14 +1,19 @@
 //! Shared harness of the end-to-end tests: a broker, a signer and a scratch directory, the
 //! provisioner binary started through test-support's provisioner harness (with waits that yield
-//! to the simulated fleet running in this process), its `/metrics`, and that fleet.
+//! to the simulated fleet running in this process), its `/metrics`, and that fleet; the binary's
+//! other commands (`check`, `policy eval`, fleet control) run to their end; the assertions the
+//! tests share on a provisioner's output, log file and metrics and on the fleet; and the leader
+//! election bucket.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use choria_fleet_sim::crypto::{JwtSigner, JwtVerifier};
 use choria_fleet_sim::{FleetConfig, Mode, ProvisioningJwt, SimFleet};
+pub use choria_rpc_client::async_nats;
 pub use test_support::metrics::{http_get, metric};
 pub use test_support::provisioner::{Launch, Provisioner};
 use test_support::provisioner::{ProvisionerProcess, READY};
@@ -82,6 +87,80 @@ impl Signer {
 /// Run a command and insist it succeeds; its standard output.
 pub fn run(cmd: &mut Command) -> String {
     test_support::stack::run(cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A finished run of the binary (or another program): whether it succeeded and what it printed.
+pub struct Ran {
+    /// Whether it exited with status 0.
+    pub ok: bool,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+}
+
+impl Ran {
+    /// Run `cmd` to its end.
+    pub fn of(cmd: &mut Command) -> Ran {
+        let o = cmd.output().unwrap();
+        Ran {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// Its standard output followed by its standard error.
+    pub fn text(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+
+    /// Insists it succeeded, naming `what` and showing its output when it did not.
+    pub fn succeeded(self, what: &str) -> Ran {
+        assert!(self.ok, "{what} failed: {}", self.text());
+        self
+    }
+}
+
+/// Runs the binary with `args`.
+pub fn cli<S: AsRef<OsStr>>(args: &[S]) -> Ran {
+    Ran::of(Command::new(BIN).args(args))
+}
+
+/// Runs the binary with `args` followed by `--config yaml --choria-config cfg`.
+pub fn cli_on<S: AsRef<OsStr>>(args: &[S], yaml: impl AsRef<Path>, cfg: impl AsRef<Path>) -> Ran {
+    Ran::of(
+        Command::new(BIN)
+            .args(args)
+            .arg("--config")
+            .arg(yaml.as_ref())
+            .arg("--choria-config")
+            .arg(cfg.as_ref()),
+    )
+}
+
+/// Runs `check` on the files `yaml` and `cfg`.
+pub fn check_files(yaml: impl AsRef<Path>, cfg: impl AsRef<Path>) -> Ran {
+    cli_on(&["check"], yaml, cfg)
+}
+
+/// Runs `policy eval --config yaml --input input` followed by `more`.
+pub fn policy_eval(yaml: &Path, input: &Path, more: &[&str]) -> Ran {
+    Ran::of(
+        Command::new(BIN)
+            .args(["policy", "eval", "--config"])
+            .arg(yaml)
+            .arg("--input")
+            .arg(input)
+            .args(more),
+    )
+}
+
+/// Runs `choria-provisioner ARGS` on `launch`'s files and insists it succeeds; its output.
+pub fn control(launch: &Launch, args: &[&str]) -> String {
+    cli_on(args, &launch.config, &launch.choria_config)
+        .succeeded(&format!("{args:?}"))
+        .text()
 }
 
 /// A test certificate authority in `dir`.
@@ -166,6 +245,23 @@ impl Env {
         c
     }
 
+    /// A fleet of `nodes` for a failover: go-choria keeps a provisioning lock for two minutes,
+    /// these servers for two seconds, so that the nodes a dead leader was working on are free
+    /// again once the standby has taken over; restarting after 200 ms.
+    pub fn failover_fleet_config(&self, nodes: usize) -> FleetConfig {
+        let mut c = self.fleet_config(nodes, Mode::Plain);
+        c.lock_window = Duration::from_secs(2);
+        c.restart_delay = Duration::from_millis(200);
+        c
+    }
+
+    /// A fleet of `nodes` in ed25519 mode that trusts server JWTs issued by the test's signer.
+    pub fn ed25519_fleet_config(&self, nodes: usize) -> FleetConfig {
+        let mut c = self.fleet_config(nodes, Mode::Ed25519);
+        c.issuer_public = Some(self.signer.verifier());
+        c
+    }
+
     /// A plain (jwt) provisioner with `helper` on this test's broker, called `provisioner1`: it
     /// checks the test token, verifies provisioning JWTs with the signer, signs server JWTs
     /// with it, and hands the sample helpers the broker in `CHORIA_BROKERS`.
@@ -174,6 +270,34 @@ impl Env {
             provisioner(&self.url(), helper, &self.signer).env("CHORIA_BROKERS", self.url());
         p.jwt_signing_key = Some(self.signer.seed_file.clone());
         p
+    }
+
+    /// [`Env::provisioner`] with the sample plain helper.
+    pub fn plain(&self) -> Provisioner {
+        self.provisioner(example_helper("helper-plain.py"))
+    }
+
+    /// [`Env::provisioner`] called `identity`, with `leader_election` and two workers: one of an
+    /// HA pair.
+    pub fn ha_provisioner(&self, identity: &str, helper: impl Into<String>) -> Provisioner {
+        let mut p = self.provisioner(helper);
+        p.identity = identity.into();
+        p.leader_election = true;
+        p.workers = 2;
+        p
+    }
+
+    /// [`Env::provisioner`] with the `pki` feature and `ca` handed to the helper in
+    /// `CHORIA_CA_CERT` and `CHORIA_CA_KEY`.
+    pub fn pki_provisioner(
+        &self,
+        helper: impl Into<String>,
+        ca: &test_support::ca::TestCa,
+    ) -> Provisioner {
+        self.provisioner(helper)
+            .env("CHORIA_CA_CERT", ca.cert.display().to_string())
+            .env("CHORIA_CA_KEY", ca.key.display().to_string())
+            .features(&["jwt", "pki"])
     }
 
     /// Write the files of a provisioner into the scratch directory; how it is started on them.
@@ -186,15 +310,27 @@ impl Env {
         start_in(self.path(), p)
     }
 
+    /// Write the files, start the provisioner and wait until it is connected.
+    pub async fn start_ready(&self, p: &Provisioner) -> Prov {
+        let mut prov = self.start(p);
+        prov.wait_ready().await;
+        prov
+    }
+
     /// Start a simulated fleet in this process.
     pub async fn fleet(&self, cfg: FleetConfig) -> SimFleet {
         SimFleet::start(cfg).await.unwrap()
     }
 
+    /// A client of this test's broker.
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::connect(self.url()).await.unwrap()
+    }
+
     /// Publish a startup event for each identity, as servers coming up again would.
     pub async fn announce(&self, identities: &[String]) {
         use choria_rpc_client::lifecycle::LifecycleEvent;
-        let nc = async_nats::connect(self.url()).await.unwrap();
+        let nc = self.client().await;
         for id in identities {
             let e = LifecycleEvent::startup(id, "provision_mode_server", "0.30.0");
             nc.publish(e.subject(), e.to_cloudevent_json().unwrap().into())
@@ -239,6 +375,50 @@ impl Prov {
         .await
     }
 
+    /// Insists its output comes to contain `needle` within `timeout`, showing the output when
+    /// it does not.
+    pub async fn expect_log(&mut self, needle: &str, timeout: Duration) {
+        assert!(
+            self.wait_log(needle, timeout).await,
+            "{} never logged {needle:?}:\n{}",
+            self.name,
+            self.output()
+        );
+    }
+
+    /// Insists its output comes to hold `needle` at least `n` times within `timeout`.
+    pub async fn expect_output_count(&self, needle: &str, n: usize, timeout: Duration) {
+        assert!(
+            wait_until(timeout, || self.output().matches(needle).count() >= n).await,
+            "{needle:?} not {n} times in the output:\n{}",
+            self.output()
+        );
+    }
+
+    /// Insists its output so far does not contain `needle`; `why` says what that would mean.
+    pub fn expect_not_in_output(&self, needle: &str, why: &str) {
+        let out = self.output();
+        assert!(!out.contains(needle), "{why}:\n{out}");
+    }
+
+    /// Send `sig`, insist on a clean exit and that it came within `limit`.
+    pub async fn stop_within(&mut self, sig: &str, limit: Duration) {
+        let started = Instant::now();
+        self.stop_with(sig).await;
+        let took = started.elapsed();
+        assert!(
+            took < limit,
+            "{} took {took:?} to stop on SIG{sig}",
+            self.name
+        );
+    }
+
+    /// Insists its output so far contains `needle`, showing the output when it does not.
+    pub fn expect_output(&self, needle: &str) {
+        let out = self.output();
+        assert!(out.contains(needle), "{needle:?} not in the output:\n{out}");
+    }
+
     /// Wait until the provisioner listens for startup events (so it is connected).
     pub async fn wait_ready(&mut self) {
         assert!(
@@ -264,6 +444,17 @@ impl Prov {
     /// Wait until `choria_provisioner_<name>` reaches at least `at_least`.
     pub async fn wait_metric(&self, name: &str, at_least: f64, timeout: Duration) -> bool {
         wait_until(timeout, || self.m(name) >= at_least).await
+    }
+
+    /// Insists `choria_provisioner_<name>` reaches at least `at_least` within `timeout`,
+    /// showing the output when it does not.
+    pub async fn expect_metric(&self, name: &str, at_least: f64, timeout: Duration) {
+        assert!(
+            self.wait_metric(name, at_least, timeout).await,
+            "{name} is {} rather than at least {at_least}:\n{}",
+            self.m(name),
+            self.output()
+        );
     }
 
     /// Asserts the provisioner counted exactly `n` nodes provisioned. The simulated fleet counts
@@ -334,6 +525,94 @@ async fn poll(timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) -
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// Insists `fleet` counts `n` nodes provisioned within `timeout`, showing its counters and
+/// `prov`'s output when it does not.
+pub async fn expect_provisioned(fleet: &SimFleet, n: usize, timeout: Duration, prov: &Prov) {
+    assert!(
+        fleet.wait_provisioned(n, timeout).await,
+        "{} of {n} provisioned: {:?}\n{}",
+        fleet.provisioned(),
+        fleet.stats(),
+        prov.output()
+    );
+}
+
+/// Wait up to 40 s (the start-up splay is up to 5 s, then one round confirms the win) until one
+/// of `a` and `b` leads, as `leads` tells; (leader, standby).
+pub async fn elect(a: Prov, b: Prov, leads: impl Fn(&Prov) -> bool) -> (Prov, Prov) {
+    assert!(
+        wait_until(Duration::from_secs(40), || leads(&a) || leads(&b)).await,
+        "nobody won:\n{}\n{}",
+        a.output(),
+        b.output()
+    );
+    if leads(&a) {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+/// Stop `prov` cleanly (SIGTERM) and shut `fleet` down: the end of a test.
+pub async fn finish(prov: &mut Prov, fleet: SimFleet) {
+    prov.stop_with("TERM").await;
+    fleet.shutdown().await;
+}
+
+/// Insists the file at `path` comes to contain `needle` within `timeout`, showing the file
+/// when it does not.
+pub async fn expect_in_file(path: &Path, needle: &str, timeout: Duration) {
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        wait_until(timeout, || read().contains(needle)).await,
+        "{needle:?} never reached {}:\n{}",
+        path.display(),
+        read()
+    );
+}
+
+/// Connect to `url`, as `user` (name, password) when given.
+pub async fn connect_as(url: &str, user: Option<(&str, &str)>) -> async_nats::Client {
+    let opts = match user {
+        Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u.into(), p.into()),
+        None => async_nats::ConnectOptions::new(),
+    };
+    opts.connect(url).await.unwrap()
+}
+
+/// Create the election bucket as Choria Streams would, with a short TTL so a dead leader's key
+/// expires quickly.
+pub async fn create_election_bucket(url: &str) -> async_nats::jetstream::kv::Store {
+    create_election_bucket_as(url, None).await
+}
+
+/// [`create_election_bucket`], connected as `user` (name, password) when given.
+pub async fn create_election_bucket_as(
+    url: &str,
+    user: Option<(&str, &str)>,
+) -> async_nats::jetstream::kv::Store {
+    async_nats::jetstream::new(connect_as(url, user).await)
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: "CHORIA_LEADER_ELECTION".into(),
+            max_age: Duration::from_secs(5),
+            history: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// The election bucket, connected as `user` (name, password) when given.
+pub async fn election_bucket(
+    url: &str,
+    user: Option<(&str, &str)>,
+) -> async_nats::jetstream::kv::Store {
+    async_nats::jetstream::new(connect_as(url, user).await)
+        .get_key_value("CHORIA_LEADER_ELECTION")
+        .await
+        .unwrap()
 }
 
 /// The `choria_provision` actions a node received, in order.

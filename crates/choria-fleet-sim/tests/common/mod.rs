@@ -12,6 +12,32 @@ use futures::StreamExt as _;
 
 pub const TOKEN: &str = "s3cret";
 
+/// One second.
+pub const SEC: Duration = Duration::from_secs(1);
+
+/// The time now, in Unix seconds.
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// `v` sorted.
+pub fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort();
+    v
+}
+
+/// A client of `url` subscribed to `subject`, flushed so that it sees everything published
+/// from now on.
+pub async fn subscribe(url: &str, subject: &str) -> (async_nats::Client, async_nats::Subscriber) {
+    let nc = async_nats::connect(url).await.unwrap();
+    let sub = nc.subscribe(subject.to_string()).await.unwrap();
+    nc.flush().await.unwrap();
+    (nc, sub)
+}
+
 pub fn testdata(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("testdata")
@@ -25,6 +51,27 @@ pub fn read(name: &str) -> String {
 /// A seed for an ed25519 provisioning signer (fast to sign with in debug builds).
 pub const SIGNER_SEED: [u8; 32] = [9u8; 32];
 
+/// The simulator's binary on `url` with `TOKEN`, the provisioning signer [`SIGNER_SEED`]
+/// (written into `dir`) and its report written to `report`; more arguments follow.
+pub fn sim_command(
+    url: &str,
+    dir: &std::path::Path,
+    report: &std::path::Path,
+) -> std::process::Command {
+    let seed = dir.join("signer.seed");
+    std::fs::write(&seed, hex::encode(SIGNER_SEED)).unwrap();
+    // `option_env!`: this module is shared with the `drive` example, which has no binary path
+    // and finds the simulator on PATH.
+    let bin = option_env!("CARGO_BIN_EXE_choria-fleet-sim").unwrap_or("choria-fleet-sim");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(["--broker", url, "--token", TOKEN])
+        .arg("--provisioning-signer")
+        .arg(&seed)
+        .arg("--report")
+        .arg(report);
+    cmd
+}
+
 pub fn config(url: &str, nodes: usize) -> FleetConfig {
     let signer =
         choria_fleet_sim::crypto::JwtSigner::from_key_data(hex::encode(SIGNER_SEED).as_bytes())
@@ -34,6 +81,20 @@ pub fn config(url: &str, nodes: usize) -> FleetConfig {
     cfg.restart_delay = Duration::from_millis(200);
     cfg.startup_rate = 0;
     cfg
+}
+
+/// Insists the simulator's run ended with exit status `code` and its last line of standard error
+/// `last`; that standard error.
+pub fn assert_sim_ended(out: &std::process::Output, code: i32, last: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert_eq!(stderr.lines().last(), Some(last), "{stderr}");
+    stderr
+}
+
+/// The nodes of the simulator's report at `path`.
+pub fn read_report(path: &std::path::Path) -> Vec<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 pub async fn start(url: &str, nodes: usize) -> SimFleet {
@@ -159,6 +220,21 @@ impl Client {
             }
         }
         out
+    }
+
+    /// Insists a broadcast whose filter matches no node gets no answer.
+    pub async fn assert_unmatched_filter_unanswered(&self) {
+        let none = self
+            .request(
+                None,
+                "discovery",
+                b"cGluZw==",
+                &Filter::with_identity("nobody.example.net"),
+                1,
+                Duration::from_secs(1),
+            )
+            .await;
+        assert!(none.is_empty(), "a filter matching no node was answered");
     }
 
     pub async fn discover(&self, want: usize, wait: Duration) -> Vec<String> {

@@ -18,6 +18,23 @@ pub fn testdata(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The node the cycle tests provision: `n1.example.net`, found now.
+pub fn host() -> provision_core::Host {
+    provision_core::Host::new(
+        std::sync::Arc::from("n1.example.net"),
+        tokio::time::Instant::now(),
+    )
+}
+
+/// The fakes of one cycle: a node, a helper giving [`good_reply`], and an observer.
+pub fn fakes() -> (FakeNode, FakeHelper, CountingObserver) {
+    (
+        FakeNode::new(),
+        FakeHelper::replying(good_reply()),
+        CountingObserver::default(),
+    )
+}
+
 pub fn now() -> i64 {
     SystemClock.now_unix()
 }
