@@ -1,12 +1,11 @@
 //! `cargo xtask`: the build tool — the test set-up, the local demo and benchmark, the go-choria
 //! peers and the interop run with them, the entry point of the fault suite (the `fault-suite`
-//! crate), packaging and the documentation checks. Process-level harness code (brokers,
+//! crate), packaging (the `packaging` crate) and the documentation checks. Process-level harness code (brokers,
 //! processes, metrics, the Go environment) lives in `test-support`.
 
 mod bench;
 mod bench_replicas;
 mod demo;
-mod dist;
 mod docs;
 mod interop;
 mod peers;
@@ -36,7 +35,7 @@ enum Cmd {
     /// Provisioning throughput and cost (release builds), optionally beside the Go provisioner.
     Bench(bench::Args),
     /// Release packages: tarball, RPM and Debian package.
-    Dist(dist::Args),
+    Dist(packaging::Args),
     /// Check the documentation.
     Docs {
         /// Check against the binaries already built and skip the documentation tests.
@@ -86,7 +85,13 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Demo(args) => demo::main(args),
         Cmd::Bench(args) => bench::main(args),
-        Cmd::Dist(args) => dist::main(args),
+        Cmd::Dist(args) => {
+            // The checks that provision a simulated fleet run a broker.
+            if args.verify || args.install_test {
+                tools::ensure_nats_server()?;
+            }
+            Ok(packaging::dist(args)?)
+        }
         Cmd::Interop { flows } => interop::main(&flows),
         Cmd::Faults { args } => faults(&args),
         Cmd::Docs { no_build } => docs::main(!no_build),
