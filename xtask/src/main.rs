@@ -1,15 +1,12 @@
 //! `cargo xtask`: the build tool — the test set-up, the local demo and benchmark, the go-choria
 //! peers and the interop run with them, the entry point of the fault suite (the `fault-suite`
-//! crate), packaging (the `packaging` crate) and the documentation checks. Process-level harness code (brokers,
+//! crate), packaging (the `packaging` crate), the documentation checks (`docs-check`) and the
+//! benchmark (`bench-harness`). Process-level harness code (brokers,
 //! processes, metrics, the Go environment) lives in `test-support`.
 
-mod bench;
-mod bench_replicas;
 mod demo;
 mod interop;
 mod peers;
-mod plot;
-mod stack;
 mod test_run;
 mod tools;
 
@@ -32,7 +29,7 @@ enum Cmd {
     /// A local broker, simulated fleet and provisioner, with live progress.
     Demo(demo::Args),
     /// Provisioning throughput and cost (release builds), optionally beside the Go provisioner.
-    Bench(bench::Args),
+    Bench(bench_harness::Args),
     /// Release packages: tarball, RPM and Debian package.
     Dist(packaging::Args),
     /// Check the documentation.
@@ -83,7 +80,14 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Cmd::Test { args } => test(&args),
         Cmd::Demo(args) => demo::main(args),
-        Cmd::Bench(args) => bench::main(args),
+        Cmd::Bench(mut args) => {
+            tools::ensure_nats_server()?;
+            if args.vs_go && args.go_bin.is_none() {
+                peers::build_provisioner()?;
+                args.go_bin = Some(peers::provisioner_bin());
+            }
+            Ok(bench_harness::bench(args)?)
+        }
         Cmd::Dist(args) => {
             // The checks that provision a simulated fleet run a broker.
             if args.verify || args.install_test {
