@@ -5,8 +5,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use bench_harness::HelperKind;
+use test_support::metrics::metric_sum;
+use test_support::stack::{self, RunFiles};
+use test_support::{Mode, ProcessGuard};
 
-use crate::stack::{self, Mode, Proc};
 use crate::tools::root;
 
 /// `cargo xtask demo` flags.
@@ -32,26 +35,6 @@ pub struct Args {
     rotate: usize,
 }
 
-/// How the provisioner asks its helper in a local run.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum HelperKind {
-    /// The demo helper run as a process for every node.
-    #[default]
-    Exec,
-    /// The demo helper's server mode, POSTed to for every node.
-    Webhook,
-}
-
-impl HelperKind {
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            HelperKind::Exec => "exec",
-            HelperKind::Webhook => "webhook",
-        }
-    }
-}
-
 /// Run the demo.
 pub fn main(args: Args) -> Result<()> {
     eprintln!("demo: building the provisioner, the fleet simulator and the demo helper");
@@ -63,7 +46,8 @@ pub fn main(args: Args) -> Result<()> {
     // The broker takes TLS (a client certificate required) beside plain connections: the
     // operator of the rotation reaches the main collective over TLS, as go-choria clients do.
     let main = MainCollective::new(&dir)?;
-    let (nats, url) = stack::start_nats_with(&dir, &main.broker_tls)?;
+    crate::tools::ensure_nats_server()?;
+    let (nats, url) = bench_harness::start_broker(&dir, &main.broker_tls)?;
     main.point_at(nats.port())?;
     eprintln!("demo: nats-server with JetStream on {url}");
     let plan = match args.helper {
@@ -98,7 +82,7 @@ pub fn main(args: Args) -> Result<()> {
         "--timeout",
         &format!("{}s", args.timeout),
     ]);
-    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    let mut sim = ProcessGuard::spawn("choria-fleet-sim", &mut sim_cmd)?;
     eprintln!(
         "demo: {} simulated servers in provisioning mode ({})",
         args.nodes,
@@ -121,10 +105,10 @@ pub fn main(args: Args) -> Result<()> {
             bail!("the provisioner exited early:\n{}", prov.output());
         }
         let metrics = prov.metrics();
-        let done = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
+        let done = metric_sum(&metrics, "choria_provisioner_provisioned");
         if done != last {
-            let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
-            let busy = stack::metric_sum(&metrics, "choria_provisioner_busy_workers");
+            let errors = metric_sum(&metrics, "choria_provisioner_provision_errors");
+            let busy = metric_sum(&metrics, "choria_provisioner_busy_workers");
             eprintln!(
                 "demo: [{:>5.1}s] provisioned {done}/{} errors {errors} busy workers {busy}",
                 started.elapsed().as_secs_f64(),
@@ -140,8 +124,8 @@ pub fn main(args: Args) -> Result<()> {
     } else {
         None
     };
-    let provisioned = stack::metric_sum(&metrics, "choria_provisioner_provisioned");
-    let errors = stack::metric_sum(&metrics, "choria_provisioner_provision_errors");
+    let provisioned = metric_sum(&metrics, "choria_provisioner_provisioned");
+    let errors = metric_sum(&metrics, "choria_provisioner_provision_errors");
     let sim_line = test_support::stack::sim_summary(&sim_log)
         .unwrap_or_else(|| "fleet-sim: (no summary)".into());
     prov.proc.terminate(Duration::from_secs(10));
@@ -199,7 +183,7 @@ impl MainCollective {
 fn rotate(
     args: &Args,
     bins: &std::path::Path,
-    files: &test_support::stack::RunFiles,
+    files: &RunFiles,
     url: &str,
     dir: &std::path::Path,
     launch: &test_support::provisioner::Launch,
@@ -215,7 +199,7 @@ fn rotate(
             "--main-collective",
             "mcollective",
         ]);
-    let _sim = Proc::spawn("choria-fleet-sim (provisioned)", &mut cmd)?;
+    let _sim = ProcessGuard::spawn("choria-fleet-sim (provisioned)", &mut cmd)?;
     eprintln!("demo: {n} servers already provisioned on the main collective; rotating them");
     std::thread::sleep(Duration::from_secs(2));
     let started = Instant::now();

@@ -1,17 +1,12 @@
 //! `cargo xtask`: the build tool — the test set-up, the local demo and benchmark, the go-choria
 //! peers and the interop run with them, the entry point of the fault suite (the `fault-suite`
-//! crate), packaging and the documentation checks. Process-level harness code (brokers,
+//! crate), packaging (the `packaging` crate), the documentation checks (`docs-check`) and the
+//! benchmark (`bench-harness`). Process-level harness code (brokers,
 //! processes, metrics, the Go environment) lives in `test-support`.
 
-mod bench;
-mod bench_replicas;
 mod demo;
-mod dist;
-mod docs;
 mod interop;
 mod peers;
-mod plot;
-mod stack;
 mod test_run;
 mod tools;
 
@@ -34,9 +29,9 @@ enum Cmd {
     /// A local broker, simulated fleet and provisioner, with live progress.
     Demo(demo::Args),
     /// Provisioning throughput and cost (release builds), optionally beside the Go provisioner.
-    Bench(bench::Args),
+    Bench(bench_harness::Args),
     /// Release packages: tarball, RPM and Debian package.
-    Dist(dist::Args),
+    Dist(packaging::Args),
     /// Check the documentation.
     Docs {
         /// Check against the binaries already built and skip the documentation tests.
@@ -85,11 +80,24 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Cmd::Test { args } => test(&args),
         Cmd::Demo(args) => demo::main(args),
-        Cmd::Bench(args) => bench::main(args),
-        Cmd::Dist(args) => dist::main(args),
+        Cmd::Bench(mut args) => {
+            tools::ensure_nats_server()?;
+            if args.vs_go && args.go_bin.is_none() {
+                peers::build_provisioner()?;
+                args.go_bin = Some(peers::provisioner_bin());
+            }
+            Ok(bench_harness::bench(args)?)
+        }
+        Cmd::Dist(args) => {
+            // The checks that provision a simulated fleet run a broker.
+            if args.verify || args.install_test {
+                tools::ensure_nats_server()?;
+            }
+            Ok(packaging::dist(args)?)
+        }
         Cmd::Interop { flows } => interop::main(&flows),
         Cmd::Faults { args } => faults(&args),
-        Cmd::Docs { no_build } => docs::main(!no_build),
+        Cmd::Docs { no_build } => docs(!no_build),
         Cmd::Peers { command } => peers::main(command.unwrap_or(peers::Cmd::Build)),
         Cmd::NatsServer => {
             println!("{}", tools::ensure_nats_server()?.display());
@@ -110,6 +118,31 @@ fn faults(args: &[String]) -> Result<()> {
             .args(args)
             .env("NATS_SERVER_BIN", nats),
     )
+}
+
+/// `cargo xtask docs [--no-build]`: the documentation's checks (the docs-check crate) against
+/// freshly built binaries, then its tests (the examples against the real code) and the sample
+/// policies' through `policy eval`; with `build` false against the binaries already built, and
+/// no tests.
+fn docs(build: bool) -> Result<()> {
+    let root = tools::root();
+    let cargo = |args: &[&str]| {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(&root).args(args);
+        cmd
+    };
+    if build {
+        let bins = ["-p", "choria-provisioner", "-p", "choria-fleet-sim"];
+        tools::run(cargo(&["build", "-q"]).args(bins))?;
+    }
+    let bins = packaging::target_dir(&root).join("debug");
+    docs_check::check(&root, &bins, &<Cli as clap::CommandFactory>::command())?;
+    if build {
+        tools::run(&mut cargo(&["test", "-q", "-p", "docs-check"]))?;
+        let policies = ["-p", "choria-provisioner", "--test", "docs_policies"];
+        tools::run(cargo(&["test", "-q"]).args(policies))?;
+    }
+    Ok(())
 }
 
 /// `cargo xtask test`: the one test command.
@@ -145,4 +178,22 @@ fn test(args: &[String]) -> Result<()> {
     }
     let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     test_run::run(&cargo_bin, &root, &nats)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_docs_check_reads_xtasks_commands_and_their_flags() {
+        let cli = docs_check::xtask_cli(&super::Cli::command());
+        let bench = cli.commands.get("bench").unwrap();
+        assert!(bench.contains("--nodes") && bench.contains("--vs-go"));
+        let dist = cli.commands.get("dist").unwrap();
+        assert!(dist.contains("--verify") && dist.contains("--install-test"));
+        assert!(cli.check_command(" dist --verify", true).is_ok());
+        assert!(cli.check_command(" dist --nodes 3", true).is_err());
+    }
 }

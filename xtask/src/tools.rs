@@ -1,20 +1,19 @@
-//! Tool installation and the helpers every command uses. Imports nothing from the rest of
-//! xtask.
+//! What the commands need installed: nats-server under `target/tools/bin` and the Debian
+//! programs some tests run; with the packaging crate's host functions (finding, running and
+//! installing programs), which the commands use too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+pub use packaging::host::which;
 
 /// The pinned nats-server release the tests run against (2.10 or newer, JetStream on).
 const NATS_SERVER_VERSION: &str = "v2.10.29";
 
-/// The workspace root (the parent of the xtask directory).
+/// The workspace root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    test_support::workspace_root()
 }
 
 /// `target/tools/bin`, where xtask installs the binaries the tests need.
@@ -22,15 +21,9 @@ pub fn tools_bin() -> PathBuf {
     root().join("target/tools/bin")
 }
 
-/// Run a command, failing with its name when it exits non-zero.
+/// Runs a command with its output shown, failing with its name when it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
+    Ok(packaging::host::run(cmd)?)
 }
 
 fn nats_server_ok(bin: &Path) -> bool {
@@ -118,40 +111,13 @@ fn ensure_debian_program(program: &str, path: &str, package: &str, tests: &str) 
     if found() {
         return;
     }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if root && which("apt-get").is_ok() {
+    if packaging::host::is_root() {
         eprintln!("xtask: installing {package} for {tests}");
-        let quiet = |args: &[&str]| {
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdout(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !quiet(&["install", "-y", "-qq", "--no-install-recommends", package]) {
-            quiet(&["update", "-qq"]);
-            quiet(&["install", "-y", "-qq", "--no-install-recommends", package]);
-        }
+        packaging::host::apt_install(&[package], false);
     }
     if !found() {
         eprintln!(
             "xtask: {program} is not installed (apt-get install {package}): {tests} are skipped"
         );
     }
-}
-
-/// Look a program up on PATH.
-pub fn which(name: &str) -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!("{name} not found on PATH")
 }

@@ -1,23 +1,94 @@
-//! `cargo xtask bench`: provisioning throughput and cost, optionally side by side with the Go
-//! provisioner on an identical fresh fleet.
+//! The benchmark harness of `cargo xtask bench`: provisioning throughput and cost on loopback,
+//! optionally side by side with the Go provisioner on an identical fresh fleet.
 //!
 //! Measured from provisioner start until the simulator reports every node provisioned: wall time,
 //! nodes per minute, provisioner CPU seconds (user+sys from /proc), provisioner peak RSS (VmHWM),
 //! the helper's share of the provisioner's busy time, failures, the simulator's own CPU and peak
-//! RSS, and the simulator's provisioned count over time (for `--plot`). `--helper` picks the
-//! process helper, the webhook helper or both for our provisioner; the Go provisioner always runs
-//! the process helper, the only one it has. `--runs N` alternates the contenders N times and
-//! reports medians.
+//! RSS, and over time the simulator's provisioned count and the provisioner's RSS (VmRSS), for
+//! `--plot` ([`plot`]). `--helper` picks the process helper, the webhook helper or both for our
+//! provisioner; the Go provisioner always runs the process helper, the only one it has. `--runs
+//! N` alternates the contenders N times and reports medians. The probes beside the plain run are
+//! in `probes`, the active-active scaling run in `replicas`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use test_support::metrics::metric_sum;
+use test_support::stack::{build_binaries, static_helper, write_run_files};
+use test_support::{Mode, NatsServer, ProcessGuard};
 
-use crate::demo::HelperKind;
-use crate::stack::{self, Mode, Proc};
-use crate::tools::root;
+use crate::procfs::{
+    children_cpu_seconds, cpu_seconds, machine_busy_seconds, peak_rss_mib, rss_mib, status_mib,
+};
+
+pub mod plot;
+mod probes;
+mod procfs;
+mod replicas;
+
+/// What a benchmark run fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A run did not go as it must; the text says how.
+    #[error("{0}")]
+    Failed(String),
+    /// A file of the run could not be written or read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A process of the run could not be built or started.
+    #[error(transparent)]
+    Harness(#[from] test_support::Error),
+}
+
+/// The result of a benchmark step.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Returns an [`Error::Failed`] with the formatted message.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err($crate::Error::Failed(format!($($arg)*)))
+    };
+}
+pub(crate) use bail;
+
+/// How the provisioner asks its helper in a local run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HelperKind {
+    /// The demo helper run as a process for every node.
+    #[default]
+    Exec,
+    /// The demo helper's server mode, POSTed to for every node.
+    Webhook,
+}
+
+impl HelperKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            HelperKind::Exec => "exec",
+            HelperKind::Webhook => "webhook",
+        }
+    }
+}
+
+/// nats-server with JetStream in `dir` on a free port, its log in `dir`, with `extra` added to
+/// its configuration (TLS, say), and its URL. Simulator reports and large fleets need big
+/// messages, so it takes 4 MB ones.
+pub fn start_broker(dir: &Path, extra: &str) -> Result<(NatsServer, String)> {
+    let nats = NatsServer::start_in_free_port(dir, &format!("max_payload: 4MB\n{extra}"), true)?;
+    let url = nats.url();
+    Ok((nats, url))
+}
+
+/// The run's directory under `target/bench`, emptied.
+fn run_dir(label: &str) -> Result<PathBuf> {
+    let dir = test_support::workspace_root()
+        .join("target/bench")
+        .join(label);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
 
 /// `cargo xtask bench` flags.
 #[derive(clap::Args, Debug)]
@@ -33,10 +104,10 @@ pub struct Args {
     workers: usize,
     /// Also run the Go provisioner on an identical fleet.
     #[arg(long)]
-    vs_go: bool,
+    pub vs_go: bool,
     /// The Go provisioner to run (implies --vs-go).
     #[arg(long, value_name = "PATH")]
-    go_bin: Option<PathBuf>,
+    pub go_bin: Option<PathBuf>,
     /// Give up after this many seconds (default: 600, or 1.2 ms a node when that is longer, so a
     /// million nodes get 20 minutes).
     #[arg(long, value_name = "S")]
@@ -59,7 +130,7 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     forged_events: Option<usize>,
     /// Instead: active-active scaling on a three-server cluster, one replica then R; prints
-    /// the ratio last (bench_replicas.rs).
+    /// the ratio last.
     #[arg(long, value_name = "R")]
     replicas: Option<usize>,
     /// The helper's latency per node in --replicas runs, in milliseconds.
@@ -75,7 +146,8 @@ pub struct Args {
     /// Run every contender this many times, alternating, and report the medians.
     #[arg(long, value_name = "N", default_value_t = 1)]
     runs: usize,
-    /// Draw the nodes provisioned over time of every contender (its median run) into this SVG.
+    /// Draw the nodes provisioned and the provisioner's resident memory over time of every
+    /// contender (its median run) into this SVG, one panel each.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// Use the binaries already built (release, or debug with --debug-build) instead of
@@ -83,7 +155,7 @@ pub struct Args {
     #[arg(long)]
     no_build: bool,
     /// The process helper's program: the statically linked demo helper in release runs
-    /// (`stack::static_helper`), else the demo helper beside the other binaries.
+    /// (`test_support::stack::static_helper`), else the demo helper beside the other binaries.
     #[arg(skip)]
     process_helper: Option<PathBuf>,
 }
@@ -113,67 +185,13 @@ pub struct Figures {
     /// (seconds since the provisioner started, nodes provisioned) as the simulator reported
     /// them.
     pub series: Vec<(f64, f64)>,
+    /// (seconds since the provisioner started, its resident MiB), read at the same times.
+    pub rss_series: Vec<(f64, f64)>,
     /// Where the machine's CPU went over the same time: the broker, the helper (process
     /// helpers the provisioner waited for, or the webhook server), and the whole machine.
     pub broker_cpu_s: f64,
     pub helper_cpu_s: f64,
     pub machine_busy_s: f64,
-}
-
-/// USER_HZ on Linux: the unit of /proc's CPU times.
-const TICKS: f64 = 100.0;
-
-/// Fields of /proc/<pid>/stat after the command name (which is in parentheses and may contain
-/// spaces): index 11 is utime, 12 stime, 13 cutime, 14 cstime.
-fn stat_fields(pid: u32) -> Option<Vec<f64>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    Some(
-        rest.split_whitespace()
-            .map(|f| f.parse().unwrap_or(0.0))
-            .collect(),
-    )
-}
-
-/// user+sys CPU seconds of a process from /proc/<pid>/stat.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let f = stat_fields(pid)?;
-    Some((f.get(11)? + f.get(12)?) / TICKS)
-}
-
-/// user+sys CPU seconds of a process's children that it has waited for (its process helpers).
-fn children_cpu_seconds(pid: u32) -> Option<f64> {
-    let f = stat_fields(pid)?;
-    Some((f.get(13)? + f.get(14)?) / TICKS)
-}
-
-/// CPU seconds the whole machine has been busy (every state but idle and iowait), from the
-/// first line of /proc/stat.
-fn machine_busy_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let f: Vec<f64> = stat
-        .lines()
-        .next()?
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|v| v.parse().unwrap_or(0.0))
-        .collect();
-    let total: f64 = f.iter().sum();
-    Some((total - f.get(3)? - f.get(4)?) / TICKS)
-}
-
-/// Peak resident set size in MiB from /proc/<pid>/status.
-fn peak_rss_mib(pid: u32) -> Option<f64> {
-    status_mib(pid, "VmHWM:")
-}
-
-/// A memory figure of /proc/<pid>/status (`VmHWM:`, `VmRSS:`) in MiB.
-fn status_mib(pid: u32, field: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
 }
 
 /// How often a run prints where it is.
@@ -184,7 +202,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 /// simulator's memory. Where the peak comes from is read off these lines.
 fn progress(label: &str, elapsed: Duration, sim_log: &Path, pid: u32, sim_pid: u32, metrics: &str) {
     let mib = |pid, field| status_mib(pid, field).map_or("-".into(), |v| format!("{v:.1}"));
-    let gauge = |name| format!("{:.0}", stack::metric_sum(metrics, name));
+    let gauge = |name| format!("{:.0}", metric_sum(metrics, name));
     eprintln!(
         "bench: {label}: {:.0}s: {} provisioned; provisioner rss {} MiB (peak {}), cpu {:.1}s, queue {}, waiting {}, discovered {}, dropped replies {}; simulator rss {} MiB",
         elapsed.as_secs_f64(),
@@ -230,10 +248,8 @@ fn contender_with(
     extra_yaml: &str,
     forged: usize,
 ) -> Result<Figures> {
-    let dir = root().join("target/bench").join(label);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let (nats, url) = stack::start_nats(&dir)?;
+    let dir = run_dir(label)?;
+    let (nats, url) = start_broker(&dir, "")?;
     let workers = if args.workers == 0 { 64 } else { args.workers };
     let webhook = match helper {
         HelperKind::Exec => None,
@@ -252,7 +268,7 @@ fn contender_with(
         None => extra_yaml.to_string(),
         Some(w) => format!("{}{extra_yaml}", w.extra_yaml()),
     };
-    let files = stack::write_run_files(&dir, bins)?;
+    let files = write_run_files(&dir, bins)?;
     let mut settings = files
         .provisioner(&dir, &url, &helper_cmd, args.mode)
         .yaml(&extra_yaml);
@@ -277,14 +293,14 @@ fn contender_with(
         "--issuer-check-every",
         "100",
     ]);
-    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    let mut sim = ProcessGuard::spawn("choria-fleet-sim", &mut sim_cmd)?;
     let sim_pid = sim.pid();
     // Let the fleet come up and announce itself before the clock starts.
     std::thread::sleep(Duration::from_secs(2));
     let sim_cpu_before = cpu_seconds(sim_pid).unwrap_or(0.0);
     let broker_pid = nats.pid();
     let broker_cpu = || broker_pid.and_then(cpu_seconds).unwrap_or(0.0);
-    let webhook_pid = webhook_server.as_ref().map(Proc::pid);
+    let webhook_pid = webhook_server.as_ref().map(ProcessGuard::pid);
     let webhook_cpu = || webhook_pid.and_then(cpu_seconds).unwrap_or(0.0);
     let broker_before = broker_cpu();
     let webhook_before = webhook_cpu();
@@ -310,9 +326,9 @@ fn contender_with(
             "--startup-rate",
             "1",
             "--domain",
-            FLOOD_DOMAIN,
+            probes::FLOOD_DOMAIN,
         ]);
-        Some(Proc::spawn("choria-fleet-sim (flood)", &mut cmd)?)
+        Some(ProcessGuard::spawn("choria-fleet-sim (flood)", &mut cmd)?)
     } else {
         None
     };
@@ -322,6 +338,7 @@ fn contender_with(
     let mut sim_cpu = sim_cpu_before;
     let mut children_cpu = 0.0f64;
     let mut series = vec![(0.0, 0.0)];
+    let mut rss_series = Vec::new();
     let mut next_report = PROGRESS_EVERY;
     let status = loop {
         std::thread::sleep(Duration::from_millis(200));
@@ -351,8 +368,12 @@ fn contender_with(
         if let Some(c) = cpu_seconds(sim_pid) {
             sim_cpu = c;
         }
+        let now = started.elapsed().as_secs_f64();
         if let Some(n) = sim_progress(&sim_log) {
-            series.push((started.elapsed().as_secs_f64(), n as f64));
+            series.push((now, n as f64));
+        }
+        if let Some(r) = rss_mib(pid) {
+            rss_series.push((now, r));
         }
         if let Ok(Some(st)) = sim.child.try_wait() {
             break st;
@@ -381,8 +402,8 @@ fn contender_with(
     if !status.success() {
         eprintln!("bench: {label}: fleet not complete: {sim_line}");
     }
-    let helper_s = stack::metric_sum(&metrics, "choria_provisioner_helper_time_sum");
-    let rpc_s = stack::metric_sum(&metrics, "choria_provisioner_rpc_time_sum");
+    let helper_s = metric_sum(&metrics, "choria_provisioner_helper_time_sum");
+    let rpc_s = metric_sum(&metrics, "choria_provisioner_rpc_time_sum");
     let f = Figures {
         wall,
         per_min: provisioned as f64 / wall.as_secs_f64() * 60.0,
@@ -393,11 +414,12 @@ fn contender_with(
         } else {
             0.0
         },
-        failures: stack::metric_sum(&metrics, "choria_provisioner_provision_errors"),
+        failures: metric_sum(&metrics, "choria_provisioner_provision_errors"),
         provisioned,
         sim_cpu_s: sim_cpu - sim_cpu_before,
         sim_rss_mib: sim_peak,
         series,
+        rss_series,
         broker_cpu_s,
         helper_cpu_s,
         machine_busy_s: machine_busy,
@@ -412,7 +434,7 @@ fn contender_with(
         f.rss_mib,
         f.helper_share * 100.0,
         f.failures,
-        stack::metric_sum(&metrics, "choria_provisioner_dropped_messages"),
+        metric_sum(&metrics, "choria_provisioner_dropped_messages"),
         f.sim_cpu_s,
         f.sim_rss_mib,
     );
@@ -472,21 +494,22 @@ impl Contender {
     }
 }
 
-/// Run the benchmark.
-pub fn main(mut args: Args) -> Result<()> {
+/// Runs the benchmark `args` ask for (`cargo xtask bench`). The Go provisioner, when asked
+/// for, is `args.go_bin`, which the caller provides (xtask builds it).
+pub fn bench(mut args: Args) -> Result<()> {
     let debug = args.debug_build;
     let profile = if debug { "debug" } else { "release" };
     let bins = if args.no_build {
         test_support::workspace_root().join("target").join(profile)
     } else {
         eprintln!("bench: {profile} build");
-        stack::build_binaries(!debug)?
+        build_binaries(!debug)?
     };
     if let Some(n) = args.waiting {
-        return waiting_probe(n, &bins);
+        return probes::waiting(n, &bins);
     }
     if !debug && args.helper.contains(&HelperKind::Exec) {
-        match stack::static_helper(!args.no_build) {
+        match static_helper(!args.no_build) {
             Ok(path) => {
                 eprintln!(
                     "bench: process helper: {} (statically linked)",
@@ -501,20 +524,20 @@ pub fn main(mut args: Args) -> Result<()> {
         }
     }
     if let Some(policy) = &args.rego_policy {
-        return rego_policy_probe(&args, &bins, policy);
+        return probes::rego_policy(&args, &bins, policy);
     }
     if let Some(n) = args.forged_events {
-        return forged_probe(&args, &bins, n);
+        return probes::forged(&args, &bins, n);
     }
     if let Some(replicas) = args.replicas {
-        return crate::bench_replicas::main(
-            &bins,
-            replicas,
-            args.helper_delay,
-            args.nodes,
-            args.replica_workers,
-            Duration::from_secs(args.timeout_s()),
-        );
+        let scaling = replicas::Scaling {
+            bins: &bins,
+            helper_delay_ms: args.helper_delay,
+            nodes: args.nodes,
+            workers: args.replica_workers,
+            timeout: Duration::from_secs(args.timeout_s()),
+        };
+        return replicas::run(&scaling, replicas);
     }
     if args.runs == 0 {
         bail!("--runs must be at least 1");
@@ -537,13 +560,9 @@ pub fn main(mut args: Args) -> Result<()> {
             helper: HelperKind::Exec,
             runs: Vec::new(),
         });
-        Some(match &args.go_bin {
-            Some(p) => p.clone(),
-            None => {
-                crate::peers::build_provisioner()?;
-                crate::peers::provisioner_bin()
-            }
-        })
+        Some(args.go_bin.clone().ok_or_else(|| {
+            Error::Failed("--vs-go: no Go provisioner given (--go-bin PATH)".into())
+        })?)
     } else {
         None
     };
@@ -565,19 +584,19 @@ pub fn main(mut args: Args) -> Result<()> {
     }
     let go = contenders.iter().find(|c| c.go).map(Contender::median);
     if let Some(path) = &args.plot {
-        let lines: Vec<crate::plot::Line> = contenders
+        let lines: Vec<plot::Line> = contenders
             .iter()
-            .map(|c| crate::plot::Line {
-                label: c.legend.clone(),
-                points: c.median().series,
+            .map(|c| {
+                let run = c.median();
+                plot::Line {
+                    label: c.legend.clone(),
+                    provisioned: run.series,
+                    rss_mib: run.rss_series,
+                }
             })
             .collect();
-        let title = format!(
-            "{} nodes, {} mode: nodes provisioned over time",
-            args.nodes,
-            args.mode.name()
-        );
-        crate::plot::draw(path, &title, &lines)?;
+        let title = format!("{} nodes, {} mode", args.nodes, args.mode.name());
+        plot::draw(path, &title, &lines)?;
         eprintln!("bench: plot written to {}", path.display());
     }
     for c in contenders.iter().filter(|c| !c.go) {
@@ -654,219 +673,4 @@ fn last_line(args: &Args, ours: &Figures, go: Option<&Figures>, helper: HelperKi
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// Three runs without a policy and three with `policy`, alternating so that a change in the
-/// machine's load falls on both; the medians and the loss in nodes a minute.
-fn rego_policy_probe(args: &Args, bins: &Path, policy: &Path) -> Result<()> {
-    let policy = std::fs::canonicalize(policy)
-        .with_context(|| format!("cannot read rego policy {}", policy.display()))?;
-    let yaml = format!("rego_policy: {}\n", policy.display());
-    let (none, with) = alternate(
-        args,
-        bins,
-        ("no-policy", "", 0),
-        ("rego-policy", &yaml, 0),
-        true,
-    )?;
-    let (none, with): (Vec<f64>, Vec<f64>) = (
-        none.iter().map(|f| f.per_min).collect(),
-        with.iter().map(|f| f.per_min).collect(),
-    );
-    let (n, w) = (median(none.clone()), median(with.clone()));
-    let loss = if n > 0.0 { (n - w) / n * 100.0 } else { 0.0 };
-    println!(
-        "bench: rego_policy mode={} nodes={} no_policy_per_min={n:.0} rego_policy_per_min={w:.0} loss_pct={loss:.1} runs_no_policy={none:.0?} runs_rego_policy={with:.0?}",
-        args.mode.name(),
-        args.nodes,
-    );
-    if loss > 10.0 {
-        bail!("the rego_policy costs {loss:.1}% of the nodes a minute (at most 10%)");
-    }
-    Ok(())
-}
-
-/// Three runs of contender `a` and three of `b` (label, extra YAML, forged events), alternating so
-/// that a change in the machine's load falls on both; fails when a run leaves nodes
-/// unprovisioned (or, with `no_failures`, counts a failure).
-fn alternate(
-    args: &Args,
-    bins: &Path,
-    a: (&str, &str, usize),
-    b: (&str, &str, usize),
-    no_failures: bool,
-) -> Result<(Vec<Figures>, Vec<Figures>)> {
-    let helper = args.helper.first().copied().unwrap_or(HelperKind::Exec);
-    let (mut ra, mut rb) = (Vec::new(), Vec::new());
-    for round in 1..=3 {
-        for ((label, yaml, forged), runs) in [(a, &mut ra), (b, &mut rb)] {
-            let f = contender_with(
-                args,
-                bins,
-                None,
-                helper,
-                &format!("rust-{label}-{round}"),
-                yaml,
-                forged,
-            )?;
-            if f.provisioned < args.nodes || (no_failures && f.failures > 0.0) {
-                bail!(
-                    "{label} round {round}: {}/{} provisioned, {} failures",
-                    f.provisioned,
-                    args.nodes,
-                    f.failures
-                );
-            }
-            runs.push(f);
-        }
-    }
-    Ok((ra, rb))
-}
-
-/// The domain of the flood's forged node names.
-const FLOOD_DOMAIN: &str = "flood.example.net";
-
-/// Three runs without a flood and three with `forged` forged startup events beside the fleet,
-/// alternating; the medians and the loss in nodes a minute (at most 20%).
-fn forged_probe(args: &Args, bins: &Path, forged: usize) -> Result<()> {
-    let (a, b) = alternate(
-        args,
-        bins,
-        ("no-flood", "", 0),
-        ("flood", "", forged),
-        false,
-    )?;
-    let figures = |v: &[Figures], f: fn(&Figures) -> f64| v.iter().map(f).collect::<Vec<f64>>();
-    let (none, with) = (figures(&a, |f| f.per_min), figures(&b, |f| f.per_min));
-    let (cpu_none, cpu_with) = (figures(&a, |f| f.cpu_s), figures(&b, |f| f.cpu_s));
-    let (n, w) = (median(none.clone()), median(with.clone()));
-    let loss = if n > 0.0 { (n - w) / n * 100.0 } else { 0.0 };
-    // The flood must add no log line per forged event: the lines of a flooded run that name the
-    // flood's domain (every line about a forged node names it; the fleet's own lines vary from
-    // run to run with how many of its nodes discovery finds before their startup events do).
-    let flood_lines = |label: String| {
-        std::fs::read(
-            root()
-                .join("target/bench")
-                .join(label)
-                .join("provisioner.log"),
-        )
-        .map(|b| {
-            b.split(|&c| c == b'\n')
-                .filter(|l| {
-                    l.windows(FLOOD_DOMAIN.len())
-                        .any(|w| w == FLOOD_DOMAIN.as_bytes())
-                })
-                .count()
-        })
-        .unwrap_or(0)
-    };
-    let most_flood_lines = (1..=3)
-        .map(|r| flood_lines(format!("rust-flood-{r}")))
-        .max()
-        .unwrap_or(0);
-    println!(
-        "bench: forged_events={forged} mode={} nodes={} no_flood_per_min={n:.0} flood_per_min={w:.0} loss_pct={loss:.1} daemon_cpu_s_no_flood={:.2} daemon_cpu_s_flood={:.2} flood_log_lines={most_flood_lines} runs_no_flood={none:.0?} runs_flood={with:.0?}",
-        args.mode.name(),
-        args.nodes,
-        median(cpu_none),
-        median(cpu_with),
-    );
-    if most_flood_lines > forged / 1000 + 100 {
-        bail!("a flooded run wrote {most_flood_lines} log lines naming {FLOOD_DOMAIN}: the flood is logged per event");
-    }
-    if loss > 20.0 {
-        bail!("{forged} forged startup events cost {loss:.1}% of the fleet's nodes a minute (at most 20%)");
-    }
-    Ok(())
-}
-
-/// Resident set size in bytes from /proc/<pid>/statm.
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
-/// The waiting-node memory probe: `n` nodes announce themselves while the one worker is stuck on
-/// a helper that never answers, so every other node waits in the host table and the queue. The
-/// provisioner's RSS growth divided by the nodes held is the cost of a waiting node.
-fn waiting_probe(n: usize, bins: &Path) -> Result<()> {
-    let dir = root().join("target/bench/waiting");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let (_nats, url) = stack::start_nats(&dir)?;
-    let hang = dir.join("hang.sh");
-    std::fs::write(&hang, "#!/bin/sh\nexec sleep 3600\n")?;
-    crate::tools::run(Command::new("chmod").arg("0755").arg(&hang))?;
-    let files = stack::write_run_files(&dir, bins)?;
-    let mut settings = files
-        .provisioner(&dir, &url, &hang.display().to_string(), Mode::Plain)
-        // The queue is sized to the fleet, as an operator sizes it: announced nodes may fill
-        // half of it, so it is twice the fleet. The node history keeps its default size (its
-        // own cost a node is printed apart, from the status API).
-        .yaml(&format!("work_queue_size: {}\n", n.max(1) * 2));
-    settings.workers = 1;
-    let mut prov = settings.start(&bins.join("choria-provisioner"), &dir)?;
-    // Let it connect, run its first (empty) discovery and settle.
-    std::thread::sleep(Duration::from_secs(3));
-    let pid = prov.pid();
-    let before = rss_bytes(pid).context("cannot read the provisioner's RSS")?;
-    let mut sim = Proc::spawn(
-        "choria-fleet-sim",
-        Command::new(bins.join("choria-fleet-sim"))
-            .args([
-                "--broker",
-                &url,
-                "--nodes",
-                &n.to_string(),
-                "--token",
-                &files.token,
-            ])
-            .arg("--provisioning-signer")
-            .arg(&files.signer_seed)
-            .args(["--identity-prefix", "waiting", "--startup-rate", "20000"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("fleet-sim.log"))?),
-    )?;
-    let started = Instant::now();
-    let mut held = 0.0;
-    let mut last_change = Instant::now();
-    while started.elapsed() < Duration::from_secs(300 + (n / 5000) as u64) {
-        std::thread::sleep(Duration::from_millis(500));
-        if prov.exited().is_some() || !sim.running() {
-            bail!("a process exited during the probe; see {}", dir.display());
-        }
-        let now = prov.metric_sum("choria_provisioner_waiting_nodes");
-        if now > held {
-            held = now;
-            last_change = Instant::now();
-        }
-        if held >= n as f64 - 1.0 || (held > 0.0 && last_change.elapsed() > Duration::from_secs(5))
-        {
-            break;
-        }
-    }
-    let after = rss_bytes(pid).context("cannot read the provisioner's RSS")?;
-    let peak = peak_rss_mib(pid).unwrap_or(0.0);
-    let per_node = if held > 0.0 {
-        after.saturating_sub(before) as f64 / held
-    } else {
-        0.0
-    };
-    // What the node history says it holds (counted from its allocations), included above.
-    let history = prov
-        .get("/api/v1/status")
-        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
-        .map(|s| s["history"].clone())
-        .unwrap_or_default();
-    prov.proc.terminate(Duration::from_secs(5));
-    println!(
-        "bench: waiting nodes={n} held={held} rss_before_mib={:.1} rss_after_mib={:.1} peak_rss_mib={peak:.1} bytes_per_waiting_node={per_node:.0} history_nodes={} history_bytes_per_node={}",
-        before as f64 / 1048576.0,
-        after as f64 / 1048576.0,
-        history["nodes"],
-        history["bytes_per_node"],
-    );
-    Ok(())
 }

@@ -4,16 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use test_support::workspace_root as root;
 
 use provisioner::config::{Config, ConfigWarning};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
 
 /// The ```yaml blocks of a Markdown text, with the line each starts on.
 fn yaml_blocks(text: &str) -> Vec<(usize, String)> {

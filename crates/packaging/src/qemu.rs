@@ -11,14 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use test_support::stack::write_run_files;
 use test_support::webhook::WebhookPlan;
-use test_support::Mode;
+use test_support::{Mode, NatsServer};
 
-use super::targets::{apt_install, Arch};
-use super::{capture, section};
-use crate::stack::{metric_sum, start_nats, write_run_files, Proc};
-use crate::tools::{root, which};
+use crate::error::{bail, Context, Result};
+use crate::fleet::SimFleet;
+use crate::host::{apt_install, capture, section, which};
+use crate::targets::Arch;
+use crate::{root, target_dir};
 
 /// How many simulated servers are provisioned: enough to run every worker a few times.
 const NODES: usize = 8;
@@ -34,7 +35,7 @@ fn qemu(arch: Arch) -> Result<PathBuf> {
         return Ok(q);
     }
     println!("dist: qemu-user not found, installing Debian's qemu-user-static");
-    apt_install(&["qemu-user-static"]);
+    apt_install(&["qemu-user-static"], true);
     find().with_context(|| {
         format!(
             "{} not found and could not be installed: apt-get install qemu-user-static",
@@ -45,7 +46,7 @@ fn qemu(arch: Arch) -> Result<PathBuf> {
 
 /// Runs `binary` (for `arch`) under qemu-user: `--version`, then provisioning [`NODES`]
 /// simulated servers; `bins` holds the host's fleet simulator and demo helper.
-pub(super) fn provision_fleet(binary: &Path, arch: Arch, bins: &Path) -> Result<()> {
+pub fn provision_fleet(binary: &Path, arch: Arch, bins: &Path) -> Result<()> {
     let qemu = qemu(arch)?;
     let version = capture(Command::new(&qemu).arg(binary).arg("--version"))?;
     if !version.starts_with("choria-provisioner ") {
@@ -57,7 +58,7 @@ pub(super) fn provision_fleet(binary: &Path, arch: Arch, bins: &Path) -> Result<
         arch.name(),
         version.trim()
     );
-    let dir = root().join(format!("target/dist/qemu-{}", arch.name()));
+    let dir = target_dir(&root()).join(format!("dist/qemu-{}", arch.name()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let result = fleet(&qemu, binary, arch, bins, &dir);
@@ -73,7 +74,8 @@ pub(super) fn provision_fleet(binary: &Path, arch: Arch, bins: &Path) -> Result<
 }
 
 fn fleet(qemu: &Path, binary: &Path, arch: Arch, bins: &Path, dir: &Path) -> Result<()> {
-    let (_nats, url) = start_nats(dir)?;
+    let nats = NatsServer::start_in_free_port(dir, "", true)?;
+    let url = nats.url();
     let files = write_run_files(dir, bins)?;
     let plan = WebhookPlan::new(dir)?;
     let _webhook = plan.start(bins, &files, &url, &dir.join("webhook.log"))?;
@@ -94,32 +96,19 @@ fn fleet(qemu: &Path, binary: &Path, arch: Arch, bins: &Path, dir: &Path) -> Res
         started.elapsed().as_secs_f64()
     );
 
-    let sim_log = dir.join("fleet-sim.log");
-    let mut sim_cmd = files.fleet_sim(bins, &url, NODES, Mode::Ed25519, "qemu-node", &sim_log)?;
-    sim_cmd.arg("--exit-when-done").args(["--timeout", "150s"]);
-    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(st) = sim.exited() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            bail!("the fleet was not provisioned under qemu within 180 s");
-        }
-        if prov.exited().is_some() {
-            bail!("the provisioner under qemu exited while the fleet waited");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let done = metric_sum(&prov.metrics(), "choria_provisioner_provisioned");
+    let mut sim = SimFleet::start(
+        &files,
+        bins,
+        &url,
+        (NODES, Mode::Ed25519, "qemu-node"),
+        &dir.join("fleet-sim.log"),
+        Duration::from_secs(180),
+    )?;
+    let status = sim.wait("under qemu", || prov.exited().is_some())?;
+    let metrics = prov.metrics();
     prov.ensure_no_panic()?;
     prov.stop_cleanly(Duration::from_secs(15))?;
-    if !status.success() || done < NODES as f64 {
-        bail!(
-            "the fleet was not fully provisioned under qemu ({status}; provisioned {done} of \
-             {NODES})"
-        );
-    }
+    sim.check(status, &metrics, "under qemu")?;
     println!(
         "ok: under {}, the {} binary provisioned {NODES} simulated servers ({}, webhook helper) \
          in {:.1}s and stopped cleanly",

@@ -5,19 +5,19 @@
 //! nats-server and provisions a simulated fleet through the demo helper's webhook.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use test_support::stack::write_run_files;
 use test_support::webhook::WebhookPlan;
-use test_support::Mode;
+use test_support::{Mode, NatsServer};
 
-use super::targets::apt_install;
-use super::{capture, install_file, linkage, section, PackageSet, FLEET_SIM, NAME};
-use crate::stack::{metric_sum, start_nats, write_run_files, Proc};
-use crate::tools::{root, run, which};
+use crate::build::{install_file, set_mode, write_file};
+use crate::error::{bail, Context, Result};
+use crate::fleet::{uids, SimFleet};
+use crate::host::{apt_install, capture, combined, run, section, which};
+use crate::{linkage, root, target_dir, PackageSet, FLEET_SIM, NAME};
 
 /// The image's user, as in the Go provisioner's image.
 const UID: u32 = 2048;
@@ -30,7 +30,7 @@ const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
 const NODES: usize = 10;
 
 /// A built image.
-pub(super) struct Image {
+pub struct Image {
     /// `localhost/choria-provisioner:VERSION`.
     pub name: String,
     /// The saved image.
@@ -43,12 +43,12 @@ fn builder() -> Result<PathBuf> {
         return Ok(p);
     }
     println!("dist: neither podman nor buildah found, installing Debian's podman");
-    apt_install(&["podman"]);
+    apt_install(&["podman"], true);
     which("podman").context("podman not found and could not be installed: apt-get install podman")
 }
 
 /// Builds the image from `set`'s staged static binary into `out`.
-pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) -> Result<Image> {
+pub fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) -> Result<Image> {
     let binary = set.binary();
     let linked = linkage(&binary)?;
     if !linked.is_static() {
@@ -81,7 +81,7 @@ pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) ->
             mode,
         )?;
     }
-    write(
+    write_file(
         &system.join("etc/passwd"),
         &format!(
             "root:x:0:0:root:/root:/sbin/nologin\n\
@@ -89,14 +89,14 @@ pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) ->
         ),
         0o644,
     )?;
-    write(
+    write_file(
         &system.join("etc/group"),
         &format!("root:x:0:\n{USER}:x:{UID}:\n"),
         0o644,
     )?;
     let bundle = Path::new("/").join(CA_BUNDLE);
     if !bundle.is_file() {
-        apt_install(&["ca-certificates"]);
+        apt_install(&["ca-certificates"], true);
     }
     install_file(&bundle, &system.join(CA_BUNDLE), 0o644).with_context(|| {
         format!(
@@ -105,10 +105,10 @@ pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) ->
         )
     })?;
     fs::create_dir_all(system.join("tmp"))?;
-    fs::set_permissions(system.join("tmp"), fs::Permissions::from_mode(0o1777))?;
+    set_mode(&system.join("tmp"), 0o1777)?;
     for dir in [ETC.trim_start_matches('/'), &format!("home/{USER}")] {
         fs::create_dir_all(user.join(dir))?;
-        fs::set_permissions(user.join(dir), fs::Permissions::from_mode(0o750))?;
+        set_mode(&user.join(dir), 0o750)?;
     }
     let tar = ctx.join("rootfs.tar");
     let tar_cmd = |mode: &str, dir: &Path, owner: u32, paths: &[&str]| {
@@ -176,15 +176,6 @@ pub(super) fn build(root: &Path, set: &PackageSet, version: &str, out: &Path) ->
     Ok(Image { name, archive })
 }
 
-fn write(path: &Path, text: &str, mode: u32) -> Result<()> {
-    if let Some(d) = path.parent() {
-        fs::create_dir_all(d)?;
-    }
-    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-    Ok(())
-}
-
 /// A container removed when dropped, whatever happened.
 struct Container {
     podman: PathBuf,
@@ -204,9 +195,9 @@ impl Drop for Container {
 /// Runs the image under podman with the host's network: its configuration, and nothing else,
 /// mounted on /etc/choria-provisioner; checks its user, files and healthcheck, and that it
 /// provisions [`NODES`] simulated servers.
-pub(super) fn provision_fleet(image: &Image, bins: &Path) -> Result<()> {
+pub fn provision_fleet(image: &Image, bins: &Path) -> Result<()> {
     if which("podman").is_err() || which("runc").is_err() {
-        apt_install(&["podman", "runc"]);
+        apt_install(&["podman", "runc"], true);
     }
     let podman = which("podman")
         .context("podman not found and could not be installed: apt-get install podman")?;
@@ -220,7 +211,7 @@ pub(super) fn provision_fleet(image: &Image, bins: &Path) -> Result<()> {
     image_config(&podman, &image.name)?;
     image_files(&podman, &image.name)?;
 
-    let dir = root().join("target/dist/image-test");
+    let dir = target_dir(&root()).join("dist/image-test");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let container = Container {
@@ -232,13 +223,7 @@ pub(super) fn provision_fleet(image: &Image, bins: &Path) -> Result<()> {
         let logs = Command::new(&podman)
             .args(["logs", &container.name])
             .output()
-            .map(|o| {
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                )
-            })
+            .map(|o| combined(&o))
             .unwrap_or_default();
         let tail: Vec<&str> = logs.lines().rev().take(30).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -320,7 +305,7 @@ fn image_files(podman: &Path, name: &str) -> Result<()> {
         .stdout(Stdio::null())
         .status();
     let export = export?;
-    let tmp = root().join("target/dist/image-export.tar");
+    let tmp = target_dir(&root()).join("dist/image-export.tar");
     fs::write(&tmp, &export.stdout)?;
     let listing = capture(
         Command::new("tar")
@@ -353,7 +338,8 @@ fn image_files(podman: &Path, name: &str) -> Result<()> {
 
 fn fleet(container: &Container, image: &Image, bins: &Path, dir: &Path) -> Result<()> {
     let podman = &container.podman;
-    let (_nats, url) = start_nats(dir)?;
+    let nats = NatsServer::start_in_free_port(dir, "", true)?;
+    let url = nats.url();
     let files = write_run_files(&dir.join("run"), bins)?;
     // The configuration directory mounted on /etc/choria-provisioner: the two files the image's
     // command names and the webhook's secret, the user's alone.
@@ -371,7 +357,7 @@ fn fleet(container: &Container, image: &Image, bins: &Path, dir: &Path) -> Resul
     run(Command::new("chown")
         .args(["-R", &format!("{UID}:{UID}")])
         .arg(&conf))?;
-    fs::set_permissions(&conf, fs::Permissions::from_mode(0o750))?;
+    set_mode(&conf, 0o750)?;
 
     let started = Instant::now();
     run(podman_cmd(podman)
@@ -386,19 +372,10 @@ fn fleet(container: &Container, image: &Image, bins: &Path, dir: &Path) -> Resul
             .args(["inspect", "--format", "{{.State.Pid}}"])
             .arg(&container.name),
     )?;
-    let status = fs::read_to_string(format!("/proc/{}/status", pid.trim()))
-        .context("the container's process is not running")?;
-    let uids = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .unwrap_or_default()
-        .to_string();
-    if uids
-        .split_whitespace()
-        .skip(1)
-        .any(|u| u != UID.to_string())
-    {
-        bail!("the container's process runs with {uids}, expected uid {UID} ({USER})");
+    let pid: u32 = pid.trim().parse().context("podman inspect names no pid")?;
+    let uids = uids(pid).context("the container's process")?;
+    if uids.iter().any(|u| *u != UID.to_string()) {
+        bail!("the container's process runs with uids {uids:?}, expected uid {UID} ({USER})");
     }
     println!("ok: the container's provisioner runs as uid {UID} ({USER})");
 
@@ -424,30 +401,17 @@ fn fleet(container: &Container, image: &Image, bins: &Path, dir: &Path) -> Resul
     }
     println!("ok: podman healthcheck run: healthy");
 
-    let sim_log = dir.join("fleet-sim.log");
-    let mut sim_cmd = files.fleet_sim(bins, &url, NODES, Mode::Plain, "image-node", &sim_log)?;
-    sim_cmd.arg("--exit-when-done").args(["--timeout", "120s"]);
-    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
-    let deadline = Instant::now() + Duration::from_secs(150);
-    let st = loop {
-        if let Some(st) = sim.exited() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            bail!("the fleet was not provisioned by the container within 150 s");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let done = metric_sum(
-        &test_support::metrics::scrape(port),
-        "choria_provisioner_provisioned",
-    );
-    if !st.success() || done < NODES as f64 {
-        bail!(
-            "the fleet was not fully provisioned by the container ({st}; provisioned {done} of \
-             {NODES})"
-        );
-    }
+    let mut sim = SimFleet::start(
+        &files,
+        bins,
+        &url,
+        (NODES, Mode::Plain, "image-node"),
+        &dir.join("fleet-sim.log"),
+        Duration::from_secs(150),
+    )?;
+    let st = sim.wait("by the container", || false)?;
+    let metrics = test_support::metrics::scrape(port);
+    sim.check(st, &metrics, "by the container")?;
     let elapsed = started.elapsed();
     run(podman_cmd(podman)
         .args(["stop", "-t", "15", &container.name])

@@ -1,33 +1,56 @@
-//! `cargo xtask docs`: checks the Markdown documentation under `docs/`.
+//! The documentation's checks: the Markdown pages under `docs/` (`cargo xtask docs` runs
+//! [`check`]), and in this crate's tests the examples they show against the real code.
 //!
 //! The documentation is plain Markdown indexed by `docs/SUMMARY.md` (mdBook's layout, so
-//! `mdbook build docs` also works where mdBook is installed). This command checks that:
+//! `mdbook build docs` also works where mdBook is installed). [`check`] checks that:
 //!
 //! - every page named in `SUMMARY.md` exists and every page in `docs/` is named there;
 //! - every relative link of every page resolves to a file, and every `#anchor` to a heading;
 //! - every command in a code block that starts with `choria-provisioner`, `choria-fleet-sim` or
 //!   `cargo xtask` names a subcommand and flags the real program accepts (read from the built
-//!   binaries' `--help` and from xtask's own usage text).
+//!   binaries' `--help` and from xtask's own clap definition).
 //!
-//! It then runs the documentation tests in `xtask/tests/`: the YAML examples through the
-//! provisioner's configuration loader (`docs_config`), the helper examples against the helper
-//! contract (`docs_helpers`), and the monitoring page and dashboards against the real metrics
-//! exposition (`docs_metrics`), and the sample policies of `docs/examples/policies/` against
-//! their recorded inputs (`bin/choria-provisioner/tests/docs_policies.rs`).
+//! The tests (`cargo test -p docs-check`) run the YAML examples through the provisioner's
+//! configuration loader (`docs_config`), the helper examples against the helper contract
+//! (`docs_helpers`), and the monitoring page and dashboards against the real metrics exposition
+//! (`docs_metrics`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+/// Why the documentation could not be checked, or that it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A page or a program could not be read.
+    #[error("{what}: {err}")]
+    Io {
+        /// What was being read.
+        what: String,
+        /// The operating system's error.
+        err: std::io::Error,
+    },
+    /// The pages have problems, each printed.
+    #[error("{0} problem(s) in docs/")]
+    Problems(usize),
+}
 
-use crate::tools::root;
+/// The result of the checks.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// `cargo xtask docs [--no-build]`: without `build` it checks against the binaries already
-/// built and skips the documentation tests.
-pub fn main(build: bool) -> Result<()> {
-    let root = root();
+/// `path`'s text, naming it on failure.
+fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).map_err(|err| Error::Io {
+        what: format!("cannot read {}", path.display()),
+        err,
+    })
+}
+
+/// Checks the pages of `root/docs` and the commands they show against the binaries in `bins`
+/// (a program not built there is reported and its commands are not checked) and against
+/// `xtask`, xtask's clap definition. Prints each problem and a summary line.
+pub fn check(root: &Path, bins: &Path, xtask: &clap::Command) -> Result<()> {
     let docs = root.join("docs");
     let pages = markdown_pages(&docs)?;
     let mut problems = Vec::new();
@@ -36,10 +59,10 @@ pub fn main(build: bool) -> Result<()> {
     for page in &pages {
         check_links(&docs, page, &mut problems)?;
     }
-    let clis = known_clis(&root, build)?;
+    let clis = known_clis(bins, xtask)?;
     let mut commands = 0;
     for page in &pages {
-        commands += check_commands(&docs, page, &clis, &mut problems)?;
+        commands += check_commands(page, &clis, &mut problems)?;
     }
     if let Some(Some(cli)) = clis.get("choria-provisioner") {
         check_synopsis(&docs.join("configuration.md"), cli, &mut problems)?;
@@ -49,49 +72,19 @@ pub fn main(build: bool) -> Result<()> {
         for p in &problems {
             eprintln!("docs: {p}");
         }
-        bail!("{} problem(s) in docs/", problems.len());
+        return Err(Error::Problems(problems.len()));
     }
     println!(
         "docs: {} pages, every link resolves, {commands} commands name real subcommands and flags",
         pages.len()
     );
-    if build {
-        // The YAML examples through the configuration loader, the helper examples run against
-        // the helper contract, the metrics pages and dashboards against the real exposition.
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        crate::tools::run(Command::new(cargo).current_dir(&root).args([
-            "test",
-            "-q",
-            "-p",
-            "xtask",
-            "--test",
-            "docs_config",
-            "--test",
-            "docs_helpers",
-            "--test",
-            "docs_metrics",
-        ]))?;
-        // The sample policies against their recorded inputs, through `policy eval`.
-        crate::tools::run(
-            Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .current_dir(&root)
-                .args([
-                    "test",
-                    "-q",
-                    "-p",
-                    "choria-provisioner",
-                    "--test",
-                    "docs_policies",
-                ]),
-        )?;
-    }
     Ok(())
 }
 
 /// The command synopsis at the top of configuration.md's "Command line" (its first `text`
 /// block) names every subcommand of the binary and every flag each accepts.
 fn check_synopsis(page: &Path, cli: &Cli, problems: &mut Vec<String>) -> Result<()> {
-    let text = std::fs::read_to_string(page)?;
+    let text = read(page)?;
     let Some(section) = text.split("## Command line").nth(1) else {
         problems.push(format!("{}: no Command line section", name(page)));
         return Ok(());
@@ -142,9 +135,13 @@ fn check_synopsis(page: &Path, cli: &Cli, problems: &mut Vec<String>) -> Result<
 
 /// Every `.md` file directly under `docs/`, sorted.
 fn markdown_pages(docs: &Path) -> Result<Vec<PathBuf>> {
+    let io = |err| Error::Io {
+        what: format!("cannot read {}", docs.display()),
+        err,
+    };
     let mut pages = Vec::new();
-    for entry in fs::read_dir(docs).context("cannot read docs/")? {
-        let path = entry?.path();
+    for entry in fs::read_dir(docs).map_err(io)? {
+        let path = entry.map_err(io)?.path();
         if path.extension().is_some_and(|e| e == "md") {
             pages.push(path);
         }
@@ -161,7 +158,7 @@ fn name(p: &Path) -> String {
 
 fn check_summary(docs: &Path, pages: &[PathBuf], problems: &mut Vec<String>) -> Result<()> {
     let summary = docs.join("SUMMARY.md");
-    let text = fs::read_to_string(&summary).context("docs/SUMMARY.md is missing")?;
+    let text = read(&summary)?;
     let listed: BTreeSet<String> = links(&text)
         .into_iter()
         .filter(|l| !is_external(l))
@@ -247,7 +244,7 @@ fn anchors(text: &str) -> BTreeSet<String> {
 }
 
 fn check_links(docs: &Path, page: &Path, problems: &mut Vec<String>) -> Result<()> {
-    let text = fs::read_to_string(page)?;
+    let text = read(page)?;
     let here = name(page);
     for link in links(&text) {
         if is_external(&link) {
@@ -278,9 +275,9 @@ fn check_links(docs: &Path, page: &Path, problems: &mut Vec<String>) -> Result<(
 
 /// A program's subcommands and the flags each accepts.
 #[derive(Debug, Default)]
-struct Cli {
+pub struct Cli {
     /// Subcommand name to its flags; "" holds the flags accepted without a subcommand.
-    commands: BTreeMap<String, BTreeSet<String>>,
+    pub commands: BTreeMap<String, BTreeSet<String>>,
 }
 
 fn flags_in(text: &str) -> BTreeSet<String> {
@@ -306,7 +303,10 @@ fn help(bin: &Path, args: &[&str]) -> Result<String> {
         .args(args)
         .arg("--help")
         .output()
-        .with_context(|| format!("cannot run {} --help", bin.display()))?;
+        .map_err(|err| Error::Io {
+            what: format!("cannot run {} --help", bin.display()),
+            err,
+        })?;
     Ok(format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -360,23 +360,19 @@ fn clap_cli(bin: &Path) -> Result<Option<Cli>> {
 }
 
 /// xtask's commands and the flags each accepts, from its clap definition.
-fn xtask_cli() -> Cli {
-    use clap::CommandFactory;
-    let mut cli = Cli::default();
-    for sub in crate::Cli::command().get_subcommands() {
-        let mut flags: BTreeSet<String> = sub
-            .get_arguments()
+pub fn xtask_cli(xtask: &clap::Command) -> Cli {
+    let longs = |c: &clap::Command| -> Vec<String> {
+        c.get_arguments()
             .filter_map(|a| a.get_long())
             .map(|l| format!("--{l}"))
-            .collect();
+            .collect()
+    };
+    let mut cli = Cli::default();
+    for sub in xtask.get_subcommands() {
+        let mut flags: BTreeSet<String> = longs(sub).into_iter().collect();
         flags.insert("--help".into());
         for nested in sub.get_subcommands() {
-            flags.extend(
-                nested
-                    .get_arguments()
-                    .filter_map(|a| a.get_long())
-                    .map(|l| format!("--{l}")),
-            );
+            flags.extend(longs(nested));
         }
         cli.commands.insert(sub.get_name().to_string(), flags);
     }
@@ -387,44 +383,29 @@ fn xtask_cli() -> Cli {
     cli
 }
 
-fn known_clis(root: &Path, build: bool) -> Result<BTreeMap<&'static str, Option<Cli>>> {
-    if build {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        crate::tools::run(Command::new(cargo).current_dir(root).args([
-            "build",
-            "-q",
-            "-p",
-            "choria-provisioner",
-            "-p",
-            "choria-fleet-sim",
-        ]))?;
-    }
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) => root.join(d),
-        None => root.join("target"),
-    };
+/// The programs whose commands the pages may show: the built binaries in `bins`, when there,
+/// and xtask.
+fn known_clis(bins: &Path, xtask: &clap::Command) -> Result<BTreeMap<&'static str, Option<Cli>>> {
     let mut out = BTreeMap::new();
     for prog in ["choria-provisioner", "choria-fleet-sim"] {
-        let bin = target.join("debug").join(prog);
+        let bin = bins.join(prog);
         let cli = if bin.is_file() { clap_cli(&bin)? } else { None };
         if cli.is_none() {
             println!("docs: {prog} has no --help to check against, its commands are not checked");
         }
         out.insert(prog, cli);
     }
-    out.insert("cargo xtask", Some(xtask_cli()));
+    out.insert("cargo xtask", Some(xtask_cli(xtask)));
     Ok(out)
 }
 
 /// Checks each command line in the page's code blocks; returns how many were checked.
 fn check_commands(
-    docs: &Path,
     page: &Path,
     clis: &BTreeMap<&'static str, Option<Cli>>,
     problems: &mut Vec<String>,
 ) -> Result<usize> {
-    let _ = docs;
-    let text = fs::read_to_string(page)?;
+    let text = read(page)?;
     let here = name(page);
     let mut checked = 0;
     let mut fenced = false;
@@ -468,7 +449,7 @@ fn check_commands(
             }
             let Some(cli) = cli else { continue };
             checked += 1;
-            if let Err(e) = check_one(cli, args, *prog == "cargo xtask") {
+            if let Err(e) = cli.check_command(args, *prog == "cargo xtask") {
                 problems.push(format!("{here}: `{cmd}`: {e}"));
             }
         }
@@ -476,41 +457,46 @@ fn check_commands(
     Ok(checked)
 }
 
-fn check_one(cli: &Cli, args: &str, needs_subcommand: bool) -> Result<()> {
-    // Usage synopses write optional parts in brackets: `[run]`, `[--pid FILE]`.
-    let words: Vec<&str> = args
-        .split_whitespace()
-        .map(|w| w.trim_matches(|c| c == '[' || c == ']'))
-        .filter(|w| !w.is_empty())
-        .collect();
-    let first = words.first().copied().unwrap_or_default();
-    let (sub, rest) = if !first.is_empty() && !first.starts_with('-') {
-        if !cli.commands.contains_key(first) {
-            bail!("no subcommand {first:?}");
-        }
-        (first, words.get(1..).unwrap_or_default())
-    } else {
-        if needs_subcommand {
-            bail!("no subcommand named");
-        }
-        // Without a subcommand: the default (`run`) flags apply.
-        let default = if cli.commands.contains_key("run") {
-            "run"
+impl Cli {
+    /// Whether `args` (what follows the program's name in a page) name a subcommand and flags
+    /// this program accepts; a program whose commands all need a subcommand is
+    /// `needs_subcommand`. The error says what is wrong.
+    pub fn check_command(&self, args: &str, needs_subcommand: bool) -> Result<(), String> {
+        // Usage synopses write optional parts in brackets: `[run]`, `[--pid FILE]`.
+        let words: Vec<&str> = args
+            .split_whitespace()
+            .map(|w| w.trim_matches(|c| c == '[' || c == ']'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let first = words.first().copied().unwrap_or_default();
+        let (sub, rest) = if !first.is_empty() && !first.starts_with('-') {
+            if !self.commands.contains_key(first) {
+                return Err(format!("no subcommand {first:?}"));
+            }
+            (first, words.get(1..).unwrap_or_default())
         } else {
-            ""
+            if needs_subcommand {
+                return Err("no subcommand named".into());
+            }
+            // Without a subcommand: the default (`run`) flags apply.
+            let default = if self.commands.contains_key("run") {
+                "run"
+            } else {
+                ""
+            };
+            (default, words.as_slice())
         };
-        (default, words.as_slice())
-    };
-    let known = cli.commands.get(sub).cloned().unwrap_or_default();
-    for w in rest {
-        if let Some(flag) = w.strip_prefix("--") {
-            let flag = format!("--{}", flag.split('=').next().unwrap_or_default());
-            if flag != "--" && !known.contains(&flag) {
-                bail!("{sub:?} has no flag {flag}");
+        let known = self.commands.get(sub).cloned().unwrap_or_default();
+        for w in rest {
+            if let Some(flag) = w.strip_prefix("--") {
+                let flag = format!("--{}", flag.split('=').next().unwrap_or_default());
+                if flag != "--" && !known.contains(&flag) {
+                    return Err(format!("{sub:?} has no flag {flag}"));
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -536,24 +522,17 @@ mod tests {
     #[test]
     fn commands_are_checked_against_the_cli() {
         let cli = provisioner_cli();
-        assert!(check_one(&cli, " check --config a.yaml --choria-config b.cfg", false).is_ok());
-        assert!(check_one(&cli, " --config a.yaml --pid x", false).is_ok());
-        assert!(check_one(&cli, " [--debug] [run] --config FILE [--pid FILE]", false).is_ok());
-        assert!(check_one(&cli, " check --config=a.yaml", false).is_ok());
-        assert!(check_one(&cli, " chek --config a.yaml", false).is_err());
-        assert!(check_one(&cli, " run --confg a.yaml", false).is_err());
-        assert!(check_one(&cli, " --config a", true).is_err());
-    }
-
-    #[test]
-    fn xtask_usage_gives_commands_and_their_flags() {
-        let cli = xtask_cli();
-        let bench = cli.commands.get("bench").unwrap();
-        assert!(bench.contains("--nodes") && bench.contains("--vs-go"));
-        let dist = cli.commands.get("dist").unwrap();
-        assert!(dist.contains("--verify") && dist.contains("--install-test"));
-        assert!(check_one(&cli, " dist --verify", true).is_ok());
-        assert!(check_one(&cli, " dist --nodes 3", true).is_err());
+        assert!(cli
+            .check_command(" check --config a.yaml --choria-config b.cfg", false)
+            .is_ok());
+        assert!(cli.check_command(" --config a.yaml --pid x", false).is_ok());
+        assert!(cli
+            .check_command(" [--debug] [run] --config FILE [--pid FILE]", false)
+            .is_ok());
+        assert!(cli.check_command(" check --config=a.yaml", false).is_ok());
+        assert!(cli.check_command(" chek --config a.yaml", false).is_err());
+        assert!(cli.check_command(" run --confg a.yaml", false).is_err());
+        assert!(cli.check_command(" --config a", true).is_err());
     }
 
     #[test]

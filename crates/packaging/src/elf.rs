@@ -2,7 +2,7 @@
 //! and libraries, and the highest `GLIBC_x.y` symbol version it needs, which is the oldest glibc
 //! it runs on. Only what the dynamic loader itself reads is consulted (the program headers, the
 //! dynamic section and its version-needed table), so a `GLIBC_` string elsewhere in the file
-//! (a message, a symbol name) does not count. Standard library only: the tests include this file.
+//! (a message, a symbol name) does not count.
 
 use std::fmt;
 

@@ -1,11 +1,13 @@
 //! What the packaged unit must hold to: a service user that is not root, and a
 //! `systemd-analyze security` exposure of at most 1.0. `cargo xtask dist --verify` checks the
-//! staged unit with it and the test `unit_security` (xtask/tests) the one in packaging/, so a
-//! change that loosens the sandbox fails before any package is built. Only the standard library
-//! is used, so the test can include this file as it is.
+//! staged unit with it and the test `unit_security` of this crate the one in packaging/, so a
+//! change that loosens the sandbox fails before any package is built.
 
 use std::path::Path;
 use std::process::Command;
+
+use crate::error::{Error, Result};
+use crate::host::combined;
 
 /// The highest exposure allowed, in tenths as `systemd-analyze security` prints it (1.0).
 pub const MAX_EXPOSURE_TENTHS: u32 = 10;
@@ -42,7 +44,7 @@ pub fn last<'a>(directives: &'a [(String, String)], key: &str) -> &'a str {
 
 /// The user the unit runs its service as, refusing root: `User=` unset, `root` or `0` without
 /// `DynamicUser=yes` is an error naming what to do instead.
-pub fn service_user(text: &str) -> Result<String, String> {
+pub fn service_user(text: &str) -> Result<String> {
     let d = service_directives(text);
     let user = last(&d, "User");
     let dynamic = matches!(last(&d, "DynamicUser"), "yes" | "true" | "1" | "on");
@@ -53,27 +55,23 @@ pub fn service_user(text: &str) -> Result<String, String> {
             user.to_string()
         });
     }
-    Err(format!(
+    Err(Error::Failed(format!(
         "the unit runs its service as root (User={user:?}): it must name the packages' service \
          account (User=choria-provisioner) or DynamicUser=yes; sites that need root use the \
          run-as-root drop-in"
-    ))
+    )))
 }
 
 /// `systemd-analyze security --offline=true UNIT`: the overall exposure in tenths and the whole
 /// report; the inner error says why this systemd-analyze cannot judge a unit file offline (older
 /// than systemd 250). Drop-ins in `UNIT.d/` beside the file count, as systemd reads them.
-pub fn exposure(analyze: &Path, unit: &Path) -> Result<Result<(u32, String), String>, String> {
+pub fn exposure(analyze: &Path, unit: &Path) -> Result<Result<(u32, String), String>> {
     let o = Command::new(analyze)
         .args(["security", "--offline=true"])
         .arg(unit)
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", analyze.display()))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+        .map_err(|e| Error::Failed(format!("cannot run {}: {e}", analyze.display())))?;
+    let text = combined(&o);
     if text.contains("unrecognized option") || text.contains("Unknown option") {
         return Ok(Err(format!(
             "{} has no --offline (systemd 250 or newer needed)",
@@ -82,10 +80,10 @@ pub fn exposure(analyze: &Path, unit: &Path) -> Result<Result<(u32, String), Str
     }
     match overall_tenths(&text) {
         Some(t) => Ok(Ok((t, text))),
-        None => Err(format!(
+        None => Err(Error::Failed(format!(
             "systemd-analyze security printed no overall exposure level for {}:\n{text}",
             unit.display()
-        )),
+        ))),
     }
 }
 

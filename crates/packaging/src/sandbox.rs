@@ -16,17 +16,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
-
-use super::unit_security::{last, service_directives};
-use super::{capture, GO_LOG};
-use crate::tools::which;
-
-pub(super) const UNIT: &str = "/usr/lib/systemd/system/choria-provisioner.service";
+use crate::error::{bail, Context, Result};
+use crate::host::{capture, combined, run, which};
+use crate::unit_security::{last, service_directives};
+use crate::{GO_LOG, UNIT};
 
 /// What the unit (with its drop-ins) gives the service.
 #[derive(Clone, Debug)]
-pub(super) struct Sandbox {
+pub struct Sandbox {
     pub user: String,
     pub group: String,
     /// Paths the service may write.
@@ -38,18 +35,22 @@ pub(super) struct Sandbox {
 }
 
 /// The `[passwd]` entry of `user`: uid, gid, home.
-pub(super) fn account(user: &str) -> Result<(u32, u32, String)> {
+pub fn account(user: &str) -> Result<(u32, u32, String)> {
     let line = capture(Command::new("getent").args(["passwd", user]))
         .with_context(|| format!("no account {user}"))?;
     let f: Vec<&str> = line.trim().split(':').collect();
     match (f.get(2), f.get(3), f.get(5)) {
-        (Some(uid), Some(gid), Some(home)) => Ok((uid.parse()?, gid.parse()?, home.to_string())),
+        (Some(uid), Some(gid), Some(home)) => Ok((
+            uid.parse().context("getent passwd printed no uid")?,
+            gid.parse().context("getent passwd printed no gid")?,
+            home.to_string(),
+        )),
         _ => bail!("getent passwd {user}: {line:?}"),
     }
 }
 
 /// The gid of `group`.
-pub(super) fn group_id(group: &str) -> Result<u32> {
+pub fn group_id(group: &str) -> Result<u32> {
     let line = capture(Command::new("getent").args(["group", group]))
         .with_context(|| format!("no group {group}"))?;
     line.trim()
@@ -162,6 +163,16 @@ impl Sandbox {
         })
     }
 
+    /// `check --config YAML --choria-config CFG` of `bin` as the unit runs it: whether it
+    /// passed, and its output.
+    pub fn check(&self, bin: &Path, yaml: &Path, cfg: &Path) -> Result<(bool, String)> {
+        let (y, c) = (yaml.to_string_lossy(), cfg.to_string_lossy());
+        let o = self
+            .command(bin, &["check", "--config", &y, "--choria-config", &c])?
+            .output()?;
+        Ok((o.status.success(), combined(&o)))
+    }
+
     /// One line saying what the service runs as and may write.
     pub fn describe(&self) -> String {
         format!(
@@ -196,22 +207,20 @@ impl Sandbox {
         let owner = format!("{}:{}", self.user, self.group);
         for (dir, mode) in &self.directories {
             if !dir.exists() {
-                crate::tools::run(
-                    Command::new("install")
-                        .arg("-d")
-                        .arg("-m")
-                        .arg(format!("{mode:o}"))
-                        .arg("-o")
-                        .arg(&self.user)
-                        .arg("-g")
-                        .arg(&self.group)
-                        .arg(dir),
-                )?;
+                run(Command::new("install")
+                    .arg("-d")
+                    .arg("-m")
+                    .arg(format!("{mode:o}"))
+                    .arg("-o")
+                    .arg(&self.user)
+                    .arg("-g")
+                    .arg(&self.group)
+                    .arg(dir))?;
                 continue;
             }
             let now = capture(Command::new("stat").args(["-c", "%U:%G"]).arg(dir))?;
             if now.trim() != owner {
-                crate::tools::run(Command::new("chown").arg("-R").arg(&owner).arg(dir))?;
+                run(Command::new("chown").arg("-R").arg(&owner).arg(dir))?;
             }
         }
         Ok(())
@@ -279,6 +288,7 @@ impl Sandbox {
     }
 }
 
-pub(super) fn shell_quote(s: &str) -> String {
+/// `s` quoted for the shell.
+fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }

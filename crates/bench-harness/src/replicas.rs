@@ -11,11 +11,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-use test_support::NatsCluster;
+use test_support::stack::write_run_files;
+use test_support::{Mode, NatsCluster, ProcessGuard};
 
-use crate::stack::{self, Mode, Proc};
-use crate::tools::root;
+use crate::{bail, run_dir, Result};
 
 /// What one run achieved.
 struct Run {
@@ -24,20 +23,33 @@ struct Run {
     per_replica: Vec<f64>,
 }
 
+/// The fleet and the replicas' settings, the same for both runs.
+pub struct Scaling<'a> {
+    /// The directory holding the binaries.
+    pub bins: &'a Path,
+    /// The helper's latency per node.
+    pub helper_delay_ms: u64,
+    /// Simulated servers.
+    pub nodes: usize,
+    /// Workers per replica.
+    pub workers: usize,
+    /// The longest a run may take.
+    pub timeout: Duration,
+}
+
 /// The scaling benchmark: one replica, then `replicas`.
-pub fn main(
-    bins: &Path,
-    replicas: usize,
-    helper_delay_ms: u64,
-    nodes: usize,
-    workers: usize,
-    timeout: Duration,
-) -> Result<()> {
+pub fn run(s: &Scaling, replicas: usize) -> Result<()> {
     if replicas == 0 {
         bail!("--replicas needs at least 1");
     }
-    let one = run(bins, 1, helper_delay_ms, nodes, workers, timeout)?;
-    let many = run(bins, replicas, helper_delay_ms, nodes, workers, timeout)?;
+    let one = run_with(s, 1)?;
+    let many = run_with(s, replicas)?;
+    let Scaling {
+        helper_delay_ms,
+        nodes,
+        workers,
+        ..
+    } = *s;
     let ratio = if one.per_min > 0.0 {
         many.per_min / one.per_min
     } else {
@@ -50,22 +62,21 @@ pub fn main(
     Ok(())
 }
 
-fn run(
-    bins: &Path,
-    replicas: usize,
-    helper_delay_ms: u64,
-    nodes: usize,
-    workers: usize,
-    timeout: Duration,
-) -> Result<Run> {
+/// One run of `replicas` replicas.
+fn run_with(s: &Scaling, replicas: usize) -> Result<Run> {
+    let Scaling {
+        bins,
+        helper_delay_ms,
+        nodes,
+        workers,
+        timeout,
+    } = *s;
     let label = format!("replicas-{replicas}");
-    let dir = root().join("target/bench").join(&label);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = run_dir(&label)?;
     let cluster = NatsCluster::start_with(3, "max_payload: 4MB")?;
     let url = cluster.url();
     let helper = bins.join("choria-demo-helper");
-    let files = stack::write_run_files(&dir, bins)?;
+    let files = write_run_files(&dir, bins)?;
     let mut settings = files
         .provisioner(&dir, &url, &helper.display().to_string(), Mode::Plain)
         .yaml("active_active: true\nclaim_lifetime: 30s\n")
@@ -78,7 +89,7 @@ fn run(
         .args(["--restart-delay", "0s", "--timeout"])
         .arg(format!("{}s", timeout.as_secs()))
         .stdout(Stdio::null());
-    let _sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    let _sim = ProcessGuard::spawn("choria-fleet-sim", &mut sim_cmd)?;
     // The fleet is up before the replicas, so their first discovery finds every node (the
     // discovery lane, all workers), as the single-replica run's does.
     std::thread::sleep(Duration::from_secs(2));
@@ -126,7 +137,7 @@ fn run(
     let per_min = (dh - dl) / secs * 60.0;
     // Let the fleet finish so the operation count covers every node.
     let _ = test_support::wait_for("the fleet to finish", Duration::from_secs(120), || {
-        Ok::<bool, anyhow::Error>(
+        Ok::<bool, test_support::Error>(
             procs
                 .iter()
                 .map(|p| p.metric_sum("choria_provisioner_provisioned"))

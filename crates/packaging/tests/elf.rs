@@ -4,22 +4,7 @@
 //! binaries and the packaged binaries already built to what the packages promise: static, or
 //! glibc 2.17 at most.
 
-#[path = "../src/dist/elf.rs"]
-#[allow(dead_code)]
-mod elf;
-
-use std::path::{Path, PathBuf};
-
-fn target_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) => root.join(d),
-        None => root.join("target"),
-    }
-}
+use packaging::elf;
 
 #[test]
 fn a_glibc_binary_names_its_loader_libraries_and_glibc_version() {
@@ -76,7 +61,7 @@ fn glibc_versions_compare_by_major_and_minor() {
 
 #[test]
 fn release_binaries_are_static_or_need_glibc_2_17_at_most() {
-    let target = target_dir();
+    let target = packaging::target_dir(&test_support::workspace_root());
     let mut found = Vec::new();
     for arch in ["x86_64", "aarch64"] {
         found.push(target.join(format!(

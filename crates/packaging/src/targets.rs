@@ -15,10 +15,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
-
-use super::{cargo, target_dir, DEMO_HELPER, FLEET_SIM, NAME};
-use crate::tools::{root, run, which};
+use crate::error::{bail, Context, Result};
+use crate::host::{apt_install, capture, run, which};
+use crate::{cargo, root, target_dir, DEMO_HELPER, FLEET_SIM, NAME};
 
 /// The pinned Zig toolchain (PyPI's `ziglang`) and cargo-zigbuild that cross builds use.
 const ZIG_PACKAGES: &[&str] = &["ziglang==0.17.1", "cargo-zigbuild==0.24.1"];
@@ -150,44 +149,14 @@ pub fn parse_list(specs: &[String]) -> Result<Vec<Target>> {
     Ok(out)
 }
 
+/// The host's Rust target triple, as rustc names it.
 fn host_triple() -> Result<String> {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let out = Command::new(rustc)
-        .arg("-vV")
-        .output()
-        .context("cannot run rustc -vV")?;
-    String::from_utf8_lossy(&out.stdout)
+    capture(Command::new(rustc).arg("-vV"))?
         .lines()
         .find_map(|l| l.strip_prefix("host: "))
         .map(|h| h.trim().to_string())
         .context("rustc -vV names no host triple")
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// Installs Debian packages with apt-get (as root), updating the lists once if the first try
-/// fails; false when that is not possible here.
-pub fn apt_install(packages: &[&str]) -> bool {
-    if !is_root() || which("apt-get").is_err() {
-        return false;
-    }
-    let quiet = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    // With recommendations: podman's bring the network and init helpers the image test was
-    // run with.
-    let mut install = vec!["install", "-y", "-qq"];
-    install.extend_from_slice(packages);
-    quiet(&install) || (quiet(&["update", "-qq"]) && quiet(&install))
 }
 
 /// The target's Rust standard library, added with rustup when missing.
@@ -217,7 +186,7 @@ fn ensure_musl_gcc() -> Result<()> {
         return Ok(());
     }
     println!("dist: musl-gcc not found, installing Debian's musl-tools");
-    if !apt_install(&["musl-tools"]) || which("musl-gcc").is_err() {
+    if !apt_install(&["musl-tools"], true) || which("musl-gcc").is_err() {
         bail!("musl-gcc not found and could not be installed: apt-get install musl-tools");
     }
     Ok(())
@@ -294,7 +263,7 @@ pub fn cargo_build(target: &Target, packages: &[&str], env: &[(&str, &str)]) -> 
         let mut dirs = vec![zig];
         dirs.extend(std::env::split_paths(&path));
         cmd.arg("zigbuild")
-            .env("PATH", std::env::join_paths(dirs)?)
+            .env("PATH", std::env::join_paths(dirs).context("PATH")?)
             .env("CARGO", cargo());
         cmd
     };

@@ -3,26 +3,16 @@
 //! most 1.0. The score is checked where systemd-analyze (systemd 250 or newer) is installed; the
 //! test says so when it is not.
 
-#[path = "../src/dist/unit_security.rs"]
-#[allow(dead_code)]
-mod unit_security;
+use std::path::PathBuf;
 
-use std::path::{Path, PathBuf};
+use packaging::unit_security;
 
 fn unit() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-        .join("packaging/choria-provisioner.service")
+    test_support::workspace_root().join("packaging/choria-provisioner.service")
 }
 
 fn systemd_analyze() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("systemd-analyze"))
-            .find(|c| c.is_file())
-    })
+    packaging::host::which("systemd-analyze").ok()
 }
 
 #[test]

@@ -3,42 +3,115 @@
 //! (/etc/choria-provisioner/choria-provisioner.yaml and choria.cfg, root:choria-provisioner
 //! 0640) run as the service account. The helper (the demo helper, signing CSRs in `pki` mode)
 //! and the CA key it reads sit in /etc/choria-provisioner/fleet, readable through the account's
-//! group. Where systemd is PID 1 the real unit runs it; elsewhere [`Sandbox`] does.
+//! group. Where systemd is PID 1 the real unit runs it; elsewhere [`Sandbox`] does. The image
+//! and qemu tests wait on their fleets with [`SimFleet`] too.
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use test_support::stack::write_run_files;
-use test_support::{Mode, ProcessGuard};
+use test_support::metrics::metric_sum;
+use test_support::stack::{write_run_files, RunFiles};
+use test_support::{Mode, NatsServer, ProcessGuard};
 
-use super::sandbox::{account, Sandbox};
-use super::{capture, section, SERVICE_USER};
-use crate::stack::{metric_sum, start_nats, Proc};
-use crate::tools::run;
+use crate::error::{bail, Context, Result};
+use crate::host::{capture, run, section};
+use crate::sandbox::{account, Sandbox};
+use crate::{CFG, ETC, SERVICE_USER, YAML};
 
 /// How many simulated servers are provisioned.
 const NODES: usize = 40;
 
-const ETC: &str = "/etc/choria-provisioner";
-const YAML: &str = "/etc/choria-provisioner/choria-provisioner.yaml";
-const CFG: &str = "/etc/choria-provisioner/choria.cfg";
 const LOG: &str = "/var/log/choria-provisioner/choria-provisioner.log";
 const AUDIT: &str = "/var/log/choria-provisioner/audit.jsonl";
 /// A runtime drop-in giving the real unit the demo helper's environment.
 const DROPIN: &str = "/run/systemd/system/choria-provisioner.service.d/dist-install-test.conf";
 
+/// The fleet simulator of a packaged binary's test: `nodes` servers that it exits on once each
+/// is provisioned, or after the time it is given.
+pub struct SimFleet {
+    sim: ProcessGuard,
+    nodes: usize,
+    within: Duration,
+}
+
+impl SimFleet {
+    /// Starts `nodes` simulated servers in `mode` for the run of `files` on `url`, named
+    /// `prefix-N`, logging to `log`; they are given `within` to be provisioned.
+    pub fn start(
+        files: &RunFiles,
+        bins: &Path,
+        url: &str,
+        (nodes, mode, prefix): (usize, Mode, &str),
+        log: &Path,
+        within: Duration,
+    ) -> Result<SimFleet> {
+        let mut cmd = files.fleet_sim(bins, url, nodes, mode, prefix, log)?;
+        // The simulator gives up a little before the test does, so it reports what it saw.
+        let own = within.saturating_sub(Duration::from_secs(30)).as_secs();
+        cmd.arg("--exit-when-done")
+            .args(["--timeout", &format!("{own}s")]);
+        let sim = ProcessGuard::spawn("choria-fleet-sim", &mut cmd)?;
+        Ok(SimFleet { sim, nodes, within })
+    }
+
+    /// Waits for the simulator to exit, failing once the fleet's time has passed or as soon as
+    /// `gone` says the provisioner (`what`: where it runs) has stopped.
+    pub fn wait(&mut self, what: &str, mut gone: impl FnMut() -> bool) -> Result<ExitStatus> {
+        let deadline = Instant::now() + self.within;
+        loop {
+            if let Some(st) = self.sim.exited() {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the fleet was not provisioned {what} within {} s",
+                    self.within.as_secs()
+                );
+            }
+            if gone() {
+                bail!("the provisioner {what} exited while the fleet waited");
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Every node was provisioned: the simulator exited successfully and the provisioner's
+    /// `metrics` count them all.
+    pub fn check(&self, status: ExitStatus, metrics: &str, what: &str) -> Result<()> {
+        let done = metric_sum(metrics, "choria_provisioner_provisioned");
+        if !status.success() || done < self.nodes as f64 {
+            bail!(
+                "the fleet was not fully provisioned {what} ({status}; provisioned {done} of {})",
+                self.nodes
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The real user ids of process `pid` (real, effective, saved, file system), from
+/// `/proc/<pid>/status`.
+pub fn uids(pid: u32) -> Result<Vec<String>> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("process {pid} is not running"))?;
+    Ok(status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
+        .unwrap_or_default())
+}
+
 /// Whether systemd runs this machine (PID 1), so the real unit can be started.
-pub(super) fn systemd_is_pid1() -> bool {
+pub fn systemd_is_pid1() -> bool {
     Path::new("/run/systemd/system").is_dir()
         && fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd")
 }
 
 /// Provisions [`NODES`] simulated servers with the installed package as its unit runs it.
 /// `bins` holds the fleet simulator and the demo helper.
-pub(super) fn provision_fleet(bin: &Path, bins: &Path) -> Result<()> {
+pub fn provision_fleet(bin: &Path, bins: &Path) -> Result<()> {
     let work = std::env::temp_dir().join(format!("dist-fleet-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
@@ -56,7 +129,8 @@ pub(super) fn provision_fleet(bin: &Path, bins: &Path) -> Result<()> {
 }
 
 fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
-    let (_nats, url) = start_nats(work)?;
+    let nats = NatsServer::start_in_free_port(work, "", true)?;
+    let url = nats.url();
     // The site's files: the demo helper, the CA it signs with, the provisioning JWT signer.
     let site = Path::new(ETC).join("fleet");
     let _ = fs::remove_dir_all(&site);
@@ -84,35 +158,27 @@ fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
     run(Command::new("chown").arg(&owner).args([YAML, CFG]))?;
     run(Command::new("chmod").args(["0640", YAML, CFG]))?;
 
-    let helper_env = [
-        ("CHORIA_BROKERS", url.clone()),
-        ("CHORIA_CA_CERT", files.ca_cert.display().to_string()),
-        ("CHORIA_CA_KEY", files.ca_key.display().to_string()),
-        ("CHORIA_ISSUER", files.signer_pub.clone()),
-    ];
+    let helper_env = files.helper_env(&url);
     let sandbox = Sandbox::of_unit(&[])?;
 
     // check as the unit runs it.
-    let o = sandbox
-        .command(bin, &["check", "--config", YAML, "--choria-config", CFG])?
-        .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (ok, text) = sandbox.check(bin, Path::new(YAML), Path::new(CFG))?;
     section(
         "check of the fleet configuration as the unit runs it",
         &text,
     );
-    if !o.status.success() {
+    if !ok {
         bail!("check refuses the fleet configuration as {SERVICE_USER}");
     }
 
-    let sim_log = work.join("fleet-sim.log");
-    let mut sim_cmd = files.fleet_sim(bins, &url, NODES, Mode::Pki, "dist-node", &sim_log)?;
-    sim_cmd.arg("--exit-when-done").args(["--timeout", "150s"]);
-    let mut sim = Proc::spawn("choria-fleet-sim", &mut sim_cmd)?;
+    let mut sim = SimFleet::start(
+        &files,
+        bins,
+        &url,
+        (NODES, Mode::Pki, "dist-node"),
+        &work.join("fleet-sim.log"),
+        Duration::from_secs(180),
+    )?;
 
     let real_unit = systemd_is_pid1();
     let started = Instant::now();
@@ -135,7 +201,8 @@ fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
             "choria-provisioner.service",
         ]))?
         .trim()
-        .parse::<u32>()?;
+        .parse::<u32>()
+        .context("systemctl show names no MainPID")?;
         (pid, None)
     } else {
         println!(
@@ -183,18 +250,9 @@ fn fleet(bin: &Path, bins: &Path, work: &Path) -> Result<()> {
 
 /// Waits for the simulator to report every node provisioned, checking that the provisioner runs
 /// as the service account.
-fn watch(sim: &mut Proc, pid: u32, port: u16, started: Instant) -> Result<()> {
+fn watch(sim: &mut SimFleet, pid: u32, port: u16, started: Instant) -> Result<()> {
     let (uid, _, _) = account(SERVICE_USER)?;
     // The sandbox starts as root (mounts), then execs into the account: wait for the exec.
-    let uids = |pid: u32| -> Result<Vec<String>> {
-        let status = fs::read_to_string(format!("/proc/{pid}/status"))
-            .with_context(|| format!("the provisioner (pid {pid}) is not running"))?;
-        Ok(status
-            .lines()
-            .find(|l| l.starts_with("Uid:"))
-            .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
-            .unwrap_or_default())
-    };
     let want = uid.to_string();
     let settle = Instant::now() + Duration::from_secs(15);
     let mut now = uids(pid)?;
@@ -206,26 +264,14 @@ fn watch(sim: &mut Proc, pid: u32, port: u16, started: Instant) -> Result<()> {
         bail!("the provisioner runs with uids {now:?}, expected {SERVICE_USER} ({uid})");
     }
     println!("ok: the provisioner runs as {SERVICE_USER} (uid {uid}, pid {pid})");
-    let deadline = started + Duration::from_secs(180);
-    let st = loop {
-        if let Some(st) = sim.exited() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            bail!("the fleet was not provisioned within 180 s");
-        }
-        if !test_support::process::alive(pid) {
-            bail!("the provisioner exited while the fleet waited");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let metrics = test_support::metrics::scrape(port);
-    let done = metric_sum(&metrics, "choria_provisioner_provisioned");
-    if !st.success() || done < NODES as f64 {
-        bail!(
-            "the simulated fleet was not fully provisioned ({st}; provisioned {done} of {NODES})"
-        );
-    }
+    let st = sim.wait("as the service account", || {
+        !test_support::process::alive(pid)
+    })?;
+    sim.check(
+        st,
+        &test_support::metrics::scrape(port),
+        "as the service account",
+    )?;
     println!(
         "ok: {NODES} simulated servers provisioned ({} x509, by the helper as {SERVICE_USER}) in \
          {:.1}s",

@@ -6,18 +6,18 @@
 //! is PID 1 and never restarts a real service.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
-
-use super::sandbox::{Sandbox, UNIT};
-use super::unit_security::{last, service_directives};
-use super::{capture, section};
+use crate::build::write_file;
+use crate::error::{bail, Context, Result};
+use crate::host::{capture, combined, section};
+use crate::sandbox::Sandbox;
+use crate::unit_security::{last, service_directives};
+use crate::UNIT;
 
 /// What an upgrade did: its output and whether it asked for `try-restart`.
-pub(super) struct Upgrade {
+pub struct Upgrade {
     pub output: String,
     pub restarted: bool,
 }
@@ -83,9 +83,7 @@ impl Stub {
             fs::remove_dir_all(&dir)?;
         }
         fs::create_dir_all(&dir)?;
-        let bin = dir.join("systemctl");
-        fs::write(&bin, STUB)?;
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))?;
+        write_file(&dir.join("systemctl"), STUB, 0o755)?;
         Ok(Stub { dir })
     }
 
@@ -118,11 +116,7 @@ impl Stub {
     }
 
     fn finish(&self, o: std::process::Output, what: &str) -> Result<Upgrade> {
-        let output = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let output = combined(&o);
         if !o.status.success() {
             bail!("{what} failed ({}):\n{output}", o.status);
         }
@@ -141,7 +135,7 @@ impl Stub {
 
 /// `dpkg -i DEB` over the installed package (configure with the old version: an upgrade) while
 /// the service runs as `running` says.
-pub(super) fn deb_upgrade(deb: &Path, running: &Sandbox) -> Result<Upgrade> {
+pub fn deb_upgrade(deb: &Path, running: &Sandbox) -> Result<Upgrade> {
     let stub = Stub::new()?;
     let mut cmd = Command::new("dpkg");
     cmd.args(["-i", "--force-confold"]).arg(deb);
@@ -157,7 +151,7 @@ pub(super) fn deb_upgrade(deb: &Path, running: &Sandbox) -> Result<Upgrade> {
 
 /// The RPM's post-install scriptlet as an upgrade runs it (`$1 = 2`), on this host with the .deb
 /// installed (the same paths), while the service runs as `running` says.
-pub(super) fn rpm_post_upgrade(rpm: &Path, running: &Sandbox) -> Result<Upgrade> {
+pub fn rpm_post_upgrade(rpm: &Path, running: &Sandbox) -> Result<Upgrade> {
     let script = capture(
         Command::new("rpm")
             .args(["-qp", "--queryformat", "%{POSTIN}"])

@@ -24,6 +24,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::SystemTime;
+use test_support::workspace_root as root;
 
 use helper_protocol::signature::{self, REPLY_SIGNATURE_HEADER, REQUEST_SIGNATURE_HEADER};
 use helper_protocol::webhook::{ReplySignature, REQUEST_ID_HEADER, TIMESTAMP_HEADER};
@@ -53,13 +54,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
 }
 
 /// Fenced blocks of a Markdown text as (language, body).
@@ -95,6 +89,14 @@ enum Mode {
     Ed25519,
 }
 
+/// `cmd` with the site settings the samples read: the brokers, the CA in `ca`, the issuer.
+fn with_site<'c>(cmd: &'c mut Command, ca: &Path) -> &'c mut Command {
+    cmd.env("CHORIA_BROKERS", "nats://broker.example.net:4222")
+        .env("CHORIA_CA_CERT", ca.join("ca.pem"))
+        .env("CHORIA_CA_KEY", ca.join("ca-key.pem"))
+        .env("CHORIA_ISSUER", "ab".repeat(32))
+}
+
 /// A webhook example serving on loopback, and the provisioner's client for it.
 struct Webhook {
     _server: test_support::ProcessGuard,
@@ -116,11 +118,7 @@ impl Webhook {
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
         let server = test_support::ProcessGuard::spawn(
             "webhook example",
-            Command::new(script)
-                .env("CHORIA_BROKERS", "nats://broker.example.net:4222")
-                .env("CHORIA_CA_CERT", ca.join("ca.pem"))
-                .env("CHORIA_CA_KEY", ca.join("ca-key.pem"))
-                .env("CHORIA_ISSUER", "ab".repeat(32))
+            with_site(&mut Command::new(script), ca)
                 .env("HELPER_SECRET_FILE", &secret)
                 .env("HELPER_LISTEN", format!("127.0.0.1:{port}"))
                 .stdin(Stdio::null())
@@ -213,11 +211,7 @@ impl Example {
             let w = self.webhook(ca);
             return w.post(&w.client, input);
         }
-        let mut child = Command::new(&self.script)
-            .env("CHORIA_BROKERS", "nats://broker.example.net:4222")
-            .env("CHORIA_CA_CERT", ca.join("ca.pem"))
-            .env("CHORIA_CA_KEY", ca.join("ca-key.pem"))
-            .env("CHORIA_ISSUER", "ab".repeat(32))
+        let mut child = with_site(&mut Command::new(&self.script), ca)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -235,6 +229,25 @@ impl Example {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// Runs it with `input`, which it must refuse (`what` names what is refused): a deferral
+    /// whose message starts `refused: ` and holds `why`, and no certificate.
+    fn refuses(&self, input: &Value, ca: &Path, what: &str, why: &str) -> HelperReply {
+        let (reply, stdout) = self.reply(input, ca);
+        assert!(reply.defer, "{} did not refuse {what}: {stdout}", self.name);
+        assert!(
+            reply.msg.starts_with("refused: ") && reply.msg.contains(why),
+            "{} refused {what} without saying why: {:?}",
+            self.name,
+            reply.msg
+        );
+        assert!(
+            !stdout.contains("BEGIN CERTIFICATE") && reply.certificate.is_empty(),
+            "{} issued a certificate for {what}",
+            self.name
+        );
+        reply
     }
 
     /// Runs it and decodes the reply, which must come with exit code 0.
@@ -326,6 +339,27 @@ fn examples(dir: &Path, ca: &Path) -> Vec<Example> {
             }
         })
         .collect()
+}
+
+/// The examples `keep` selects that can run here: their interpreter installed, and openssl for
+/// an x509 one unless `openssl` says it is there. Each one passed over is reported.
+fn runnable<'a>(
+    all: &'a [Example],
+    openssl: bool,
+    keep: impl Fn(&Example) -> bool + 'a,
+) -> impl Iterator<Item = &'a Example> + 'a {
+    all.iter().filter(move |ex| {
+        if !keep(ex) {
+            return false;
+        }
+        let needs = ex
+            .missing()
+            .or((ex.mode == Mode::Pki && !openssl).then_some("openssl"));
+        if let Some(needs) = needs {
+            println!("skipped {}: {needs} is not installed", ex.name);
+        }
+        needs.is_none()
+    })
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> String {
@@ -486,15 +520,7 @@ fn the_documented_helpers_answer_within_the_contract() {
 
     let all = examples(dir.path(), &ca);
     let mut ran_python = 0;
-    for ex in &all {
-        if let Some(needs) = ex.missing() {
-            println!("skipped {}: {needs} is not installed", ex.name);
-            continue;
-        }
-        if ex.mode == Mode::Pki && csr.is_none() {
-            println!("skipped {}: openssl is not installed", ex.name);
-            continue;
-        }
+    for ex in runnable(&all, csr.is_some(), |_| true) {
         let node = input_for(&base, ex.mode, json!(input.identity), csr.as_deref());
         let (reply, _) = ex.reply(&node, &ca);
         assert!(
@@ -574,15 +600,8 @@ fn the_shipped_helpers_refuse_hostile_identities() {
     let mut identities: Vec<Value> = hostile_identities().into_iter().map(Value::from).collect();
     identities.extend([json!(null), json!(42), json!(["node1.example.net"])]);
     let mut refused = 0;
-    for ex in examples(dir.path(), &ca).iter().filter(|e| e.shipped) {
-        if let Some(needs) = ex.missing() {
-            println!("skipped {}: {needs} is not installed", ex.name);
-            continue;
-        }
-        if ex.mode == Mode::Pki && good_csr.is_none() {
-            println!("skipped {}: openssl is not installed", ex.name);
-            continue;
-        }
+    let all = examples(dir.path(), &ca);
+    for ex in runnable(&all, good_csr.is_some(), |e| e.shipped) {
         for identity in &identities {
             // The attack as sent: a CSR whose common name is the identity, where openssl can
             // make one; else a good CSR, which must not matter.
@@ -596,23 +615,7 @@ fn the_shipped_helpers_refuse_hostile_identities() {
                 identity.clone(),
                 own_csr.as_deref().or(good_csr.as_deref()),
             );
-            let (reply, stdout) = ex.reply(&node, &ca);
-            assert!(
-                reply.defer,
-                "{} did not defer identity {identity}: {stdout}",
-                ex.name
-            );
-            assert!(
-                reply.msg.starts_with("refused: "),
-                "{} deferred identity {identity} without saying why: {:?}",
-                ex.name,
-                reply.msg
-            );
-            assert!(
-                !stdout.contains("BEGIN CERTIFICATE") && reply.certificate.is_empty(),
-                "{} issued a certificate for {identity}",
-                ex.name
-            );
+            let reply = ex.refuses(&node, &ca, &format!("identity {identity}"), "");
             assert!(
                 reply.configuration.is_none() && reply.server_claims.is_none(),
                 "{} configured {identity}",
@@ -666,14 +669,8 @@ fn the_shipped_helpers_use_the_provisioners_grammar() {
         "node1.exa:mple.net".into(),
         "node1.example.net/x".into(),
     ];
-    for ex in examples(dir.path(), &ca)
-        .iter()
-        .filter(|e| e.shipped && e.mode != Mode::Pki)
-    {
-        if let Some(needs) = ex.missing() {
-            println!("skipped {}: {needs} is not installed", ex.name);
-            continue;
-        }
+    let all = examples(dir.path(), &ca);
+    for ex in runnable(&all, true, |e| e.shipped && e.mode != Mode::Pki) {
         // The Python example of helper.md serves example.net alone, in lower case.
         let site_filter = ex.body.contains(r"example\.net");
         for identity in &candidates {
@@ -734,11 +731,8 @@ fn the_shipped_helpers_survive_hostile_inventories_and_directories() {
         json!(["/etc/choria"]),
         json!(7),
     ];
-    for ex in examples(dir.path(), &ca).iter().filter(|e| e.shipped) {
-        if let Some(needs) = ex.missing() {
-            println!("skipped {}: {needs} is not installed", ex.name);
-            continue;
-        }
+    let all = examples(dir.path(), &ca);
+    for ex in runnable(&all, true, |e| e.shipped) {
         match ex.mode {
             Mode::Plain if ex.body.contains("inventory") => {
                 // A fact is compared with a fixed value, or not used at all.
@@ -774,10 +768,7 @@ fn the_shipped_helpers_survive_hostile_inventories_and_directories() {
                     } else {
                         node["ed25519_pubkey"]["directory"] = d.clone();
                     }
-                    let (reply, stdout) = ex.reply(&node, &ca);
-                    assert!(reply.defer, "{} accepted directory {d}: {stdout}", ex.name);
-                    assert!(reply.msg.starts_with("refused: "), "{}", ex.name);
-                    assert!(reply.certificate.is_empty(), "{}", ex.name);
+                    ex.refuses(&node, &ca, &format!("directory {d}"), "");
                 }
                 assert_eq!(snapshot(&ca), before, "{} wrote under the CA", ex.name);
             }
@@ -805,29 +796,11 @@ fn the_x509_helpers_sign_only_a_csr_of_the_identity() {
     .map(|s| (s, csr(dir.path(), s, &[]).unwrap()))
     .collect();
     let mut checked = 0;
-    for ex in examples(dir.path(), &ca)
-        .iter()
-        .filter(|e| e.shipped && e.mode == Mode::Pki)
-    {
-        if let Some(needs) = ex.missing() {
-            println!("skipped {}: {needs} is not installed", ex.name);
-            continue;
-        }
+    let all = examples(dir.path(), &ca);
+    for ex in runnable(&all, true, |e| e.shipped && e.mode == Mode::Pki) {
         for (subject, csr) in &mismatched {
             let node = input_for(&base, ex.mode, json!("node1.example.net"), Some(csr));
-            let (reply, stdout) = ex.reply(&node, &ca);
-            assert!(
-                reply.defer,
-                "{} signed a CSR for {subject}: {stdout}",
-                ex.name
-            );
-            assert!(
-                reply.msg.contains("common name"),
-                "{}: {}",
-                ex.name,
-                reply.msg
-            );
-            assert!(reply.certificate.is_empty());
+            ex.refuses(&node, &ca, &format!("a CSR for {subject}"), "common name");
         }
         // A CSR whose signature does not verify.
         let good = csr(dir.path(), "/CN=node1.example.net", &[]).unwrap();
@@ -936,11 +909,8 @@ fn the_webhook_examples_refuse_requests_that_are_not_signed_with_the_secret() {
     let (_, base) = documented_input();
     let node = input_for(&base, Mode::Plain, json!("node1.example.net"), None);
     let mut checked = 0;
-    for ex in examples(dir.path(), &ca).iter().filter(|e| e.is_webhook()) {
-        if let Some(needs) = ex.missing() {
-            println!("skipped {}: {needs} is not installed", ex.name);
-            continue;
-        }
+    let all = examples(dir.path(), &ca);
+    for ex in runnable(&all, true, Example::is_webhook) {
         let w = ex.webhook(&ca);
         // Signed with the shared secret: answered.
         let (ok, stdout, stderr) = w.post(&w.client, &node);

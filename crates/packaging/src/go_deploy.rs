@@ -7,22 +7,22 @@
 //! it again (the rollback).
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use test_support::ca::{self, KeyFormat, TestCa};
+use test_support::ProcessGuard;
 
-use super::maint;
-use super::sandbox::Sandbox;
-use super::{capture, section, GO_LOG, NAME, RPM_EPOCH, SERVICE_USER};
-use crate::tools::run;
-
-pub(super) const ETC: &str = "/etc/choria-provisioner";
+use crate::build::{rpmbuild, set_mode, write_file};
+use crate::error::{bail, Context, Result};
+use crate::host::{capture, run, section};
+use crate::sandbox::Sandbox;
+use crate::targets::Arch;
+use crate::{maint, ETC, GO_LOG, NAME, RPM_EPOCH, SERVICE_USER, UNIT};
 
 /// The packaged drop-in that runs the service as root.
-pub(super) const RUN_AS_ROOT: &str = "/usr/share/choria-provisioner/systemd/run-as-root.conf";
+const RUN_AS_ROOT: &str = "/usr/share/choria-provisioner/systemd/run-as-root.conf";
 
 /// The drop-in docs/service.md gives to keep the Go provisioner's puppet certname under the
 /// service account.
@@ -30,24 +30,6 @@ const GO_CERTNAME_DROPIN: &str = "[Service]\nEnvironment=MCOLLECTIVE_CERTNAME=ro
 
 /// Where systemd puts a unit's credentials (LoadCredential=).
 const CREDENTIALS: &str = "/run/credentials/choria-provisioner.service";
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    capture(Command::new("openssl").current_dir(dir).args(args)).map(drop)
-}
-
-fn write_mode(path: &Path, text: &str, mode: u32) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of {}", path.display()))
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of {}", path.display()))
-}
 
 fn chown(owner: &str, paths: &[&Path]) -> Result<()> {
     run(Command::new("chown").arg(owner).args(paths))
@@ -95,26 +77,9 @@ fn write_go_deployment() -> Result<GoSite> {
     let ca = etc.join("ca");
     fs::create_dir_all(&ca)?;
     set_mode(&ca, 0o700)?;
-    openssl(
-        &ca,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=site-ca",
-            "-keyout",
-            "ca-key.pem",
-            "-out",
-            "ca.pem",
-        ],
-    )?;
-    set_mode(&ca.join("ca-key.pem"), 0o600)?;
-    set_mode(&ca.join("ca.pem"), 0o644)?;
+    let site_ca = TestCa::named(&ca, "site-ca", 2)?;
+    set_mode(&site_ca.key, 0o600)?;
+    set_mode(&site_ca.cert, 0o644)?;
 
     // The puppet-style ssldir: certs/<certname>.pem, private_keys/<certname>.pem, certs/ca.pem.
     let ssl = etc.join("ssl");
@@ -122,49 +87,17 @@ fn write_go_deployment() -> Result<GoSite> {
         fs::create_dir_all(ssl.join(sub))?;
     }
     set_mode(&ssl.join("private_keys"), 0o750)?;
+    let client = site_ca.issue(CERTNAME, &[])?;
     let key = ssl.join(format!("private_keys/{CERTNAME}.pem"));
-    let csr = ca.join("client.csr");
-    openssl(
-        &ca,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            &format!("/CN={CERTNAME}"),
-            "-keyout",
-            &key.to_string_lossy(),
-            "-out",
-            &csr.to_string_lossy(),
-        ],
-    )?;
+    fs::rename(&client.key, &key)?;
     set_mode(&key, 0o640)?;
-    openssl(
-        &ca,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr.to_string_lossy(),
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-set_serial",
-            "2",
-            "-days",
-            "2",
-            "-out",
-            &ssl.join(format!("certs/{CERTNAME}.pem")).to_string_lossy(),
-        ],
-    )?;
-    fs::copy(ca.join("ca.pem"), ssl.join("certs/ca.pem"))?;
+    fs::rename(&client.cert, ssl.join(format!("certs/{CERTNAME}.pem")))?;
+    fs::copy(&site_ca.cert, ssl.join("certs/ca.pem"))?;
 
     let helper = etc.join("helper");
-    write_mode(&helper, HELPER, 0o700)?;
+    write_file(&helper, HELPER, 0o700)?;
     let yaml = etc.join("choria-provisioner.yaml");
-    write_mode(
+    write_file(
         &yaml,
         &format!(
             "---\n\
@@ -188,7 +121,7 @@ fn write_go_deployment() -> Result<GoSite> {
     // logs while it does.
     let port = test_support::free_port();
     let cfg = etc.join("choria.cfg");
-    write_mode(
+    write_file(
         &cfg,
         &format!(
             "identity = provisioner.example.net\n\
@@ -215,27 +148,13 @@ fn write_go_deployment() -> Result<GoSite> {
     })
 }
 
-/// `check` of `cfg` under `sandbox`: whether it passed, and its output.
-fn check(sandbox: &Sandbox, bin: &Path, yaml: &Path, cfg: &Path) -> Result<(bool, String)> {
-    let (y, c) = (yaml.to_string_lossy(), cfg.to_string_lossy());
-    let o = sandbox
-        .command(bin, &["check", "--config", &y, "--choria-config", &c])?
-        .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    Ok((o.status.success(), text))
-}
-
 /// Under `sandbox` (`how` names it): `check` accepts the Go deployment and names the Go
 /// certname, the site helper signs a server's CSR with the site's CA key, and `run` writes the
 /// Go package's log file. Every step runs even when one fails, so one run reports every problem.
 fn go_site_runs(sandbox: &Sandbox, how: &str, bin: &Path, site: &GoSite) -> Result<()> {
     println!("== the Go deployment {how}: {}", sandbox.describe());
     let mut failures = Vec::new();
-    let (ok, text) = check(sandbox, bin, &site.yaml, &site.cfg)?;
+    let (ok, text) = sandbox.check(bin, &site.yaml, &site.cfg)?;
     section(&format!("check of the Go deployment {how}"), &text);
     if !ok {
         failures.push(format!("check refuses the Go deployment {how}"));
@@ -250,32 +169,22 @@ fn go_site_runs(sandbox: &Sandbox, how: &str, bin: &Path, site: &GoSite) -> Resu
     }
 
     // The helper signs a server's CSR with the site's CA key.
-    let node_key = site.ca.join("node.key");
-    let node_csr = site.ca.join("node.csr");
-    openssl(
+    let node = ca::csr(
         &site.ca,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=node1.example.net",
-            "-keyout",
-            &node_key.to_string_lossy(),
-            "-out",
-            &node_csr.to_string_lossy(),
-        ],
+        "node",
+        "/CN=node1.example.net",
+        &[],
+        KeyFormat::Pkcs8,
     )?;
     let input = serde_json::json!({
         "identity": "node1.example.net",
-        "csr": {"csr": fs::read_to_string(&node_csr)?, "public_key": "", "ssldir": "/etc/choria/ssl"},
+        "csr": {"csr": fs::read_to_string(&node.csr)?, "public_key": "", "ssldir": "/etc/choria/ssl"},
         "ed25519_pubkey": null,
         "inventory": "{}",
         "jwt": null,
     });
-    let _ = fs::remove_file(&node_key);
-    let _ = fs::remove_file(&node_csr);
+    let _ = fs::remove_file(&node.key);
+    let _ = fs::remove_file(&node.csr);
     let mut child = sandbox
         .command(&site.helper, &[])?
         .stdin(Stdio::piped())
@@ -306,34 +215,13 @@ fn go_site_runs(sandbox: &Sandbox, how: &str, bin: &Path, site: &GoSite) -> Resu
     let out_path = std::env::temp_dir().join("choria-provisioner-go-run.out");
     let out = fs::File::create(&out_path)?;
     let (y, c) = (site.yaml.to_string_lossy(), site.cfg.to_string_lossy());
-    let mut child = sandbox
-        .command(bin, &["run", "--config", &y, "--choria-config", &c])?
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut grew = false;
-    while Instant::now() < deadline {
-        if fs::metadata(log)?.len() > before {
-            grew = true;
-            break;
-        }
-        if child.try_wait()?.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while child.try_wait()?.is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if child.try_wait()?.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    let mut cmd = sandbox.command(bin, &["run", "--config", &y, "--choria-config", &c])?;
+    let mut daemon = ProcessGuard::spawn("provisioner", cmd.stdout(out.try_clone()?).stderr(out))?;
+    let grew =
+        test_support::wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+            fs::metadata(log).is_ok_and(|m| m.len() > before) || !daemon.running()
+        }) && fs::metadata(log)?.len() > before;
+    daemon.terminate(Duration::from_secs(15));
     if grew {
         println!("ok: run {how} writes {GO_LOG} (to port {})", site.port);
     } else {
@@ -355,7 +243,7 @@ fn go_site_runs(sandbox: &Sandbox, how: &str, bin: &Path, site: &GoSite) -> Resu
 /// The Go deployment through the migration: refused under the service account by `check` and
 /// by the upgrade (which leaves the running service alone and says why); then, in the three
 /// ways docs/service.md gives, accepted and run, and an upgrade restarts the service.
-pub(super) fn go_deployment(bin: &Path, deb: &Path, rpm: &Path) -> Result<()> {
+pub fn go_deployment(bin: &Path, deb: &Path, rpm: &Path) -> Result<()> {
     let account = Sandbox::of_unit(&[])?;
     if account.user != SERVICE_USER || account.group != SERVICE_USER {
         bail!(
@@ -373,7 +261,7 @@ pub(super) fn go_deployment(bin: &Path, deb: &Path, rpm: &Path) -> Result<()> {
     let site = write_go_deployment()?;
 
     // As the package installs the unit, the account cannot read a Go site's root-only files.
-    let (ok, text) = check(&account, bin, &site.yaml, &site.cfg)?;
+    let (ok, text) = account.check(bin, &site.yaml, &site.cfg)?;
     section(
         "check of the Go deployment as the service account (before migrating)",
         &text,
@@ -448,7 +336,7 @@ fn credentials(bin: &Path, site: &GoSite) -> Result<()> {
     run(Command::new("chown").args(["-R", &owner]).arg(dir))?;
     set_mode(dir, 0o500)?;
     let cfg = Path::new(ETC).join("choria-credentials.cfg");
-    write_mode(
+    write_file(
         &cfg,
         &format!(
             "identity = provisioner.example.net\n\
@@ -466,7 +354,7 @@ fn credentials(bin: &Path, site: &GoSite) -> Result<()> {
     sandbox
         .env
         .push(("CREDENTIALS_DIRECTORY".into(), CREDENTIALS.into()));
-    let result = check(&sandbox, bin, &site.yaml, &cfg);
+    let result = sandbox.check(bin, &site.yaml, &cfg);
     let _ = fs::remove_dir_all(dir);
     let _ = fs::remove_file(&cfg);
     let (ok, text) = result?;
@@ -480,7 +368,7 @@ fn credentials(bin: &Path, site: &GoSite) -> Result<()> {
 
 /// Removes what [`go_deployment`] added under /etc/choria-provisioner (after the purge, which
 /// leaves files it did not install).
-pub(super) fn clean_up() {
+pub fn clean_up() {
     for sub in ["ca", "ssl", "fleet", "complete"] {
         let _ = fs::remove_dir_all(Path::new(ETC).join(sub));
     }
@@ -525,16 +413,16 @@ touch %{buildroot}/var/log/choria-provisioner.log
 /// Our RPM replaces the Go provisioner's in place (`rpm -U`, into a scratch root): the upgrade
 /// is accepted, the edited configuration and the log file survive, our files replace theirs;
 /// and the Go RPM cannot replace ours back.
-pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
+pub fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     let top = out.join("go-rpm");
     if top.exists() {
         fs::remove_dir_all(&top)?;
     }
     fs::create_dir_all(top.join("SPECS"))?;
     let spec = top.join("SPECS/go.spec");
-    let arch = super::Arch::host()?.rpm();
+    let arch = Arch::host()?.rpm();
     fs::write(&spec, GO_SPEC.replace("@ARCH@", arch))?;
-    run(super::rpmbuild(&top, &spec, arch, "go.rpm").stdout(Stdio::null()))?;
+    run(rpmbuild(&top, &spec, arch, "go.rpm").stdout(Stdio::null()))?;
     let go_rpm = top.join("RPMS/go.rpm");
     let sysroot = top.join("root");
     fs::create_dir_all(&sysroot)?;
@@ -563,12 +451,16 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let q = capture(&mut rpm(&[
-        "-q",
-        "--queryformat",
-        "%{EPOCH}:%{VERSION}-%{RELEASE}\n",
-        NAME,
-    ]))?;
+    // The epoch, version and release of each installed package of our name.
+    let installed = || {
+        capture(&mut rpm(&[
+            "-q",
+            "--queryformat",
+            "%{EPOCH}:%{VERSION}-%{RELEASE}\n",
+            NAME,
+        ]))
+    };
+    let q = installed()?;
     if !q.trim().starts_with(&format!("{RPM_EPOCH}:")) || q.lines().count() != 1 {
         bail!("after rpm -U the installed {NAME} is {q:?}, expected ours alone");
     }
@@ -583,7 +475,7 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
     if fs::read_to_string(&log).unwrap_or_default() != "{\"msg\":\"a Go log line\"}\n" {
         bail!("replacing the Go package removed or changed {GO_LOG}");
     }
-    let unit = fs::read_to_string(sysroot.join(super::sandbox::UNIT.trim_start_matches('/')))?;
+    let unit = fs::read_to_string(sysroot.join(UNIT.trim_start_matches('/')))?;
     if !unit.contains("CapabilityBoundingSet=") {
         bail!("replacing the Go package left the Go unit in place");
     }
@@ -607,12 +499,7 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let q = capture(&mut rpm(&[
-        "-q",
-        "--queryformat",
-        "%{EPOCH}:%{VERSION}-%{RELEASE}\n",
-        NAME,
-    ]))?;
+    let q = installed()?;
     if q.trim() != "(none):0.16.0-1.el8" {
         bail!("after the rollback the installed {NAME} is {q:?}, expected the Go 0.16.0-1.el8");
     }
@@ -632,7 +519,7 @@ pub(super) fn rpm_replaces_go(ours: &Path, out: &Path) -> Result<()> {
         );
     }
     kept.push("choria.cfg as choria.cfg.rpmsave");
-    let unit = fs::read_to_string(sysroot.join(super::sandbox::UNIT.trim_start_matches('/')))?;
+    let unit = fs::read_to_string(sysroot.join(UNIT.trim_start_matches('/')))?;
     if !unit.contains("User=root") || unit.contains("CapabilityBoundingSet=") {
         bail!("the rollback did not put the Go unit back");
     }
