@@ -168,7 +168,7 @@ pub fn build_choria() -> Result<()> {
     run(go()?
         .current_dir(&src)
         .args(["build", "-trimpath", "-ldflags"])
-        // go-choria's tag leaves build.Version at the previous release; servers report it in
+        // go-choria's tag leaves build.Version at the release before it; servers report it in
         // their inventory, which the provisioner's upgrade logic compares.
         .arg(format!(
             "-X github.com/choria-io/go-choria/build.Version={}",

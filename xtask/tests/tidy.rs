@@ -1,11 +1,13 @@
 //! The code map stays true: ARCHITECTURE.md's table of crates, their folders and the workspace
 //! crates each may use is compared with what `cargo metadata` says. A dependency edge the map
-//! does not name, an edge the map names that no longer exists, a crate missing from the map or a
+//! does not name, an edge the map names that does not exist, a crate missing from the map or a
 //! folder not named after its package fails the test, which prints the table as it should read.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
+
+mod common;
+use common::{cargo, metadata, root};
 
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Row {
@@ -14,26 +16,9 @@ struct Row {
     dev: BTreeSet<String>,
 }
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
 /// The workspace as `cargo metadata` sees it: package -> row.
 fn actual() -> BTreeMap<String, Row> {
-    let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "cargo metadata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let meta = metadata();
     let packages = meta["packages"].as_array().expect("packages");
     let names: BTreeSet<String> = packages
         .iter()
@@ -247,26 +232,17 @@ fn the_core_does_no_io() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "--offline",
-            "-p",
-            "provision-core",
-            "-e",
-            "features,normal",
-            "--prefix",
-            "none",
-        ])
-        .current_dir(root())
-        .output()
-        .expect("cargo runs");
-    assert!(
-        out.status.success(),
-        "cargo tree: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = cargo(&[
+        "tree",
+        "--offline",
+        "-p",
+        "provision-core",
+        "-e",
+        "features,normal",
+        "--prefix",
+        "none",
+    ]);
+    let text = String::from_utf8_lossy(&out);
     let tokio: BTreeSet<&str> = text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("tokio feature \""))
@@ -297,12 +273,7 @@ fn the_core_does_no_io() {
 /// use is published too, with a version (a path alone cannot be published).
 #[test]
 fn the_published_crates_can_be_published() {
-    let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata runs");
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let meta = metadata();
     let packages = meta["packages"].as_array().expect("packages");
     let mut problems = Vec::new();
     for p in packages {

@@ -5,12 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
+mod common;
+use common::{metadata, root};
 
 /// The files git knows below `dir` (relative to the root) whose name ends in `ending`.
 fn tracked(dir: &str, ending: &str) -> Vec<PathBuf> {
@@ -192,12 +188,7 @@ fn the_function_finder_sees_a_function_and_its_end() {
 /// crate uses the primitives they are built from, and none defines its own key derivation.
 #[test]
 fn one_key_delivery_scheme() {
-    let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata runs");
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    let meta = metadata();
     let mut problems = Vec::new();
     for p in meta["packages"].as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap_or_default();

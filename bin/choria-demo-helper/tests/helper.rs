@@ -2,27 +2,18 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::{json, Value};
 use test_support::ca::KeyFormat;
 
 fn run(input: &Value, envs: &[(&str, &str)]) -> Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_choria-demo-helper"))
-        .envs(envs.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = test_support::process::run_with_input(
+        Command::new(env!("CARGO_BIN_EXE_choria-demo-helper")).envs(envs.iter().copied()),
+        input.to_string().as_bytes(),
+    )
+    .unwrap();
     assert!(out.status.success());
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -141,38 +132,12 @@ fn ca_and_csr(d: &str, subject: &str, sans: &[&str]) -> String {
     request(Path::new(d), subject, sans)
 }
 
-/// Every file under `dir` with its length and modification time.
 fn snapshot(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let m = e.metadata().unwrap();
-        out.insert(
-            e.file_name().to_string_lossy().into_owned(),
-            (m.len(), m.modified().unwrap()),
-        );
-    }
-    out
+    test_support::ca::files_snapshot(dir).unwrap()
 }
 
-/// The subject alternative names of a PEM certificate, as openssl prints them.
 fn sans(d: &str, cert: &str) -> Vec<String> {
-    let file = format!("{d}/issued.pem");
-    std::fs::write(&file, cert).unwrap();
-    let o = Command::new("openssl")
-        .args(["x509", "-noout", "-ext", "subjectAltName", "-in", &file])
-        .output()
-        .unwrap();
-    assert!(o.status.success());
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .skip(1)
-        .flat_map(|l| {
-            l.split(", ")
-                .map(|s| s.trim().to_string())
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    test_support::ca::cert_sans(Path::new(d), cert).unwrap()
 }
 
 fn assert_refused(reply: &Value, what: &str, why: &str) {

@@ -29,10 +29,10 @@ impl Drop for Server {
     }
 }
 
-/// Starts `serve` on a free port with `args`; its URL from the first line it prints.
-fn serve(args: &[&str]) -> Server {
+/// Starts `serve --listen LISTEN` with `args`: the child and the first line it prints.
+fn start(listen: &str, args: &[&str]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_choria-demo-helper"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", listen])
         .args(args)
         .env("CHORIA_BROKERS", "nats://b1.example.net:4222")
         .stdin(Stdio::null())
@@ -44,6 +44,12 @@ fn serve(args: &[&str]) -> Server {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
+    (child, line)
+}
+
+/// Starts `serve` on a free port with `args`; its URL from the first line it prints.
+fn serve(args: &[&str]) -> Server {
+    let (child, line) = start("127.0.0.1:0", args);
     let url = line
         .trim()
         .strip_prefix("listening on ")
@@ -297,7 +303,7 @@ enum Meddle {
 }
 
 /// A proxy on a free loopback port passing requests to `upstream` as they are and meddling
-/// with every answer; returns the URL to use instead of `upstream_url`.
+/// with every answer; returns the URL a client uses in place of `upstream_url`.
 fn meddling_proxy(upstream_url: &str, meddle: Meddle) -> String {
     let rest = upstream_url.strip_prefix("http://").unwrap();
     let (upstream, path) = rest.split_once('/').unwrap();
@@ -411,19 +417,7 @@ fn unix_now() -> u64 {
 
 /// POSTs `body` to `url` with exactly these extra headers, on a connection of its own.
 fn raw_post(url: &str, headers: &[(&str, String)], body: &[u8]) -> Message {
-    let rest = url.strip_prefix("http://").unwrap();
-    let (addr, path) = rest.split_once('/').unwrap();
-    let mut s = TcpStream::connect(addr).unwrap();
-    let mut head = format!(
-        "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    let mut s = test_support::webhook::raw_post(url, headers, body).unwrap();
     read_message(&mut s, &mut Vec::new()).unwrap()
 }
 
@@ -487,7 +481,7 @@ fn replayed_and_stale_requests_are_refused() {
         );
     }
 
-    // Version 1 alone (ambiguous framing) is no longer accepted.
+    // Version 1 alone (ambiguous framing) is refused.
     let ts = unix_now().to_string();
     let id2 = "ffeeddccbbaa99887766554433221100";
     let v1 = helper_protocol::webhook::signature(b"replay-secret", &ts, id2, body);
@@ -530,18 +524,7 @@ fn without_a_secret_it_listens_on_loopback_alone() {
     // With a secret, every interface is allowed.
     let dir = tempfile::tempdir().unwrap();
     let shared = secret(dir.path(), "shared", "any-interface-secret");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_choria-demo-helper"))
-        .args(["serve", "--listen", "0.0.0.0:0", "--secret-file"])
-        .arg(&shared)
-        .env("CHORIA_BROKERS", "nats://b1.example.net:4222")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut child, line) = start("0.0.0.0:0", &["--secret-file", shared.to_str().unwrap()]);
     let _ = child.kill();
     let _ = child.wait();
     assert!(line.starts_with("listening on http://0.0.0.0:"), "{line}");

@@ -479,7 +479,7 @@ async fn debug_flag_wins_over_the_configured_level() {
     let mut opts = env.plain();
     opts.loglevel = "warn".into();
     let mut quiet = env.start(&opts);
-    // Nothing below warn is logged, so wait for the metrics listener instead of a log line.
+    // Nothing below warn is logged, so the metrics listener, not a log line, says it is up.
     assert!(
         wait_until(Duration::from_secs(20), || quiet
             .get("/readyz")
@@ -710,7 +710,7 @@ fn run_refuses_to_start_on_every_problem_check_reports() {
     let checked = provisioner(&["check", "--config", &yaml, "--choria-config", &cfg]);
     assert!(checked.status.success(), "{}", stdout(&checked));
     // The first connection is retried for ever, as go-choria does: the daemon keeps trying
-    // 127.0.0.1:1 instead of refusing to start.
+    // 127.0.0.1:1 and does not refuse to start.
     struct Killed(std::process::Child);
     impl Drop for Killed {
         fn drop(&mut self) {

@@ -85,7 +85,7 @@ async fn only_the_leader_provisions_and_the_standby_takes_over_when_it_dies() {
         "the new leader provisioned {} of the {left} nodes left behind",
         standby.m("provisioned")
     );
-    // On winning it discovered at once instead of waiting for its interval.
+    // On winning it discovered at once without waiting for its interval.
     assert!(standby.m("discovered") > 0.0);
     assert!(standby.m("discover_cycles") >= 1.0);
     let mut standby = standby;

@@ -132,7 +132,7 @@ async fn an_edit_takes_effect_and_a_broken_edit_keeps_the_old_policy() {
     let mut prov = env.start_ready(&opts).await;
     prov.expect_metric("policy_denied", 3.0, WAIT).await;
 
-    // A broken edit: logged, and the old policy still refuses everyone.
+    // A broken edit: logged, and the policy last loaded still refuses everyone.
     write_policy(
         &policy,
         "package choria.provisioner\n\ndecision := {\"allow\": true\n",

@@ -26,30 +26,9 @@ mod probes;
 mod procfs;
 mod replicas;
 
-/// What a benchmark run fails with.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A run did not go as it must; the text says how.
-    #[error("{0}")]
-    Failed(String),
-    /// A file of the run could not be written or read.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A process of the run could not be built or started.
-    #[error(transparent)]
-    Harness(#[from] test_support::Error),
-}
-
-/// The result of a benchmark step.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Returns an [`Error::Failed`] with the formatted message.
-macro_rules! bail {
-    ($($arg:tt)*) => {
-        return Err($crate::Error::Failed(format!($($arg)*)))
-    };
-}
-pub(crate) use bail;
+pub(crate) use test_support::bail;
+/// What a benchmark run fails with: the tooling's step error, shared with packaging.
+pub use test_support::step::{Error, Result};
 
 /// How the provisioner asks its helper in a local run.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -150,8 +129,8 @@ pub struct Args {
     /// contender (its median run) into this SVG, one panel each.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-    /// Use the binaries already built (release, or debug with --debug-build) instead of
-    /// building them first.
+    /// Use the binaries already built (release, or debug with --debug-build); build
+    /// nothing first.
     #[arg(long)]
     no_build: bool,
     /// The process helper's program: the statically linked demo helper in release runs

@@ -387,7 +387,7 @@ async fn a_node_provisioned_by_hand_leaves_the_provisioning_collective() {
     );
     assert_eq!(fleet.phase(&id), Some(Phase::Provisioned));
 
-    // It no longer answers in the provisioning collective; the others still do.
+    // It does not answer in the provisioning collective now; the others still do.
     let found = client.discover(4, 3 * SEC).await;
     assert_eq!(found.len(), 3);
     assert!(!found.contains(&id));

@@ -149,7 +149,7 @@ async fn three_candidates_one_leader_and_failover() {
         .expect("no failover within 45 s");
     let failover = stopped_at.elapsed();
     println!("failover after cancelling the leader: {failover:?} (bucket ttl {ttl:?})");
-    // Nothing was deleted, so nobody can win before the old key ages out (written at most 750 ms
+    // Nothing was deleted, so nobody can win before the leader's key ages out (written at most 750 ms
     // before the stop, more slack for a loaded machine); and a candidate's backoff (≤ 1.5 × 20 s)
     // bounds the wait after expiry.
     assert!(

@@ -19,7 +19,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -211,19 +210,11 @@ impl Example {
             let w = self.webhook(ca);
             return w.post(&w.client, input);
         }
-        let mut child = with_site(&mut Command::new(&self.script), ca)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = test_support::process::run_with_input(
+            with_site(&mut Command::new(&self.script), ca).stderr(Stdio::piped()),
+            input.to_string().as_bytes(),
+        )
+        .unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -399,43 +390,12 @@ fn csr(dir: &Path, subject: &str, sans: &[&str]) -> Option<String> {
         .map(|()| std::fs::read_to_string(out).unwrap())
 }
 
-/// The subject alternative names of a PEM certificate, as openssl prints them.
 fn sans(dir: &Path, cert: &str) -> Vec<String> {
-    std::fs::write(dir.join("issued.pem"), cert).unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-noout",
-            "-ext",
-            "subjectAltName",
-            "-in",
-            "issued.pem",
-        ],
-    )
-    .lines()
-    .skip(1)
-    .flat_map(|l| {
-        l.split(',')
-            .map(|s| s.trim().to_string())
-            .collect::<Vec<_>>()
-    })
-    .filter(|s| !s.is_empty())
-    .collect()
+    test_support::ca::cert_sans(dir, cert).unwrap()
 }
 
-/// Every file under `dir` with its length and modification time.
 fn snapshot(dir: &Path) -> BTreeMap<String, (u64, SystemTime)> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let m = e.metadata().unwrap();
-        out.insert(
-            e.file_name().to_string_lossy().into_owned(),
-            (m.len(), m.modified().unwrap()),
-        );
-    }
-    out
+    test_support::ca::files_snapshot(dir).unwrap()
 }
 
 /// The documented input, as the provisioner's `HelperInput` and as JSON.
@@ -864,20 +824,7 @@ fn raw_post(
     body: &[u8],
 ) -> (u16, Vec<(String, String)>, String) {
     use std::io::Read as _;
-    let rest = url.strip_prefix("http://").unwrap();
-    let (addr, path) = rest.split_once('/').unwrap();
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let mut head = format!(
-        "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    let mut s = test_support::webhook::raw_post(url, headers, body).unwrap();
     let mut answer = Vec::new();
     s.read_to_end(&mut answer).unwrap();
     let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();

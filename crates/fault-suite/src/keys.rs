@@ -67,7 +67,7 @@ pub fn signing_key_rotated(env: &Env, name: &str) -> Result<String> {
     // Rotate: a new seed replaces the file in place; the nodes now trust only the new key.
     let newdir = run.dir.join("rotated");
     let new_pub = test_support::stack::init_signer(&run.bins, &newdir)?;
-    // The nodes' provisioning JWTs stay signed by the old key (jwt_verify_cert is unchanged);
+    // The nodes' provisioning JWTs stay signed by the first key (jwt_verify_cert is unchanged);
     // only the server JWT signing key rotates.
     let prov_signer = run.dir.join("provisioning-signer.seed");
     std::fs::copy(&run.files.signer_seed, &prov_signer)?;

@@ -50,7 +50,7 @@ fn main() {
 
 /// `[--release] [--bins DIR] [--list] [SCENARIO...]`: no scenario runs them all. `--bins`
 /// runs the provisioner, the fleet simulator and the demo helper found in DIR (a release build
-/// made already, such as the packages' static one) instead of building them.
+/// made already, such as the packages' static one) and builds none.
 fn run(args: &[String]) -> Result<()> {
     let mut release = false;
     let mut prebuilt: Option<std::path::PathBuf> = None;

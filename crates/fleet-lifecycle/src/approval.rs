@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use provision_core::identity::escaped;
 use provision_core::{Approval, HoldFuture, PendingNode};
-use provisioner_status::control::{DecideFuture, FleetControlView, PauseInfo, PendingInfo};
+use provisioner_status::control::{
+    DecideFuture, Decision, FleetControlView, PauseInfo, PendingInfo,
+};
 
 use crate::control::{same_keys, ControlSlot, ControlView, PendingRecord, Selector};
 use crate::{now_unix, rfc3339};
@@ -196,13 +198,13 @@ impl FleetControlView for ApprovalQueue {
             .collect()
     }
 
-    fn decide<'a>(
-        &'a self,
-        identity: &'a str,
-        approve: bool,
-        reason: &'a str,
-        by: &'a str,
-    ) -> DecideFuture<'a> {
+    fn decide<'a>(&'a self, decision: Decision<'a>) -> DecideFuture<'a> {
+        let Decision {
+            identity,
+            approve,
+            reason,
+            by,
+        } = decision;
         Box::pin(async move {
             let Some(control) = self.slot.get() else {
                 return Err("the fleet control bucket has not been reached yet".to_string());

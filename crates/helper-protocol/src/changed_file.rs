@@ -1,5 +1,5 @@
 //! A small file (a key, a token, a webhook secret) read again only when it changed: at most one
-//! `stat` every [`RECHECK`] instead of opening and reading it for every use, so a file rotated by
+//! `stat` every [`RECHECK`], not an open and a read for every use, so a file rotated by
 //! a rename or rewritten in place takes effect within [`RECHECK`] without a restart.
 
 use std::io::Read as _;
@@ -108,7 +108,7 @@ impl<T: Clone> ChangedFile<T> {
             }
         }
         // The stamp is taken again from the open file, so a change between the two looks is
-        // seen at the next use rather than remembered under the old stamp.
+        // seen at the next use rather than remembered under the earlier stamp.
         let file = std::fs::File::open(&self.path).map_err(&io)?;
         let stamp = file_stamp(&file.metadata().map_err(&io)?);
         let mut data = Vec::new();

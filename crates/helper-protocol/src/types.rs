@@ -323,7 +323,7 @@ pub struct HelperReply {
     /// Do not provision now; the node is tried again on a later discovery.
     #[serde(default, deserialize_with = "null_default")]
     pub defer: bool,
-    /// Shut the node down instead of provisioning it.
+    /// Shut the node down; it is not provisioned.
     #[serde(default, deserialize_with = "null_default")]
     pub shutdown: bool,
     /// A message explaining `defer` or `shutdown`.

@@ -133,7 +133,7 @@ impl Stub {
     }
 }
 
-/// `dpkg -i DEB` over the installed package (configure with the old version: an upgrade) while
+/// `dpkg -i DEB` over the installed package (configure with the installed version: an upgrade) while
 /// the service runs as `running` says.
 pub fn deb_upgrade(deb: &Path, running: &Sandbox) -> Result<Upgrade> {
     let stub = Stub::new()?;

@@ -681,7 +681,7 @@ async fn a_discovered_node_that_never_answers_does_not_hold_a_worker_for_a_minut
     let err = p.provision(&mut host()).await.unwrap_err();
     let took = started.elapsed();
     // The Go retry count is kept for a discovered node, but each try waits at most the
-    // first-contact limit instead of the action's 22 s.
+    // first-contact limit, not the action's 22 s.
     assert!(
         matches!(&err.kind, ProvisionErrorKind::Rpc(e) if e.kind == RpcErrorKind::Timeout),
         "{err}"

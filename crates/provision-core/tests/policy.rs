@@ -744,8 +744,8 @@ fn csr_ip_uri_and_email_names_are_refused() {
 
 #[test]
 fn csr_for_a_privileged_san_smuggling_identity_is_refused() {
-    // The identity an attacker announces; the CSR's CN equals it, so the old CN == identity
-    // check passed and the default deny list (patterns ending in `$`) did not match.
+    // The identity an attacker announces; the CSR's CN equals it, so a bare CN == identity
+    // check passes and the default deny list (patterns ending in `$`) did not match.
     let evil = "evil.example.net,DNS:admin.privileged.mcollective,DNS:x";
     let csr = make_csr_with(
         "CN=evil.example.net\\,DNS:admin.privileged.mcollective\\,DNS:x",

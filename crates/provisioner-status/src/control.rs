@@ -64,6 +64,20 @@ pub struct CampaignInfo {
     pub recent_failures: Vec<(String, String)>,
 }
 
+/// An operator's decision on a pending node: approve it, or reject it with a reason, in the
+/// name of `by`.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision<'a> {
+    /// The pending node.
+    pub identity: &'a str,
+    /// Approve (true) or reject (false).
+    pub approve: bool,
+    /// Why; required for a rejection.
+    pub reason: &'a str,
+    /// Who decided (recorded in the audit trail).
+    pub by: &'a str,
+}
+
 /// An operator's decision on its way: what was done, or why it failed.
 pub type DecideFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>>;
@@ -80,15 +94,8 @@ pub trait FleetControlView: Send + Sync + 'static {
     fn campaign(&self) -> Option<CampaignInfo> {
         None
     }
-    /// Approves (`approve`) or rejects with `reason` the pending node `identity`, in the name
-    /// of `by`.
-    fn decide<'a>(
-        &'a self,
-        identity: &'a str,
-        approve: bool,
-        reason: &'a str,
-        by: &'a str,
-    ) -> DecideFuture<'a>;
+    /// Carries out `decision` on its pending node.
+    fn decide<'a>(&'a self, decision: Decision<'a>) -> DecideFuture<'a>;
 }
 
 /// Fleet control on the monitor: the view, and the per-process token the status page embeds

@@ -370,7 +370,7 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, _permit: OwnedSemaph
         None => serve_io(&shared, TokioIo::new(stream), client, close, busy).await,
         Some(config) => {
             // The handshake is bounded like a request head: a client that never finishes it
-            // holds its connection no longer.
+            // does not hold its connection longer than that.
             let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
             let tls = tokio::select! {
                 r = tokio::time::timeout(HEADER_READ_TIMEOUT, accept) => r,
@@ -738,7 +738,16 @@ async fn decide(
         return refuse(StatusCode::BAD_REQUEST, "a rejection needs a reason");
     }
     let by = format!("status-page@{}", monitor.identity);
-    match control.view.decide(identity, approve, reason, &by).await {
+    match control
+        .view
+        .decide(crate::control::Decision {
+            identity,
+            approve,
+            reason,
+            by: &by,
+        })
+        .await
+    {
         Ok(text) => (StatusCode::OK, true, text),
         Err(e) => (StatusCode::CONFLICT, false, e),
     }

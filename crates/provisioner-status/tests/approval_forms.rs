@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use provisioner_metrics::Metrics;
-use provisioner_status::control::DecideFuture;
+use provisioner_status::control::{DecideFuture, Decision};
 use provisioner_status::{ControlPanel, FleetControlView, Monitor, PauseInfo, PendingInfo};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
@@ -42,18 +42,14 @@ impl FleetControlView for Fake {
             expires: 1_796_604_800,
         }]
     }
-    fn decide<'a>(
-        &'a self,
-        identity: &'a str,
-        approve: bool,
-        reason: &'a str,
-        by: &'a str,
-    ) -> DecideFuture<'a> {
-        self.decided
-            .lock()
-            .unwrap()
-            .push((identity.into(), approve, reason.into(), by.into()));
-        Box::pin(std::future::ready(Ok(format!("decided {identity}"))))
+    fn decide<'a>(&'a self, d: Decision<'a>) -> DecideFuture<'a> {
+        self.decided.lock().unwrap().push((
+            d.identity.into(),
+            d.approve,
+            d.reason.into(),
+            d.by.into(),
+        ));
+        Box::pin(std::future::ready(Ok(format!("decided {}", d.identity))))
     }
 }
 

@@ -4,8 +4,10 @@
 //! makes has the same shape: critical basic constraints and key usage, both TLS purposes, SHA-256
 //! and a serial of its own.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::SystemTime;
 
 use crate::stack::run;
 use crate::Result;
@@ -105,6 +107,42 @@ pub fn csr(
     rsa_key(&key, format)?;
     request(&key, subject, sans, &csr)?;
     Ok(Request { csr, key })
+}
+
+/// The subject alternative names of the PEM certificate `cert`, as openssl prints them
+/// (`DNS:a.example.net`, `IP Address:192.0.2.1`); `dir` holds the file openssl reads.
+pub fn cert_sans(dir: &Path, cert: &str) -> Result<Vec<String>> {
+    let file = dir.join("issued.pem");
+    crate::write(&file, cert)?;
+    let mut cmd = Command::new("openssl");
+    cmd.args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(&file);
+    Ok(quiet(&mut cmd)?
+        .lines()
+        .skip(1)
+        .flat_map(|l| l.split(','))
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+/// Every file directly under `dir` with its length and modification time: compared before and
+/// after, it shows that nothing under a CA's folder was written.
+pub fn files_snapshot(dir: &Path) -> Result<BTreeMap<String, (u64, SystemTime)>> {
+    let mut out = BTreeMap::new();
+    let list = |e: std::io::Error| crate::Error::Io {
+        what: format!("listing {}", dir.display()),
+        err: e,
+    };
+    for e in std::fs::read_dir(dir).map_err(list)? {
+        let e = e.map_err(list)?;
+        let m = e.metadata().map_err(list)?;
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            (m.len(), m.modified().map_err(list)?),
+        );
+    }
+    Ok(out)
 }
 
 /// A certificate signing request made with the existing `key` and written to `out`, for

@@ -37,6 +37,7 @@ pub mod process;
 pub mod provisioner;
 pub mod simulator;
 pub mod stack;
+pub mod step;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
@@ -257,7 +258,7 @@ pub fn owner_only(path: &Path) -> Result<()> {
 }
 
 /// Runs `f` on a thread of its own and returns its result, panicking with `what` if it has not
-/// returned within `timeout`: a test for "refused promptly" fails instead of hanging the suite
+/// returned within `timeout`: a test for "refused promptly" fails rather than hang the suite
 /// (a function that spins is left running until the test process exits).
 pub fn returns_within<T: Send + 'static>(
     what: &str,

@@ -1,8 +1,9 @@
 //! [`ProcessGuard`]: a child process that is stopped when its guard drops, so an error or a
 //! failed assertion leaves nothing running; and a process's descriptor limits, read and set.
 
+use std::io::Write as _;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::{Error, IoContext, Result};
@@ -220,4 +221,22 @@ pub fn set_nofile(pid: u32, soft: u64, hard: u64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Runs `cmd` to its end with `input` on its standard input and its standard output captured
+/// (standard error as `cmd` sets it): a helper program asked once.
+pub fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<Output> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .ctx(|| format!("starting {:?}", cmd.get_program()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input)
+            .ctx(|| format!("writing the input of {:?}", cmd.get_program()))?;
+    }
+    child
+        .wait_with_output()
+        .ctx(|| format!("waiting for {:?}", cmd.get_program()))
 }

@@ -53,7 +53,7 @@ pub struct Provisioner {
     pub features: Vec<String>,
     /// More top-level YAML, written before `features`.
     pub extra_yaml: String,
-    /// The whole Choria configuration, when a test writes its own instead of the generated one.
+    /// The whole Choria configuration, when a test writes its own in place of the generated one.
     pub choria_config: Option<String>,
     /// Arguments before the generated `--config` and `--choria-config` (`--debug`, `run`...).
     pub args: Vec<String>,
@@ -398,7 +398,7 @@ impl ProvisionerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Fail, with the last lines of its output, when it is no longer running.
+    /// Fail, with the last lines of its output, when it has stopped running.
     pub fn alive(&mut self) -> Result<()> {
         if !self.proc.running() {
             return Err(Error::Failed(format!(

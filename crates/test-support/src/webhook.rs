@@ -3,6 +3,8 @@
 //! started with the run's CA and broker. `cargo xtask demo --helper webhook`, the benchmark and
 //! the fault suite use it.
 
+use std::io::Write as _;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -77,4 +79,26 @@ impl WebhookPlan {
         crate::ports::wait_port(self.port, Duration::from_secs(10))?;
         Ok(guard)
     }
+}
+
+/// POSTs `body` to `url` (`http://ADDRESS/PATH`) with exactly these extra headers, on a
+/// connection of its own that asks the server to close it; returns the connection with the
+/// request written, for the caller to read the answer as its test needs.
+pub fn raw_post(url: &str, headers: &[(&str, String)], body: &[u8]) -> Result<TcpStream> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (addr, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut s = TcpStream::connect(addr).ctx(|| format!("connecting to {addr}"))?;
+    let mut head = format!(
+        "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body))
+        .ctx(|| format!("posting to {url}"))?;
+    Ok(s)
 }
