@@ -100,34 +100,56 @@ fn usage_error(kind: clap::error::ErrorKind, message: &str) -> clap::Error {
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Run the provisioner (the default command)
+    #[command(
+        after_help = "Example:\n  choria-provisioner run --config prov.yaml --pid /run/prov.pid"
+    )]
     Run(RunArgs),
     /// Check both configuration files, the helper and every key named, print what the daemon
     /// would do, and exit non-zero listing every problem
+    #[command(after_help = "Example:\n  choria-provisioner check --config prov.yaml --probe")]
     Check(CheckArgs),
     /// Work with the rego_policy
     #[command(subcommand)]
+    #[command(
+        after_help = "Example:\n  choria-provisioner policy eval --config prov.yaml --input in.json"
+    )]
     Policy(PolicyCommand),
     /// Show a running provisioner's status: role, queue, workers, totals, history kept
+    #[command(after_help = "Example:\n  choria-provisioner status --json")]
     Status(ApiArgs),
     /// List the nodes a running provisioner has seen recently, newest first
+    #[command(after_help = "Example:\n  choria-provisioner nodes --state failed --limit 20")]
     Nodes(NodesArgs),
     /// Show one node's state, cause and history on a running provisioner
+    #[command(after_help = "Example:\n  choria-provisioner node web7.example.net")]
     Node(NodeArgs),
     /// Pause provisioning on every replica with fleet_control: nothing new is queued or
     /// started, nodes in flight finish
+    #[command(after_help = "Example:\n  choria-provisioner pause --reason \"CA upgrade\"")]
     Pause(PauseArgs),
     /// Lift the pause on every replica with fleet_control
+    #[command(after_help = "Example:\n  choria-provisioner resume")]
     Resume(ControlArgs),
     /// Deny nodes on every replica with fleet_control: by identity, /REGEX/ or key fingerprint
     #[command(subcommand)]
+    #[command(
+        after_help = "Example:\n  choria-provisioner deny add web7.example.net --reason \"stolen\""
+    )]
     Deny(DenyCommand),
     /// Approve nodes waiting for approval: each is provisioned at once, if it still presents
     /// the keys it had when pending
+    #[command(after_help = "Example:\n  choria-provisioner approve --matching \"^lab-\"")]
     Approve(DecideArgs),
     /// Reject nodes waiting for approval: their key fingerprints go on the deny list
+    #[command(
+        after_help = "Example:\n  choria-provisioner reject web7.example.net --reason \"not ours\""
+    )]
     Reject(DecideArgs),
     /// Rotate provisioned servers: send choria_provision#reprovision in waves on the main
     /// collective and follow each node until it is provisioned again
+    #[command(
+        after_help = "Example:\n  choria-provisioner rotate --expiring-within 7d --choria-config main.cfg"
+    )]
     Rotate(RotateArgs),
 }
 
@@ -197,12 +219,20 @@ pub struct RotateArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum RotateCommand {
     /// Show the campaign: state, progress, ETA, latest failures
+    #[command(after_help = "Example:\n  choria-provisioner rotate status --json")]
     Status(RotateStatusArgs),
     /// Pause the campaign: no more requests are sent; nodes in flight finish
+    #[command(
+        after_help = "Example:\n  choria-provisioner rotate pause --reason \"CA maintenance\""
+    )]
     Pause(RotateReasonArgs),
     /// Resume a paused or stopped campaign, or one whose driver died, and drive it
+    #[command(
+        after_help = "Example:\n  choria-provisioner rotate resume --choria-config main.cfg"
+    )]
     Resume(CampaignArgs),
     /// End the campaign; nodes already sent finish on their own
+    #[command(after_help = "Example:\n  choria-provisioner rotate abort --reason \"wrong list\"")]
     Abort(RotateReasonArgs),
 }
 
@@ -260,6 +290,12 @@ pub struct ControlArgs {
     /// The Choria client configuration file (default: the Choria user configuration)
     #[arg(long = "choria-config", value_name = "FILE", value_parser = existing_file)]
     pub choria_config: Option<PathBuf>,
+
+    /// Succeed when no running provisioner follows the bucket (to prepare a deny list or a
+    /// pause before the first start); by default such a change is an error, since it reached
+    /// nothing
+    #[arg(long)]
+    pub no_replicas_ok: bool,
 }
 
 /// Flags of `pause`.
@@ -277,10 +313,15 @@ pub struct PauseArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum DenyCommand {
     /// Deny an identity, a /REGEX/ of identities or a key fingerprint (sha256:HEX)
+    #[command(
+        after_help = "Example:\n  choria-provisioner deny add \"/^lab-/\" --reason lab --expires 30d"
+    )]
     Add(DenyAddArgs),
     /// Remove a deny entry
+    #[command(after_help = "Example:\n  choria-provisioner deny rm web7.example.net")]
     Rm(DenyEntryArgs),
     /// List the deny entries
+    #[command(after_help = "Example:\n  choria-provisioner deny ls --json")]
     Ls(DenyLsArgs),
 }
 
@@ -392,6 +433,9 @@ pub struct NodeArgs {
 pub enum PolicyCommand {
     /// Evaluate the configured rego_policy against a recorded helper input and print the
     /// decision and reason
+    #[command(
+        after_help = "Example:\n  choria-provisioner policy eval --config prov.yaml --input in.json --explain"
+    )]
     Eval(PolicyEvalArgs),
 }
 

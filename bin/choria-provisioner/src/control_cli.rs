@@ -12,11 +12,12 @@ use provisioner::settings::Paths;
 use crate::cli::{ControlArgs, DecideArgs, DenyCommand, PauseArgs};
 
 /// Runs `f` on the bucket opened with `args`' files and the provisioner's settings, warning
-/// when they do not follow the bucket.
+/// when they do not follow the bucket. When `f` changed the bucket, says which running
+/// replicas applied the change, and fails when it reached none (unless `--no-replicas-ok`).
 fn with_settings<T>(
     debug: bool,
     args: &ControlArgs,
-    f: impl AsyncFnOnce(Control, provisioner::Settings) -> Result<T>,
+    f: impl AsyncFnOnce(&Control, provisioner::Settings) -> Result<T>,
 ) -> Result<T> {
     let config = args
         .config
@@ -33,7 +34,12 @@ fn with_settings<T>(
         if !settings.config.fleet_control {
             eprintln!("warning: {} does not set fleet_control: true; a provisioner started from it does not follow pause or deny", config.display());
         }
-        f(c, settings).await
+        let out = f(&c, settings).await?;
+        if c.last_write() > 0 {
+            let reach = c.reach(control::presence::REACH_WAIT).await?;
+            println!("{}", reach.verdict(args.no_replicas_ok)?);
+        }
+        Ok(out)
     })
 }
 
@@ -45,7 +51,7 @@ pub fn pause(debug: bool, args: &PauseArgs) -> Result<()> {
     with_settings(debug, &args.control, async |c, _| {
         let r = c.pause(&args.reason).await?;
         println!(
-            "Provisioning paused on every replica with fleet_control by {} at {}: {}",
+            "Provisioning paused by {} at {}: {}",
             r.by,
             rfc3339(r.at),
             r.reason
@@ -89,10 +95,7 @@ pub fn deny(debug: bool, cmd: &DenyCommand) -> Result<()> {
                     .expires
                     .map(|e| format!(" until {}", rfc3339(e)))
                     .unwrap_or_default();
-                println!(
-                    "Denied {} on every replica with fleet_control{until}: {}",
-                    r.entry, r.reason
-                );
+                println!("Denied {}{until}: {}", r.entry, r.reason);
                 Ok(())
             })
         }

@@ -1,13 +1,12 @@
-//! `choria-provisioner run`: load the settings, start logging, install the signal handlers,
-//! write the pid file, and run the library's daemon until a signal.
+//! `choria-provisioner run`: load the settings, start logging, install the library's signal
+//! handlers, write its pid file, and run its daemon until a signal.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use provisioner::settings::Settings;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::error;
 
 use crate::cli::{paths, RunArgs};
 
@@ -31,10 +30,10 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
     // stop the process cleanly.
     let signals = {
         let _rt = runtime.enter();
-        Signals::install()?
+        provisioner::process::Signals::install()?
     };
     let _pid = match &args.pid {
-        Some(p) => Some(PidFile::create(p)?),
+        Some(p) => Some(provisioner::process::PidFile::create(p)?),
         None => None,
     };
     let shutdown = CancellationToken::new();
@@ -56,54 +55,4 @@ pub fn main(debug: bool, args: RunArgs) -> Result<()> {
 fn staged(e: provisioner::Error) -> anyhow::Error {
     let stage = e.stage();
     anyhow::Error::new(e).context(stage)
-}
-
-/// The PID file, removed when dropped.
-struct PidFile(PathBuf);
-
-impl PidFile {
-    fn create(path: &Path) -> Result<Self> {
-        std::fs::write(path, format!("{}\n", std::process::id()))
-            .with_context(|| format!("cannot write pid file {}", path.display()))?;
-        Ok(PidFile(path.to_path_buf()))
-    }
-}
-
-impl Drop for PidFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// SIGTERM and SIGINT, caught from start-up on.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Install the handlers; needs the runtime's context.
-    fn install() -> Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals {
-            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
-            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
-        })
-    }
-
-    /// The first signal cancels `shutdown`, a second one `force`.
-    async fn watch(mut self, shutdown: CancellationToken, force: CancellationToken) {
-        tokio::select! {
-            _ = self.term.recv() => info!("received SIGTERM"),
-            _ = self.int.recv() => info!("received SIGINT"),
-        }
-        shutdown.cancel();
-        // A second signal (an impatient Ctrl-C) ends the drain at once.
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-        warn!("received a second signal, not waiting for nodes in flight");
-        force.cancel();
-    }
 }

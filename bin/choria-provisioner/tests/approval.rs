@@ -95,6 +95,7 @@ async fn manual_approval_holds_the_fleet_until_approved_and_reject_denies_the_ke
     // Half approved: exactly those are provisioned, at once (not at the next interval).
     let said = control(&launch, &["approve", "--matching", "^node-0[1-5][.]"]);
     assert!(said.contains("5 nodes approved"), "{said}");
+    assert!(said.contains("reached 1 of 1 replica ("), "{said}");
     expect_provisioned(&fleet, 5, Duration::from_secs(30), &prov).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fleet.provisioned(), 5);

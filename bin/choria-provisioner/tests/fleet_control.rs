@@ -44,6 +44,10 @@ async fn denied_identities_are_never_provisioned_by_either_replica() {
         ],
     );
     assert!(said.contains("Denied node-03.example.net"), "{said}");
+    assert!(
+        said.contains("reached 2 of 2 replicas (provisioner-a, provisioner-b)"),
+        "{said}"
+    );
     // From the moment `deny add` has returned, each replica has the entry within a second.
     let added = Instant::now();
     for p in [&mut a, &mut b] {
@@ -135,6 +139,60 @@ async fn denied_identities_are_never_provisioned_by_either_replica() {
     fleet.shutdown().await;
 }
 
+/// With no running provisioner following the bucket (the default, `fleet_control` unset), a
+/// change reaches nothing: `deny add`, `pause` and `approve` fail naming the fix, and succeed
+/// with `--no-replicas-ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_reaches_no_replica_fails_and_names_the_fix() {
+    let env = Env::new();
+    let p = env.provisioner(test_helper("scenario.py") + " configure");
+    let launch = env.prepare(&p);
+    let mut prov = Prov::launch(&launch);
+    prov.wait_ready().await;
+    let changes: [&[&str]; 3] = [
+        &["deny", "add", "node-03.example.net", "--reason", "stolen"],
+        &["pause", "--reason", "maintenance"],
+        &["approve", "node-04.example.net"],
+    ];
+    for args in changes {
+        let ran = cli_on(args, &launch.config, &launch.choria_config);
+        let err = ran.text();
+        if args[0] == "approve" {
+            // Nothing is pending, so nothing is written: refused before any reach.
+            assert!(
+                !ran.ok && err.contains("no pending node"),
+                "{args:?}: {err}"
+            );
+            continue;
+        }
+        assert!(!ran.ok, "{args:?} succeeded reaching nothing: {err}");
+        assert!(
+            err.contains("no running provisioner follows the fleet control bucket")
+                && err.contains("set fleet_control: true")
+                && err.contains("--no-replicas-ok"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(
+            err.trim().lines().filter(|l| l.contains("error")).count(),
+            1,
+            "{err}"
+        );
+        let mut prepared = args.to_vec();
+        prepared.push("--no-replicas-ok");
+        let said = control(&launch, &prepared);
+        assert!(said.contains("No running provisioner follows"), "{said}");
+    }
+    // The provisioner without fleet_control still provisions the fleet, denied node included:
+    // exactly what the failing command said.
+    let fleet = env.fleet(env.fleet_config(5, Mode::Plain)).await;
+    assert!(
+        fleet.wait_provisioned(5, Duration::from_secs(30)).await,
+        "{}",
+        prov.output()
+    );
+    fleet.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_new_work_until_resume() {
     let env = Env::new();
@@ -148,6 +206,7 @@ async fn pause_stops_new_work_until_resume() {
         .await;
     let said = control(&launch, &["pause", "--reason", "bad helper release"]);
     assert!(said.contains("Provisioning paused"), "{said}");
+    assert!(said.contains("reached 1 of 1 replica ("), "{said}");
     prov.expect_log("Provisioning paused by", Duration::from_secs(5))
         .await;
     assert!(prov.output().contains("bad helper release"));

@@ -26,6 +26,7 @@ pub mod logging;
 pub mod node_rpc;
 pub mod operator;
 pub mod preflight;
+pub mod process;
 pub mod rego;
 pub mod rotate;
 pub mod settings;

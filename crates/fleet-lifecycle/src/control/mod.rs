@@ -16,6 +16,9 @@
 //!   (the approval queue).
 //! - `approved.<hex of the identity>` holds an operator's approval of that identity with the
 //!   key fingerprints it had when pending; a node presenting other keys is not approved.
+//! - `replica.<hex of the identity>` holds a following replica's presence: when it was last
+//!   seen and the highest revision it has applied, so that an operator's command can say which
+//!   replicas its change reached ([`presence`]).
 //!
 //! Every replica follows the bucket with a watch, so a change takes effect within the time the
 //! broker takes to deliver it (milliseconds). Records are JSON; with a shared secret (the
@@ -29,14 +32,17 @@
 //! may (history 1, no expiry, replicas 3 when the cluster has them).
 
 mod follow;
+pub mod presence;
 mod records;
 mod view;
 
 pub use follow::*;
+pub use presence::{PresenceRecord, Reach};
 pub use records::*;
 pub use view::*;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -106,6 +112,15 @@ pub enum ControlError {
         /// The server's answer.
         detail: String,
     },
+    /// A change was stored, but no running provisioner follows the bucket.
+    #[error("no running provisioner follows the fleet control bucket {CONTROL_BUCKET}, so the change reached nothing (it is stored, and applies when one does): set fleet_control: true in each provisioner's YAML and restart it, or pass --no-replicas-ok to prepare changes before the first start")]
+    NoReplicas,
+    /// Replicas follow the bucket, but none applied the change within [`presence::REACH_WAIT`].
+    #[error("no running replica applied the change within {}s ({missing} follow the bucket): see their logs for fleet control errors", presence::REACH_WAIT.as_secs())]
+    NotApplied {
+        /// The replicas that follow the bucket.
+        missing: String,
+    },
     /// `approve` or `reject` found no pending node to act on.
     #[error("no pending node matches {pattern} (see choria-provisioner nodes --pending)")]
     NothingPending {
@@ -129,6 +144,8 @@ pub struct Control {
     api: StreamsApi,
     seal: Seal,
     by: String,
+    /// The highest revision written through this handle and its clones.
+    written: Arc<AtomicU64>,
 }
 
 impl Control {
@@ -179,6 +196,7 @@ impl Control {
             api,
             seal,
             by: by.to_string(),
+            written: Arc::default(),
         })
     }
 
@@ -213,14 +231,16 @@ impl Control {
         key: &str,
         bytes: Vec<u8>,
     ) -> Result<(), ControlError> {
-        self.store
-            .put(key, bytes.into())
-            .await
-            .map(|_| ())
-            .map_err(|e| ControlError::Request {
-                action,
-                detail: e.to_string(),
-            })
+        let revision =
+            self.store
+                .put(key, bytes.into())
+                .await
+                .map_err(|e| ControlError::Request {
+                    action,
+                    detail: e.to_string(),
+                })?;
+        self.wrote(revision);
+        Ok(())
     }
 
     /// Pauses every replica: nothing new is queued or started until [`Control::resume`].
@@ -301,13 +321,7 @@ impl Control {
             })?
             .is_some();
         if there {
-            self.store
-                .delete(&key)
-                .await
-                .map_err(|e| ControlError::Request {
-                    action: "remove a deny entry",
-                    detail: e.to_string(),
-                })?;
+            self.delete("remove a deny entry", &key).await?;
         }
         Ok(there)
     }
@@ -382,14 +396,22 @@ impl Control {
         self.put(action, key, bytes).await
     }
 
+    /// Deletes `key`, noting the revision of its delete marker.
     async fn delete(&self, action: &'static str, key: &str) -> Result<(), ControlError> {
+        let fail = |detail: String| ControlError::Request { action, detail };
         self.store
             .delete(key)
             .await
-            .map_err(|e| ControlError::Request {
-                action,
-                detail: e.to_string(),
-            })
+            .map_err(|e| fail(e.to_string()))?;
+        let marker = self
+            .store
+            .entry(key)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if let Some(e) = marker {
+            self.wrote(e.revision);
+        }
+        Ok(())
     }
 
     /// Records a node as pending (written by a replica).
@@ -568,10 +590,18 @@ impl Control {
             "fleet control: following bucket {CONTROL_BUCKET} through {}",
             self.api
         );
+        let mut heartbeat = presence::Heartbeat::new();
         loop {
             let entry = tokio::select! {
                 e = watch.next() => e,
-                _ = stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep_until(heartbeat.due()) => {
+                    heartbeat.beat(self).await;
+                    continue;
+                }
+                _ = stop.cancelled() => {
+                    self.remove_presence().await;
+                    return Ok(());
+                }
             };
             let Some(entry) = entry else {
                 return Err(ControlError::Request {
@@ -583,6 +613,11 @@ impl Control {
                 action: "watch",
                 detail: e.to_string(),
             })?;
+            let change = entry.key == PAUSE_KEY
+                || [DENY_PREFIX, PENDING_PREFIX, APPROVED_PREFIX]
+                    .iter()
+                    .any(|p| entry.key.starts_with(p));
+            heartbeat.saw(entry.revision, change);
             let was_held = pause.held();
             let approved = apply(
                 &self.seal,

@@ -187,7 +187,7 @@ pub(super) fn bounded(text: &str) -> String {
 /// A record read from the bucket under `key`: at most [`MAX_RECORD`] bytes of JSON, bound to
 /// its key (`key_of` names the key the record belongs under) and sealed (`tag` is its tag,
 /// which the seal covers empty).
-fn decode_sealed<T: serde::de::DeserializeOwned + Serialize>(
+pub(super) fn decode_sealed<T: serde::de::DeserializeOwned + Serialize>(
     seal: &Seal,
     key: &str,
     bytes: &[u8],
