@@ -56,7 +56,10 @@ fn every_subcommand_ends_its_help_with_an_example_that_parses() {
     let listed = help(dir.path(), &[]).1;
     for sub in SUBCOMMANDS {
         if sub.len() == 1 {
-            assert!(listed.contains(&format!("  {} ", sub[0])), "{sub:?} not listed");
+            assert!(
+                listed.contains(&format!("  {} ", sub[0])),
+                "{sub:?} not listed"
+            );
         }
         let path: Vec<String> = sub.iter().map(|s| s.to_string()).collect();
         let (ok, text) = help(dir.path(), &path);
@@ -68,14 +71,22 @@ fn every_subcommand_ends_its_help_with_an_example_that_parses() {
             "{sub:?}: help does not end with an example:\n{text}"
         );
         let example = shlex::split(lines[n - 1].trim()).unwrap();
-        assert_eq!(example[0], "choria-provisioner", "{sub:?}: {}", lines[n - 1]);
+        assert_eq!(
+            example[0],
+            "choria-provisioner",
+            "{sub:?}: {}",
+            lines[n - 1]
+        );
         assert!(
             example[1..].starts_with(&path[..1]),
             "{sub:?}: the example runs another command: {}",
             lines[n - 1]
         );
         let (ok, text) = help(dir.path(), &example[1..]);
-        assert!(ok, "{sub:?}: the example {example:?} does not parse: {text}");
+        assert!(
+            ok,
+            "{sub:?}: the example {example:?} does not parse: {text}"
+        );
     }
 }
 
