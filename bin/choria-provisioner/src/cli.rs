@@ -129,6 +129,12 @@ pub enum Command {
     /// Rotate provisioned servers: send choria_provision#reprovision in waves on the main
     /// collective and follow each node until it is provisioned again
     Rotate(RotateArgs),
+    /// Write the man pages and shell completions the packages install under --out DIR
+    #[command(hide = true)]
+    GenerateAssets {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 /// How `rotate` reaches the campaign bucket and the main collective.
