@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Command, CommandFactory};
 use clap_complete::Shell;
 
@@ -17,11 +17,7 @@ use clap_complete::Shell;
 /// `man/man1/NAME.1` and one page a visible sub command, `completions/bash/NAME`,
 /// `completions/zsh/_NAME` and `completions/fish/NAME.fish`.
 pub fn write<T: CommandFactory>(version: &str, out: &Path) -> Result<()> {
-    write_command(T::command(), version, out)
-}
-
-/// [`write`] for a command already built as a [`Command`].
-pub fn write_command(cmd: Command, version: &str, out: &Path) -> Result<()> {
+    let cmd = T::command();
     let name = cmd.get_name().to_string();
     let man = out.join("man/man1");
     create_dir(&man)?;
@@ -40,6 +36,10 @@ pub fn write_command(cmd: Command, version: &str, out: &Path) -> Result<()> {
         create_dir(path.parent().unwrap_or(&completions))?;
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut visible, &name, &mut script);
+        if shell == Shell::Bash {
+            script = bash_arms_as_the_loop_spells_them(&String::from_utf8_lossy(&script), &name)?
+                .into_bytes();
+        }
         write_file(&path, &script)?;
     }
     Ok(())
@@ -93,6 +93,37 @@ fn without_hidden(cmd: &Command) -> Command {
         out = out.version(version.to_string());
     }
     out
+}
+
+/// clap_complete's bash script finds the sub command being completed with a loop that sets
+/// `cmd` to the command name with `-` as `__`, then `__subcmd__` and each sub command
+/// (`choria__provisioner__subcmd__deny`), but spells the case arms that act on it with the
+/// name's `-` as `__subcmd__` (`choria__subcmd__provisioner__subcmd__deny)`): for a hyphenated
+/// name no arm below the top level ever matches, so nothing past a sub command completes
+/// (clap-rs/clap#6421, clap_complete 4.6.12). The arms are respelt as the loop spells them, and
+/// a script in which any value the loop sets has no arm is refused.
+fn bash_arms_as_the_loop_spells_them(script: &str, name: &str) -> Result<String> {
+    const SEP: &str = "__subcmd__";
+    let script = if name.contains('-') {
+        let arm = format!("{}{SEP}", name.replace('-', SEP));
+        script.replace(&arm, &format!("{}{SEP}", name.replace('-', "__")))
+    } else {
+        script.to_string()
+    };
+    let arms: Vec<&str> = script
+        .lines()
+        .filter_map(|l| l.trim().strip_suffix(')'))
+        .collect();
+    for line in script.lines() {
+        let state = line
+            .trim()
+            .strip_prefix("cmd=\"")
+            .and_then(|s| s.strip_suffix('"'));
+        if let Some(state) = state.filter(|s| !s.is_empty() && !arms.contains(s)) {
+            bail!("the bash completion of {name} has no case for {state}");
+        }
+    }
+    Ok(script)
 }
 
 fn create_dir(dir: &Path) -> Result<()> {
