@@ -151,6 +151,12 @@ pub enum Command {
         after_help = "Example:\n  choria-provisioner rotate --expiring-within 7d --choria-config main.cfg"
     )]
     Rotate(RotateArgs),
+    /// Write the man pages and shell completions the packages install under --out DIR
+    #[command(hide = true)]
+    GenerateAssets {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 /// How `rotate` reaches the campaign bucket and the main collective.

@@ -61,6 +61,7 @@ fn main() -> ExitCode {
         cli::Command::Rotate(args) => rotate_cli::main(cli.debug, &args),
         cli::Command::Approve(args) => control_cli::decide(cli.debug, &args, true),
         cli::Command::Reject(args) => control_cli::decide(cli.debug, &args, false),
+        cli::Command::GenerateAssets { out } => cli_assets::write::<cli::Cli>(cli::VERSION, &out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

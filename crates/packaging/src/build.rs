@@ -1,5 +1,6 @@
-//! The packages of one target: its staged file tree (the files of [`LAYOUT`] and the
-//! documentation, the binaries stripped of their line tables), and the tarball, the Debian
+//! The packages of one target: its staged file tree (the files of [`LAYOUT`], the man pages and
+//! completions ([`crate::assets`]) and the documentation, the binaries stripped of their line
+//! tables), and the tarball, the Debian
 //! package and the RPM made from it, their maintainer scripts sharing
 //! packaging/maintainer-functions.sh.
 
@@ -16,12 +17,14 @@ use crate::{
     NAME, RPM_EPOCH, SERVICE_USER,
 };
 
-/// Stages `binary` for `target` under `out/<arch>/stage` and makes its tarball, .deb and RPM in
+/// Stages `binary` for `target` under `out/<arch>/stage`, with the man pages and completions
+/// [`crate::assets::generate`] wrote under `assets`, and makes its tarball, .deb and RPM in
 /// `out`.
 pub fn package(
     root: &Path,
     target: &Target,
     binary: &Path,
+    assets: &Path,
     o: &Options,
     out: &Path,
 ) -> Result<PackageSet> {
@@ -32,6 +35,7 @@ pub fn package(
         fs::remove_dir_all(&stage).with_context(|| format!("cannot clear {}", stage.display()))?;
     }
     stage_tree(root, binary, arch, &stage)?;
+    crate::assets::stage(assets, &stage)?;
     let set = PackageSet {
         target: target.clone(),
         tarball: out.join(format!("{NAME}-{}-linux-{}.tar.gz", o.version, arch.name())),

@@ -17,7 +17,9 @@ use test_support::workspace_root as root;
 use crate::error::{bail, Context};
 pub use crate::error::{Error, Result};
 
+pub mod assets;
 mod build;
+pub mod contents;
 pub mod elf;
 pub mod error;
 mod fleet;
@@ -67,7 +69,8 @@ const SERVICE_USER: &str = "choria-provisioner";
 /// The line of the maintainer scripts replaced by packaging/maintainer-functions.sh.
 const FUNCTIONS_MARKER: &str = "@MAINTAINER_FUNCTIONS@";
 
-/// What the packages install, relative to `/`: path, mode, whether it is configuration.
+/// What the packages install, relative to `/`: path, mode, whether it is configuration. The man
+/// pages and completions come with them ([`assets`]; [`contents::packaged`] lists both).
 const LAYOUT: &[(&str, u32, bool)] = &[
     ("usr/sbin/choria-provisioner", 0o755, false),
     ("usr/bin/choria-fleet-sim", 0o755, false),
@@ -210,7 +213,7 @@ pub fn dist(args: Args) -> Result<()> {
     let commit = git_commit(&root)?;
     let out = target_dir(&root).join("dist");
     let host = Arch::host()?;
-    let mut sets = Vec::new();
+    let mut binaries = Vec::new();
     for target in &o.targets {
         let binary = if o.build {
             targets::build(target, &o.version, &commit)?
@@ -223,7 +226,25 @@ pub fn dist(args: Args) -> Result<()> {
                 binary.display()
             );
         }
-        sets.push(build::package(&root, target, &binary, &o, &out)?);
+        binaries.push((target, binary));
+    }
+    // The man pages and completions, once for every package: written by the host
+    // architecture's binary, else by another one's under qemu-user.
+    let (target, binary) = binaries
+        .iter()
+        .find(|(t, _)| t.arch == host)
+        .or(binaries.first())
+        .context("no target to package")?;
+    let runner = if target.arch == host {
+        None
+    } else {
+        Some(qemu::qemu(target.arch)?)
+    };
+    let assets = out.join("assets");
+    assets::generate(binary, runner.as_deref(), &assets)?;
+    let mut sets = Vec::new();
+    for (target, binary) in &binaries {
+        sets.push(build::package(&root, target, binary, &assets, &o, &out)?);
     }
     // The tests that run a binary, and the image, use the host architecture's package set.
     let native = sets.iter().find(|s| s.target.arch == host);

@@ -25,7 +25,7 @@ use crate::{root, target_dir};
 const NODES: usize = 8;
 
 /// qemu-user for `arch`, installed from Debian's qemu-user-static when missing.
-fn qemu(arch: Arch) -> Result<PathBuf> {
+pub(crate) fn qemu(arch: Arch) -> Result<PathBuf> {
     let names = [
         format!("qemu-{}-static", arch.name()),
         format!("qemu-{}", arch.name()),

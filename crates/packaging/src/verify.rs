@@ -1,6 +1,7 @@
 //! The checks of `cargo xtask dist --verify` on each target's packages: the binaries' linkage
 //! (static, or glibc 2.17 at most), the contents, metadata, configuration files, owners and
-//! modes of the tarball, the .deb and the RPM against [`LAYOUT`], their maintainer scripts, the
+//! modes of the tarball, the .deb and the RPM against [`contents::packaged`] (the files of
+//! [`LAYOUT`](crate::LAYOUT), the man pages and completions), their maintainer scripts, the
 //! systemd unit (`systemd-analyze verify` and its exposure score) and the logrotate file.
 
 use std::fs;
@@ -11,7 +12,7 @@ use crate::build::maintainer_functions;
 use crate::error::{bail, Context, Result};
 use crate::host::{capture, run, section, which};
 use crate::targets::Arch;
-use crate::{elf, linkage, unit_security, PackageSet, GO_LOG, LAYOUT, RPM_EPOCH, SERVICE_USER};
+use crate::{contents, elf, linkage, unit_security, PackageSet, GO_LOG, RPM_EPOCH, SERVICE_USER};
 
 /// The newest glibc a release binary may need: Enterprise Linux 7's. Static binaries need none.
 const MAX_GLIBC: (u32, u32) = (2, 17);
@@ -57,13 +58,7 @@ fn verify_linkage(set: &PackageSet) -> Result<elf::Linkage> {
 }
 
 fn expect_paths(what: &str, listing: &str, prefix: &str) -> Result<()> {
-    let mut missing = Vec::new();
-    for (dest, _, _) in LAYOUT {
-        let want = format!("{prefix}{dest}");
-        if !listing.lines().any(|l| l.trim_end().ends_with(&want)) {
-            missing.push(want);
-        }
-    }
+    let missing = contents::missing_from(listing, prefix);
     if !missing.is_empty() {
         bail!("{what} lacks {}", missing.join(", "));
     }
@@ -71,8 +66,8 @@ fn expect_paths(what: &str, listing: &str, prefix: &str) -> Result<()> {
     Ok(())
 }
 
-/// Lists each package's contents and metadata and checks them against [`LAYOUT`], and the
-/// binary's linkage.
+/// Lists each package's contents and metadata and checks them against
+/// [`contents::packaged`], and the binary's linkage.
 pub fn verify(files: &PackageSet) -> Result<()> {
     let stage = files.stage.as_path();
     println!("\n== {} packages", files.target.spec);
@@ -95,9 +90,9 @@ pub fn verify(files: &PackageSet) -> Result<()> {
             .arg("conffiles"),
     )?;
     section("deb conffiles", &conffiles);
-    for (dest, _, config) in LAYOUT {
+    for (dest, _, config) in contents::packaged() {
         let listed = conffiles.lines().any(|l| l.trim() == format!("/{dest}"));
-        if *config != listed {
+        if config != listed {
             bail!("deb conffiles: /{dest} should be listed: {config}, is listed: {listed}");
         }
     }
@@ -129,9 +124,9 @@ pub fn verify(files: &PackageSet) -> Result<()> {
     expect_paths("rpm", &list, "/")?;
     let configs = capture(Command::new("rpm").arg("-qcp").arg(&files.rpm))?;
     section("rpm config files", &configs);
-    for (dest, _, config) in LAYOUT {
+    for (dest, _, config) in contents::packaged() {
         let listed = configs.lines().any(|l| l.trim() == format!("/{dest}"));
-        if *config != listed {
+        if config != listed {
             bail!("rpm config files: /{dest} should be listed: {config}, is listed: {listed}");
         }
     }
