@@ -150,6 +150,12 @@ fn files_under(dir: &Path) -> Vec<String> {
     out
 }
 
+/// Staging `src` into `dir` fails, naming `what`.
+fn refused(src: &Path, dir: &Path, what: &str) {
+    let err = assets::stage(src, dir).unwrap_err();
+    assert!(err.to_string().contains(what), "{what}: {err}");
+}
+
 #[test]
 fn staging_refuses_a_missing_or_an_unlisted_page_and_a_missing_script() {
     let tmp = tempfile::tempdir().unwrap();
@@ -157,31 +163,26 @@ fn staging_refuses_a_missing_or_an_unlisted_page_and_a_missing_script() {
 
     fake_assets(&src);
     fs::remove_file(src.join("man/man1/choria-provisioner-deny-rm.1")).unwrap();
-    let err = assets::stage(&src, &tmp.path().join("a")).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("man/man1/choria-provisioner-deny-rm.1"),
-        "{err}"
+    refused(
+        &src,
+        &tmp.path().join("a"),
+        "man/man1/choria-provisioner-deny-rm.1",
     );
 
     fake_assets(&src);
-    fs::write(
-        src.join("man/man1/choria-provisioner-frobnicate.1"),
-        ".TH x 1\n",
-    )
-    .unwrap();
-    let err = assets::stage(&src, &tmp.path().join("b")).unwrap_err();
-    assert!(
-        err.to_string().contains("choria-provisioner-frobnicate.1"),
-        "{err}"
+    let unlisted = src.join("man/man1/choria-provisioner-frobnicate.1");
+    fs::write(&unlisted, ".TH x 1\n").unwrap();
+    refused(
+        &src,
+        &tmp.path().join("b"),
+        "choria-provisioner-frobnicate.1",
     );
-    fs::remove_file(src.join("man/man1/choria-provisioner-frobnicate.1")).unwrap();
+    fs::remove_file(&unlisted).unwrap();
 
     fs::remove_file(src.join("completions/zsh/_choria-provisioner")).unwrap();
-    let err = assets::stage(&src, &tmp.path().join("c")).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("completions/zsh/_choria-provisioner"),
-        "{err}"
+    refused(
+        &src,
+        &tmp.path().join("c"),
+        "completions/zsh/_choria-provisioner",
     );
 }

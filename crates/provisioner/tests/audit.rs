@@ -44,6 +44,38 @@ fn verdict(answered: bool) -> Verdict {
     }
 }
 
+/// An audit channel of `p1.example.net` writing to the file `path`, its writer running until
+/// the token is cancelled.
+fn file_writer(
+    path: &Path,
+    metrics: &Arc<Metrics>,
+) -> (
+    provisioner::audit::Audit,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let (audit, writer) = channel(
+        "p1.example.net",
+        "lab",
+        Arc::clone(metrics),
+        Some(AuditFile::open(path).unwrap()),
+        None,
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(writer.unwrap().run(stop.clone()));
+    (audit, stop, run)
+}
+
+/// `count` nodes named `PREFIX-N.example.net` finished with `verdict`.
+fn finish(audit: &provisioner::audit::Audit, prefix: &str, count: usize, verdict: &Verdict) {
+    for n in 0..count {
+        audit.node_event(
+            &format!("{prefix}-{n}.example.net"),
+            &NodeEvent::Finished(verdict),
+        );
+    }
+}
+
 fn lines(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
@@ -62,29 +94,11 @@ async fn a_flood_of_nodes_that_never_answered_costs_a_few_summary_lines() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     let metrics = Metrics::new("lab");
-    let (audit, writer) = channel(
-        "p1.example.net",
-        "lab",
-        Arc::clone(&metrics),
-        Some(AuditFile::open(&path).unwrap()),
-        None,
-    );
-    let stop = CancellationToken::new();
-    let run = tokio::spawn(writer.unwrap().run(stop.clone()));
+    let (audit, stop, run) = file_writer(&path, &metrics);
     let forged = verdict(false);
-    for n in 0..100_000 {
-        audit.node_event(
-            &format!("forged-{n}.example.net"),
-            &NodeEvent::Finished(&forged),
-        );
-    }
+    finish(&audit, "forged", 100_000, &forged);
     let real = verdict(true);
-    for n in 0..10 {
-        audit.node_event(
-            &format!("real-{n}.example.net"),
-            &NodeEvent::Finished(&real),
-        );
-    }
+    finish(&audit, "real", 10, &real);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.cancel();
     run.await.unwrap();
@@ -157,15 +171,7 @@ async fn a_full_disk_loses_whole_batches_counted_never_part_of_a_line() {
     let filler = dir.path().join("filler");
     std::fs::write(&filler, vec![b'x'; 40 * 1024]).unwrap();
     let metrics = Metrics::new("lab");
-    let (audit, writer) = channel(
-        "p1.example.net",
-        "lab",
-        Arc::clone(&metrics),
-        Some(AuditFile::open(&path).unwrap()),
-        None,
-    );
-    let stop = CancellationToken::new();
-    let run = tokio::spawn(writer.unwrap().run(stop.clone()));
+    let (audit, stop, run) = file_writer(&path, &metrics);
     let real = verdict(true);
     for round in 0..40 {
         for n in 0..20 {
@@ -187,12 +193,7 @@ async fn a_full_disk_loses_whole_batches_counted_never_part_of_a_line() {
 
     // Room again: records are taken again, after whole lines.
     std::fs::remove_file(&filler).unwrap();
-    for n in 0..5 {
-        audit.node_event(
-            &format!("after-{n}.example.net"),
-            &NodeEvent::Finished(&real),
-        );
-    }
+    finish(&audit, "after", 5, &real);
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.cancel();
     run.await.unwrap();

@@ -269,30 +269,25 @@ async fn forged_heartbeats_claims_and_done_marks_change_nothing() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis();
+    let forge = async |key: String, value: String| hostile.put(key, value.into()).await.unwrap();
     for n in 0..64 {
-        hostile
-            .put(
-                format!("replica.fake-{n}"),
-                format!("alive fake-{n} {now} {}", "ab".repeat(16)).into(),
-            )
-            .await
-            .unwrap();
+        forge(
+            format!("replica.fake-{n}"),
+            format!("alive fake-{n} {now} {}", "ab".repeat(16)),
+        )
+        .await;
     }
     // A forged done mark under a real replica's name, and a forged claim.
-    hostile
-        .put(
-            node_key("done.example.net"),
-            format!("done r-b.example.net {now} {}", "cd".repeat(16)).into(),
-        )
-        .await
-        .unwrap();
-    hostile
-        .put(
-            node_key("claimed.example.net"),
-            "claimed r-b.example.net".into(),
-        )
-        .await
-        .unwrap();
+    forge(
+        node_key("done.example.net"),
+        format!("done r-b.example.net {now} {}", "cd".repeat(16)),
+    )
+    .await;
+    forge(
+        node_key("claimed.example.net"),
+        "claimed r-b.example.net".into(),
+    )
+    .await;
 
     assert_eq!(
         a.heartbeat().await.unwrap(),
