@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use provisioner::claims::{node_key, owner, Seal};
+use provisioner::claims::{node_key, owner};
+use provisioner::fleet_lifecycle::seal::Seal;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

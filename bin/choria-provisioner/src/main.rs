@@ -61,7 +61,9 @@ fn main() -> ExitCode {
         cli::Command::Rotate(args) => rotate_cli::main(cli.debug, &args),
         cli::Command::Approve(args) => control_cli::decide(cli.debug, &args, true),
         cli::Command::Reject(args) => control_cli::decide(cli.debug, &args, false),
-        cli::Command::GenerateAssets { out } => cli_assets::write::<cli::Cli>(cli::VERSION, &out),
+        cli::Command::GenerateAssets { out } => {
+            cli_assets::write::<cli::Cli>(cli::VERSION, &out).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,9 +9,42 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use clap::{Command, CommandFactory};
 use clap_complete::Shell;
+
+/// Why the assets could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A directory or file could not be made or written, or a page rendered.
+    #[error("cannot {action} {}", path.display())]
+    Io {
+        /// What was being done (`create`, `write`, `render`).
+        action: &'static str,
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// clap_complete wrote a bash script in which a sub command has no case.
+    #[error("the bash completion of {name} has no case for {state}")]
+    BashScript {
+        /// The program.
+        name: String,
+        /// The state without a case.
+        state: String,
+    },
+}
+
+/// The result of writing the assets.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
 
 /// Writes the assets of `T`'s command (of release `version`) under `out`:
 /// `man/man1/NAME.1` and one page a visible sub command, `completions/bash/NAME`,
@@ -54,8 +87,7 @@ fn man_pages(cmd: &Command, dir: &Path, source: &str) -> Result<()> {
     let page = clap_mangen::Man::new(cmd.clone()).source(source);
     let path = dir.join(page.get_filename());
     let mut roff = Vec::new();
-    page.render(&mut roff)
-        .with_context(|| format!("cannot render {}", path.display()))?;
+    page.render(&mut roff).map_err(io("render", &path))?;
     write_file(&path, &roff)
 }
 
@@ -120,16 +152,19 @@ fn bash_arms_as_the_loop_spells_them(script: &str, name: &str) -> Result<String>
             .strip_prefix("cmd=\"")
             .and_then(|s| s.strip_suffix('"'));
         if let Some(state) = state.filter(|s| !s.is_empty() && !arms.contains(s)) {
-            bail!("the bash completion of {name} has no case for {state}");
+            return Err(Error::BashScript {
+                name: name.to_string(),
+                state: state.to_string(),
+            });
         }
     }
     Ok(script)
 }
 
 fn create_dir(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
+    fs::create_dir_all(dir).map_err(io("create", dir))
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+    fs::write(path, bytes).map_err(io("write", path))
 }
