@@ -152,9 +152,15 @@ impl Control {
             let replicas = self.replicas().await?;
             let (reached, missing): (Vec<_>, Vec<_>) =
                 replicas.into_iter().partition(|r| r.seen_revision >= want);
+            // Names as the bucket holds them are escaped before they reach a terminal.
+            let names = |rs: Vec<PresenceRecord>| {
+                rs.iter()
+                    .map(|r| escaped(&r.identity).to_string())
+                    .collect()
+            };
             let reach = Reach {
-                reached: reached.into_iter().map(|r| r.identity).collect(),
-                missing: missing.into_iter().map(|r| r.identity).collect(),
+                reached: names(reached),
+                missing: names(missing),
             };
             if reach.missing.is_empty() && !reach.reached.is_empty()
                 || tokio::time::Instant::now() >= until
