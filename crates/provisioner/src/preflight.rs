@@ -32,6 +32,24 @@ pub enum Problem {
     Warning(String),
 }
 
+impl Problem {
+    /// The text of a fatal problem.
+    pub fn fatal(&self) -> Option<&str> {
+        match self {
+            Problem::Fatal(t) => Some(t),
+            Problem::Warning(_) => None,
+        }
+    }
+
+    /// The text of a warning.
+    pub fn warning(&self) -> Option<&str> {
+        match self {
+            Problem::Warning(t) => Some(t),
+            Problem::Fatal(_) => None,
+        }
+    }
+}
+
 /// Collects findings.
 #[derive(Default)]
 struct Findings(Vec<Problem>);
@@ -124,18 +142,12 @@ impl Report {
 
     /// The fatal problems: `check` fails and `run` refuses to start on any.
     pub fn fatal(&self) -> impl Iterator<Item = &str> {
-        self.problems.iter().filter_map(|p| match p {
-            Problem::Fatal(t) => Some(t.as_str()),
-            Problem::Warning(_) => None,
-        })
+        self.problems.iter().filter_map(Problem::fatal)
     }
 
     /// The warnings.
     pub fn warnings(&self) -> impl Iterator<Item = &str> {
-        self.problems.iter().filter_map(|p| match p {
-            Problem::Warning(t) => Some(t.as_str()),
-            Problem::Fatal(_) => None,
-        })
+        self.problems.iter().filter_map(Problem::warning)
     }
 
     /// What the daemon would do with these settings, a line per setting, as `check` prints it
@@ -195,10 +207,7 @@ pub fn refuse(settings: &Settings) -> Result<Vec<Problem>, crate::Error> {
     let problems = problems(settings);
     let fatal: Vec<String> = problems
         .iter()
-        .filter_map(|p| match p {
-            Problem::Fatal(t) => Some(t.clone()),
-            Problem::Warning(_) => None,
-        })
+        .filter_map(|p| p.fatal().map(str::to_string))
         .collect();
     if fatal.is_empty() {
         Ok(problems)

@@ -55,13 +55,7 @@ fn check_and_run_find_the_same_problems() {
     from_check.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
     from_run.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
     assert_eq!(from_check, from_run);
-    let fatal: Vec<_> = from_run
-        .iter()
-        .filter_map(|p| match p {
-            Problem::Fatal(t) => Some(t.as_str()),
-            Problem::Warning(_) => None,
-        })
-        .collect();
+    let fatal: Vec<_> = from_run.iter().filter_map(Problem::fatal).collect();
     for want in [
         "is not an executable file",
         "jwt_verify_cert",
@@ -74,13 +68,7 @@ fn check_and_run_find_the_same_problems() {
             "{want:?} not fatal: {from_run:?}"
         );
     }
-    let warnings: Vec<_> = from_run
-        .iter()
-        .filter_map(|p| match p {
-            Problem::Warning(t) => Some(t.as_str()),
-            Problem::Fatal(_) => None,
-        })
-        .collect();
+    let warnings: Vec<_> = from_run.iter().filter_map(Problem::warning).collect();
     for want in [
         "workerz",
         "no token is set",
